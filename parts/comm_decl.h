@@ -1,0 +1,1 @@
+/* parts/comm_decl.h: placeholder */

@@ -1,0 +1,1 @@
+/* parts/comm_impl.h: placeholder */
