@@ -33,6 +33,7 @@ void mt_atomic_abort(FILE *f, const char *tmp_path);
 
 /* 2. RANKS, GROUPS, COMMUNICATORS (parts/comm.h while it is being written) */
 #include "parts/comm_decl.h"
+#include "parts/core_decl.h"
 
 /* 9. DATA & TOKENIZER */
 #include "parts/tokenizer_decl.h"
@@ -113,8 +114,14 @@ void mt_atomic_abort(FILE *f, const char *tmp) {
     remove(tmp);
 }
 
+#include "parts/core_impl_config.h"
 #include "parts/comm_impl.h"
+#include "parts/core_impl_ops.h"
+#include "parts/core_impl_model.h"
+#include "parts/core_impl_train.h"
+#include "parts/core_impl_data.h"
 #include "parts/tokenizer_impl.h"
+#include "parts/core_impl_loop.h"
 
 #endif /* MEGATRON_IMPLEMENTATION_DONE */
 #endif /* MEGATRON_IMPLEMENTATION */
