@@ -6,10 +6,10 @@
 // --pipeline-model-parallel-size 2 --nproc-per-node 8 --num-layers 8` prints (a test checks it):
 //
 // rank = tp_rank + TP*(dp_rank + DP*pp_rank)   (TP fastest, then DP, then PP: Megatron's default)
-//              dp 0          dp 1
-//           tp0   tp1     tp0   tp1
-//   pp 0  [ g0 ,  g1 ]  [ g2 ,  g3 ]    layers 0 .. 3
-//   pp 1  [ g4 ,  g5 ]  [ g6 ,  g7 ]    layers 4 .. 7
+//              dp 0           dp 1
+//           tp0   tp1      tp0   tp1
+//   pp 0  [ g0 ,  g1  ]  [ g2 ,  g3  ]    layers 0 .. 3
+//   pp 1  [ g4 ,  g5  ]  [ g6 ,  g7  ]    layers 4 .. 7
 //   TP groups [g0,g1] [g2,g3] [g4,g5] [g6,g7]
 //   DP groups [g0,g2] [g1,g3] [g4,g6] [g5,g7]
 //   PP groups [g0,g4] [g1,g5] [g2,g6] [g3,g7]
@@ -51,34 +51,53 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
     int DP = cfg->data_parallel_size, L = cfg->model.num_layers;
     int members[1024];
     fprintf(f, "rank = tp_rank + TP*(dp_rank + DP*pp_rank)   (TP fastest, then DP, then PP: Megatron's default)\n");
-    // header rows: one block of TP cells per DP replica; a cell is 6 characters wide
-    fprintf(f, "       ");
-    for (int d = 0; d < DP; d++) {
-        char label[32];
-        snprintf(label, sizeof label, "dp %d", d);
-        int width = 6 * TP + 2;                 // "[ " + cells + "]" ~ block width
-        int pad = (width - (int)strlen(label)) / 2;
-        fprintf(f, "%*s%s%*s", pad + 3, "", label, width - pad - (int)strlen(label) - 3, "");
-    }
-    fprintf(f, "\n        ");
-    for (int d = 0; d < DP; d++) {
-        for (int t = 0; t < TP; t++) fprintf(f, "   tp%d", t);
-        fprintf(f, "  ");
-    }
-    fprintf(f, "\n");
+    // the grid: one row per stage, one [ ... ] block of TP cells per DP replica. The rows are
+    // built first, so the dp/tp labels above can be placed over the cells they name.
+    size_t width = (size_t)DP * (size_t)TP * 16 + 64;
+    char *row = (char *)mt_malloc(width * (size_t)PP, "layout");
+    int *cell_col = (int *)mt_malloc(sizeof(int) * (size_t)(DP * TP + 1), "layout");
+    int *block_end = (int *)mt_malloc(sizeof(int) * (size_t)(DP + 1), "layout");
     for (int p = 0; p < PP; p++) {
-        fprintf(f, "  pp %d ", p);
+        char *line = row + (size_t)p * width;
+        int n = snprintf(line, width, "  pp %d ", p);
         for (int d = 0; d < DP; d++) {
-            fprintf(f, " [");
+            n += snprintf(line + n, width - (size_t)n, "%s", d == 0 ? " [" : "  [");
             for (int t = 0; t < TP; t++) {
-                char cell[16];
-                snprintf(cell, sizeof cell, "g%d", mt_global_rank(cfg, t, d, p));
-                fprintf(f, " %-3s%s", cell, t < TP - 1 ? ", " : " ]");
+                if (p == 0) cell_col[d * TP + t] = n + 1;
+                n += snprintf(line + n, width - (size_t)n, "%s g%-2d", t ? ", " : "", mt_global_rank(cfg, t, d, p));
+                if (p == 0 && t) cell_col[d * TP + t] += 2;
             }
+            n += snprintf(line + n, width - (size_t)n, " ]");
+            if (p == 0) block_end[d] = n;
         }
         int per = L / PP;
-        fprintf(f, "    layers %d .. %d\n", p * per, (p + 1) * per - 1);
+        snprintf(line + n, width - (size_t)n, "    layers %d .. %d", p * per, (p + 1) * per - 1);
     }
+    char *hdr = (char *)mt_malloc(width, "layout");
+    // "dp d" centred over its block, "tpt" over each cell
+    memset(hdr, ' ', width - 1);
+    hdr[width - 1] = 0;
+    for (int d = 0; d < DP; d++) {
+        char label[16];
+        int len = snprintf(label, sizeof label, "dp %d", d);
+        int first = cell_col[d * TP], last = block_end[d];
+        int at = first + (last - first - len) / 2;
+        memcpy(hdr + at, label, (size_t)len);
+    }
+    int e = (int)width - 1;
+    while (e > 0 && hdr[e - 1] == ' ') hdr[--e] = 0;
+    fprintf(f, "%s\n", hdr);
+    memset(hdr, ' ', width - 1);
+    for (int c = 0; c < DP * TP; c++) {
+        char label[16];
+        int len = snprintf(label, sizeof label, "tp%d", c % TP);
+        memcpy(hdr + cell_col[c], label, (size_t)len);
+    }
+    e = (int)width - 1;
+    while (e > 0 && hdr[e - 1] == ' ') hdr[--e] = 0;
+    fprintf(f, "%s\n", hdr);
+    for (int p = 0; p < PP; p++) fprintf(f, "%s\n", row + (size_t)p * width);
+    free(hdr); free(row); free(cell_col); free(block_end);
     fprintf(f, "  TP groups");
     for (int p = 0; p < PP; p++)
         for (int d = 0; d < DP; d++) {
@@ -98,11 +117,12 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
             mt__print_group(f, members, PP);
         }
     fprintf(f, "\n  embedding groups");
-    for (int d = 0; d < DP; d++)
+    if (PP == 1) fprintf(f, " none: with one stage the tied embedding and LM head are the same tensor");
+    for (int d = 0; d < DP && PP > 1; d++)
         for (int t = 0; t < TP; t++) {
             members[0] = mt_global_rank(cfg, t, d, 0);
             members[1] = mt_global_rank(cfg, t, d, PP - 1);
-            mt__print_group(f, members, PP > 1 ? 2 : 1);
+            mt__print_group(f, members, 2);
         }
     fprintf(f, "\n");
     if (cfg->virtual_pipeline_size > 1) {

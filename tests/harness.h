@@ -61,6 +61,29 @@ static int mt_check_tensor(const char *label, const float *got, const float *wan
     return ok;
 }
 
+/* norm-wise relative difference: max|got - want| / max|want| <= rtol. The right measure when
+ * rounding errors scale with the tensor's magnitude rather than each element's: the error of
+ * a sum is a few ulps of its *terms*, so an element that cancels to nearly zero carries an
+ * absolute error set by the tensor's scale (parameters after AdamW, gradients). NaN fails. */
+static int mt_check_tensor_normwise(const char *label, const float *got, const float *want, size_t n, double rtol) {
+    double maxabs = 0.0, maxdiff = 0.0;
+    size_t worst = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        double b = want[i], d = fabs((double)got[i] - b);
+        if (fabs(b) > maxabs) maxabs = fabs(b);
+        if (!(d <= maxdiff)) { maxdiff = d; worst = i; }
+        if (!(d == d) || !isfinite(got[i])) finite = 0;
+    }
+    double rel = maxabs > 0 ? maxdiff / maxabs : maxdiff;
+    int ok = finite && rel <= rtol;
+    if (!ok)
+        fprintf(stderr, "  %s: NOT OK (norm-wise rel diff %.3e, worst at %zu: got %.9g want %.9g, max|want| %.3g, tol %.1e)\n",
+                label, rel, worst, (double)got[worst], (double)want[worst], maxabs, rtol);
+    mt__expect(ok, __FILE__, __LINE__, "tensor %s differs", label);
+    return ok;
+}
+
 #define MT_TEST(name) static void test_##name(void)
 static void mt__run_test(const char *name, void (*fn)(void)) {
     mt__current_failures = 0;
