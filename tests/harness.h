@@ -36,7 +36,7 @@ static void mt__expect(int cond, const char *file, int line, const char *fmt, ..
 
 /* relative difference |a-b| / max(|b|, floor): floor keeps tiny reference values from
  * blowing up the ratio; it is 1e-3 of the largest |want| in the tensor (tensor-relative). */
-static int mt_check_tensor(const char *label, const float *got, const float *want, size_t n, double rtol) {
+static inline int mt_check_tensor(const char *label, const float *got, const float *want, size_t n, double rtol) {
     double maxabs = 0.0;
     for (size_t i = 0; i < n; i++) if (fabs((double)want[i]) > maxabs) maxabs = fabs((double)want[i]);
     double floor_ = maxabs * 1e-3;
@@ -65,7 +65,7 @@ static int mt_check_tensor(const char *label, const float *got, const float *wan
  * rounding errors scale with the tensor's magnitude rather than each element's: the error of
  * a sum is a few ulps of its *terms*, so an element that cancels to nearly zero carries an
  * absolute error set by the tensor's scale (parameters after AdamW, gradients). NaN fails. */
-static int mt_check_tensor_normwise(const char *label, const float *got, const float *want, size_t n, double rtol) {
+static inline int mt_check_tensor_normwise(const char *label, const float *got, const float *want, size_t n, double rtol) {
     double maxabs = 0.0, maxdiff = 0.0;
     size_t worst = 0;
     int finite = 1;

@@ -1,0 +1,91 @@
+# megatron.h - Makefile
+#
+#   make            the CPU programs: ./train_gpt and ./preprocess (and a CUDA compile check where nvcc is)
+#   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
+#   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
+#   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
+#   make debug      -O0 -g builds for stepping through in gdb (every rank is a thread: `info threads`)
+#   make clean
+#
+# Only a C compiler and pthreads are needed for the CPU build; nvcc (CUDA + NCCL) for the GPU one.
+
+CC ?= cc
+CFLAGS ?= -O3 -march=native
+CFLAGS += -std=c11 -Wall -Wextra -pedantic -I.
+LDLIBS = -lm -pthread
+NVCC ?= nvcc
+NVCC_FOUND := $(shell command -v $(NVCC) 2> /dev/null)
+NVCCFLAGS ?= -O3 -arch=sm_90
+PYTHON ?= python3
+VENV = .venv
+HEADERS = megatron.h $(wildcard parts/*.h)
+
+ifeq ($(NVCC_FOUND),)
+$(info megatron.h: CPU build (nvcc not found: no CUDA compile check))
+else
+$(info megatron.h: CPU build, plus a CUDA compile check of megatron.h with $(NVCC))
+endif
+
+TESTS = tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_tokenizer
+
+.PHONY: all run test test-ref cuda-check debug clean
+
+# the programs, in the repository root
+all: train_gpt preprocess $(if $(NVCC_FOUND),cuda-check)
+
+train_gpt: train_gpt.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ train_gpt.c $(LDLIBS)
+
+preprocess: preprocess.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ preprocess.c $(LDLIBS)
+
+# megatron.h must also compile as CUDA C++ (the GPU build includes it in nvcc's translation unit)
+cuda-check: build/.cuda-check
+build/.cuda-check: train_gpt.c preprocess.c $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o build/train_gpt_cuda_check.o
+	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o build/preprocess_cuda_check.o
+	@touch $@
+
+# make run: the tutorial's flow on the bundled corpus (Jane Austen, 914k GPT-2 tokens):
+# ./preprocess (Megatron's tools/preprocess_data.py flags), then ./train_gpt with a small GPT
+# on 2 simulated data-parallel ranks (threads), then the validation loss.
+RUN_PREFIX = data/austen
+run: train_gpt preprocess
+	@if [ ! -f $(RUN_PREFIX)_text_document.idx ]; then \
+	  ./preprocess --input data/corpus.jsonl --output-prefix $(RUN_PREFIX) --vocab-file data/gpt2-vocab.json \
+	    --merge-file data/gpt2-merges.txt --tokenizer-type GPT2BPETokenizer --append-eod --workers 2; fi
+	./train_gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 \
+	  --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --nproc-per-node 2 \
+	  --train-iters 150 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 \
+	  --clip-grad 1.0 --log-interval 10 --eval-interval 50 --eval-iters 4 --split 949,50,1 \
+	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt
+
+# the tests: each binary prints "N passed, N failed"; tests/run.sh adds them up
+tests/test_%: tests/test_%.c tests/harness.h $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+tests/tok_ids: tests/tok_ids.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+tests/test_ref: tests/test_ref.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+test: train_gpt preprocess $(TESTS)
+	@mkdir -p build
+	@sh tests/run.sh $(TESTS)
+
+# outside references (PyPI, in a local virtual environment made here; nothing at run time):
+# GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer
+$(VENV)/.ready:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken
+	@touch $@
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids preprocess
+	@mkdir -p build
+	@sh tests/run_ref.sh
+
+# -O0 -g: for gdb (`thread 3` is rank 2, threads are named "r2 tp0 dp1 pp0")
+debug:
+	$(MAKE) CFLAGS="-O0 -g" train_gpt preprocess
+
+clean:
+	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref
