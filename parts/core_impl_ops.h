@@ -179,6 +179,13 @@ void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
 // dropout with a counter-based mask: keep element e iff uniform(key, global index of e) >= p,
 // and scale what is kept by 1/(1-p) so the expectation is unchanged.
 // The mask is never stored: the backward asks the same question of the same key again.
+// How Megatron differs: its CudaRNGStatesTracker keeps a "model-parallel" CUDA generator seeded
+// with seed + 2718 + tp_rank, used for dropout inside TP regions (the attention probabilities of
+// my heads), and the default generator, equal on all TP ranks, for dropout on the replicated
+// hidden states. That is cheap (a stateful Philox stream per rank) and correct for training, but
+// the masks depend on TP and on the order of calls, so no two layouts drop the same elements.
+// Here the key is the element's global index (sample, head, position, channel), so every layout
+// drops exactly the same elements and tests/test_layouts.c can demand identical losses.
 // `key` names the site (seed, iteration, layer, which dropout); `index_of` turns the local
 // position into the element's index in the *global* tensor (see mt_dropout_index below).
 typedef struct {
