@@ -38,7 +38,7 @@ typedef struct {
     char lr_decay_style[16];   // --lr-decay-style constant|linear|cosine
     int lr_decay_iters;        // --lr-decay-iters, default train_iters
     int lr_warmup_iters;       // --lr-warmup-iters
-    float lr_warmup_fraction;  // --lr-warmup-fraction (of lr_decay_iters; overrides lr_warmup_iters)
+    double lr_warmup_fraction; // --lr-warmup-fraction (of lr_decay_iters; overrides lr_warmup_iters)
     float weight_decay;        // --weight-decay, default 0.01
     float adam_beta1;          // --adam-beta1, default 0.9
     float adam_beta2;          // --adam-beta2, default 0.999
@@ -74,7 +74,7 @@ typedef struct {
     int world_size;            // TP * PP * DP
     int num_microbatches;      // global batch / (B * DP)
     int virtual_pipeline_size; // vp: model chunks per pipeline rank (1 if not interleaved)
-    int lr_warmup_steps;       // in iterations
+    double lr_warmup_steps;    // in iterations (a real number when set by --lr-warmup-fraction)
     int lr_decay_steps;        // in iterations
 } mt_config;
 

@@ -39,7 +39,7 @@ void mt_config_defaults(mt_config *cfg) {
     strcpy(cfg->train.tokenizer_type, "GPT2BPETokenizer");
 }
 
-typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
+typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
 
 typedef struct {
     const char *name;       // as on Megatron's command line
@@ -79,7 +79,7 @@ static const mt__flag mt__flags[] = {
     {"--lr-decay-style", MT__STR, MT__OFF(train.lr_decay_style), sizeof(((mt_config *)0)->train.lr_decay_style), "training", "constant | linear | cosine"},
     {"--lr-decay-iters", MT__INT, MT__OFF(train.lr_decay_iters), 0, "training", "iterations to decay over, default train iters"},
     {"--lr-warmup-iters", MT__INT, MT__OFF(train.lr_warmup_iters), 0, "training", "linear warm-up iterations"},
-    {"--lr-warmup-fraction", MT__FLOAT, MT__OFF(train.lr_warmup_fraction), 0, "training", "warm-up as a fraction of lr decay iters"},
+    {"--lr-warmup-fraction", MT__DOUBLE, MT__OFF(train.lr_warmup_fraction), 0, "training", "warm-up as a fraction of lr decay iters"},
     {"--weight-decay", MT__FLOAT, MT__OFF(train.weight_decay), 0, "training", "AdamW decoupled weight decay (not on biases and layernorms)"},
     {"--adam-beta1", MT__FLOAT, MT__OFF(train.adam_beta1), 0, "training", "AdamW beta1"},
     {"--adam-beta2", MT__FLOAT, MT__OFF(train.adam_beta2), 0, "training", "AdamW beta2"},
@@ -189,6 +189,7 @@ static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *v
     case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_double(f->name, v); break;
     case MT__U64: *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_double(f->name, v); break;
     case MT__FLOAT: *(float *)(base + f->offset) = (float)mt__parse_double(f->name, v); break;
+    case MT__DOUBLE: *(double *)(base + f->offset) = mt__parse_double(f->name, v); break;
     case MT__BOOL: *(int *)(base + f->offset) = 1; break;
     case MT__STR:
         if (strlen(v) + 1 > f->size) mt_fatal("%s value is too long (%zu bytes, at most %zu)", f->name, strlen(v), f->size - 1);
@@ -224,8 +225,10 @@ static int mt__flag_takes_value(const mt__flag *f) {
 
 void mt_config_parse(mt_config *cfg, int argc, char **argv) {
     // the config file first, wherever it stands, so that every flag overrides it
-    for (int i = 1; i < argc - 1; i++)
-        if (strcmp(argv[i], "--config") == 0) mt_config_load_json(cfg, argv[i + 1]);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) mt_config_load_json(cfg, argv[i + 1]);
+        if (strncmp(argv[i], "--config=", 9) == 0) mt_config_load_json(cfg, argv[i] + 9);
+    }
     for (int i = 1; i < argc; i++) {
         const char *name = argv[i];
         if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) { mt_print_help(stdout); exit(0); }
@@ -250,7 +253,7 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
         } else if (!mt__flag_takes_value(f)) {
             mt__set_flag(cfg, f, NULL, 0);
         } else if (inline_value) {
-            mt__set_flag(cfg, f, &inline_value, 1);
+            if (f->type != MT__CONFIG_FILE) mt__set_flag(cfg, f, &inline_value, 1);   // the file: loaded above
         } else {
             if (i + 1 >= argc) mt_fatal("%s needs a value", name);
             if (f->type == MT__CONFIG_FILE) { i++; continue; }   // already loaded above
@@ -336,7 +339,10 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
                 int d = mt__edit_distance(flag, mt__flags[i].name);
                 if (d < best_d) { best_d = d; best = mt__flags[i].name; }
             }
-            mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, c.line, key, best + 2);
+            char suggestion[128];
+            snprintf(suggestion, sizeof suggestion, "%s", best + 2);
+            for (char *q = suggestion; *q; q++) if (*q == '-') *q = '_';   // keys are spelled with _
+            mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, c.line, key, suggestion);
         }
         if (fl->type == MT__BOOL) { if (bool_value) mt__set_flag(cfg, fl, NULL, 0); }
         else if (is_bool) { /* null / false for a valued key: keep the default */ }
@@ -367,6 +373,7 @@ void mt_print_help(FILE *f) {
             case MT__LONG: snprintf(def, sizeof def, "%ld", *(const long *)(base + fl->offset)); break;
             case MT__U64: snprintf(def, sizeof def, "%llu", *(const unsigned long long *)(base + fl->offset)); break;
             case MT__FLOAT: snprintf(def, sizeof def, "%g", (double)*(const float *)(base + fl->offset)); break;
+            case MT__DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)(base + fl->offset)); break;
             case MT__STR: snprintf(def, sizeof def, "'%s'", base + fl->offset); break;
             default: break;
             }
@@ -435,9 +442,10 @@ void mt_config_derive(mt_config *cfg) {
         mt_fatal("--lr-decay-style '%s' is not known\nhint: use constant, linear or cosine", t->lr_decay_style);
     if (t->lr_decay_iters == 0) t->lr_decay_iters = t->train_iters;
     cfg->lr_decay_steps = t->lr_decay_iters;
-    cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? (int)(t->lr_warmup_fraction * (float)t->lr_decay_iters) : t->lr_warmup_iters;
+    // Megatron keeps the warm-up length as a real number (fraction x decay steps)
+    cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? t->lr_warmup_fraction * (double)t->lr_decay_iters : (double)t->lr_warmup_iters;
     if (cfg->lr_warmup_steps > cfg->lr_decay_steps && strcmp(t->lr_decay_style, "constant"))
-        mt_fatal("lr warm-up (%d iterations) is longer than lr decay (%d)\nhint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
+        mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\nhint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
 }

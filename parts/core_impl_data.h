@@ -209,7 +209,7 @@ void mt_indexed_builder_abort(mt_indexed_builder *b) {
 
 // ---------------------------------------------------------------------------------------------
 // train/valid/test split of the documents (megatron's get_split_indices):
-//   weights w normalised; bounds[i+1] = bounds[i] + round(w_i * N); then the rounding error
+//   weights w normalised; bounds[i+1] = bounds[i] + round_half_even(w_i * N); then the rounding error
 //   (bounds[3] - N) is taken off every bound but the first, so bounds[3] == N.
 void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]) {
     double w[3] = {0, 0, 0}, total = 0;
@@ -226,7 +226,8 @@ void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]) 
     }
     if (!(total > 0)) mt_fatal("--split '%s' sums to zero", split);
     bounds[0] = 0;
-    for (int i = 0; i < 3; i++) bounds[i + 1] = bounds[i] + (int64_t)llround(w[i] / total * (double)num_docs);
+    // nearbyint rounds halves to even, as Python's round() in Megatron's code does
+    for (int i = 0; i < 3; i++) bounds[i + 1] = bounds[i] + (int64_t)nearbyint(w[i] / total * (double)num_docs);
     int64_t diff = bounds[3] - num_docs;
     for (int i = 1; i < 4; i++) bounds[i] -= diff;
     for (int i = 1; i < 4; i++) if (bounds[i] < bounds[i - 1]) bounds[i] = bounds[i - 1];
@@ -240,7 +241,9 @@ void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]) 
 //                first input of the next), so an epoch of N tokens gives (N-1)/T samples
 //   shuffle_idx: the order samples are served in
 // Shuffles are Fisher-Yates driven by our counter-based generator (numpy's RNG is not ours
-// to reproduce, so indices differ from Megatron's; the construction is the same).
+// to reproduce, so indices differ from Megatron's). One more difference: Megatron shuffles the
+// documents of all epochs but the last as one permutation (and the last on its own); here each
+// epoch is shuffled on its own, so every epoch sees every document exactly once.
 static void mt__shuffle(int64_t *a, int64_t n, uint64_t seed, uint64_t stream) {
     for (int64_t i = n - 1; i > 0; i--) {
         uint64_t h = mt_hash64(mt_hash64(seed ^ 0x5eed) ^ mt_hash64(stream) ^ (uint64_t)i);
@@ -309,7 +312,7 @@ void mt_gpt_dataset_free(mt_gpt_dataset *g) {
 // ---------------------------------------------------------------------------------------------
 // blending (blended_dataset.py, helpers.cpp build_blending_indices): sample i goes to the
 // dataset whose share so far lags its weight the most:
-//   d = argmax_d ( w_d * (i + 1) - taken_d ),  then taken_d += 1
+//   d = argmax_d ( w_d * max(i, 1) - taken_d ),  then taken_d += 1
 // so after any prefix of i samples each dataset has given w_d * i of them, within one.
 static void mt__blend(mt_blended_dataset *b, const double *weights, int64_t num_samples) {
     b->num_samples = num_samples;

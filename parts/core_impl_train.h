@@ -13,11 +13,12 @@
 // stepped, lr(i), and so do we.
 float mt_learning_rate(const mt_config *cfg, int step) {
     double max_lr = cfg->train.lr, min_lr = cfg->train.min_lr;
-    int warmup = cfg->lr_warmup_steps, decay = cfg->lr_decay_steps;
-    if (warmup > 0 && step <= warmup) return (float)(max_lr * (double)step / (double)warmup);
+    double warmup = cfg->lr_warmup_steps;
+    int decay = cfg->lr_decay_steps;
+    if (warmup > 0 && step <= warmup) return (float)(max_lr * (double)step / warmup);
     if (strcmp(cfg->train.lr_decay_style, "constant") == 0) return (float)max_lr;
     if (step > decay) return (float)min_lr;
-    double ratio = (double)(step - warmup) / (double)(decay - warmup);
+    double ratio = ((double)step - warmup) / ((double)decay - warmup);
     double coeff = strcmp(cfg->train.lr_decay_style, "linear") == 0 ? 1.0 - ratio : 0.5 * (cos(3.141592653589793 * ratio) + 1.0);
     return (float)(min_lr + coeff * (max_lr - min_lr));
 }
