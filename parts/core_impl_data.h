@@ -18,7 +18,8 @@
 //               int64    sequence pointers [S]  (byte offsets into .bin)
 //               int64    document index [D]     (first sequence of each document, then S)
 // preprocess_data.py writes one sequence per document (unless --split-sentences), so the
-// document index is 0, 1, ..., S.
+// document index is 0, 1, ..., S, except that an empty document adds no sequence (its entry
+// repeats the previous one).
 static const char mt__idx_magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
 
 static size_t mt__dtype_size(int code) {
@@ -136,8 +137,10 @@ struct mt_indexed_builder {
     FILE *bin;
     int dtype;
     size_t elem_size;
-    int32_t *lengths;
+    int32_t *lengths;       // (count) tokens per sequence
     size_t count, cap;
+    int64_t *doc_index;     // (ndocs + 1) first sequence of each document, then count
+    size_t ndocs, doc_cap;
     unsigned char *buf;     // conversion buffer for one document
     size_t buf_cap;
 };
@@ -151,11 +154,21 @@ mt_indexed_builder *mt_indexed_builder_open(const char *prefix, int dtype_code) 
     snprintf(b->bin_path, sizeof b->bin_path, "%s.bin", prefix);
     snprintf(b->idx_path, sizeof b->idx_path, "%s.idx", prefix);
     b->bin = mt_atomic_open(b->bin_path, b->bin_tmp, sizeof b->bin_tmp);
+    b->doc_cap = 1024;
+    b->doc_index = (int64_t *)mt_malloc(b->doc_cap * sizeof(int64_t), "document index");
+    b->doc_index[0] = 0;
     return b;
 }
 
+// a document is one sequence here (no sentence splitting). An empty document writes no
+// sequence but still ends a document, as Megatron's builder does: its document index repeats.
 void mt_indexed_builder_add_document(mt_indexed_builder *b, const int32_t *tokens, size_t n) {
     if (n > 2147483647u) mt_fatal("a document of %zu tokens is longer than the format's int32 length", n);
+    if (b->ndocs + 2 > b->doc_cap) {
+        b->doc_cap *= 2;
+        b->doc_index = (int64_t *)mt_realloc(b->doc_index, b->doc_cap * sizeof(int64_t), "document index");
+    }
+    if (n == 0) { b->doc_index[++b->ndocs] = (int64_t)b->count; return; }
     if (b->count == b->cap) {
         b->cap = b->cap ? 2 * b->cap : 1024;
         b->lengths = (int32_t *)mt_realloc(b->lengths, b->cap * sizeof(int32_t), "index lengths");
@@ -176,13 +189,14 @@ void mt_indexed_builder_add_document(mt_indexed_builder *b, const int32_t *token
         }
         if (b->dtype == 8 && (v < 0 || v > 65535)) mt_fatal("token id %lld does not fit uint16", (long long)v);
     }
-    if (n && fwrite(b->buf, b->elem_size, n, b->bin) != n)
+    if (fwrite(b->buf, b->elem_size, n, b->bin) != n)
         mt_fatal("writing %s failed: %s\nhint: check free disk space", b->bin_tmp, strerror(errno));
+    b->doc_index[++b->ndocs] = (int64_t)b->count;
 }
 
 void mt_indexed_builder_finish(mt_indexed_builder *b) {
     FILE *idx = mt_atomic_open(b->idx_path, b->idx_tmp, sizeof b->idx_tmp);
-    uint64_t version = 1, S = b->count, D = b->count + 1;
+    uint64_t version = 1, S = b->count, D = b->ndocs + 1;
     unsigned char code = (unsigned char)b->dtype;
     fwrite(mt__idx_magic, 1, 9, idx);
     fwrite(&version, 8, 1, idx);
@@ -195,16 +209,16 @@ void mt_indexed_builder_finish(mt_indexed_builder *b) {
         fwrite(&pointer, 8, 1, idx);
         pointer += (int64_t)b->lengths[i] * (int64_t)b->elem_size;
     }
-    for (uint64_t i = 0; i < D; i++) { int64_t v = (int64_t)i; fwrite(&v, 8, 1, idx); }
+    fwrite(b->doc_index, 8, D, idx);
     // .bin first, then .idx: a reader never sees a new .idx next to an old .bin
     mt_atomic_commit(b->bin, b->bin_tmp, b->bin_path);
     mt_atomic_commit(idx, b->idx_tmp, b->idx_path);
-    free(b->lengths); free(b->buf); free(b);
+    free(b->lengths); free(b->doc_index); free(b->buf); free(b);
 }
 
 void mt_indexed_builder_abort(mt_indexed_builder *b) {
     mt_atomic_abort(b->bin, b->bin_tmp);
-    free(b->lengths); free(b->buf); free(b);
+    free(b->lengths); free(b->doc_index); free(b->buf); free(b);
 }
 
 // ---------------------------------------------------------------------------------------------
