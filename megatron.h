@@ -117,6 +117,10 @@ void mt_atomic_abort(FILE *f, const char *tmp) {
 #include "parts/core_impl_config.h"
 #include "parts/comm_impl.h"
 #include "parts/core_impl_ops.h"
+#ifdef __CUDACC__
+#include "kernels.cuh"
+#endif
+#include "parts/core_impl_dispatch.h"
 #include "parts/core_impl_model.h"
 #include "parts/core_impl_train.h"
 #include "parts/core_impl_data.h"

@@ -171,7 +171,7 @@ typedef struct {
     float *ln1_rstd;  // (L_local, B,T)
     float *qkv;       // (L_local, B,T,3*C_tp)
     float *atty;      // (L_local, B,T,C_tp)
-    float *att;       // (L_local, B,NH_tp,T,T)
+    float *att;       // (L_local, B,NH_tp,T,T) probabilities; GPU build: (L_local, B,NH_tp,T) logsumexp
     float *residual2; // (L_local, B,T,C)
     float *ln2;       // (L_local, B,T,C)
     float *ln2_mean;  // (L_local, B,T)
@@ -221,6 +221,7 @@ struct mt_rank {
     mt_comm world, tp, pp, dp, mp, embd;   // mp = TP x PP ranks of my replica (for the grad norm)
     // derived local sizes
     int B, T, C, NH_tp, C_tp, F_tp, Vp_tp, vocab_start, L_local, layers_per_chunk;
+    int att_row;           // floats saved per attention score row: T (CPU), 1 (GPU: the logsumexp)
     // parameters, gradients, AdamW moments: one buffer each, same carve
     mt_param_spec specs[MT_NUM_PARAM_TENSORS];
     size_t num_params;     // floats on this rank
@@ -232,6 +233,18 @@ struct mt_rank {
     float *acts_memory;
     mt_scratch scratch;
     float *scratch_memory;
+    // host staging (the GPU build moves these few numbers between host and device)
+    int *host_tokens, *host_targets;   // (B,T) a micro-batch's ids as the data loader made them
+    float *host_losses;    // (B,T) per-position losses of the last micro-batch
+    float *host_p2p;       // (B,T,C) pipeline messages pass through here on the GPU build
+    // GPU build: this rank's device and stream, and the compute choices
+    int device;            // CUDA device (-1 on the CPU build)
+    void *stream;          // cudaStream_t of every kernel and NCCL call of this rank
+    int gemm_impl;         // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
+    int bf16;              // --bf16: GEMM and attention compute in bf16, accumulate in fp32
+    struct {               // bytes of each buffer of this rank (printed at start)
+        size_t params, grads, optimizer, activations, scratch;
+    } memory;
     int step;              // optimizer steps taken
     int iteration;         // current iteration (1-based during a step)
     // per-step bookkeeping

@@ -175,15 +175,14 @@ void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all
 // inp (BT, K) whole on every rank, out (BT, OC_tp) this rank's columns
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
-    (void)r;   // f's forward is the identity
-    mt_matmul_forward_cpu(out, inp, weight, bias, BT, K, OC_tp);
+    mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
 // dinp is written ('='): zeroed here, filled with this rank's part, then all-reduced.
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp) {
-    memset(dinp, 0, (size_t)BT * K * sizeof(float));
-    mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
+    mt_buffer_zero(r, dinp, (size_t)BT * K);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
     mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
 
@@ -194,19 +193,17 @@ void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight,
 // inp (BT, K_tp) this rank's slice, out (BT, OC) whole on every rank after the reduce
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC) {
-    mt_matmul_forward_cpu(out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
-    mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);    // g
-    for (int i = 0; i < BT; i++)                                    // bias once, after the sum
-        for (int o = 0; o < OC; o++) out[(size_t)i * OC + o] += bias[o];
+    mt_matmul_forward(r, out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
+    mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
+    mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
 }
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
 // dW_r = X_r^T dY and db = sum dY are all local. db is the same on every TP rank.
 // dinp is written ('=').
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
-    (void)r;
-    memset(dinp, 0, (size_t)BT * K_tp * sizeof(float));
-    mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
+    mt_buffer_zero(r, dinp, (size_t)BT * K_tp);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,14 +213,14 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // writes out ('='), (B,T,C)
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe) {
     int B = r->B, T = r->T, C = r->C;
-    mt_embedding_forward_cpu(out, tokens, wte, B, T, C, r->vocab_start, r->Vp_tp);
+    mt_embedding_forward(r, out, tokens, wte, B, T, C, r->vocab_start, r->Vp_tp);
     mt_reduce_from_tp_region_forward(r, out, (size_t)B * T * C);
-    mt_position_embedding_forward_cpu(out, wpe, B, T, C);
+    mt_position_embedding_forward(r, out, wpe, B, T, C);
 }
 // backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
-    mt_embedding_backward_cpu(dwte, dout, tokens, r->B, r->T, r->C, r->vocab_start, r->Vp_tp);
-    mt_position_embedding_backward_cpu(dwpe, dout, r->B, r->T, r->C);
+    mt_embedding_backward(r, dwte, dout, tokens, r->B, r->T, r->C, r->vocab_start, r->Vp_tp);
+    mt_position_embedding_backward(r, dwpe, dout, r->B, r->T, r->C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,15 +237,15 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
                                              int want_grad) {
     int BT = r->B * r->T, V = r->cfg->model.vocab_size;
     mt_scratch *s = &r->scratch;
-    mt_cross_entropy_local_max_cpu(s->ce_max, logits, BT, r->Vp_tp, r->vocab_start, V);
+    mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->Vp_tp, r->vocab_start, V);
     if (r->ps.tp_size > 1) mt_all_reduce(&r->tp, s->ce_max, (size_t)BT, MT_MAX);
-    mt_cross_entropy_local_sums_cpu(s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->Vp_tp, r->vocab_start, V);
+    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->Vp_tp, r->vocab_start, V);
     if (r->ps.tp_size > 1) {
         mt_all_reduce(&r->tp, s->ce_sum, (size_t)BT, MT_SUM);
         mt_all_reduce(&r->tp, s->ce_target, (size_t)BT, MT_SUM);
     }
-    mt_cross_entropy_finish_cpu(losses, want_grad ? logits : NULL, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
-                                r->Vp_tp, r->vocab_start, V, dloss);
+    mt_cross_entropy_finish(r, losses, want_grad ? logits : NULL, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
+                            r->Vp_tp, r->vocab_start, V, dloss);
 }
 
 // =============================================================================================
@@ -394,7 +391,7 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
         {&a->input, vp * BT * C},
         {&a->ln1, Ll * BT * C}, {&a->ln1_mean, Ll * BT}, {&a->ln1_rstd, Ll * BT},
         {&a->qkv, Ll * BT * 3 * r->C_tp}, {&a->atty, Ll * BT * r->C_tp},
-        {&a->att, Ll * B * r->NH_tp * T * T},
+        {&a->att, Ll * B * r->NH_tp * T * (size_t)r->att_row},
         {&a->residual2, Ll * BT * C},
         {&a->ln2, Ll * BT * C}, {&a->ln2_mean, Ll * BT}, {&a->ln2_rstd, Ll * BT},
         {&a->fch, Ll * BT * r->F_tp}, {&a->fch_gelu, Ll * BT * r->F_tp},
@@ -442,7 +439,7 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
     float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * T;
+    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
     float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
@@ -454,22 +451,22 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     hid_drop.p = r->training ? cfg->model.hidden_dropout : 0.0f;
 
     // attention block
-    mt_layernorm_forward_cpu(l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T, C);
+    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T, C);
     mt_column_parallel_linear_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
-    mt_attention_forward_cpu(l_atty, l_att, l_qkv, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
+    mt_attention_forward(r, l_atty, l_att, l_qkv, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
                              cfg->model.num_attention_heads);
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
-    mt_dropout_forward_cpu(out_c, &hid_drop, B);
-    mt_residual_forward_cpu(l_residual2, x, out_c, (size_t)BT * C);
+    mt_dropout_forward(r, out_c, &hid_drop, B);
+    mt_residual_forward(r, l_residual2, x, out_c, (size_t)BT * C);
     // MLP block
-    mt_layernorm_forward_cpu(l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T, C);
+    mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T, C);
     mt_column_parallel_linear_forward(r, l_fch, l_ln2, l_fcw, l_fcb, BT, C, F_tp);
-    mt_gelu_forward_cpu(l_fch_gelu, l_fch, (size_t)BT * F_tp);
+    mt_gelu_forward(r, l_fch_gelu, l_fch, (size_t)BT * F_tp);
     mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
-    mt_dropout_forward_cpu(out_c, &hid_drop, B);
-    mt_residual_forward_cpu(l_residual3, l_residual2, out_c, (size_t)BT * C);
+    mt_dropout_forward(r, out_c, &hid_drop, B);
+    mt_residual_forward(r, l_residual3, l_residual2, out_c, (size_t)BT * C);
 }
 
 // one transformer layer, backward. On entry scratch.dresidual holds dL/d(residual3);
@@ -494,7 +491,7 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *dl_fcprojw = g->fcprojw + (size_t)l * C * F_tp, *dl_fcprojb = g->fcprojb + (size_t)l * C;
     float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * T;
+    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
     float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
@@ -506,24 +503,24 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
 
     // MLP block. forward was: residual3 = residual2 + dropout(fcproj(gelu(fc(ln2(residual2)))))
     // the residual passes dresidual through unchanged; the branch gets a copy
-    memcpy(s->out_c, s->dresidual, BTC * sizeof(float));
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
-    mt_dropout_backward_cpu(s->out_c, &hid_drop, B);
+    mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp, C);
-    memset(s->dfch, 0, (size_t)BT * F_tp * sizeof(float));
-    mt_gelu_backward_cpu(s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
+    mt_buffer_zero(r, s->dfch, (size_t)BT * F_tp);
+    mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
-    mt_layernorm_backward_cpu(s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T, C);
+    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T, C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
-    memcpy(s->out_c, s->dresidual, BTC * sizeof(float));
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
-    mt_dropout_backward_cpu(s->out_c, &hid_drop, B);
+    mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
-    memset(s->dqkv, 0, (size_t)BT * 3 * C_tp * sizeof(float));
-    mt_attention_backward_cpu(s->dqkv, s->datty, l_qkv, l_att, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
+    mt_buffer_zero(r, s->dqkv, (size_t)BT * 3 * C_tp);
+    mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_att, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
                               cfg->model.num_attention_heads, s->dp_row);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);
-    mt_layernorm_backward_cpu(s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T, C);
+    mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T, C);
 }
 
 // the embedding (first virtual stage) and the head (last virtual stage)
@@ -535,12 +532,12 @@ static void mt__embedding_forward(mt_rank *r, mt_activations *a) {
     mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->params.wte, r->params.wpe);
     mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, r->training ? cfg->model.hidden_dropout : 0.0f,
                     a->sample_offset, r->T, r->C};
-    mt_dropout_forward_cpu(a->input, &d, r->B);
+    mt_dropout_forward(r, a->input, &d, r->B);
 }
 static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
     mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, cfg->model.hidden_dropout, a->sample_offset, r->T, r->C};
-    mt_dropout_backward_cpu(r->scratch.dresidual, &d, r->B);
+    mt_dropout_backward(r, r->scratch.dresidual, &d, r->B);
     mt_vocab_parallel_embedding_backward(r, r->grads.wte, r->grads.wpe, r->scratch.dresidual, a->tokens);
 }
 
@@ -548,12 +545,13 @@ static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
 // dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP).
 static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
     int B = r->B, T = r->T, C = r->C, BT = B * T;
-    mt_layernorm_forward_cpu(a->lnf, a->lnf_mean, a->lnf_rstd, x, r->params.lnfw, r->params.lnfb, B, T, C);
+    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->params.lnfw, r->params.lnfb, B, T, C);
     mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->params.wte, NULL, BT, C, r->Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
+    mt_buffer_download(r, r->host_losses, a->losses, (size_t)BT * sizeof(float));
     double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += a->losses[i];
+    for (int i = 0; i < BT; i++) sum += r->host_losses[i];
     r->loss_sum += sum / BT;
 }
 static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
@@ -561,8 +559,8 @@ static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
     mt_scratch *s = &r->scratch;
     // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
     mt_column_parallel_linear_backward(r, s->dln, r->grads.wte, NULL, a->logits, a->lnf, r->params.wte, BT, C, r->Vp_tp);
-    memset(s->dresidual, 0, (size_t)BT * C * sizeof(float));
-    mt_layernorm_backward_cpu(s->dresidual, r->grads.lnfw, r->grads.lnfb, s->dln, x, r->params.lnfw, a->lnf_mean,
+    mt_buffer_zero(r, s->dresidual, (size_t)BT * C);
+    mt_layernorm_backward(r, s->dresidual, r->grads.lnfw, r->grads.lnfb, s->dln, x, r->params.lnfw, a->lnf_mean,
                               a->lnf_rstd, B, T, C);
 }
 

@@ -35,9 +35,7 @@ static double mt__grad_norm(mt_rank *r) {
         if (!s->present) continue;
         if (s->tp_replicated && r->ps.tp_rank != 0) continue;
         if (strcmp(s->name, "wte") == 0 && r->ps.pp_size > 1 && !r->ps.is_first_stage) continue;
-        const float *g = r->grads_memory + s->offset;
-        size_t n = mt__spec_numel(s);
-        for (size_t k = 0; k < n; k++) sumsq += (double)g[k] * (double)g[k];
+        sumsq += mt_buffer_sum_squares(r, r->grads_memory + s->offset, mt__spec_numel(s));
     }
     if (r->mp.size > 1) mt_all_reduce_double(&r->mp, &sumsq, 1, MT_SUM);
     return sqrt(sumsq);
@@ -284,10 +282,26 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
 // activations, wrapping around to the next chunk, and gradients).
 static int mt__p2p_tag(int kind, int mb, int chunk) { return (kind * 65536 + mb) * 64 + chunk; }
 
+// The GPU build passes pipeline messages through host memory for now (device -> host, the
+// threads mailbox, host -> device): correct and simple; NCCL send/recv is the faster way.
 static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) {
     double t0 = mt_time_seconds();
+#ifdef __CUDACC__
+    mt_recv(&r->pp, r->host_p2p, n, peer_stage, tag);
+    r->idle_seconds += mt_time_seconds() - t0;
+    mt_buffer_upload(r, buf, r->host_p2p, n * sizeof(float));
+#else
     mt_recv(&r->pp, buf, n, peer_stage, tag);
     r->idle_seconds += mt_time_seconds() - t0;
+#endif
+}
+static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
+#ifdef __CUDACC__
+    mt_buffer_download(r, r->host_p2p, buf, n * sizeof(float));
+    mt_send(&r->pp, r->host_p2p, n, peer_stage, tag);
+#else
+    mt_send(&r->pp, buf, n, peer_stage, tag);
+#endif
 }
 
 static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
@@ -308,14 +322,17 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);
         if (first_on_rank) {
             a->sample_offset = st.mb * r->B * r->ps.dp_size + r->ps.dp_rank * r->B;
-            batch(r, ctx, r->iteration, st.mb, a->tokens, a->targets);
+            batch(r, ctx, r->iteration, st.mb, r->host_tokens, r->host_targets);
+            size_t bytes = (size_t)r->B * r->T * sizeof(int);
+            mt_buffer_upload(r, a->tokens, r->host_tokens, bytes);
+            mt_buffer_upload(r, a->targets, r->host_targets, bytes);
         }
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
         mt__forward_chunk(r, a, st.chunk);
         if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
             int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
-            mt_send(&r->pp, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(0, st.mb, next_chunk));
+            mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(0, st.mb, next_chunk));
         }
         if (last_forward_releases && st.chunk == vp - 1) a->mb = -1;
     } else {
@@ -325,7 +342,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         mt__backward_chunk(r, a, st.chunk);
         if (!mt__is_first_virtual(r, st.chunk)) {
             int prev_chunk = s > 0 ? st.chunk : st.chunk - 1;
-            mt_send(&r->pp, r->scratch.dresidual, BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(1, st.mb, prev_chunk));
+            mt__send(r, r->scratch.dresidual, BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(1, st.mb, prev_chunk));
         }
         if (st.chunk == 0) a->mb = -1;   // this micro-batch is done on this rank
     }
@@ -349,7 +366,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     r->training = 1;
     r->loss_sum = 0.0;
     r->idle_seconds = 0.0;
-    memset(r->grads_memory, 0, r->num_params * sizeof(float));
+    mt_buffer_zero(r, r->grads_memory, r->num_params);
     // 1. forward and backward of every micro-batch, in the order of the schedule
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
@@ -366,8 +383,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     } else {
         if (cfg->train.clip_grad > 0) {
             double coeff = cfg->train.clip_grad / (norm + 1e-6);
-            if (coeff < 1.0)
-                for (size_t k = 0; k < r->num_params; k++) r->grads_memory[k] *= (float)coeff;
+            if (coeff < 1.0) mt_buffer_scale(r, r->grads_memory, (float)coeff, r->num_params);
         }
         // 4. AdamW, tensor by tensor (weight decay only where Megatron applies it)
         r->step++;
@@ -375,9 +391,9 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
             const mt_param_spec *s = &r->specs[i];
             if (!s->present) continue;
-            mt_adamw_cpu(r->params_memory + s->offset, r->m_memory + s->offset, r->v_memory + s->offset,
-                         r->grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
-                         cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, r->step);
+            mt_adamw(r, r->params_memory + s->offset, r->m_memory + s->offset, r->v_memory + s->offset,
+                     r->grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
+                     cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, r->step);
         }
     }
     res.lr = mt_learning_rate(cfg, iteration);
@@ -410,6 +426,10 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     r->cfg = cfg;
     mt_parallel_state_init(&r->ps, cfg, rank);
     mt_parallel_state *ps = &r->ps;
+    r->device = -1;
+#ifdef __CUDACC__
+    mt__gpu_rank_setup(r);   // cudaSetDevice, the stream, the GEMM rung (below, GPU build only)
+#endif
     int TP = ps->tp_size, PP = ps->pp_size, DP = ps->dp_size;
     // communicators: every rank creates the groups it belongs to, with members in group order
     int *members = (int *)mt_malloc(sizeof(int) * (size_t)cfg->world_size, "group");
@@ -430,6 +450,9 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
         mt__comm_named(&r->embd, w, rank, members, 2, "embd");
     }
     free(members);
+#ifdef __CUDACC__
+    mt__gpu_comms_setup(r, w);   // NCCL communicators for the groups that move device data
+#endif
     // local sizes
     r->B = cfg->train.micro_batch_size;
     r->T = cfg->model.seq_length;
@@ -441,15 +464,27 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     r->vocab_start = ps->tp_rank * r->Vp_tp;
     r->L_local = cfg->model.num_layers / PP;
     r->layers_per_chunk = r->L_local / ps->vp_size;
-    // parameters, gradients, AdamW moments: one carve, four buffers
+#ifdef __CUDACC__
+    r->att_row = 1;
+#else
+    r->att_row = r->T;
+#endif
+    // parameters, gradients, AdamW moments: one carve, four buffers. The initial values are
+    // computed on the host (mt__init_params) and then uploaded.
     r->num_params = mt__carve_params(r, &r->params, NULL, 1);
-    r->params_memory = (float *)mt_calloc(r->num_params, sizeof(float), "parameters");
-    r->grads_memory = (float *)mt_calloc(r->num_params, sizeof(float), "gradients");
-    r->m_memory = (float *)mt_calloc(r->num_params, sizeof(float), "AdamW m");
-    r->v_memory = (float *)mt_calloc(r->num_params, sizeof(float), "AdamW v");
+    float *host_params = (float *)mt_calloc(r->num_params, sizeof(float), "parameters (host)");
+    r->params_memory = host_params;
+    mt__init_params(r);
+#ifdef __CUDACC__
+    r->params_memory = mt_buffer_alloc(r, r->num_params, "parameters");
+    mt_buffer_upload(r, r->params_memory, host_params, r->num_params * sizeof(float));
+    free(host_params);
+#endif
+    r->grads_memory = mt_buffer_alloc(r, r->num_params, "gradients");
+    r->m_memory = mt_buffer_alloc(r, r->num_params, "AdamW m");
+    r->v_memory = mt_buffer_alloc(r, r->num_params, "AdamW v");
     mt__carve_params(r, &r->params, r->params_memory, 1);
     mt__carve_params(r, &r->grads, r->grads_memory, 0);
-    mt__init_params(r);
     // activation slots: as many micro-batches as the schedule keeps alive at once on this stage
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * ps->vp_size, "schedule");
     int n = mt_schedule_for(cfg, ps->pp_rank, list), alive = 0;
@@ -463,20 +498,38 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_activations probe;
     size_t per_slot = mt__carve_activations(r, &probe, NULL);
     r->slots = (mt_activations *)mt_calloc((size_t)r->num_slots, sizeof(mt_activations), "activation slots");
-    r->acts_memory = (float *)mt_calloc(per_slot * (size_t)r->num_slots, sizeof(float), "activations");
+    size_t BT = (size_t)r->B * r->T;
+    // token ids travel with their micro-batch: 2*BT ints per slot after its floats (an int is a
+    // float's size; the buffer is untyped memory until written)
+    r->acts_memory = mt_buffer_alloc(r, (per_slot + 2 * BT) * (size_t)r->num_slots, "activations");
     for (int i = 0; i < r->num_slots; i++) {
-        mt__carve_activations(r, &r->slots[i], r->acts_memory + per_slot * (size_t)i);
-        r->slots[i].tokens = (int *)mt_calloc((size_t)r->B * r->T, sizeof(int), "tokens");
-        r->slots[i].targets = (int *)mt_calloc((size_t)r->B * r->T, sizeof(int), "targets");
+        float *base = r->acts_memory + (per_slot + 2 * BT) * (size_t)i;
+        mt__carve_activations(r, &r->slots[i], base);
+        r->slots[i].tokens = (int *)(base + per_slot);
+        r->slots[i].targets = (int *)(base + per_slot + BT);
         r->slots[i].mb = -1;
     }
     size_t scratch_n = mt__carve_scratch(r, &r->scratch, NULL);
-    r->scratch_memory = (float *)mt_calloc(scratch_n, sizeof(float), "scratch");
+    r->scratch_memory = mt_buffer_alloc(r, scratch_n, "scratch");
     mt__carve_scratch(r, &r->scratch, r->scratch_memory);
+    r->host_tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
+    r->host_targets = (int *)mt_calloc(BT, sizeof(int), "targets");
+    r->host_losses = (float *)mt_calloc(BT, sizeof(float), "losses");
+    r->host_p2p = (float *)mt_calloc(BT * (size_t)r->C, sizeof(float), "pipeline messages");
+    r->memory.params = r->num_params * sizeof(float);
+    r->memory.grads = r->num_params * sizeof(float);
+    r->memory.optimizer = 2 * r->num_params * sizeof(float);
+    r->memory.activations = (per_slot + 2 * BT) * (size_t)r->num_slots * sizeof(float);
+    r->memory.scratch = scratch_n * sizeof(float);
 }
 
 void mt_rank_free(mt_rank *r) {
-    free(r->params_memory); free(r->grads_memory); free(r->m_memory); free(r->v_memory);
-    for (int i = 0; i < r->num_slots; i++) { free(r->slots[i].tokens); free(r->slots[i].targets); }
-    free(r->slots); free(r->acts_memory); free(r->scratch_memory);
+    mt_buffer_free(r->params_memory); mt_buffer_free(r->grads_memory);
+    mt_buffer_free(r->m_memory); mt_buffer_free(r->v_memory);
+    mt_buffer_free(r->acts_memory); mt_buffer_free(r->scratch_memory);
+    free(r->slots);
+    free(r->host_tokens); free(r->host_targets); free(r->host_losses); free(r->host_p2p);
+#ifdef __CUDACC__
+    mt__gpu_rank_teardown(r);
+#endif
 }

@@ -325,14 +325,18 @@ def main():
     rt_ok = len(texts) + len(blobs) - len(bad_rt)
     print(f"compared {len(texts)} strings with tiktoken ({args.n} random, seed {args.seed}, {len(cases)} stored cases); "
           f"round trip on {len(texts) + len(blobs)} strings ({len(blobs)} random byte strings): {len(bad_rt)} failures")
-    passed += rt_ok
-    failed += len(bad_rt)
+    # the summary counts checks, not strings: ids against tiktoken, round trip, preprocess's JSON
+    checks_passed = checks_failed = 0
+    print(f"check ids == tiktoken: {passed} strings agree, {failed} differ")
+    checks_passed, checks_failed = (checks_passed + 1, checks_failed) if failed == 0 else (checks_passed, checks_failed + 1)
+    print(f"check decode(encode(x)) == x: {rt_ok} ok, {len(bad_rt)} failed")
+    checks_passed, checks_failed = (checks_passed + 1, checks_failed) if not bad_rt else (checks_passed, checks_failed + 1)
     if args.json:
         p, f = check_preprocess_json(enc, rnd, args.json, args.show)
-        passed += p
-        failed += f
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+        print(f"check ./preprocess on random JSON lines: {p} ok, {f} failed")
+        checks_passed, checks_failed = (checks_passed + 1, checks_failed) if f == 0 else (checks_passed, checks_failed + 1)
+    print(f"{checks_passed} passed, {checks_failed} failed")
+    sys.exit(1 if checks_failed else 0)
 
 
 if __name__ == "__main__":
