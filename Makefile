@@ -4,6 +4,8 @@
 #   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
+#   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
+#   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make debug      -O0 -g builds for stepping through in gdb (every rank is a thread: `info threads`)
 #   make clean
 #
@@ -18,20 +20,24 @@ NVCC_FOUND := $(shell command -v $(NVCC) 2> /dev/null)
 NVCCFLAGS ?= -O3 -arch=sm_90
 PYTHON ?= python3
 VENV = .venv
-HEADERS = megatron.h $(wildcard parts/*.h)
+HEADERS = megatron.h
 
 ifeq ($(NVCC_FOUND),)
-$(info megatron.h: CPU build (nvcc not found: no CUDA compile check))
+$(info megatron.h: CPU build only (nvcc not found: no train_gpt_cuda))
 else
-$(info megatron.h: CPU build, plus a CUDA compile check of megatron.h with $(NVCC))
+$(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
 TESTS = tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_tokenizer
 
-.PHONY: all run test test-ref cuda-check debug clean
+.PHONY: all run test test-ref test-gpu bench cuda-check debug clean
 
-# the programs, in the repository root
-all: train_gpt preprocess $(if $(NVCC_FOUND),cuda-check)
+# the programs, in the repository root (train_gpt_cuda where nvcc is found)
+all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
+
+# the GPU trainer: the same train_gpt.c compiled as CUDA C++, kernels.cuh and NCCL
+train_gpt_cuda: train_gpt.c kernels.cuh $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -o $@ train_gpt.c -lnccl
 
 train_gpt: train_gpt.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ train_gpt.c $(LDLIBS)
@@ -39,7 +45,7 @@ train_gpt: train_gpt.c $(HEADERS)
 preprocess: preprocess.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ preprocess.c $(LDLIBS)
 
-# megatron.h must also compile as CUDA C++ (the GPU build includes it in nvcc's translation unit)
+# megatron.h and preprocess.c must also compile as CUDA C++ (compile only; train_gpt_cuda links too)
 cuda-check: build/.cuda-check
 build/.cuda-check: train_gpt.c preprocess.c $(HEADERS)
 	@mkdir -p build
@@ -83,9 +89,25 @@ test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 
+# on the GPU machine: every kernel against its CPU twin, then 20 training steps of the GPU build
+# against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs)
+tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread
+tests/gpu/compare_logs: tests/gpu/compare_logs.c
+	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $< -lm
+test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/compare_logs
+	@mkdir -p build
+	@./tests/gpu/test_kernels 2>&1 | tee build/test_kernels.log; \
+	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
+	 sh tests/run_logs.sh build/test_kernels.log build/test_train.log
+
+# on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
+bench: preprocess train_gpt_cuda
+	@sh tests/gpu/bench.sh
+
 # -O0 -g: for gdb (`thread 3` is rank 2, threads are named "r2 tp0 dp1 pp0")
 debug:
 	$(MAKE) CFLAGS="-O0 -g" train_gpt preprocess
 
 clean:
-	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref
+	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/compare_logs

@@ -1,4 +1,70 @@
-/* megatron.h - Megatron-LM's parallel GPT training as one annotated C header. (SKELETON; doc block to come) */
+/* megatron.h - Megatron-LM's parallel GPT training as one annotated C header.
+
+   Tensor, pipeline and data parallelism (Shoeybi et al. 2019; Narayanan et al. 2021), written
+   out for a reader: every op as a plain C loop with its math above it, every parallel mechanism
+   in its own section with Megatron's names, and a CPU build where each rank is a thread, so any
+   TP x PP x DP layout runs on a laptop and trains exactly like one rank.
+
+   USAGE
+     In exactly one .c file:
+        #define MEGATRON_IMPLEMENTATION
+        #include "megatron.h"
+     Everywhere else just #include "megatron.h" for the declarations. The programs built on it:
+        train_gpt.c    the trainer, Megatron's pretrain_gpt.py flags    ./train_gpt --help
+        preprocess.c   text / loose JSON -> .bin/.idx                   ./preprocess --help
+     It compiles as C11 (gcc, clang) and as CUDA C++ (nvcc -x cu).
+
+   TABLE OF CONTENTS  (grep -n '^// [0-9]*\. ' megatron.h prints it with line numbers)
+      1. UTILITIES, ERRORS & CONFIG   mt_fatal, atomic files, flags, JSON config, counter-based RNG
+      2. RANKS, GROUPS, COMMUNICATORS threads backend with NCCL's shape; the TP/PP/DP rank layout
+      3. OPS: CPU REFERENCE           forward/backward pairs: embedding, layernorm, matmul,
+                                      attention, GELU, dropout, cross-entropy, AdamW
+      4. TENSOR-PARALLEL LAYERS       f/g, column- and row-parallel linear, vocab-parallel
+                                      embedding and cross-entropy
+      5. GPT MODEL                    parameters and activations carved from one buffer each,
+                                      layer forward/backward, embedding, head
+      6. OPTIMIZER, CLIPPING, LR      Megatron's learning-rate schedule, global grad norm, AdamW
+      7. DATA PARALLEL                bucketed gradient all-reduce, tied-embedding all-reduce
+      8. PIPELINE SCHEDULES & STEP    no pipelining, AFAB, 1F1B, interleaved 1F1B; the train step
+      9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
+                                      blending; GPT-2 byte-level BPE
+     12. TRAINING LOOP                pretrain(): train, evaluate, Megatron's log lines
+     (10. checkpoints, 11. TensorBoard & timeline, 13. generation: later issues)
+
+   COMPILE-TIME OPTIONS
+     MEGATRON_IMPLEMENTATION   define in one translation unit only (see USAGE)
+     Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message.
+
+   GLOSSARY
+     B      micro-batch size (samples per rank per forward)       T   sequence length
+     C      hidden size          NH  attention heads              hs  head size = C/NH
+     F      MLP hidden size (4C) L   layers                        V   vocabulary, Vp padded
+     OC     output channels of a matmul
+     TP     tensor-parallel size: each layer's matrices split across TP ranks
+     PP     pipeline-parallel size: the layers split into PP stages
+     DP     data-parallel size: replicas, each on its own slice of the batch
+     X_tp   the per-rank size of X under TP (C_tp = C/TP, NH_tp, F_tp, Vp_tp); L_local: my layers
+     micro-batch   B samples; a global batch is B x DP x (number of micro-batches) samples
+     stage  a pipeline rank's share of the layers; with interleaving, a rank holds several
+            model chunks ("virtual stages")
+     f, g   the conjugate communication operators of tensor parallelism (section 4)
+     bubble the idle time of a pipeline: (PP-1)/(m+PP-1) of a step for m micro-batches
+     1F1B   the pipeline schedule that alternates one forward with one backward (section 8)
+
+   EXAMPLE
+*/
+#if 0
+#define MEGATRON_IMPLEMENTATION
+#include "megatron.h"
+int main(int argc, char **argv) {           // this is train_gpt.c, in short
+    mt_config cfg;
+    mt_config_defaults(&cfg);
+    mt_config_parse(&cfg, argc, argv);      // --num-layers 12 --tensor-model-parallel-size 2 ...
+    mt_config_derive(&cfg);                 // checks the layout, pads the vocabulary
+    return mt_pretrain(&cfg);               // ranks as threads: train, evaluate, log
+}
+#endif
+
 /* feature macros must come before any system header: clock_gettime, fsync, pthread_setname_np, mmap */
 #if defined(MEGATRON_IMPLEMENTATION) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE
@@ -31,12 +97,504 @@ FILE *mt_atomic_open(const char *path, char *tmp_path_out, size_t tmp_cap);
 void mt_atomic_commit(FILE *f, const char *tmp_path, const char *path);
 void mt_atomic_abort(FILE *f, const char *tmp_path);
 
-/* 2. RANKS, GROUPS, COMMUNICATORS (parts/comm.h while it is being written) */
-#include "parts/comm_decl.h"
-#include "parts/core_decl.h"
+/* 2. RANKS, GROUPS, COMMUNICATORS ----------------------------------------------------- */
+// ---------------------------------------------------------------------------------------------
+// COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
+// same collectives in the same order. CPU build: every rank is a thread of this process.
+// ---------------------------------------------------------------------------------------------
+typedef enum { MT_SUM = 0, MT_MAX = 1 } mt_reduce_op;   // MT_MAX propagates NaN (like torch.max)
 
-/* 9. DATA & TOKENIZER */
-#include "parts/tokenizer_decl.h"
+typedef struct mt_world mt_world;   // everything the rank threads of one process share
+
+typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
+    mt_world *world;
+    int size;                      // ranks in the group
+    int rank;                      // my index in the group, 0..size-1
+    int global_rank;               // my rank in the world
+    const int *members;            // (size,) global ranks of the group, in group-rank order
+                                   // (owned by the shared group state, lives as long as the world)
+    const char *name;              // "tp", "dp", "pp", "world", "embd": for MT_TRACE and messages;
+                                   // mt_comm_init sets "group", the caller overwrites
+    void *group;                   // private: the group's shared state (mt__group)
+    void *nccl;                    // GPU build: the ncclComm_t that moves this group's device
+                                   // buffers (all-reduce, all-gather, reduce-scatter, broadcast);
+                                   // NULL: the threads backend (host memory) does everything
+    void *stream;                  // GPU build: the cudaStream_t those NCCL calls run on
+} mt_comm;
+
+/* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
+mt_world *mt_world_create(int world_size);
+void mt_world_destroy(mt_world *w);     /* after mt_world_run returned; frees groups and mailboxes */
+int mt_world_size(const mt_world *w);
+/* the message of the mt_fatal that aborted the world, or NULL if it was not aborted */
+const char *mt_world_error(mt_world *w);
+
+/* every member calls it with the same members list (global ranks, in group-rank order).
+ * Like ncclCommInitRank, each call makes a new communicator: the k-th init of a member list
+ * on one rank pairs with the k-th init of the same list on the others, so "world" and "dp"
+ * with equal members are still two independent groups. */
+void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *members, int size);
+
+/* collectives: blocking, deterministic (bit-identical on every rank, every run; see §2) */
+void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op);            /* in place */
+void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op);    /* norms, loss sums */
+/* recv (size*n_per_rank) = [rank 0's n | rank 1's n | ...]; send may be recv + rank*n_per_rank */
+void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank);
+/* send (size*n_per_rank); rank r gets the reduced r-th chunk; recv may be send + rank*n_per_rank */
+void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op);
+void mt_broadcast(mt_comm *c, float *buf, size_t n, int root);                    /* root: group rank */
+void mt_barrier(mt_comm *c);
+
+/* point-to-point; peer is a GROUP rank. send is buffered: it copies and returns at once.
+ * recv blocks until a message from peer with this tag arrives (FIFO among equal tags);
+ * its count must equal n (else mt_fatal naming both). */
+void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag);
+void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag);
+
+/* launcher: runs fn(w, rank, arg) on world_size threads named "r<rank>", joins them. Returns 0,
+ * or 1 if a rank called mt_fatal (the world was aborted): then it has printed
+ * "error: <message>" once, as mt_fatal would, and the caller should exit(1). */
+typedef void (*mt_rank_fn)(mt_world *w, int global_rank, void *arg);
+int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg);
+int mt_thread_rank(void);                 /* global rank of the calling rank thread, -1 elsewhere */
+void mt_thread_set_name(const char *name);/* names the calling thread (debuggers), max 15 chars */
+
+// ---------------------------------------------------------------------------------------------
+// CONFIG: one struct, three parts (model, parallel, training), each field names its flag.
+// Defaults live in mt_config_defaults(); derived values are computed once in mt_config_derive().
+// ---------------------------------------------------------------------------------------------
+#define MT_MAX_DATA_PATHS 16
+#define MT_PATH_MAX 1024
+
+typedef struct {
+    int num_layers;                   // --num-layers (L)
+    int hidden_size;                  // --hidden-size (C)
+    int num_attention_heads;          // --num-attention-heads (NH)
+    int ffn_hidden_size;              // --ffn-hidden-size (F), default 4*C
+    int seq_length;                   // --seq-length (T)
+    int max_position_embeddings;      // --max-position-embeddings (maxT), default T
+    int vocab_size;                   // --vocab-size, or from --vocab-file (V)
+    int make_vocab_size_divisible_by; // --make-vocab-size-divisible-by, default 128
+    float init_method_std;            // --init-method-std, default 0.02
+    float hidden_dropout;             // --hidden-dropout, default 0 here (Megatron: 0.1)
+    float attention_dropout;          // --attention-dropout, default 0 here (Megatron: 0.1)
+} mt_model_config;
+
+typedef struct {
+    int tensor_model_parallel_size;            // --tensor-model-parallel-size (TP)
+    int pipeline_model_parallel_size;          // --pipeline-model-parallel-size (PP)
+    int nproc_per_node;                        // --nproc-per-node: ranks in this process (world); default TP*PP
+    int num_layers_per_virtual_pipeline_stage; // --num-layers-per-virtual-pipeline-stage, 0 = not interleaved
+    long ddp_bucket_size;                      // --ddp-bucket-size: gradient elements per DP all-reduce bucket
+    int print_layout;                          // --print-layout: print the rank groups and exit
+    int print_schedule;                        // --print-schedule: print the pipeline time line and exit
+} mt_parallel_config;
+
+typedef struct {
+    int micro_batch_size;      // --micro-batch-size (B)
+    int global_batch_size;     // --global-batch-size = B * DP * accumulation steps
+    int train_iters;           // --train-iters
+    float lr;                  // --lr (peak)
+    float min_lr;              // --min-lr
+    char lr_decay_style[16];   // --lr-decay-style constant|linear|cosine
+    int lr_decay_iters;        // --lr-decay-iters, default train_iters
+    int lr_warmup_iters;       // --lr-warmup-iters
+    double lr_warmup_fraction; // --lr-warmup-fraction (of lr_decay_iters; overrides lr_warmup_iters)
+    float weight_decay;        // --weight-decay, default 0.01
+    float adam_beta1;          // --adam-beta1, default 0.9
+    float adam_beta2;          // --adam-beta2, default 0.999
+    float adam_eps;            // --adam-eps, default 1e-8
+    float clip_grad;           // --clip-grad, default 1.0 (0 = no clipping)
+    unsigned long long seed;   // --seed, default 1234
+    int log_interval;          // --log-interval, default 100
+    int eval_interval;         // --eval-interval, default 1000
+    int eval_iters;            // --eval-iters, default 100
+    int save_interval;         // --save-interval
+    char save[MT_PATH_MAX];    // --save DIR
+    char load[MT_PATH_MAX];    // --load DIR
+    int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
+    char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
+    double data_weight[MT_MAX_DATA_PATHS];               // blend weights (normalised), 0 if not given
+    char split[64];            // --split, default "969,30,1" as Megatron
+    char vocab_file[MT_PATH_MAX];  // --vocab-file (GPT-2 vocab.json)
+    char merge_file[MT_PATH_MAX];  // --merge-file (GPT-2 merges.txt)
+    char tokenizer_type[32];       // --tokenizer-type GPT2BPETokenizer | NullTokenizer
+    int fp32;                  // --fp32 (the CPU build always computes in fp32)
+    int bf16;                  // --bf16 (GPU build)
+    int fp16;                  // --fp16 (GPU build)
+    char gemm[16];             // --gemm naive|tiled|mma (GPU build): the GEMM kernel; default by precision
+} mt_train_config;
+
+typedef struct {
+    mt_model_config model;
+    mt_parallel_config parallel;
+    mt_train_config train;
+    // derived in mt_config_derive(), never set by a flag:
+    int head_size;             // hs = C / NH
+    int padded_vocab_size;     // Vp: V rounded up to a multiple of divisible_by * TP (Megatron's rule)
+    int data_parallel_size;    // DP = world / (TP * PP)
+    int world_size;            // TP * PP * DP
+    int num_microbatches;      // global batch / (B * DP)
+    int virtual_pipeline_size; // vp: model chunks per pipeline rank (1 if not interleaved)
+    double lr_warmup_steps;    // in iterations (a real number when set by --lr-warmup-fraction)
+    int lr_decay_steps;        // in iterations
+} mt_config;
+
+void mt_config_defaults(mt_config *cfg);
+/* parses argv (a --config JSON file first, then the command line over it); mt_fatal on any bad flag */
+void mt_config_parse(mt_config *cfg, int argc, char **argv);
+void mt_config_load_json(mt_config *cfg, const char *path);
+/* checks and fills the derived fields; world_size 0 = take --nproc-per-node or TP*PP */
+void mt_config_derive(mt_config *cfg);
+void mt_print_help(FILE *f);
+void mt_print_config(const mt_config *cfg, FILE *f);
+int mt_pad_vocab_size(int vocab_size, int divisible_by, int tp_size);
+
+// ---------------------------------------------------------------------------------------------
+// RANDOM NUMBERS: counter-based, so any element's random number depends only on its key.
+// ---------------------------------------------------------------------------------------------
+uint64_t mt_hash64(uint64_t x);
+/* uniform in [0,1) for the element `index` of the stream named by (seed, a, b, c) */
+float mt_rand_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
+float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
+
+// ---------------------------------------------------------------------------------------------
+// PARALLEL STATE: a rank's place in the TP x PP x DP grid and its communicators
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+    int rank, world_size;
+    int tp_rank, tp_size;     // tensor parallel: position in / size of my TP group
+    int pp_rank, pp_size;     // pipeline parallel: my stage
+    int dp_rank, dp_size;     // data parallel: my replica
+    int vp_size;              // model chunks per stage (interleaved 1F1B), 1 otherwise
+    int pp_prev_rank, pp_next_rank;   // global ranks of the previous / next stage (wrapping around)
+    int is_first_stage, is_last_stage;
+    int in_embedding_group;   // first or last stage of a pipeline with PP > 1 (holds a copy of wte)
+} mt_parallel_state;
+
+/* rank = tp_rank + TP*(dp_rank + DP*pp_rank): TP fastest, then DP, then PP (Megatron's default) */
+void mt_parallel_state_init(mt_parallel_state *ps, const mt_config *cfg, int rank);
+int mt_global_rank(const mt_config *cfg, int tp_rank, int dp_rank, int pp_rank);
+void mt_print_layout(const mt_config *cfg, FILE *f);
+
+// ---------------------------------------------------------------------------------------------
+// GPT MODEL: parameters (this rank's shards), activations, the rank context
+// ---------------------------------------------------------------------------------------------
+// local sizes: C_tp = C/TP, NH_tp = NH/TP, F_tp = F/TP, Vp_tp = Vp/TP, L_local = layers on this rank
+typedef struct {
+    float *wte;       // (Vp_tp, C)        vocab rows [tp_rank*Vp_tp, ...): first stage, and last stage (tied LM head)
+    float *wpe;       // (maxT, C)         first stage; replicated over TP
+    float *ln1w;      // (L_local, C)      replicated over TP
+    float *ln1b;      // (L_local, C)
+    float *qkvw;      // (L_local, 3*C_tp, C)  rows [Q_r; K_r; V_r]: my heads' rows of Q, K and V
+    float *qkvb;      // (L_local, 3*C_tp)
+    float *attprojw;  // (L_local, C, C_tp)    my columns (row-parallel)
+    float *attprojb;  // (L_local, C)          replicated, added once after the all-reduce
+    float *ln2w;      // (L_local, C)
+    float *ln2b;      // (L_local, C)
+    float *fcw;       // (L_local, F_tp, C)    my rows (column-parallel)
+    float *fcb;       // (L_local, F_tp)
+    float *fcprojw;   // (L_local, C, F_tp)    my columns (row-parallel)
+    float *fcprojb;   // (L_local, C)          replicated
+    float *lnfw;      // (C)                   last stage
+    float *lnfb;      // (C)                   last stage
+} mt_params;
+#define MT_NUM_PARAM_TENSORS 16
+
+/* how a tensor is split over TP ranks (used by init, gather and checkpoint conversion) */
+typedef enum {
+    MT_SPLIT_NONE,    // replicated: every TP rank holds all of it
+    MT_SPLIT_ROWS,    // global (R, K) -> (R/TP, K), rank r holds rows [r*R/TP, (r+1)*R/TP)
+    MT_SPLIT_COLS,    // global (R, K) -> (R, K/TP), rank r holds columns [r*K/TP, ...)
+    MT_SPLIT_QKV,     // global (3C, K) = [Q; K; V] -> (3*C_tp, K) = [Q_r; K_r; V_r]
+    MT_SPLIT_VOCAB    // global (V, K) real rows; rank r holds padded rows [r*Vp_tp, (r+1)*Vp_tp)
+} mt_split;
+
+typedef struct {
+    const char *name;
+    float **ptr;           // where the carve stores the pointer (into an mt_params)
+    size_t offset;         // floats from the start of the buffer
+    int layers;            // 0 for a non-layer tensor, else L_local (stacked)
+    int rows, cols;        // local shape of one layer's tensor
+    int grows, gcols;      // global shape of one layer's tensor (grows = V for wte)
+    mt_split split;
+    int no_decay;          // biases and layernorm weights: no weight decay (Megatron's rule)
+    int tp_replicated;     // identical on every TP rank: counts once in the grad norm
+    int present;           // does this rank hold it (stage-dependent)
+} mt_param_spec;
+
+typedef struct {
+    // one slot = one micro-batch's saved activations for every chunk of this rank
+    int *tokens;      // (B,T)
+    int *targets;     // (B,T)
+    float *input;     // (vp, B,T,C) each chunk's input: embedding output, or the previous stage's
+    float *ln1;       // (L_local, B,T,C)
+    float *ln1_mean;  // (L_local, B,T)
+    float *ln1_rstd;  // (L_local, B,T)
+    float *qkv;       // (L_local, B,T,3*C_tp)
+    float *atty;      // (L_local, B,T,C_tp)
+    float *att;       // (L_local, B,NH_tp,T,T) probabilities; GPU build: (L_local, B,NH_tp,T) logsumexp
+    float *residual2; // (L_local, B,T,C)
+    float *ln2;       // (L_local, B,T,C)
+    float *ln2_mean;  // (L_local, B,T)
+    float *ln2_rstd;  // (L_local, B,T)
+    float *fch;       // (L_local, B,T,F_tp)
+    float *fch_gelu;  // (L_local, B,T,F_tp)
+    float *residual3; // (L_local, B,T,C)
+    float *lnf;       // (B,T,C)       last stage
+    float *lnf_mean;  // (B,T)
+    float *lnf_rstd;  // (B,T)
+    float *logits;    // (B,T,Vp_tp)   last stage; after a training forward, holds dloss/dlogits
+    float *losses;    // (B,T)         last stage
+    int mb;           // micro-batch held, -1 if free
+    int sample_offset;// global sample index of its first sample within the iteration
+} mt_activations;
+
+typedef struct {
+    float *out_c;     // (B,T,C)     output of a row-parallel matmul before/after its all-reduce
+    float *dresidual; // (B,T,C)     gradient flowing down the residual stream
+    float *dln;       // (B,T,C)
+    float *dqkv;      // (B,T,3*C_tp)
+    float *datty;     // (B,T,C_tp)
+    float *dfch;      // (B,T,F_tp)
+    float *dfch_gelu; // (B,T,F_tp)
+    float *dp_row;    // (T)
+    float *ce_max;    // (B,T)  cross-entropy all-reduced values
+    float *ce_sum;    // (B,T)
+    float *ce_target; // (B,T)
+} mt_scratch;
+
+struct mt_rank;
+typedef struct mt_rank mt_rank;
+/* fills tokens (B,T) and targets (B,T) of micro-batch `mb` of the current iteration for this rank */
+typedef void (*mt_batch_fn)(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets);
+
+typedef struct {
+    float loss;            // mean lm loss of the global batch
+    float grad_norm;       // before clipping
+    float lr;
+    int skipped;           // 1 if the step was skipped (inf/nan gradients)
+    double idle_seconds;   // time this rank waited for pipeline messages
+} mt_step_result;
+
+struct mt_rank {
+    const mt_config *cfg;
+    mt_parallel_state ps;
+    mt_comm world, tp, pp, dp, mp, embd;   // mp = TP x PP ranks of my replica (for the grad norm)
+    // derived local sizes
+    int B, T, C, NH_tp, C_tp, F_tp, Vp_tp, vocab_start, L_local, layers_per_chunk;
+    int att_row;           // floats saved per attention score row: T (CPU), 1 (GPU: the logsumexp)
+    // parameters, gradients, AdamW moments: one buffer each, same carve
+    mt_param_spec specs[MT_NUM_PARAM_TENSORS];
+    size_t num_params;     // floats on this rank
+    float *params_memory, *grads_memory, *m_memory, *v_memory;
+    mt_params params, grads;
+    // activations: num_slots micro-batches in flight at most (1 without pipelining)
+    int num_slots;
+    mt_activations *slots;
+    float *acts_memory;
+    mt_scratch scratch;
+    float *scratch_memory;
+    // host staging (the GPU build moves these few numbers between host and device)
+    int *host_tokens, *host_targets;   // (B,T) a micro-batch's ids as the data loader made them
+    float *host_losses;    // (B,T) per-position losses of the last micro-batch
+    float *host_p2p;       // (B,T,C) pipeline messages pass through here on the GPU build
+    // GPU build: this rank's device and stream, and the compute choices
+    int device;            // CUDA device (-1 on the CPU build)
+    void *stream;          // cudaStream_t of every kernel and NCCL call of this rank
+    int gemm_impl;         // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
+    int bf16;              // --bf16: GEMM and attention compute in bf16, accumulate in fp32
+    struct {               // bytes of each buffer of this rank (printed at start)
+        size_t params, grads, optimizer, activations, scratch;
+    } memory;
+    int step;              // optimizer steps taken
+    int iteration;         // current iteration (1-based during a step)
+    // per-step bookkeeping
+    double loss_sum;       // sum of micro-batch mean losses (last stage)
+    double idle_seconds;
+    int training;          // 1 in a training step (dropout on, gradients), 0 in eval
+};
+
+void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
+void mt_rank_free(mt_rank *r);
+/* the global layer index of local layer l (0..L_local-1) on this rank */
+int mt_local_to_global_layer(const mt_rank *r, int l);
+/* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
+mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
+/* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
+float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
+/* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
+float mt_learning_rate(const mt_config *cfg, int iteration);
+/* copies this rank's shards into (dir=0) / out of (dir=1) a full, unsharded tensor `global`
+   of the given spec, laid out (grows, gcols) per layer for the layers of this rank */
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int global_layers, int dir);
+
+// ---------------------------------------------------------------------------------------------
+// DATA: Megatron's indexed dataset (PREFIX.bin + PREFIX.idx), GPT samples, blending
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+    char prefix[MT_PATH_MAX];
+    int dtype;                     // Megatron's DType code: 1 uint8 .. 8 uint16 (see §9)
+    size_t elem_size;              // bytes per token
+    uint64_t num_sequences;        // sequences (one per document unless sentences were split)
+    uint64_t num_documents;        // documents = entries of the document index - 1
+    const int32_t *seq_lengths;    // (num_sequences) tokens per sequence
+    const int64_t *seq_pointers;   // (num_sequences) byte offset of each sequence in .bin
+    const int64_t *doc_index;      // (num_documents+1) first sequence of each document, then num_sequences
+    void *idx_map, *bin_map;       // the memory-mapped files
+    size_t idx_size, bin_size;
+} mt_indexed_dataset;
+
+/* opens and checks PREFIX.idx / PREFIX.bin; any corruption is fatal with a clear message */
+void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix);
+void mt_indexed_dataset_close(mt_indexed_dataset *d);
+int64_t mt_indexed_dataset_doc_length(const mt_indexed_dataset *d, int64_t doc);   /* tokens */
+int64_t mt_indexed_dataset_token(const mt_indexed_dataset *d, int64_t doc, int64_t pos);
+
+typedef struct mt_indexed_builder mt_indexed_builder;
+/* dtype_code: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16 */
+mt_indexed_builder *mt_indexed_builder_open(const char *prefix, int dtype_code);
+void mt_indexed_builder_add_document(mt_indexed_builder *b, const int32_t *tokens, size_t n);
+void mt_indexed_builder_finish(mt_indexed_builder *b);   /* writes .idx, fsyncs, renames both, frees */
+void mt_indexed_builder_abort(mt_indexed_builder *b);    /* removes the temporary files, frees */
+int mt_dtype_for_vocab(int vocab_size);                  /* 8 (uint16) if vocab_size < 65500, else 4 (int32) */
+
+/* samples of T+1 tokens from the documents [doc_begin, doc_end) of one indexed dataset,
+   across document boundaries, shuffled by seed (megatron/core/datasets/gpt_dataset.py) */
+typedef struct {
+    const mt_indexed_dataset *ds;
+    int T;
+    int64_t num_samples;
+    int64_t num_doc_idx;
+    int64_t *doc_idx;        // documents in epoch order (each epoch shuffled)
+    int64_t *sample_idx;     // (num_samples+1, 2): position in doc_idx and token offset where sample i starts
+    int64_t *shuffle_idx;    // (num_samples) permutation of the samples
+} mt_gpt_dataset;
+void mt_gpt_dataset_build(mt_gpt_dataset *g, const mt_indexed_dataset *ds, int64_t doc_begin, int64_t doc_end, int T,
+                          int64_t min_samples, uint64_t seed, int split_id);
+void mt_gpt_dataset_sample(const mt_gpt_dataset *g, int64_t i, int32_t *out);   /* out: T+1 tokens */
+void mt_gpt_dataset_free(mt_gpt_dataset *g);
+
+/* --split "949,50,1" -> document boundaries [0, a, b, n] exactly as Megatron's get_split_indices */
+void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]);
+
+/* one split (train, valid or test) of every --data-path, blended by weight (BlendedDataset) */
+typedef struct {
+    int num_datasets;
+    mt_gpt_dataset parts[MT_MAX_DATA_PATHS];
+    int64_t num_samples;
+    int16_t *dataset_index;          // (num_samples) which part sample i comes from
+    int64_t *dataset_sample_index;   // (num_samples) and its index there
+} mt_blended_dataset;
+
+typedef struct {
+    int num_paths;
+    mt_indexed_dataset files[MT_MAX_DATA_PATHS];
+    mt_blended_dataset split[3];     // train, valid, test
+    int has_split[3];
+    int64_t valid_consumed;          // samples of the valid split used so far (it cycles)
+} mt_data;
+/* opens every --data-path, splits, builds the sample indices for the iterations the config needs */
+void mt_data_init(mt_data *d, const mt_config *cfg);
+void mt_data_free(mt_data *d);
+void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out);
+
+// ---------------------------------------------------------------------------------------------
+// TRAINING LOOP (Megatron's pretrain(): train, evaluate, log)
+// ---------------------------------------------------------------------------------------------
+/* number of parameters of the whole model (padded vocabulary, tied embedding counted once) */
+size_t mt_model_num_parameters(const mt_config *cfg);
+/* model FLOPs per token, Megatron's convention: 6N + 12 L C T */
+double mt_flops_per_token(const mt_config *cfg);
+/* runs the whole job: ranks as threads, training, validation, test; returns the exit code */
+int mt_pretrain(mt_config *cfg);
+
+/* 9. DATA & TOKENIZER: the GPT-2 tokenizer ---------------------------------------------- */
+/* GPT-2's byte-level BPE, id for id what OpenAI's tiktoken ("gpt2" encoding, encode_ordinary)
+ * gives, from --vocab-file (vocab.json, a.k.a. encoder.json) and --merge-file (merges.txt).
+ *
+ *   mt_tokenizer tok;
+ *   mt_tokenizer_load(&tok, "data/gpt2-vocab.json", "data/gpt2-merges.txt");
+ *   mt_bpe_cache cache = {0};            // one per thread: remembers words already split
+ *   mt_int_list ids = {0};
+ *   mt_tokenizer_encode(&tok, &cache, "Hello world", 11, &ids);   // appends 15496, 995
+ *   mt_int_list_push(&ids, tok.eod_id);                           // 50256, end of document
+ *   char text[64];
+ *   size_t n = mt_tokenizer_decode(&tok, ids.data, ids.len, text, sizeof text);
+ *   mt_int_list_free(&ids); mt_bpe_cache_free(&cache); mt_tokenizer_free(&tok);
+ *
+ * The tokenizer is read-only after loading: any number of threads may encode with it at
+ * once, each with its own mt_bpe_cache (or NULL for none). Any byte string encodes, invalid
+ * UTF-8 included, and decode(encode(x)) == x byte for byte. Text that contains
+ * "<|endoftext|>" is encoded as ordinary text (7 tokens); only the caller adds eod_id. */
+
+/* a growable array of token ids; zero-initialise ({0}) before first use */
+typedef struct mt_int_list {
+    int32_t *data;
+    size_t len;       /* ids in use */
+    size_t cap;       /* ids allocated */
+} mt_int_list;
+void mt_int_list_push(mt_int_list *l, int32_t v);
+void mt_int_list_reserve(mt_int_list *l, size_t extra);   /* room for `extra` more ids */
+void mt_int_list_free(mt_int_list *l);
+
+#define MT_EOD_TEXT "<|endoftext|>"   /* GPT-2's end-of-document token (id 50256) */
+
+typedef struct mt_tokenizer {
+    int vocab_size;        /* number of ids in vocab.json (50257 for GPT-2) */
+    int n_merges;          /* merge rules in merges.txt (50000 for GPT-2) */
+    int eod_id;            /* id of "<|endoftext|>" (50256), -1 if the vocabulary has none */
+    int32_t byte_id[256];  /* id of the one-byte token for each byte value */
+    char *bytes;           /* every token's bytes, back to back */
+    uint32_t *offsets;     /* (vocab_size+1): token i is bytes[offsets[i] .. offsets[i+1]) */
+    struct mt__vocab_slot *vocab_slots;  /* hash map token bytes -> id, (vocab_mask+1) slots */
+    size_t vocab_mask;
+    struct mt__pair_slot *pair_slots;    /* hash map (left id, right id) -> (rank, merged id) */
+    size_t pair_mask;
+    size_t n_pairs;
+} mt_tokenizer;
+
+/* word -> ids memo for one thread; zero-initialise ({0}); grows to a bounded size, then
+ * starts over. hits/misses count the words that needed BPE (for the curious). */
+typedef struct mt_bpe_cache {
+    struct mt__cache_slot *slots;
+    size_t mask, count;
+    char *keys;                   /* the cached words' bytes */
+    size_t keys_len, keys_cap;
+    int32_t *ids;                 /* their ids */
+    size_t ids_len, ids_cap;
+    size_t hits, misses;
+} mt_bpe_cache;
+
+/* reads both files; any problem with them is fatal with a message naming the file */
+void mt_tokenizer_load(mt_tokenizer *t, const char *vocab_path, const char *merges_path);
+void mt_tokenizer_free(mt_tokenizer *t);
+void mt_bpe_cache_free(mt_bpe_cache *c);
+/* appends the ids of text[0..len) to out (cache may be NULL); returns how many it appended */
+size_t mt_tokenizer_encode(const mt_tokenizer *t, mt_bpe_cache *cache, const char *text, size_t len,
+                           mt_int_list *out);
+/* writes the bytes of ids[0..n) to out (at most cap bytes, then a NUL if there is room) and
+ * returns the full decoded length, as snprintf does. An id outside the vocabulary is fatal. */
+size_t mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap);
+/* the bytes of one token (not NUL-terminated; *len set); NULL and *len = 0 if id is not in the
+ * vocabulary. Generation decodes one token at a time with this. */
+const char *mt_tokenizer_token_bytes(const mt_tokenizer *t, int32_t id, size_t *len);
+/* the id of a token given its bytes, -1 if there is none */
+int32_t mt_tokenizer_token_id(const mt_tokenizer *t, const char *bytes, size_t len);
+/* GPT-2 pre-tokenization: the end of the piece (pre-token) that starts at byte pos of
+ * text[0..len). Encoding splits text into pieces with this, then runs BPE on each piece. */
+size_t mt_gpt2_next_piece(const char *text, size_t len, size_t pos);
+
+/* one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or 0 if the bytes
+ * there are not valid UTF-8 (stray continuation byte, truncated, overlong, surrogate, > U+10FFFF) */
+int mt_utf8_decode(const char *text, size_t n, uint32_t *cp);
+
+/* JSON string literal -> UTF-8 (used for vocab.json, loose-JSON input and tests). *p points at
+ * the opening quote; on success *p moves past the closing quote, out[0..*out_len) holds the
+ * bytes and the result is NULL. out needs room for (end - *p) bytes and may be *p itself (the
+ * decoded text is never longer than its literal). On error returns a message, *p at the fault.
+ * Strict as Python's json: raw control characters, invalid UTF-8 and lone surrogates are errors. */
+const char *mt_json_string(const char **p, const char *end, char *out, size_t *out_len);
 
 #endif /* MEGATRON_H */
 
@@ -54,8 +612,13 @@ void mt_atomic_abort(FILE *f, const char *tmp_path);
 #include <pthread.h>
 
 // =============================================================================================
-// 1. UTILITIES & ERRORS
+// 1. UTILITIES, ERRORS & CONFIG
 // =============================================================================================
+// The pieces every later section uses: one exit for every error (mt_fatal: "error: cause",
+// "hint: fix"; set one breakpoint there and you catch them all), allocation that never returns
+// NULL, files written to a temporary name, fsync'd and renamed; the configuration with
+// Megatron's flag names (megatron/training/arguments.py) and the JSON config file; the
+// counter-based random numbers that make every layout initialise and drop out alike.
 void mt__abort_world_from_rank(const char *msg);   /* §2: returns only if not in a rank thread */
 
 void mt_fatal(const char *fmt, ...) {
@@ -114,18 +677,4685 @@ void mt_atomic_abort(FILE *f, const char *tmp) {
     remove(tmp);
 }
 
-#include "parts/core_impl_config.h"
-#include "parts/comm_impl.h"
-#include "parts/core_impl_ops.h"
+// ---------------------------------------------------------------------------------------------
+// config: defaults, Megatron's flags, the JSON config file, derived values
+// ---------------------------------------------------------------------------------------------
+// Every flag is one row of mt__flags[]: its Megatron name, where it lands in mt_config, its
+// group for --help, and a one-line help. The same table serves the JSON config file: a key
+// "hidden_size" is the flag --hidden-size. Flags of older Megatron versions are listed in
+// mt__old_flags[] with today's equivalent, so an old tutorial gets a useful message.
+
+void mt_config_defaults(mt_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->model.num_layers = 12;
+    cfg->model.hidden_size = 768;
+    cfg->model.num_attention_heads = 12;
+    cfg->model.ffn_hidden_size = 0;            // 0 = 4 * hidden_size
+    cfg->model.seq_length = 1024;
+    cfg->model.max_position_embeddings = 0;    // 0 = seq_length
+    cfg->model.vocab_size = 0;                 // 0 = from --vocab-file, else GPT-2's 50257
+    cfg->model.make_vocab_size_divisible_by = 128;
+    cfg->model.init_method_std = 0.02f;
+    cfg->parallel.tensor_model_parallel_size = 1;
+    cfg->parallel.pipeline_model_parallel_size = 1;
+    cfg->parallel.ddp_bucket_size = 40000000;  // Megatron's default bucket: 40M elements
+    cfg->train.micro_batch_size = 1;
+    cfg->train.global_batch_size = 0;          // 0 = micro * DP
+    cfg->train.train_iters = 0;
+    cfg->train.lr = 1e-4f;
+    cfg->train.min_lr = 0.0f;
+    strcpy(cfg->train.lr_decay_style, "linear");
+    cfg->train.weight_decay = 0.01f;
+    cfg->train.adam_beta1 = 0.9f;
+    cfg->train.adam_beta2 = 0.999f;
+    cfg->train.adam_eps = 1e-8f;
+    cfg->train.clip_grad = 1.0f;
+    cfg->train.seed = 1234;
+    cfg->train.log_interval = 100;
+    cfg->train.eval_interval = 1000;
+    cfg->train.eval_iters = 100;
+    strcpy(cfg->train.split, "969,30,1");
+    strcpy(cfg->train.tokenizer_type, "GPT2BPETokenizer");
+}
+
+typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
+
+typedef struct {
+    const char *name;       // as on Megatron's command line
+    mt__flag_type type;
+    size_t offset;          // offsetof(mt_config, ...) for the value
+    size_t size;            // bytes available for strings
+    const char *group;
+    const char *help;
+} mt__flag;
+
+#define MT__OFF(field) offsetof(mt_config, field)
+static const mt__flag mt__flags[] = {
+    {"--config", MT__CONFIG_FILE, 0, 0, "model", "JSON file with any of these settings, keys as flags with _ (hidden_size); flags override it"},
+    {"--num-layers", MT__INT, MT__OFF(model.num_layers), 0, "model", "transformer layers (L)"},
+    {"--hidden-size", MT__INT, MT__OFF(model.hidden_size), 0, "model", "hidden size (C)"},
+    {"--num-attention-heads", MT__INT, MT__OFF(model.num_attention_heads), 0, "model", "attention heads (NH)"},
+    {"--ffn-hidden-size", MT__INT, MT__OFF(model.ffn_hidden_size), 0, "model", "MLP hidden size (F), default 4 * hidden size"},
+    {"--seq-length", MT__INT, MT__OFF(model.seq_length), 0, "model", "tokens per sample (T)"},
+    {"--max-position-embeddings", MT__INT, MT__OFF(model.max_position_embeddings), 0, "model", "rows of the position embedding, default seq length"},
+    {"--vocab-size", MT__INT, MT__OFF(model.vocab_size), 0, "model", "vocabulary size when there is no --vocab-file (NullTokenizer)"},
+    {"--make-vocab-size-divisible-by", MT__INT, MT__OFF(model.make_vocab_size_divisible_by), 0, "model", "pad the vocabulary to a multiple of this times TP"},
+    {"--init-method-std", MT__FLOAT, MT__OFF(model.init_method_std), 0, "model", "std of the normal weight init"},
+    {"--hidden-dropout", MT__FLOAT, MT__OFF(model.hidden_dropout), 0, "model", "dropout after embeddings, attention proj and MLP"},
+    {"--attention-dropout", MT__FLOAT, MT__OFF(model.attention_dropout), 0, "model", "dropout on attention probabilities"},
+    {"--tensor-model-parallel-size", MT__INT, MT__OFF(parallel.tensor_model_parallel_size), 0, "parallel", "tensor parallel ranks (TP)"},
+    {"--pipeline-model-parallel-size", MT__INT, MT__OFF(parallel.pipeline_model_parallel_size), 0, "parallel", "pipeline stages (PP)"},
+    {"--nproc-per-node", MT__INT, MT__OFF(parallel.nproc_per_node), 0, "parallel", "ranks (threads on the CPU build); DP = ranks / (TP*PP); default TP*PP"},
+    {"--num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(parallel.num_layers_per_virtual_pipeline_stage), 0, "parallel", "interleaved 1F1B: layers per model chunk"},
+    {"--ddp-bucket-size", MT__LONG, MT__OFF(parallel.ddp_bucket_size), 0, "parallel", "gradient elements per data-parallel all-reduce bucket"},
+    {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel", "print the TP/PP/DP/embedding groups and exit"},
+    {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel", "print each stage's pipeline time line and the bubble, then exit"},
+    {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training", "samples per micro-batch per rank (B)"},
+    {"--global-batch-size", MT__INT, MT__OFF(train.global_batch_size), 0, "training", "samples per iteration = B * DP * accumulation steps"},
+    {"--train-iters", MT__INT, MT__OFF(train.train_iters), 0, "training", "iterations to train"},
+    {"--lr", MT__FLOAT, MT__OFF(train.lr), 0, "training", "peak learning rate"},
+    {"--min-lr", MT__FLOAT, MT__OFF(train.min_lr), 0, "training", "learning rate at the end of decay"},
+    {"--lr-decay-style", MT__STR, MT__OFF(train.lr_decay_style), sizeof(((mt_config *)0)->train.lr_decay_style), "training", "constant | linear | cosine"},
+    {"--lr-decay-iters", MT__INT, MT__OFF(train.lr_decay_iters), 0, "training", "iterations to decay over, default train iters"},
+    {"--lr-warmup-iters", MT__INT, MT__OFF(train.lr_warmup_iters), 0, "training", "linear warm-up iterations"},
+    {"--lr-warmup-fraction", MT__DOUBLE, MT__OFF(train.lr_warmup_fraction), 0, "training", "warm-up as a fraction of lr decay iters"},
+    {"--weight-decay", MT__FLOAT, MT__OFF(train.weight_decay), 0, "training", "AdamW decoupled weight decay (not on biases and layernorms)"},
+    {"--adam-beta1", MT__FLOAT, MT__OFF(train.adam_beta1), 0, "training", "AdamW beta1"},
+    {"--adam-beta2", MT__FLOAT, MT__OFF(train.adam_beta2), 0, "training", "AdamW beta2"},
+    {"--adam-eps", MT__FLOAT, MT__OFF(train.adam_eps), 0, "training", "AdamW epsilon"},
+    {"--clip-grad", MT__FLOAT, MT__OFF(train.clip_grad), 0, "training", "clip gradients to this global norm (0 = off)"},
+    {"--seed", MT__U64, MT__OFF(train.seed), 0, "training", "seed of init, data shuffling and dropout"},
+    {"--fp32", MT__BOOL, MT__OFF(train.fp32), 0, "training", "compute in fp32 (always so on the CPU build)"},
+    {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training", "compute in bf16 (GPU build)"},
+    {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training", "compute in fp16 (GPU build)"},
+    {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training", "GPU GEMM kernel: naive | tiled | mma (default: tiled for fp32, mma for bf16)"},
+    {"--log-interval", MT__INT, MT__OFF(train.log_interval), 0, "logging", "iterations between iteration lines"},
+    {"--eval-interval", MT__INT, MT__OFF(train.eval_interval), 0, "logging", "iterations between validation runs"},
+    {"--eval-iters", MT__INT, MT__OFF(train.eval_iters), 0, "logging", "global batches per validation run"},
+    {"--save-interval", MT__INT, MT__OFF(train.save_interval), 0, "checkpointing", "iterations between checkpoints"},
+    {"--save", MT__STR, MT__OFF(train.save), MT_PATH_MAX, "checkpointing", "checkpoint directory to write"},
+    {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
+    {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
+    {"--split", MT__STR, MT__OFF(train.split), 64, "data", "train,valid,test proportions of the documents, e.g. 949,50,1"},
+    {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
+    {"--merge-file", MT__STR, MT__OFF(train.merge_file), MT_PATH_MAX, "data", "GPT-2 merges.txt"},
+    {"--tokenizer-type", MT__STR, MT__OFF(train.tokenizer_type), 32, "data", "GPT2BPETokenizer | NullTokenizer"},
+    // accepted for compatibility with tutorials; they change nothing here, and say why once
+    {"--distributed-backend", MT__IGNORED, 0, 1, "ignored", "ranks talk through threads (CPU) or NCCL (GPU)"},
+    {"--data-impl", MT__IGNORED, 0, 1, "ignored", "the indexed dataset is always memory-mapped"},
+    {"--dataset-impl", MT__IGNORED, 0, 1, "ignored", "the indexed dataset is always memory-mapped"},
+    {"--transformer-impl", MT__IGNORED, 0, 1, "ignored", "there is one transformer implementation"},
+    {"--no-masked-softmax-fusion", MT__IGNORED, 0, 0, "ignored", "attention is always one fused causal kernel"},
+    {"--no-bias-gelu-fusion", MT__IGNORED, 0, 0, "ignored", "fusion is a kernel detail here"},
+    {"--no-bias-dropout-fusion", MT__IGNORED, 0, 0, "ignored", "fusion is a kernel detail here"},
+    {"--attention-softmax-in-fp32", MT__IGNORED, 0, 0, "ignored", "softmax always accumulates in fp32"},
+    {"--use-flash-attn", MT__IGNORED, 0, 0, "ignored", "attention never stores the T x T matrix on the GPU"},
+    {"--position-embedding-type", MT__IGNORED, 0, 1, "ignored", "GPT-2's learned absolute positions"},
+};
+static const struct { const char *old_name, *hint; } mt__old_flags[] = {
+    {"--model-parallel-size", "--tensor-model-parallel-size"},
+    {"--batch-size", "--micro-batch-size (per rank) and --global-batch-size"},
+    {"--warmup", "--lr-warmup-fraction"},
+    {"--lr-warmup-samples", "--lr-warmup-iters (iterations; sample-based schedules are not supported)"},
+    {"--checkpoint-activations", "--recompute-granularity full --recompute-method uniform"},
+    {"--DDP-impl", "nothing: there is one data-parallel implementation"},
+    {"--train-samples", "--train-iters (iterations = samples / global batch size)"},
+    {"--num-gpus", "--nproc-per-node"},
+};
+
+static int mt__edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
+}
+
+static const mt__flag *mt__find_flag(const char *name) {
+    for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++)
+        if (strcmp(mt__flags[i].name, name) == 0) return &mt__flags[i];
+    return NULL;
+}
+
+static void mt__unknown_flag(const char *name) {
+    for (size_t i = 0; i < sizeof mt__old_flags / sizeof mt__old_flags[0]; i++)
+        if (strcmp(mt__old_flags[i].old_name, name) == 0)
+            mt_fatal("flag %s is from an older Megatron and no longer exists\nhint: use %s", name, mt__old_flags[i].hint);
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
+        int d = mt__edit_distance(name, mt__flags[i].name);
+        if (d < best_d) { best_d = d; best = mt__flags[i].name; }
+    }
+    mt_fatal("unknown flag %s\nhint: did you mean %s? (--help lists every flag)", name, best);
+}
+
+static int mt__parse_int(const char *flag, const char *s) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < -2147483647L || v > 2147483647L)
+        mt_fatal("%s expects an integer, got '%s'", flag, s);
+    return (int)v;
+}
+static double mt__parse_double(const char *flag, const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s) mt_fatal("%s expects a number, got '%s'", flag, s);
+    return v;
+}
+static int mt__is_number(const char *s) {
+    char *end;
+    if (!*s) return 0;
+    strtod(s, &end);
+    return *end == 0;
+}
+
+/* sets one flag from its text value(s); for --data-path, values[0..nvalues) */
+static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *values, int nvalues) {
+    char *base = (char *)cfg;
+    const char *v = nvalues > 0 ? values[0] : NULL;
+    switch (f->type) {
+    case MT__INT: *(int *)(base + f->offset) = mt__parse_int(f->name, v); break;
+    case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_double(f->name, v); break;
+    case MT__U64: *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_double(f->name, v); break;
+    case MT__FLOAT: *(float *)(base + f->offset) = (float)mt__parse_double(f->name, v); break;
+    case MT__DOUBLE: *(double *)(base + f->offset) = mt__parse_double(f->name, v); break;
+    case MT__BOOL: *(int *)(base + f->offset) = 1; break;
+    case MT__STR:
+        if (strlen(v) + 1 > f->size) mt_fatal("%s value is too long (%zu bytes, at most %zu)", f->name, strlen(v), f->size - 1);
+        strcpy(base + f->offset, v);
+        break;
+    case MT__DATA_PATH: {
+        // Megatron's forms: "PREFIX", "W1 P1 W2 P2 ...", or "P1 P2 ..." (weighted by size)
+        int weighted = nvalues >= 2 && mt__is_number(values[0]);
+        if (weighted && nvalues % 2) mt_fatal("--data-path with weights needs pairs 'WEIGHT PREFIX', got %d values", nvalues);
+        int n = weighted ? nvalues / 2 : nvalues;
+        if (n > MT_MAX_DATA_PATHS) mt_fatal("--data-path: at most %d datasets, got %d", MT_MAX_DATA_PATHS, n);
+        double total = 0;
+        for (int i = 0; i < n; i++) {
+            const char *prefix = weighted ? values[2 * i + 1] : values[i];
+            if (strlen(prefix) + 1 > MT_PATH_MAX) mt_fatal("--data-path prefix too long");
+            strcpy(cfg->train.data_path[i], prefix);
+            cfg->train.data_weight[i] = weighted ? mt__parse_double("--data-path weight", values[2 * i]) : 0.0;
+            if (weighted && !(cfg->train.data_weight[i] > 0)) mt_fatal("--data-path weight must be positive, got %s", values[2 * i]);
+            total += cfg->train.data_weight[i];
+        }
+        for (int i = 0; i < n && weighted; i++) cfg->train.data_weight[i] /= total;
+        cfg->train.num_data_paths = n;
+        break;
+    }
+    case MT__CONFIG_FILE: mt_config_load_json(cfg, v); break;
+    case MT__IGNORED: fprintf(stderr, "note: %s has no effect here: %s\n", f->name, f->help); break;
+    }
+}
+
+static int mt__flag_takes_value(const mt__flag *f) {
+    return f->type != MT__BOOL && !(f->type == MT__IGNORED && f->size == 0);
+}
+
+void mt_config_parse(mt_config *cfg, int argc, char **argv) {
+    // the config file first, wherever it stands, so that every flag overrides it
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) mt_config_load_json(cfg, argv[i + 1]);
+        if (strncmp(argv[i], "--config=", 9) == 0) mt_config_load_json(cfg, argv[i] + 9);
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *name = argv[i];
+        if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) { mt_print_help(stdout); exit(0); }
+        if (strncmp(name, "--", 2) != 0) mt_fatal("unexpected argument '%s'\nhint: every setting is a --flag (see --help)", name);
+        char namebuf[128];
+        const char *eq = strchr(name, '=');   // --flag=value is accepted too
+        const char *inline_value = NULL;
+        if (eq && (size_t)(eq - name) < sizeof namebuf) {
+            memcpy(namebuf, name, (size_t)(eq - name));
+            namebuf[eq - name] = 0;
+            name = namebuf;
+            inline_value = eq + 1;
+        }
+        const mt__flag *f = mt__find_flag(name);
+        if (!f) mt__unknown_flag(name);
+        if (f->type == MT__DATA_PATH) {
+            int n = 0;
+            while (i + 1 + n < argc && strncmp(argv[i + 1 + n], "--", 2) != 0) n++;
+            if (n == 0) mt_fatal("--data-path needs a prefix");
+            mt__set_flag(cfg, f, (const char *const *)&argv[i + 1], n);
+            i += n;
+        } else if (!mt__flag_takes_value(f)) {
+            mt__set_flag(cfg, f, NULL, 0);
+        } else if (inline_value) {
+            if (f->type != MT__CONFIG_FILE) mt__set_flag(cfg, f, &inline_value, 1);   // the file: loaded above
+        } else {
+            if (i + 1 >= argc) mt_fatal("%s needs a value", name);
+            if (f->type == MT__CONFIG_FILE) { i++; continue; }   // already loaded above
+            mt__set_flag(cfg, f, (const char *const *)&argv[i + 1], 1);
+            i++;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// a small JSON reader for config files: one object of "key": number | string | bool,
+// with // and /* */ comments allowed (tutorial configs carry them)
+// ---------------------------------------------------------------------------------------------
+typedef struct { const char *s; const char *path; int line; } mt__json_cursor;
+
+static void mt__json_skip(mt__json_cursor *c) {
+    for (;;) {
+        while (*c->s == ' ' || *c->s == '\t' || *c->s == '\r' || *c->s == '\n') { if (*c->s == '\n') c->line++; c->s++; }
+        if (c->s[0] == '/' && c->s[1] == '/') { while (*c->s && *c->s != '\n') c->s++; continue; }
+        if (c->s[0] == '/' && c->s[1] == '*') {
+            c->s += 2;
+            while (*c->s && !(c->s[0] == '*' && c->s[1] == '/')) { if (*c->s == '\n') c->line++; c->s++; }
+            if (*c->s) c->s += 2;
+            continue;
+        }
+        return;
+    }
+}
+static void mt__json_string(mt__json_cursor *c, char *out, size_t cap) {
+    if (*c->s != '"') mt_fatal("%s:%d: expected a string\nhint: config files are JSON objects of \"key\": value", c->path, c->line);
+    c->s++;
+    size_t n = 0;
+    while (*c->s && *c->s != '"') {
+        char ch = *c->s++;
+        if (ch == '\\' && *c->s) ch = *c->s++;   // simple escapes are enough for keys and paths
+        if (n + 1 < cap) out[n++] = ch;
+    }
+    if (*c->s != '"') mt_fatal("%s:%d: unterminated string", c->path, c->line);
+    c->s++;
+    out[n] = 0;
+}
+
+void mt_config_load_json(mt_config *cfg, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open config file %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = (char *)mt_malloc((size_t)size + 1, "config file");
+    size_t got = fread(text, 1, (size_t)size, f);
+    fclose(f);
+    text[got] = 0;
+    mt__json_cursor c = {text, path, 1};
+    mt__json_skip(&c);
+    if (*c.s != '{') mt_fatal("%s:%d: a config file is one JSON object { ... }", path, c.line);
+    c.s++;
+    for (;;) {
+        mt__json_skip(&c);
+        if (*c.s == '}') break;
+        char key[128], value[MT_PATH_MAX];
+        mt__json_string(&c, key, sizeof key);
+        mt__json_skip(&c);
+        if (*c.s != ':') mt_fatal("%s:%d: expected ':' after \"%s\"", path, c.line, key);
+        c.s++;
+        mt__json_skip(&c);
+        int is_bool = 0, bool_value = 0;
+        if (*c.s == '"') mt__json_string(&c, value, sizeof value);
+        else {
+            size_t n = 0;
+            while (*c.s && *c.s != ',' && *c.s != '}' && *c.s != '\n' && *c.s != ' ' && *c.s != '/' && n + 1 < sizeof value) value[n++] = *c.s++;
+            value[n] = 0;
+            if (strcmp(value, "true") == 0) is_bool = 1, bool_value = 1;
+            else if (strcmp(value, "false") == 0) is_bool = 1;
+            else if (strcmp(value, "null") == 0) is_bool = 1;
+        }
+        char flag[140] = "--";
+        for (size_t i = 0; key[i] && i + 3 < sizeof flag; i++) { flag[i + 2] = key[i] == '_' ? '-' : key[i]; flag[i + 3] = 0; }
+        const mt__flag *fl = mt__find_flag(flag);
+        if (!fl) {
+            const char *best = NULL;
+            int best_d = 1 << 30;
+            for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
+                int d = mt__edit_distance(flag, mt__flags[i].name);
+                if (d < best_d) { best_d = d; best = mt__flags[i].name; }
+            }
+            char suggestion[128];
+            snprintf(suggestion, sizeof suggestion, "%s", best + 2);
+            for (char *q = suggestion; *q; q++) if (*q == '-') *q = '_';   // keys are spelled with _
+            mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, c.line, key, suggestion);
+        }
+        if (fl->type == MT__BOOL) { if (bool_value) mt__set_flag(cfg, fl, NULL, 0); }
+        else if (is_bool) { /* null / false for a valued key: keep the default */ }
+        else { const char *vp = value; mt__set_flag(cfg, fl, &vp, 1); }
+        mt__json_skip(&c);
+        if (*c.s == ',') { c.s++; continue; }
+        mt__json_skip(&c);
+        if (*c.s == '}') break;
+        mt_fatal("%s:%d: expected ',' or '}'", path, c.line);
+    }
+    free(text);
+}
+
+void mt_print_help(FILE *f) {
+    fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
+    const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "ignored"};
+    mt_config d;
+    mt_config_defaults(&d);
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+        fprintf(f, "\n%s:\n", groups[g]);
+        for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
+            const mt__flag *fl = &mt__flags[i];
+            if (strcmp(fl->group, groups[g]) != 0) continue;
+            char def[64] = "";
+            const char *base = (const char *)&d;
+            switch (fl->type) {
+            case MT__INT: snprintf(def, sizeof def, "%d", *(const int *)(base + fl->offset)); break;
+            case MT__LONG: snprintf(def, sizeof def, "%ld", *(const long *)(base + fl->offset)); break;
+            case MT__U64: snprintf(def, sizeof def, "%llu", *(const unsigned long long *)(base + fl->offset)); break;
+            case MT__FLOAT: snprintf(def, sizeof def, "%g", (double)*(const float *)(base + fl->offset)); break;
+            case MT__DOUBLE: snprintf(def, sizeof def, "%g", *(const double *)(base + fl->offset)); break;
+            case MT__STR: snprintf(def, sizeof def, "'%s'", base + fl->offset); break;
+            default: break;
+            }
+            fprintf(f, "  %-42s %s%s%s%s\n", fl->name, fl->help, def[0] ? " [default " : "", def, def[0] ? "]" : "");
+        }
+    }
+    fprintf(f, "\n(0 for a size means 'derive it': ffn = 4*hidden, max positions = seq length, global batch = micro*DP)\n");
+}
+
+int mt_pad_vocab_size(int vocab_size, int divisible_by, int tp_size) {
+    // Megatron's _vocab_size_with_padding: round up to a multiple of divisible_by * TP, so
+    // every TP rank holds the same number of embedding rows.
+    int multiple = divisible_by * tp_size;
+    return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+void mt_config_derive(mt_config *cfg) {
+    mt_model_config *m = &cfg->model;
+    mt_parallel_config *p = &cfg->parallel;
+    mt_train_config *t = &cfg->train;
+    if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
+    if (m->max_position_embeddings == 0) m->max_position_embeddings = m->seq_length;
+    if (m->vocab_size == 0) m->vocab_size = 50257;   // GPT-2's; the trainer sets it from the vocab file
+    if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
+        mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
+    if (m->hidden_size % m->num_attention_heads)
+        mt_fatal("--hidden-size %d is not divisible by --num-attention-heads %d\nhint: pick heads that divide the hidden size", m->hidden_size, m->num_attention_heads);
+    if (m->seq_length > m->max_position_embeddings)
+        mt_fatal("--seq-length %d is longer than --max-position-embeddings %d\nhint: raise --max-position-embeddings", m->seq_length, m->max_position_embeddings);
+    if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 || m->attention_dropout >= 1)
+        mt_fatal("dropout probabilities must be in [0, 1)");
+    int TP = p->tensor_model_parallel_size, PP = p->pipeline_model_parallel_size;
+    if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least 1");
+    if (m->num_attention_heads % TP)
+        mt_fatal("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d\nhint: each TP rank holds NH/TP whole heads; use a TP that divides %d",
+                 m->num_attention_heads, TP, m->num_attention_heads);
+    if (m->ffn_hidden_size % TP)
+        mt_fatal("--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d\nhint: use a TP that divides it", m->ffn_hidden_size, TP);
+    if (m->num_layers % PP)
+        mt_fatal("--num-layers %d is not divisible by --pipeline-model-parallel-size %d\nhint: every stage holds L/PP layers; use a PP that divides %d", m->num_layers, PP, m->num_layers);
+    int world = p->nproc_per_node > 0 ? p->nproc_per_node : TP * PP;
+    if (world % (TP * PP))
+        mt_fatal("%d ranks cannot be split into TP=%d x PP=%d x DP\nhint: --nproc-per-node must be a multiple of TP*PP = %d", world, TP, PP, TP * PP);
+    cfg->world_size = world;
+    cfg->data_parallel_size = world / (TP * PP);
+    cfg->head_size = m->hidden_size / m->num_attention_heads;
+    cfg->padded_vocab_size = mt_pad_vocab_size(m->vocab_size, m->make_vocab_size_divisible_by, TP);
+    cfg->virtual_pipeline_size = 1;
+    if (p->num_layers_per_virtual_pipeline_stage > 0) {
+        int per_stage = m->num_layers / PP;
+        if (PP < 2) mt_fatal("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+        if (per_stage % p->num_layers_per_virtual_pipeline_stage)
+            mt_fatal("%d layers per pipeline stage are not divisible by --num-layers-per-virtual-pipeline-stage %d", per_stage, p->num_layers_per_virtual_pipeline_stage);
+        cfg->virtual_pipeline_size = per_stage / p->num_layers_per_virtual_pipeline_stage;
+    }
+    int DP = cfg->data_parallel_size, B = t->micro_batch_size;
+    if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
+    if (t->global_batch_size == 0) t->global_batch_size = B * DP;
+    if (t->global_batch_size % (B * DP))
+        mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\nhint: use a global batch that is a multiple of %d",
+                 t->global_batch_size, B, DP, B * DP, B * DP);
+    cfg->num_microbatches = t->global_batch_size / (B * DP);
+    if (cfg->virtual_pipeline_size > 1 && cfg->num_microbatches % PP)
+        mt_fatal("the interleaved schedule needs the number of micro-batches (%d) to be a multiple of PP (%d)\nhint: change --global-batch-size", cfg->num_microbatches, PP);
+    if (strcmp(t->lr_decay_style, "constant") && strcmp(t->lr_decay_style, "linear") && strcmp(t->lr_decay_style, "cosine"))
+        mt_fatal("--lr-decay-style '%s' is not known\nhint: use constant, linear or cosine", t->lr_decay_style);
+    if (t->lr_decay_iters == 0) t->lr_decay_iters = t->train_iters;
+    cfg->lr_decay_steps = t->lr_decay_iters;
+    // Megatron keeps the warm-up length as a real number (fraction x decay steps)
+    cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? t->lr_warmup_fraction * (double)t->lr_decay_iters : (double)t->lr_warmup_iters;
+    if (cfg->lr_warmup_steps > cfg->lr_decay_steps && strcmp(t->lr_decay_style, "constant"))
+        mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\nhint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
+    if (t->log_interval < 1) t->log_interval = 1;
+    if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
+}
+
+void mt_print_config(const mt_config *cfg, FILE *f) {
+    const mt_model_config *m = &cfg->model;
+    fprintf(f, "model: L=%d C=%d NH=%d hs=%d F=%d T=%d maxT=%d V=%d Vp=%d\n", m->num_layers, m->hidden_size,
+            m->num_attention_heads, cfg->head_size, m->ffn_hidden_size, m->seq_length, m->max_position_embeddings,
+            m->vocab_size, cfg->padded_vocab_size);
+    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d | micro batch %d, global batch %d, %d micro-batches per rank\n",
+            cfg->world_size, cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
+            cfg->data_parallel_size, cfg->virtual_pipeline_size, cfg->train.micro_batch_size, cfg->train.global_batch_size,
+            cfg->num_microbatches);
+}
+
+// ---------------------------------------------------------------------------------------------
+// counter-based random numbers
+// ---------------------------------------------------------------------------------------------
+// A counter-based generator maps (key, counter) -> random bits with a hash, with no state to
+// carry. So the random number of a weight or a dropout mask element depends only on *which*
+// element it is (its global index), never on which rank computes it or in which order: that is
+// what makes every TP x PP x DP layout initialise and drop out exactly like one rank.
+// The hash is splitmix64's finaliser (Steele et al., 2014), applied to a mix of the key words.
+uint64_t mt_hash64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+static uint64_t mt__key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
+    uint64_t h = mt_hash64(seed);
+    h = mt_hash64(h ^ a);
+    h = mt_hash64(h ^ b);
+    h = mt_hash64(h ^ c);
+    return mt_hash64(h ^ index);
+}
+float mt_rand_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
+    return (float)(mt__key(seed, a, b, c, index) >> 40) * (1.0f / 16777216.0f);   // 24 bits -> [0,1)
+}
+float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
+    // Box-Muller from two 32-bit uniforms of one hash; u1 in (0,1] so log() is finite
+    uint64_t bits = mt__key(seed, a, b, c, index);
+    double u1 = ((double)(bits >> 32) + 1.0) / 4294967296.0;
+    double u2 = (double)(bits & 0xFFFFFFFFu) / 4294967296.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <nccl.h>
+// every NCCL call is checked; the message names the call and the rank
+static void mt__nccl_check(ncclResult_t res, const char *call, const char *file, int line) {
+    if (res == ncclSuccess) return;
+    mt_fatal("NCCL call %s failed: %s at %s:%d\nhint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
+             call, ncclGetErrorString(res), file, line);
+}
+#define MT_NCCL_CHECK(x) mt__nccl_check((x), #x, __FILE__, __LINE__)
+#endif
+// =============================================================================================
+// 2. RANKS, GROUPS, COMMUNICATORS
+// =============================================================================================
+// What NCCL does between GPUs, done with threads for the CPU build: every rank is a pthread of
+// this one process, so a rank can read and write another rank's buffers directly. A group
+// (tp, dp, pp, embd, world) is a small shared struct; a collective is "post my buffers, wait
+// for every member, each member does its disjoint part of the work, wait again".
+// Mirrors torch.distributed / NCCL (the calls) and megatron/core/parallel_state.py (the groups).
+//
+//   mt_world   one per process: the registry of groups, one mailbox per rank, the abort flag
+//   mt__group  one per group: a barrier (mutex + condition variable + generation counter) and
+//              a table where each member posts what it is calling and with which buffers
+//   mt_comm    one per (rank, group): the handle a rank passes around, ncclComm_t's role
+//
+// What the backend promises:
+//  - deterministic: a reduction adds rank 0 + rank 1 + ... + rank size-1, in group order and in
+//    the buffer's own type, for every element. Results are bit-identical on every rank, in every
+//    run, whatever the thread timing, and equal to one thread adding the inputs in that order.
+//  - no busy waiting: a rank that waits sleeps in pthread_cond_wait and burns no core.
+//  - no hang on errors: mt_fatal in any rank aborts the world, every waiting rank wakes up and
+//    ends, and mt_world_run prints the error once and returns 1.
+
+// ---------------------------------------------------------------------------------------------
+// shared state: groups, mailboxes, the world
+// ---------------------------------------------------------------------------------------------
+typedef enum {   // what a member posts that it is calling; all members must agree
+    MT__COLL_BARRIER = 0, MT__COLL_ALL_REDUCE, MT__COLL_ALL_REDUCE_DOUBLE,
+    MT__COLL_ALL_GATHER, MT__COLL_REDUCE_SCATTER, MT__COLL_BROADCAST
+} mt__coll_kind;
+static const char *const mt__coll_names[] = {
+    "barrier", "all_reduce", "all_reduce_double", "all_gather", "reduce_scatter", "broadcast"
+};
+
+typedef struct {         // one member's side of the collective in progress
+    int kind;            // mt__coll_kind
+    int arg;             // mt_reduce_op for reductions, root for broadcast, 0 otherwise
+    size_t n;            // count as the member passed it (per rank for all-gather/reduce-scatter)
+    const void *send;    // the member's input buffer
+    void *recv;          // the member's output buffer (== send for the in-place calls)
+} mt__post;
+
+typedef struct mt__group {
+    int size;
+    int *members;              // (size,) global ranks in group-rank order; mt_comm.members
+    int *joined;               // (size,) member i's mt_comm_init took this group (world->mu)
+    struct mt__group *next;    // the world's registry is a list
+    pthread_mutex_t mu;        // guards everything below
+    pthread_cond_t cv;         // members wait here for the barrier to open
+    int arrived;               // members inside the current barrier
+    unsigned long generation;  // barriers completed so far
+    mt__post *posts;           // (size,) what each member calls, with its buffers
+    int aborted;               // the world was aborted (copied here under mu, see abort)
+    int *done;                 // (size,) member's rank function has returned
+    int n_done;
+    int mismatch;              // the last sync 1 found members calling different collectives
+    char mismatch_msg[512];
+} mt__group;
+
+typedef struct mt__message {   // one buffered send; its floats follow the struct in memory
+    struct mt__message *next;
+    int tag;
+    size_t n;
+    float *data;               // (n,) == (float *)(message + 1)
+} mt__message;
+
+typedef struct {               // the mailbox of one destination rank
+    pthread_mutex_t mu;        // guards everything below
+    pthread_cond_t cv;         // the owner waits here in mt_recv
+    mt__message **head;        // (world size,) FIFO of messages per source rank
+    mt__message **tail;
+    int *src_done;             // (world size,) source's rank function has returned
+    int aborted;
+} mt__inbox;
+
+struct mt_world {
+    int size;
+    int trace;                 // MT_TRACE=1: one stderr line per collective and send/recv
+    pthread_mutex_t mu;        // guards groups (and their joined[]), rank_done, aborted, error
+    mt__group *groups;         // registry of every group made by mt_comm_init
+    mt__inbox *inbox;          // (size,) inbox[dst]
+    int *rank_done;            // (size,) rank's function has returned (for groups made later)
+    int aborted;
+    int error_rank;
+    char error[2048];          // the first mt_fatal message of a rank (mt_fatal's buffer size)
+};
+
+typedef struct {               // what a rank thread knows about itself
+    mt_world *world;
+    int rank;
+    mt_rank_fn fn;
+    void *arg;
+} mt__rank_thread;
+
+// set when a rank thread starts: mt_fatal uses it to tell "a rank of a running world" (abort the
+// world, end the thread) from "the main program" (print and exit).
+static MT_THREAD_LOCAL mt__rank_thread *mt__this_rank = NULL;
+
+mt_world *mt_world_create(int world_size) {
+    if (world_size < 1) mt_fatal("world size must be at least 1, got %d", world_size);
+    mt_world *w = (mt_world *)mt_calloc(1, sizeof(mt_world), "world");
+    w->size = world_size;
+    const char *trace = getenv("MT_TRACE");
+    w->trace = trace != NULL && trace[0] != '\0' && strcmp(trace, "0") != 0;
+    pthread_mutex_init(&w->mu, NULL);
+    w->rank_done = (int *)mt_calloc((size_t)world_size, sizeof(int), "world");
+    w->inbox = (mt__inbox *)mt_calloc((size_t)world_size, sizeof(mt__inbox), "mailboxes");
+    for (int r = 0; r < world_size; r++) {
+        mt__inbox *box = &w->inbox[r];
+        pthread_mutex_init(&box->mu, NULL);
+        pthread_cond_init(&box->cv, NULL);
+        box->head = (mt__message **)mt_calloc((size_t)world_size, sizeof(mt__message *), "mailbox");
+        box->tail = (mt__message **)mt_calloc((size_t)world_size, sizeof(mt__message *), "mailbox");
+        box->src_done = (int *)mt_calloc((size_t)world_size, sizeof(int), "mailbox");
+    }
+    return w;
+}
+
+static mt__group *mt__group_new(const int *members, int size) {
+    mt__group *g = (mt__group *)mt_calloc(1, sizeof(mt__group), "group");
+    g->size = size;
+    g->members = (int *)mt_malloc((size_t)size * sizeof(int), "group members");
+    memcpy(g->members, members, (size_t)size * sizeof(int));
+    g->joined = (int *)mt_calloc((size_t)size, sizeof(int), "group");
+    g->done = (int *)mt_calloc((size_t)size, sizeof(int), "group");
+    g->posts = (mt__post *)mt_calloc((size_t)size, sizeof(mt__post), "group");
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    return g;
+}
+
+static void mt__group_free(mt__group *g) {
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->members);
+    free(g->joined);
+    free(g->done);
+    free(g->posts);
+    free(g);
+}
+
+void mt_world_destroy(mt_world *w) {
+    if (!w) return;
+    for (mt__group *g = w->groups; g;) {
+        mt__group *next = g->next;
+        mt__group_free(g);
+        g = next;
+    }
+    for (int r = 0; r < w->size; r++) {
+        mt__inbox *box = &w->inbox[r];
+        for (int src = 0; src < w->size; src++) {   // messages nobody received
+            for (mt__message *m = box->head[src]; m;) {
+                mt__message *next = m->next;
+                free(m);
+                m = next;
+            }
+        }
+        free(box->head);
+        free(box->tail);
+        free(box->src_done);
+        pthread_mutex_destroy(&box->mu);
+        pthread_cond_destroy(&box->cv);
+    }
+    free(w->inbox);
+    free(w->rank_done);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int mt_world_size(const mt_world *w) { return w->size; }
+
+const char *mt_world_error(mt_world *w) {
+    pthread_mutex_lock(&w->mu);
+    int aborted = w->aborted;
+    pthread_mutex_unlock(&w->mu);
+    return aborted ? w->error : NULL;   // error is written once, before aborted is set
+}
+
+int mt_thread_rank(void) { return mt__this_rank ? mt__this_rank->rank : -1; }
+
+// ---------------------------------------------------------------------------------------------
+// abort: how one rank's mt_fatal stops every rank instead of hanging them
+// ---------------------------------------------------------------------------------------------
+// If rank 2 fails while ranks 0, 1, 3 wait in an all-reduce with it, they would wait forever;
+// and exit() from rank 2 would tear the process down under ranks that are still writing files
+// or printing. So mt_fatal calls this first. In a rank thread of a multi-rank world it:
+//   1. records the message in the world (the first error wins: when all ranks hit the same bad
+//      file, the user sees one line, not one per rank),
+//   2. sets `aborted` in the world, in every group and in every mailbox, each under that
+//      object's own mutex, and broadcasts its condition variable: every waiting rank wakes up,
+//      sees the flag and ends its thread with pthread_exit (setting the flag under the same
+//      mutex the waiter holds while it checks the flag is what guarantees no wake-up is lost),
+//   3. ends the calling thread.
+// mt_world_run joins all threads, prints "error: <message>" and returns 1.
+// Lock order is always world->mu, then a group's or a mailbox's mu; code that holds a group or
+// mailbox mutex never calls mt_fatal (it unlocks first), or this function would deadlock.
+static void mt__rank_exit(void) { pthread_exit(NULL); }
+
+void mt__abort_world_from_rank(const char *msg) {
+    mt__rank_thread *self = mt__this_rank;
+    if (!self || self->world->size <= 1) return;   // main program or one rank: mt_fatal exits
+    mt_world *w = self->world;
+    pthread_mutex_lock(&w->mu);
+    if (!w->aborted) {
+        snprintf(w->error, sizeof w->error, "%s", msg);
+        w->error_rank = self->rank;
+        w->aborted = 1;
+        for (mt__group *g = w->groups; g; g = g->next) {
+            pthread_mutex_lock(&g->mu);
+            g->aborted = 1;
+            pthread_cond_broadcast(&g->cv);
+            pthread_mutex_unlock(&g->mu);
+        }
+        for (int r = 0; r < w->size; r++) {
+            pthread_mutex_lock(&w->inbox[r].mu);
+            w->inbox[r].aborted = 1;
+            pthread_cond_broadcast(&w->inbox[r].cv);
+            pthread_mutex_unlock(&w->inbox[r].mu);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    mt__rank_exit();
+}
+
+// The other way a rank can wait forever: a partner whose rank function already returned. When
+// a rank function returns we mark the rank done in the world, in its groups and in every mailbox
+// (under their mutexes, with a broadcast), so a rank that waits for it reports the bug instead of
+// hanging. (A group made later copies the world's marks when it is created.)
+static void mt__mark_rank_done(mt_world *w, int rank) {
+    pthread_mutex_lock(&w->mu);
+    w->rank_done[rank] = 1;
+    for (mt__group *g = w->groups; g; g = g->next) {
+        for (int i = 0; i < g->size; i++) {
+            if (g->members[i] != rank) continue;
+            pthread_mutex_lock(&g->mu);
+            g->done[i] = 1;
+            g->n_done++;
+            pthread_cond_broadcast(&g->cv);
+            pthread_mutex_unlock(&g->mu);
+        }
+    }
+    for (int r = 0; r < w->size; r++) {
+        pthread_mutex_lock(&w->inbox[r].mu);
+        w->inbox[r].src_done[rank] = 1;
+        pthread_cond_broadcast(&w->inbox[r].cv);
+        pthread_mutex_unlock(&w->inbox[r].mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// launcher: one thread per rank (what torchrun does with processes)
+// ---------------------------------------------------------------------------------------------
+void mt_thread_set_name(const char *name) {
+    char short_name[16];   // Linux keeps 15 characters and the terminating zero
+    size_t len = strlen(name);
+    if (len > sizeof short_name - 1) len = sizeof short_name - 1;
+    memcpy(short_name, name, len);
+    short_name[len] = '\0';
+#if defined(__APPLE__)
+    pthread_setname_np(short_name);
+#elif defined(__linux__)
+    pthread_setname_np(pthread_self(), short_name);
+#else
+    (void)short_name;
+#endif
+}
+
+static void *mt__rank_thread_main(void *p) {
+    mt__rank_thread *self = (mt__rank_thread *)p;
+    char name[16];
+    snprintf(name, sizeof name, "r%d", self->rank);
+    mt_thread_set_name(name);   // gdb's `info threads` lists r0, r1, ...
+    mt__this_rank = self;
+    self->fn(self->world, self->rank, self->arg);
+    mt__this_rank = NULL;
+    mt__mark_rank_done(self->world, self->rank);
+    return NULL;
+}
+
+int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
+    if (!w->aborted) {
+        // a world may run several times (no threads run now, so no locks are needed here)
+        for (mt__group *g = w->groups; g; g = g->next) {
+            memset(g->done, 0, (size_t)g->size * sizeof(int));
+            g->n_done = 0;
+        }
+        memset(w->rank_done, 0, (size_t)w->size * sizeof(int));
+        for (int r = 0; r < w->size; r++) memset(w->inbox[r].src_done, 0, (size_t)w->size * sizeof(int));
+        mt__rank_thread *ranks = (mt__rank_thread *)mt_calloc((size_t)w->size, sizeof(mt__rank_thread), "rank threads");
+        pthread_t *threads = (pthread_t *)mt_calloc((size_t)w->size, sizeof(pthread_t), "rank threads");
+        for (int r = 0; r < w->size; r++) {
+            ranks[r].world = w;
+            ranks[r].rank = r;
+            ranks[r].fn = fn;
+            ranks[r].arg = arg;
+            int err = pthread_create(&threads[r], NULL, mt__rank_thread_main, &ranks[r]);
+            if (err != 0)
+                mt_fatal("cannot start the thread of rank %d: %s\nhint: lower --nproc-per-node or raise the thread limit (ulimit -u)", r, strerror(err));
+        }
+        for (int r = 0; r < w->size; r++) pthread_join(threads[r], NULL);
+        free(threads);
+        free(ranks);
+    }
+    const char *error = mt_world_error(w);
+    if (!error) return 0;
+    fflush(stdout);
+    fprintf(stderr, "error: %s\n", error);   // exactly as mt_fatal prints it
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// groups: mt_comm_init and the registry
+// ---------------------------------------------------------------------------------------------
+// NCCL's rule holds here too: each mt_comm_init call makes a new communicator, and the k-th call
+// with a given member list on one rank pairs with the k-th call with that list on every other
+// member. A world of 2 with DP 2 has "world" = {0,1} and "dp" = {0,1}: two calls, two groups,
+// so a collective on one can never be mistaken for a collective on the other.
+void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *members, int size) {
+    if (size < 1 || size > w->size)
+        mt_fatal("a group of %d ranks does not fit in a world of %d ranks", size, w->size);
+    int me = -1;
+    for (int i = 0; i < size; i++) {
+        if (members[i] < 0 || members[i] >= w->size)
+            mt_fatal("group member %d is rank %d, outside the world of %d ranks", i, members[i], w->size);
+        for (int j = 0; j < i; j++)
+            if (members[j] == members[i]) mt_fatal("rank %d appears twice in a group", members[i]);
+        if (members[i] == my_global_rank) me = i;
+    }
+    if (me < 0) mt_fatal("rank %d initializes a group it is not a member of\nhint: pass the members list that contains the calling rank", my_global_rank);
+
+    // allocate before locking: mt_malloc may call mt_fatal, which takes world->mu itself
+    mt__group *fresh = mt__group_new(members, size);
+    pthread_mutex_lock(&w->mu);
+    mt__group *g = NULL, **link = &w->groups;
+    for (; *link; link = &(*link)->next) {
+        mt__group *h = *link;
+        if (h->size == size && !h->joined[me] && memcmp(h->members, members, (size_t)size * sizeof(int)) == 0) {
+            g = h;
+            break;
+        }
+    }
+    if (!g) {   // first member to arrive: publish the new group at the end of the registry
+        g = fresh;
+        fresh = NULL;
+        g->aborted = w->aborted;
+        for (int i = 0; i < size; i++) {
+            g->done[i] = w->rank_done[members[i]];
+            g->n_done += g->done[i];
+        }
+        *link = g;
+    }
+    g->joined[me] = 1;
+    pthread_mutex_unlock(&w->mu);
+    if (fresh) mt__group_free(fresh);
+
+    c->world = w;
+    c->size = size;
+    c->rank = me;
+    c->global_rank = my_global_rank;
+    c->members = g->members;
+    c->name = "group";
+    c->group = g;
+}
+
+// MT_TRACE=1: "[r3] all_reduce tp n=4096", one fputs per line so ranks' lines never interleave
+static void mt__trace(const mt_comm *c, const char *fmt, ...) {
+    if (!c->world->trace) return;
+    char line[256];
+    int len = snprintf(line, sizeof line, "[r%d] ", c->global_rank);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + len, sizeof line - (size_t)len - 1, fmt, ap);
+    va_end(ap);
+    strcat(line, "\n");
+    fputs(line, stderr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the barrier: mutex + condition variable + generation counter
+// ---------------------------------------------------------------------------------------------
+static void mt__describe_post(const mt__post *p, char *out, size_t cap) {
+    if (p->kind == MT__COLL_BARRIER) snprintf(out, cap, "barrier()");
+    else if (p->kind == MT__COLL_BROADCAST) snprintf(out, cap, "broadcast(n=%zu, root %d)", p->n, p->arg);
+    else if (p->kind == MT__COLL_ALL_GATHER) snprintf(out, cap, "all_gather(n=%zu)", p->n);
+    else snprintf(out, cap, "%s(n=%zu, %s)", mt__coll_names[p->kind], p->n, p->arg == MT_SUM ? "sum" : "max");
+}
+
+// The member that opens sync 1 compares every post with group rank 0's, before anyone touches
+// a buffer, and leaves the verdict in the group; every member reads it under the mutex as it
+// leaves (it stays valid: the next barrier cannot open before this member arrives there). On a
+// mismatch all members stop with the same message and none writes a buffer. (Real NCCL would
+// hang or corrupt memory; here the student is told which calls disagree.)
+static void mt__check_posts_locked(mt__group *g, const mt_comm *c) {
+    const mt__post *p0 = &g->posts[0];
+    g->mismatch = 0;
+    for (int j = 1; j < g->size; j++) {
+        const mt__post *p = &g->posts[j];
+        if (p->kind == p0->kind && p->n == p0->n && p->arg == p0->arg) continue;
+        char mine[96], theirs[96];
+        mt__describe_post(p, mine, sizeof mine);
+        mt__describe_post(p0, theirs, sizeof theirs);
+        snprintf(g->mismatch_msg, sizeof g->mismatch_msg,
+                 "group %s: rank %d called %s while rank %d called %s\n"
+                 "hint: every member of a group must call the same collectives, with the same counts, in the same order (NCCL's rule)",
+                 c->name, g->members[j], mine, g->members[0], theirs);
+        g->mismatch = 1;
+        return;
+    }
+}
+
+// The last member to arrive opens the barrier: it resets `arrived` and bumps `generation`, then
+// wakes everyone. A waiter does not wait for "arrived == size" (the last one already reset it to
+// 0, and a fast member may already be arriving at the next barrier): it waits until the
+// generation it arrived in is over. pthread_cond_wait can wake up spuriously, hence the loop.
+//
+// Every collective is this barrier twice, around a data phase:
+//   sync 1 (abortable=1)  post my call and buffers in g->posts[rank], wait for all members.
+//                         Now every input is ready and every output may be written.
+//                         (mt_barrier is sync 1 alone: it has no data phase.)
+//   data phase            each rank reads other ranks' buffers (one process: shared memory)
+//                         and writes only its own disjoint part, so no lock is needed.
+//   sync 2 (abortable=0)  wait again: nobody returns, reuses or frees its buffers while another
+//                         rank may still be reading or writing them.
+// Sync 1 is all or nothing: a waiter that leaves on abort first takes itself out (arrived--),
+// and a rank that arrives after the abort leaves at once, so once a group is aborted its barrier
+// can never open. Everyone who passed sync 1 is in the data phase, which never blocks, so sync 2
+// always opens; it must not be left on abort, or a rank could end (and the launcher free its
+// stack) while a partner still writes into its buffers.
+static void mt__group_sync(const mt_comm *c, const mt__post *post, int abortable) {
+    mt__group *g = (mt__group *)c->group;
+    pthread_mutex_lock(&g->mu);
+    if (abortable && g->aborted) {
+        pthread_mutex_unlock(&g->mu);
+        mt__rank_exit();
+    }
+    if (post) g->posts[c->rank] = *post;
+    unsigned long my_generation = g->generation;
+    if (++g->arrived == g->size) {   // last to arrive: check the posts, open the barrier
+        if (post) mt__check_posts_locked(g, c);
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->cv);
+    }
+    while (g->generation == my_generation) {
+        if (abortable && g->aborted) {
+            g->arrived--;
+            pthread_mutex_unlock(&g->mu);
+            mt__rank_exit();
+        }
+        if (abortable && g->n_done > 0) {   // a member returned: it will never come
+            int gone = 0;
+            while (!g->done[gone]) gone++;
+            g->arrived--;
+            pthread_mutex_unlock(&g->mu);
+            mt_fatal("rank %d waits in %s on group %s for rank %d, whose rank function has already returned\n"
+                     "hint: every member of a group must make the same collective calls in the same order",
+                     c->global_rank, post ? mt__coll_names[post->kind] : "barrier", c->name, g->members[gone]);
+        }
+        pthread_cond_wait(&g->cv, &g->mu);
+    }
+    if (post && g->mismatch) {   // copy the message out: mt_fatal must not run under the mutex
+        char msg[sizeof g->mismatch_msg];
+        memcpy(msg, g->mismatch_msg, sizeof msg);
+        pthread_mutex_unlock(&g->mu);
+        mt_fatal("%s", msg);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void mt__post_set(mt__post *p, int kind, int arg, size_t n, const void *send, void *recv) {
+    p->kind = kind;
+    p->arg = arg;
+    p->n = n;
+    p->send = send;
+    p->recv = recv;
+}
+
+void mt_barrier(mt_comm *c) {
+    mt__trace(c, "barrier %s", c->name);
+    if (c->size == 1) return;
+    mt__post p;
+    mt__post_set(&p, MT__COLL_BARRIER, 0, 0, NULL, NULL);
+    mt__group_sync(c, &p, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// all-reduce: each rank reduces one slice for everybody, in fixed rank order
+// ---------------------------------------------------------------------------------------------
+// 3 ranks, the buffer cut into 3 slices; rank r computes slice r of the result and writes it
+// into all 3 buffers:
+//
+//              slice 0           slice 1           slice 2
+//   buf r0   a0 a1 a2 a3       a4 a5 a6 a7       a8 a9
+//   buf r1   b0 b1 b2 b3       b4 b5 b6 b7       b8 b9
+//   buf r2   c0 c1 c2 c3       c4 c5 c6 c7       c8 c9
+//            rank 0 computes   rank 1 computes   rank 2 computes
+//            s0 = (a0+b0)+c0   s4 = (a4+b4)+c4   ...  and writes s_i into buf r0, r1 and r2
+//
+// Why the results are deterministic: float addition is not associative ((a+b)+c and a+(b+c)
+// can differ in the last bit), so the order of the adds must not depend on timing or on which
+// thread does the work. Here element i is always (((x_0 + x_1) + x_2) + ...) in rank order, it is
+// computed once and copied, so every rank holds the same bits, in every run; and the slicing only
+// decides WHICH thread computes an element, never HOW. (NCCL's ring adds in an order that depends
+// on the element's chunk, which is why GPU and CPU results can differ in the last bits.)
+// Cost: each rank reads size slices of n/size and writes size of them: O(size * n) in all, in
+// parallel. Slices are whole multiples of 64 bytes so that two ranks never write one cache line.
+#define MT__BLOCK 1024   // elements reduced at a time in a small stack buffer (stays in L1)
+
+static void mt__slice(size_t n, int parts, int i, size_t align, size_t *lo, size_t *hi) {
+    size_t per = (n + (size_t)parts - 1) / (size_t)parts;
+    per = (per + align - 1) / align * align;
+    size_t start = per * (size_t)i;
+    *lo = start < n ? start : n;
+    *hi = n - *lo < per ? n : *lo + per;
+}
+
+// MT_MAX lets NaN through (like torch.max), so a found-nan flag survives the reduction
+static float mt__max_f32(float a, float b) { return (b > a || isnan(b)) ? b : a; }
+static double mt__max_f64(double a, double b) { return (b > a || isnan(b)) ? b : a; }
+
+// acc[0..m) = acc op x, elementwise
+static void mt__accumulate_f32(float *acc, const float *x, size_t m, int op) {
+    if (op == MT_SUM) for (size_t i = 0; i < m; i++) acc[i] += x[i];
+    else              for (size_t i = 0; i < m; i++) acc[i] = mt__max_f32(acc[i], x[i]);
+}
+static void mt__accumulate_f64(double *acc, const double *x, size_t m, int op) {
+    if (op == MT_SUM) for (size_t i = 0; i < m; i++) acc[i] += x[i];
+    else              for (size_t i = 0; i < m; i++) acc[i] = mt__max_f64(acc[i], x[i]);
+}
+
+static void mt__check_op(const mt_comm *c, const char *what, mt_reduce_op op) {
+    if (op != MT_SUM && op != MT_MAX) mt_fatal("%s on group %s: unknown reduce op %d", what, c->name, (int)op);
+}
+
+void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
+#ifdef __CUDACC__
+    if (c->nccl) {   // device buffers: NCCL on the rank's stream
+        MT_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, op == MT_SUM ? ncclSum : ncclMax, (ncclComm_t)c->nccl,
+                                    (cudaStream_t)c->stream));
+        return;
+    }
+#endif
+    mt__trace(c, "all_reduce %s n=%zu", c->name, n);
+    mt__check_op(c, "all_reduce", op);
+    if (c->size == 1) return;
+    mt__post p;
+    mt__post_set(&p, MT__COLL_ALL_REDUCE, (int)op, n, buf, buf);
+    mt__group_sync(c, &p, 1);
+    const mt__post *posts = ((const mt__group *)c->group)->posts;
+    size_t lo, hi;
+    mt__slice(n, c->size, c->rank, 64 / sizeof(float), &lo, &hi);
+    float acc[MT__BLOCK];
+    for (size_t b = lo; b < hi; b += MT__BLOCK) {
+        size_t m = hi - b < MT__BLOCK ? hi - b : MT__BLOCK;
+        memcpy(acc, (const float *)posts[0].send + b, m * sizeof(float));
+        for (int j = 1; j < c->size; j++) mt__accumulate_f32(acc, (const float *)posts[j].send + b, m, (int)op);
+        for (int j = 0; j < c->size; j++) memcpy((float *)posts[j].recv + b, acc, m * sizeof(float));
+    }
+    mt__group_sync(c, NULL, 0);
+}
+
+// the same in double: global gradient norms and loss sums, where float would lose digits
+void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
+    mt__trace(c, "all_reduce_double %s n=%zu", c->name, n);
+    mt__check_op(c, "all_reduce_double", op);
+    if (c->size == 1) return;
+    mt__post p;
+    mt__post_set(&p, MT__COLL_ALL_REDUCE_DOUBLE, (int)op, n, buf, buf);
+    mt__group_sync(c, &p, 1);
+    const mt__post *posts = ((const mt__group *)c->group)->posts;
+    size_t lo, hi;
+    mt__slice(n, c->size, c->rank, 64 / sizeof(double), &lo, &hi);
+    double acc[MT__BLOCK];
+    for (size_t b = lo; b < hi; b += MT__BLOCK) {
+        size_t m = hi - b < MT__BLOCK ? hi - b : MT__BLOCK;
+        memcpy(acc, (const double *)posts[0].send + b, m * sizeof(double));
+        for (int j = 1; j < c->size; j++) mt__accumulate_f64(acc, (const double *)posts[j].send + b, m, (int)op);
+        for (int j = 0; j < c->size; j++) memcpy((double *)posts[j].recv + b, acc, m * sizeof(double));
+    }
+    mt__group_sync(c, NULL, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// reduce-scatter and all-gather: the two halves of an all-reduce (distributed optimizer, SP)
+// ---------------------------------------------------------------------------------------------
+// reduce-scatter: send is (size * n) on every rank; rank r gets chunk r reduced over the ranks:
+//   recv_r[i] = send_0[r*n + i] + send_1[r*n + i] + ...   (rank order, as in all-reduce)
+// Rank r is the only one that reads chunk r of any send buffer, so recv may alias it
+// (recv = send + r*n, "in place"). all_gather(reduce_scatter(x)) == all_reduce(x), bit for bit.
+void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
+#ifdef __CUDACC__
+    if (c->nccl) {
+        MT_NCCL_CHECK(ncclReduceScatter(send, recv, n_per_rank, ncclFloat, op == MT_SUM ? ncclSum : ncclMax,
+                                        (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        return;
+    }
+#endif
+    mt__trace(c, "reduce_scatter %s n=%zu", c->name, n_per_rank);
+    mt__check_op(c, "reduce_scatter", op);
+    if (c->size == 1) {
+        if (n_per_rank > 0 && recv != send) memmove(recv, send, n_per_rank * sizeof(float));
+        return;
+    }
+    mt__post p;
+    mt__post_set(&p, MT__COLL_REDUCE_SCATTER, (int)op, n_per_rank, send, recv);
+    mt__group_sync(c, &p, 1);
+    const mt__post *posts = ((const mt__group *)c->group)->posts;
+    size_t offset = (size_t)c->rank * n_per_rank;
+    float acc[MT__BLOCK];
+    for (size_t b = 0; b < n_per_rank; b += MT__BLOCK) {
+        size_t m = n_per_rank - b < MT__BLOCK ? n_per_rank - b : MT__BLOCK;
+        memcpy(acc, (const float *)posts[0].send + offset + b, m * sizeof(float));
+        for (int j = 1; j < c->size; j++) mt__accumulate_f32(acc, (const float *)posts[j].send + offset + b, m, (int)op);
+        memcpy(recv + b, acc, m * sizeof(float));   // after all reads of this block: in place is safe
+    }
+    mt__group_sync(c, NULL, 0);
+}
+
+// all-gather: recv = [send_0 | send_1 | ... ], each (n_per_rank); every rank copies all chunks
+// into its own recv (it writes only its own memory). send may be recv + rank*n ("in place").
+void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
+#ifdef __CUDACC__
+    if (c->nccl) {
+        MT_NCCL_CHECK(ncclAllGather(send, recv, n_per_rank, ncclFloat, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        return;
+    }
+#endif
+    mt__trace(c, "all_gather %s n=%zu", c->name, n_per_rank);
+    size_t bytes = n_per_rank * sizeof(float);
+    if (c->size == 1) {
+        if (bytes > 0 && recv != send) memmove(recv, send, bytes);
+        return;
+    }
+    mt__post p;
+    mt__post_set(&p, MT__COLL_ALL_GATHER, 0, n_per_rank, send, recv);
+    mt__group_sync(c, &p, 1);
+    const mt__post *posts = ((const mt__group *)c->group)->posts;
+    for (int j = 0; j < c->size; j++) {
+        float *dst = recv + (size_t)j * n_per_rank;
+        if (bytes > 0 && dst != posts[j].send) memcpy(dst, posts[j].send, bytes);
+    }
+    mt__group_sync(c, NULL, 0);
+}
+
+// broadcast: every rank's buf becomes root's buf (root is a group rank)
+void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
+#ifdef __CUDACC__
+    if (c->nccl) {
+        MT_NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        return;
+    }
+#endif
+    mt__trace(c, "broadcast %s n=%zu root %d", c->name, n, root);
+    if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name, root, c->size);
+    if (c->size == 1) return;
+    mt__post p;
+    mt__post_set(&p, MT__COLL_BROADCAST, root, n, buf, buf);
+    mt__group_sync(c, &p, 1);
+    const mt__post *posts = ((const mt__group *)c->group)->posts;
+    if (c->rank != root && n > 0) memcpy(buf, posts[root].send, n * sizeof(float));
+    mt__group_sync(c, NULL, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// send / recv: buffered point-to-point (pipeline activations and their gradients)
+// ---------------------------------------------------------------------------------------------
+// Every rank has one mailbox holding a FIFO list per source rank. mt_send copies the data into
+// a fresh heap message, appends it to the destination's list for this source and returns: it
+// never waits for the receiver. That is what lets a pipeline stage send its activation forward
+// and go on with the next micro-batch; with a blocking send, two neighbours that both send
+// before they receive (1F1B's steady state does exactly that) would wait for each other forever.
+// mt_recv takes the OLDEST message from that source with the right tag (FIFO among equal tags,
+// any order across tags), sleeping on the mailbox's condition variable until it arrives.
+void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
+    if (peer < 0 || peer >= c->size) mt_fatal("send on group %s: peer %d is not a group rank (size %d)", c->name, peer, c->size);
+    int dst = c->members[peer];
+    mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
+    if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
+    mt__message *m = (mt__message *)mt_malloc(sizeof(mt__message) + n * sizeof(float), "send buffer");
+    m->next = NULL;
+    m->tag = tag;
+    m->n = n;
+    m->data = (float *)(m + 1);   // sizeof(mt__message) is a multiple of 8: floats are aligned
+    if (n > 0) memcpy(m->data, buf, n * sizeof(float));
+    mt__inbox *box = &c->world->inbox[dst];
+    pthread_mutex_lock(&box->mu);
+    int src = c->global_rank;
+    if (box->tail[src]) box->tail[src]->next = m;
+    else box->head[src] = m;
+    box->tail[src] = m;
+    pthread_cond_broadcast(&box->cv);   // only the owner waits on it
+    pthread_mutex_unlock(&box->mu);
+}
+
+void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
+    if (peer < 0 || peer >= c->size) mt_fatal("recv on group %s: peer %d is not a group rank (size %d)", c->name, peer, c->size);
+    int src = c->members[peer], dst = c->global_rank;
+    mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
+    mt__inbox *box = &c->world->inbox[dst];
+    mt__message *m = NULL;
+    pthread_mutex_lock(&box->mu);
+    for (;;) {
+        mt__message *prev = NULL;   // find the oldest message from src with this tag, unlink it
+        for (m = box->head[src]; m && m->tag != tag; m = m->next) prev = m;
+        if (m) {
+            if (prev) prev->next = m->next;
+            else box->head[src] = m->next;
+            if (box->tail[src] == m) box->tail[src] = prev;
+            break;
+        }
+        if (box->aborted) {
+            pthread_mutex_unlock(&box->mu);
+            mt__rank_exit();
+        }
+        if (box->src_done[src] || src == dst) {   // nobody can send it any more: report, don't hang
+            pthread_mutex_unlock(&box->mu);
+            mt_fatal("rank %d waits for a message from rank %d (tag %d, n=%zu) that can never arrive: %s\n"
+                     "hint: every recv needs a matching send with the same tag",
+                     dst, src, tag, n, src == dst ? "it would have to send it to itself" : "its rank function has returned");
+        }
+        pthread_cond_wait(&box->cv, &box->mu);
+    }
+    pthread_mutex_unlock(&box->mu);
+    if (m->n != n) {
+        size_t sent = m->n;
+        free(m);
+        mt_fatal("rank %d received %zu floats from rank %d (tag %d) but expected %zu\n"
+                 "hint: the send and the recv of a message must use the same count",
+                 dst, sent, src, tag, n);
+    }
+    if (n > 0) memcpy(buf, m->data, n * sizeof(float));
+    free(m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// parallel state: where a rank sits in the TP x PP x DP grid
+// ---------------------------------------------------------------------------------------------
+// Mirrors megatron/core/parallel_state.py (initialize_model_parallel). The example below is
+// exactly what `./train_gpt --print-layout --tensor-model-parallel-size 2
+// --pipeline-model-parallel-size 2 --nproc-per-node 8 --num-layers 8` prints (a test checks it):
+//
+// rank = tp_rank + TP*(dp_rank + DP*pp_rank)   (TP fastest, then DP, then PP: Megatron's default)
+//              dp 0           dp 1
+//           tp0   tp1      tp0   tp1
+//   pp 0  [ g0 ,  g1  ]  [ g2 ,  g3  ]    layers 0 .. 3
+//   pp 1  [ g4 ,  g5  ]  [ g6 ,  g7  ]    layers 4 .. 7
+//   TP groups [g0,g1] [g2,g3] [g4,g5] [g6,g7]
+//   DP groups [g0,g2] [g1,g3] [g4,g6] [g5,g7]
+//   PP groups [g0,g4] [g1,g5] [g2,g6] [g3,g7]
+//   embedding groups [g0,g4] [g1,g5] [g2,g6] [g3,g7]
+//
+// Why TP is fastest: the TP group all-reduces twice per layer, so its ranks should be
+// neighbours (the same node, NVLink); DP talks once per step, PP only to the next stage.
+int mt_global_rank(const mt_config *cfg, int tp_rank, int dp_rank, int pp_rank) {
+    int TP = cfg->parallel.tensor_model_parallel_size, DP = cfg->data_parallel_size;
+    return tp_rank + TP * (dp_rank + DP * pp_rank);
+}
+
+void mt_parallel_state_init(mt_parallel_state *ps, const mt_config *cfg, int rank) {
+    int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
+    int DP = cfg->data_parallel_size;
+    memset(ps, 0, sizeof *ps);
+    ps->rank = rank;
+    ps->world_size = cfg->world_size;
+    ps->tp_size = TP; ps->pp_size = PP; ps->dp_size = DP;
+    ps->tp_rank = rank % TP;
+    ps->dp_rank = (rank / TP) % DP;
+    ps->pp_rank = rank / (TP * DP);
+    ps->vp_size = cfg->virtual_pipeline_size;
+    ps->pp_prev_rank = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, (ps->pp_rank + PP - 1) % PP);
+    ps->pp_next_rank = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, (ps->pp_rank + 1) % PP);
+    ps->is_first_stage = ps->pp_rank == 0;
+    ps->is_last_stage = ps->pp_rank == PP - 1;
+    ps->in_embedding_group = PP > 1 && (ps->is_first_stage || ps->is_last_stage);
+}
+
+static void mt__print_group(FILE *f, const int *members, int n) {
+    fprintf(f, " [");
+    for (int i = 0; i < n; i++) fprintf(f, "%sg%d", i ? "," : "", members[i]);
+    fprintf(f, "]");
+}
+
+void mt_print_layout(const mt_config *cfg, FILE *f) {
+    int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
+    int DP = cfg->data_parallel_size, L = cfg->model.num_layers;
+    int members[1024];
+    fprintf(f, "rank = tp_rank + TP*(dp_rank + DP*pp_rank)   (TP fastest, then DP, then PP: Megatron's default)\n");
+    // the grid: one row per stage, one [ ... ] block of TP cells per DP replica. The rows are
+    // built first, so the dp/tp labels above can be placed over the cells they name.
+    size_t width = (size_t)DP * (size_t)TP * 16 + 64;
+    char *row = (char *)mt_malloc(width * (size_t)PP, "layout");
+    int *cell_col = (int *)mt_malloc(sizeof(int) * (size_t)(DP * TP + 1), "layout");
+    int *block_end = (int *)mt_malloc(sizeof(int) * (size_t)(DP + 1), "layout");
+    for (int p = 0; p < PP; p++) {
+        char *line = row + (size_t)p * width;
+        int n = snprintf(line, width, "  pp %d ", p);
+        for (int d = 0; d < DP; d++) {
+            n += snprintf(line + n, width - (size_t)n, "%s", d == 0 ? " [" : "  [");
+            for (int t = 0; t < TP; t++) {
+                if (p == 0) cell_col[d * TP + t] = n + 1;
+                n += snprintf(line + n, width - (size_t)n, "%s g%-2d", t ? ", " : "", mt_global_rank(cfg, t, d, p));
+                if (p == 0 && t) cell_col[d * TP + t] += 2;
+            }
+            n += snprintf(line + n, width - (size_t)n, " ]");
+            if (p == 0) block_end[d] = n;
+        }
+        int per = L / PP;
+        snprintf(line + n, width - (size_t)n, "    layers %d .. %d", p * per, (p + 1) * per - 1);
+    }
+    char *hdr = (char *)mt_malloc(width, "layout");
+    // "dp d" centred over its block, "tpt" over each cell
+    memset(hdr, ' ', width - 1);
+    hdr[width - 1] = 0;
+    for (int d = 0; d < DP; d++) {
+        char label[16];
+        int len = snprintf(label, sizeof label, "dp %d", d);
+        int first = cell_col[d * TP], last = block_end[d];
+        int at = first + (last - first - len) / 2;
+        memcpy(hdr + at, label, (size_t)len);
+    }
+    int e = (int)width - 1;
+    while (e > 0 && hdr[e - 1] == ' ') hdr[--e] = 0;
+    fprintf(f, "%s\n", hdr);
+    memset(hdr, ' ', width - 1);
+    for (int c = 0; c < DP * TP; c++) {
+        char label[16];
+        int len = snprintf(label, sizeof label, "tp%d", c % TP);
+        memcpy(hdr + cell_col[c], label, (size_t)len);
+    }
+    e = (int)width - 1;
+    while (e > 0 && hdr[e - 1] == ' ') hdr[--e] = 0;
+    fprintf(f, "%s\n", hdr);
+    for (int p = 0; p < PP; p++) fprintf(f, "%s\n", row + (size_t)p * width);
+    free(hdr); free(row); free(cell_col); free(block_end);
+    fprintf(f, "  TP groups");
+    for (int p = 0; p < PP; p++)
+        for (int d = 0; d < DP; d++) {
+            for (int t = 0; t < TP; t++) members[t] = mt_global_rank(cfg, t, d, p);
+            mt__print_group(f, members, TP);
+        }
+    fprintf(f, "\n  DP groups");
+    for (int p = 0; p < PP; p++)
+        for (int t = 0; t < TP; t++) {
+            for (int d = 0; d < DP; d++) members[d] = mt_global_rank(cfg, t, d, p);
+            mt__print_group(f, members, DP);
+        }
+    fprintf(f, "\n  PP groups");
+    for (int d = 0; d < DP; d++)
+        for (int t = 0; t < TP; t++) {
+            for (int p = 0; p < PP; p++) members[p] = mt_global_rank(cfg, t, d, p);
+            mt__print_group(f, members, PP);
+        }
+    fprintf(f, "\n  embedding groups");
+    if (PP == 1) fprintf(f, " none: with one stage the tied embedding and LM head are the same tensor");
+    for (int d = 0; d < DP && PP > 1; d++)
+        for (int t = 0; t < TP; t++) {
+            members[0] = mt_global_rank(cfg, t, d, 0);
+            members[1] = mt_global_rank(cfg, t, d, PP - 1);
+            mt__print_group(f, members, 2);
+        }
+    fprintf(f, "\n");
+    if (cfg->virtual_pipeline_size > 1) {
+        int lpc = cfg->parallel.num_layers_per_virtual_pipeline_stage;
+        fprintf(f, "  interleaved: %d model chunks per stage of %d layers; stage s, chunk c holds layers (c*PP + s)*%d ..\n",
+                cfg->virtual_pipeline_size, lpc, lpc);
+    }
+}
+
+// =============================================================================================
+// 3. OPS: CPU REFERENCE (forward/backward pairs)
+// =============================================================================================
+// The definition of every op, as plain loops over b and t (llm.c's train_gpt2.c is the model).
+// The GPU kernels in kernels.cuh must match these (tests/gpu compares them on random data).
+// Argument grammar: mt_<op>_forward(out..., inp..., params..., dims) and
+// mt_<op>_backward(dinp..., dparams..., dout, saved..., dims).
+// THE RULE: every backward ADDS into its d-buffers (+=); the caller zeroes them. An op that
+// writes with '=' says so on its first comment line.
+// Shapes: B batch, T time, C channels, NH heads, hs = C/NH, OC output channels, V vocabulary.
+
+// ---------------------------------------------------------------------------------------------
+// embedding lookup (vocab-parallel): out = wte[token - vocab_start], or 0 if not this rank's
+// writes out with '='. out is (B,T,C), tokens (B,T), wte (V_local, C): this rank's rows
+// [vocab_start, vocab_start + V_local) of the full table. With one TP rank V_local is Vp.
+void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, int B, int T, int C,
+                              int vocab_start, int V_local) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *out_bt = out + ((size_t)b * T + t) * C;
+            int local = tokens[b * T + t] - vocab_start;
+            if (local >= 0 && local < V_local) memcpy(out_bt, wte + (size_t)local * C, (size_t)C * sizeof(float));
+            else memset(out_bt, 0, (size_t)C * sizeof(float));
+        }
+}
+// in the forward pass this was: out[b,t,:] = wte[token[b,t], :]  (if the token is ours)
+// so the gradient of a row of wte collects dout of every position that looked it up
+void mt_embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C,
+                               int vocab_start, int V_local) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int local = tokens[b * T + t] - vocab_start;
+            if (local < 0 || local >= V_local) continue;
+            const float *dout_bt = dout + ((size_t)b * T + t) * C;
+            float *dwte_row = dwte + (size_t)local * C;
+            for (int i = 0; i < C; i++) dwte_row[i] += dout_bt[i];
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// position embedding: out[b,t,:] += wpe[t,:]
+void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *out_bt = out + ((size_t)b * T + t) * C;
+            const float *wpe_t = wpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) out_bt[i] += wpe_t[i];
+        }
+}
+void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *dout_bt = dout + ((size_t)b * T + t) * C;
+            float *dwpe_t = dwpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) dwpe_t[i] += dout_bt[i];
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// layernorm: out = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + 1e-5), over C
+// writes out, mean, rstd with '='. inp/out are (B,T,C), mean/rstd (B,T), weight/bias (C)
+void mt_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C) {
+    const float eps = 1e-5f;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *x = inp + ((size_t)b * T + t) * C;
+            float m = 0.0f;
+            for (int i = 0; i < C; i++) m += x[i];
+            m = m / (float)C;
+            float v = 0.0f;
+            for (int i = 0; i < C; i++) { float d = x[i] - m; v += d * d; }
+            v = v / (float)C;
+            float s = 1.0f / sqrtf(v + eps);
+            float *o = out + ((size_t)b * T + t) * C;
+            for (int i = 0; i < C; i++) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+            mean[b * T + t] = m;
+            rstd[b * T + t] = s;
+        }
+}
+// in the forward pass this was: out = norm * weight + bias, norm = (x - mean) * rstd
+// so now: dbias += dout, dweight += norm * dout, and with dnorm = dout * weight,
+// dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))   (the two means are over C)
+void mt_layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *dout_bt = dout + ((size_t)b * T + t) * C;
+            const float *inp_bt = inp + ((size_t)b * T + t) * C;
+            float *dinp_bt = dinp + ((size_t)b * T + t) * C;
+            float mean_bt = mean[b * T + t], rstd_bt = rstd[b * T + t];
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int i = 0; i < C; i++) {
+                float norm_bti = (inp_bt[i] - mean_bt) * rstd_bt;
+                float dnorm_i = weight[i] * dout_bt[i];
+                dnorm_mean += dnorm_i;
+                dnorm_norm_mean += dnorm_i * norm_bti;
+            }
+            dnorm_mean = dnorm_mean / (float)C;
+            dnorm_norm_mean = dnorm_norm_mean / (float)C;
+            for (int i = 0; i < C; i++) {
+                float norm_bti = (inp_bt[i] - mean_bt) * rstd_bt;
+                float dnorm_i = weight[i] * dout_bt[i];
+                dbias[i] += dout_bt[i];
+                dweight[i] += norm_bti * dout_bt[i];
+                dinp_bt[i] += (dnorm_i - dnorm_mean - norm_bti * dnorm_norm_mean) * rstd_bt;
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul: out = inp @ weight^T + bias     (a linear layer, PyTorch's convention)
+// writes out with '='. inp (BT, C), weight (OC, C) (a row per output channel), bias (OC) or NULL
+// out (BT, OC). Speed on a CPU comes from two things, neither of which changes the result:
+//  - cache blocks: MT_MATMUL_BLOCK weight rows are used for every row of inp before moving on,
+//    so the weight is read from memory once, not once per token (the LM head's is 25+ MB);
+//  - 8 independent partial sums per dot product, so the compiler can vectorise the loop
+//    without reordering float additions (the same bits at every -O level and block size).
+#define MT_MATMUL_BLOCK 64
+static inline float mt__dot(const float *x, const float *w, int C) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= C; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * w[i + k];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < C; i++) s += x[i] * w[i];
+    return s;
+}
+void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias,
+                           int BT, int C, int OC) {
+    for (int o0 = 0; o0 < OC; o0 += MT_MATMUL_BLOCK) {
+        int o1 = o0 + MT_MATMUL_BLOCK < OC ? o0 + MT_MATMUL_BLOCK : OC;
+        for (int bt = 0; bt < BT; bt++) {
+            const float *x = inp + (size_t)bt * C;
+            float *y = out + (size_t)bt * OC;
+            for (int o = o0; o < o1; o++) y[o] = mt__dot(x, weight + (size_t)o * C, C) + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+// in the forward pass this was: out[bt,o] = sum_i inp[bt,i] * weight[o,i] + bias[o]
+// so now: dinp[bt,i] += sum_o dout[bt,o] * weight[o,i]     (dinp = dout @ weight)
+//         dweight[o,i] += sum_bt dout[bt,o] * inp[bt,i]    (dweight = dout^T @ inp)
+//         dbias[o] += sum_bt dout[bt,o]
+// dinp may be NULL (nothing upstream needs it), dbias NULL when there is no bias.
+// Each sum runs in increasing o (for dinp) or bt (for dweight, dbias) whatever the blocking.
+void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int BT, int C, int OC) {
+    if (dinp) {
+        for (int o0 = 0; o0 < OC; o0 += MT_MATMUL_BLOCK) {
+            int o1 = o0 + MT_MATMUL_BLOCK < OC ? o0 + MT_MATMUL_BLOCK : OC;
+            for (int bt = 0; bt < BT; bt++) {
+                const float *dy = dout + (size_t)bt * OC;
+                float *dx = dinp + (size_t)bt * C;
+                for (int o = o0; o < o1; o++) {
+                    const float *w = weight + (size_t)o * C;
+                    float d = dy[o];
+                    for (int i = 0; i < C; i++) dx[i] += w[i] * d;
+                }
+            }
+        }
+    }
+    for (int b0 = 0; b0 < BT; b0 += MT_MATMUL_BLOCK) {
+        int b1 = b0 + MT_MATMUL_BLOCK < BT ? b0 + MT_MATMUL_BLOCK : BT;
+        for (int o = 0; o < OC; o++) {
+            float *dw = dweight + (size_t)o * C;
+            float db = 0.0f;
+            for (int bt = b0; bt < b1; bt++) {
+                const float *x = inp + (size_t)bt * C;
+                float d = dout[(size_t)bt * OC + o];
+                db += d;
+                for (int i = 0; i < C; i++) dw[i] += x[i] * d;
+            }
+            if (dbias) dbias[o] += db;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dropout with a counter-based mask: keep element e iff uniform(key, global index of e) >= p,
+// and scale what is kept by 1/(1-p) so the expectation is unchanged.
+// The mask is never stored: the backward asks the same question of the same key again.
+// How Megatron differs: its CudaRNGStatesTracker keeps a "model-parallel" CUDA generator seeded
+// with seed + 2718 + tp_rank, used for dropout inside TP regions (the attention probabilities of
+// my heads), and the default generator, equal on all TP ranks, for dropout on the replicated
+// hidden states. That is cheap (a stateful Philox stream per rank) and correct for training, but
+// the masks depend on TP and on the order of calls, so no two layouts drop the same elements.
+// Here the key is the element's global index (sample, head, position, channel), so every layout
+// drops exactly the same elements and tests/test_layouts.c can demand identical losses.
+// `key` names the site (seed, iteration, layer, which dropout); `index_of` turns the local
+// position into the element's index in the *global* tensor (see mt_dropout_index below).
+typedef struct {
+    uint64_t seed, iteration, site;   // site = layer * 8 + which (embedding, attention, attn out, mlp out)
+    float p;                          // drop probability; 0 = dropout off
+    int sample_offset;                // global sample index of local b = 0 (within the iteration)
+    int T, C;                         // for hidden dropout (B,T,C): global index = ((sample*T + t)*C + c)
+} mt_dropout;
+
+static inline int mt__dropout_keep(const mt_dropout *d, uint64_t global_index) {
+    return mt_rand_uniform(d->seed, d->iteration, d->site, 0x0d0d, global_index) >= d->p;
+}
+// in place: x (B,T,C) -> x * mask / (1-p)
+void mt_dropout_forward_cpu(float *x, const mt_dropout *d, int B) {
+    if (d->p <= 0.0f) return;
+    float scale = 1.0f / (1.0f - d->p);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < d->T; t++)
+            for (int c = 0; c < d->C; c++) {
+                uint64_t g = ((uint64_t)(d->sample_offset + b) * d->T + t) * d->C + c;
+                size_t i = ((size_t)b * d->T + t) * d->C + c;
+                x[i] = mt__dropout_keep(d, g) ? x[i] * scale : 0.0f;
+            }
+}
+// in the forward pass this was: y = x * mask / (1-p); so dx = dy * mask / (1-p), in place on dy
+void mt_dropout_backward_cpu(float *dx, const mt_dropout *d, int B) { mt_dropout_forward_cpu(dx, d, B); }
+
+// ---------------------------------------------------------------------------------------------
+// causal self-attention, NH_local heads of size hs
+// writes out and att with '='. qkv is (B,T,3*C_local) = [Q | K | V], each (B,T,C_local) with
+// head h in columns [h*hs, (h+1)*hs); out is (B,T,C_local); att (B,NH_local,T,T) keeps the
+// softmax probabilities (before dropout) for the backward pass.
+//   s[t,t2] = q_t . k_t2 / sqrt(hs)  for t2 <= t;  p = softmax(s);  out_t = sum_t2 p'[t,t2] v_t2
+// where p' = dropout(p). `drop` has T, C unused here; head_offset/NH_global place the local heads
+// in the global (B, NH, T, T) tensor so masks do not depend on TP.
+void mt_attention_forward_cpu(float *out, float *att, const float *qkv, int B, int T, int C_local, int NH_local,
+                              const mt_dropout *drop, int head_offset, int NH_global) {
+    int hs = C_local / NH_local;
+    int C3 = 3 * C_local;
+    float scale = 1.0f / sqrtf((float)hs);
+    float keep_scale = drop->p > 0 ? 1.0f / (1.0f - drop->p) : 1.0f;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH_local; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float *att_bth = att + (((size_t)b * NH_local + h) * T + t) * T;
+                // pass 1: scores and their max (for a stable softmax)
+                float maxval = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                    s *= scale;
+                    att_bth[t2] = s;
+                    if (s > maxval) maxval = s;
+                }
+                // pass 2: exponentials and their sum
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float e = expf(att_bth[t2] - maxval);
+                    att_bth[t2] = e;
+                    sum += e;
+                }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 < T; t2++) att_bth[t2] = t2 <= t ? att_bth[t2] * inv : 0.0f;
+                // pass 3: weighted sum of values, with the (dropped-out) probabilities
+                float *o = out + ((size_t)b * T + t) * C_local + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                uint64_t row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float p = att_bth[t2];
+                    if (drop->p > 0) p = mt__dropout_keep(drop, row + t2) ? p * keep_scale : 0.0f;
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
+                    for (int i = 0; i < hs; i++) o[i] += p * v[i];
+                }
+            }
+}
+// in the forward pass this was: out_t = sum_t2 p'[t,t2] v_t2, p' = dropout(p), p = softmax(s), s = q.k/sqrt(hs)
+// so now: dv_t2 += p'[t,t2] dout_t;  dp'[t,t2] = dout_t . v_t2;  dp = dp' * mask/(1-p_drop);
+//         ds[t,t2] = p[t,t2] (dp[t,t2] - sum_t3 p[t,t3] dp[t,t3])   (softmax backward)
+//         dq_t += sum_t2 ds[t,t2] k_t2 / sqrt(hs);  dk_t2 += ds[t,t2] q_t / sqrt(hs)
+// dqkv is (B,T,3*C_local); dp_row is scratch of T floats.
+void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
+                               int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
+                               float *dp_row) {
+    int hs = C_local / NH_local;
+    int C3 = 3 * C_local;
+    float scale = 1.0f / sqrtf((float)hs);
+    float keep_scale = drop->p > 0 ? 1.0f / (1.0f - drop->p) : 1.0f;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH_local; h++)
+            for (int t = 0; t < T; t++) {
+                const float *att_bth = att + (((size_t)b * NH_local + h) * T + t) * T;
+                const float *dout_t = dout + ((size_t)b * T + t) * C_local + h * hs;
+                const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
+                uint64_t row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
+                // backward through the value sum and the dropout
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
+                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
+                    float mask_scale = 1.0f;
+                    if (drop->p > 0) mask_scale = mt__dropout_keep(drop, row + t2) ? keep_scale : 0.0f;
+                    float pd = att_bth[t2] * mask_scale;
+                    float dpv = 0.0f;
+                    for (int i = 0; i < hs; i++) { dv[i] += pd * dout_t[i]; dpv += dout_t[i] * v[i]; }
+                    dp_row[t2] = dpv * mask_scale;
+                }
+                // backward through the softmax
+                float dot = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) dot += att_bth[t2] * dp_row[t2];
+                for (int t2 = 0; t2 <= t; t2++) {
+                    float ds = att_bth[t2] * (dp_row[t2] - dot) * scale;
+                    const float *k = qkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
+                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
+                    for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; }
+                }
+            }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// writes out with '='. inp/out have N elements.
+#define MT_GELU_SCALING_FACTOR 0.7978845608028654f   /* sqrt(2/pi) */
+void mt_gelu_forward_cpu(float *out, const float *inp, size_t N) {
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        out[i] = 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+    }
+}
+// in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
+// so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
+void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N) {
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        float u = MT_GELU_SCALING_FACTOR * (x + cube);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += grad * dout[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// residual: out = a + b   (writes with '='; the backward is a copy of dout to both inputs,
+// which the model does by accumulating the same dresidual buffer, as llm.c)
+void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t N) {
+    for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// cross-entropy over a vocabulary split across TP ranks (the per-rank half of it;
+// §4 mt_vocab_parallel_cross_entropy_* adds the all-reduces).
+// logits (BT, V_local) hold this rank's columns [vocab_start, vocab_start + V_local) of the
+// full (BT, Vp) logits; columns >= V (the padding) are not part of the softmax.
+// step 1 (local): max over my real columns          -> all-reduce MAX -> m
+// step 2 (local): sum of exp(l - m) over my columns  -> all-reduce SUM -> S
+//         and my logit of the target (0 if not mine) -> all-reduce SUM -> l_y
+// loss = log S + m - l_y = -log softmax(l)[y]
+// writes out with '=' in every function below.
+int mt__real_columns(int vocab_start, int V_local, int V) {
+    int n = V - vocab_start;
+    return n < 0 ? 0 : (n > V_local ? V_local : n);
+}
+void mt_cross_entropy_local_max_cpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V) {
+    int n = mt__real_columns(vocab_start, V_local, V);
+    for (int i = 0; i < BT; i++) {
+        const float *l = logits + (size_t)i * V_local;
+        float m = -INFINITY;
+        for (int v = 0; v < n; v++) if (l[v] > m) m = l[v];
+        maxv[i] = m;
+    }
+}
+void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+    int n = mt__real_columns(vocab_start, V_local, V);
+    for (int i = 0; i < BT; i++) {
+        const float *l = logits + (size_t)i * V_local;
+        float s = 0.0f;
+        for (int v = 0; v < n; v++) s += expf(l[v] - maxv[i]);
+        sumexp[i] = s;
+        int local = targets[i] - vocab_start;
+        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+    }
+}
+// losses[i] = log S + m - l_y; if dlogits != NULL also the gradient, in place of the logits:
+// dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss   (0 on padded columns)
+void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                                 const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                                 int V, float dloss) {
+    int n = mt__real_columns(vocab_start, V_local, V);
+    for (int i = 0; i < BT; i++) {
+        losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
+        if (!dlogits) continue;
+        float *l = dlogits + (size_t)i * V_local;
+        float inv = 1.0f / sumexp[i];
+        int local = targets[i] - vocab_start;
+        for (int v = 0; v < V_local; v++) {
+            float p = v < n ? expf(l[v] - maxv[i]) * inv : 0.0f;
+            l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW order of operations):
+//   p  = p * (1 - lr * wd)                     decoupled weight decay (wd = 0 for no-decay params)
+//   m  = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
+//   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int step) {
+    float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float p = param[i] * (1.0f - lr * weight_decay);
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
 #ifdef __CUDACC__
 #include "kernels.cuh"
 #endif
-#include "parts/core_impl_dispatch.h"
-#include "parts/core_impl_model.h"
-#include "parts/core_impl_train.h"
-#include "parts/core_impl_data.h"
-#include "parts/tokenizer_impl.h"
-#include "parts/core_impl_loop.h"
+// ---------------------------------------------------------------------------------------------
+// op dispatch: the model calls mt_<op>(r, ...); the CPU build runs the reference in §3, the
+// GPU build (nvcc, train_gpt_cuda) the kernel in kernels.cuh on the rank's stream. The model
+// code above the ops is the same in both builds; only these few lines differ.
+// Memory follows the build too: on the GPU build every buffer the model touches (parameters,
+// gradients, optimizer state, activations, scratch) lives on the rank's device.
+#ifdef __CUDACC__
+#define MT_STREAM(r) ((cudaStream_t)(r)->stream)
+#endif
+
+void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C, int vocab_start, int V_local) {
+#ifdef __CUDACC__
+    mt_embedding_forward_gpu(out, tokens, wte, B, T, C, vocab_start, V_local, MT_STREAM(r));
+#else
+    (void)r; mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
+#endif
+}
+void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C, int vocab_start, int V_local) {
+#ifdef __CUDACC__
+    mt_embedding_backward_gpu(dwte, dout, tokens, B, T, C, vocab_start, V_local, MT_STREAM(r));
+#else
+    (void)r; mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
+#endif
+}
+void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
+#ifdef __CUDACC__
+    mt_position_embedding_forward_gpu(out, wpe, B, T, C, MT_STREAM(r));
+#else
+    (void)r; mt_position_embedding_forward_cpu(out, wpe, B, T, C);
+#endif
+}
+void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
+#ifdef __CUDACC__
+    mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, MT_STREAM(r));
+#else
+    (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
+#endif
+}
+void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias, int B, int T, int C) {
+#ifdef __CUDACC__
+    mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, MT_STREAM(r));
+#else
+    (void)r; mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
+#endif
+}
+void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+#ifdef __CUDACC__
+    mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, MT_STREAM(r));
+#else
+    (void)r; mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+#endif
+}
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC) {
+#ifdef __CUDACC__
+    mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->gemm_impl, MT_STREAM(r));
+#else
+    (void)r; mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
+#endif
+}
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int BT, int C, int OC) {
+#ifdef __CUDACC__
+    mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->gemm_impl, MT_STREAM(r));
+#else
+    (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+#endif
+}
+#ifdef __CUDACC__
+// matches the CPU loop in mt_bias_add below: out[i,o] += bias[o]. One thread per element.
+__global__ void mt_bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += bias[i % (size_t)OC];
+}
+void mt_bias_add_gpu(float *out, const float *bias, int BT, int OC, cudaStream_t stream) {
+    size_t n = (size_t)BT * OC;
+    if (n == 0) return;
+    mt_bias_add_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, bias, n, OC);
+    mt__launch_check("mt_bias_add_kernel", stream);
+}
+#endif
+/* out (BT, OC) += bias (OC): the bias of a row-parallel layer, added once after the all-reduce */
+void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
+#ifdef __CUDACC__
+    mt_bias_add_gpu(out, bias, BT, OC, MT_STREAM(r));
+#else
+    (void)r;
+    for (int i = 0; i < BT; i++)
+        for (int o = 0; o < OC; o++) out[(size_t)i * OC + o] += bias[o];
+#endif
+}
+void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
+    if (d->p <= 0.0f) return;
+#ifdef __CUDACC__
+    mt_dropout_forward_gpu(x, d, B, MT_STREAM(r));
+#else
+    (void)r; mt_dropout_forward_cpu(x, d, B);
+#endif
+}
+void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) { mt_dropout_forward(r, dx, d, B); }
+// the GPU kernel keeps the logsumexp of each score row (B,NH_local,T) in `att` instead of the
+// (B,NH_local,T,T) probabilities, and the backward recomputes them (FlashAttention)
+void mt_attention_forward(mt_rank *r, float *out, float *att, const float *qkv, int B, int T, int C_local, int NH_local,
+                          const mt_dropout *drop, int head_offset, int NH_global) {
+#ifdef __CUDACC__
+    mt_attention_forward_gpu(out, att, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->bf16, MT_STREAM(r));
+#else
+    (void)r; mt_attention_forward_cpu(out, att, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global);
+#endif
+}
+void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out, const float *att,
+                           int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
+                           float *dp_row) {
+#ifdef __CUDACC__
+    (void)dp_row;
+    mt_attention_backward_gpu(dqkv, dout, qkv, out, att, B, T, C_local, NH_local, drop, head_offset, NH_global, r->bf16, MT_STREAM(r));
+#else
+    (void)r; (void)out;
+    mt_attention_backward_cpu(dqkv, dout, qkv, att, B, T, C_local, NH_local, drop, head_offset, NH_global, dp_row);
+#endif
+}
+void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
+#ifdef __CUDACC__
+    mt_gelu_forward_gpu(out, inp, N, MT_STREAM(r));
+#else
+    (void)r; mt_gelu_forward_cpu(out, inp, N);
+#endif
+}
+void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
+#ifdef __CUDACC__
+    mt_gelu_backward_gpu(dinp, inp, dout, N, MT_STREAM(r));
+#else
+    (void)r; mt_gelu_backward_cpu(dinp, inp, dout, N);
+#endif
+}
+void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
+#ifdef __CUDACC__
+    mt_residual_forward_gpu(out, a, b, N, MT_STREAM(r));
+#else
+    (void)r; mt_residual_forward_cpu(out, a, b, N);
+#endif
+}
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V) {
+#ifdef __CUDACC__
+    mt_cross_entropy_local_max_gpu(maxv, logits, BT, V_local, vocab_start, V, MT_STREAM(r));
+#else
+    (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
+#endif
+}
+void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits, const float *maxv,
+                                 const int *targets, int BT, int V_local, int vocab_start, int V) {
+#ifdef __CUDACC__
+    mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V, MT_STREAM(r));
+#else
+    (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
+#endif
+}
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start, int V, float dloss) {
+#ifdef __CUDACC__
+    mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V, dloss, MT_STREAM(r));
+#else
+    (void)r; mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V, dloss);
+#endif
+}
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
+              float eps, float weight_decay, int step) {
+#ifdef __CUDACC__
+    mt_adamw_gpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, MT_STREAM(r));
+#else
+    (void)r; mt_adamw_cpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// buffers: host memory on the CPU build, the rank's device memory on the GPU build
+float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
+#ifdef __CUDACC__
+    (void)r;
+    float *p = NULL;
+    cudaError_t err = cudaMalloc((void **)&p, (n ? n : 1) * sizeof(float));
+    if (err != cudaSuccess)
+        mt_fatal("out of GPU memory allocating %.1f MB for %s on rank %d (%s)\nhint: use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism",
+                 (double)n * 4 / 1e6, what, r->ps.rank, cudaGetErrorString(err));
+    MT_CUDA_CHECK(cudaMemset(p, 0, (n ? n : 1) * sizeof(float)));
+    return p;
+#else
+    (void)r;
+    return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
+#endif
+}
+void mt_buffer_free(float *p) {
+#ifdef __CUDACC__
+    if (p) MT_CUDA_CHECK(cudaFree(p));
+#else
+    free(p);
+#endif
+}
+void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
+#ifdef __CUDACC__
+    MT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), MT_STREAM(r)));
+#else
+    (void)r; memset(p, 0, n * sizeof(float));
+#endif
+}
+void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
+#ifdef __CUDACC__
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, MT_STREAM(r)));
+#else
+    (void)r; memcpy(dst, src, n * sizeof(float));
+#endif
+}
+/* host <-> buffer (bytes); synchronous, for small things: token ids, losses, norms */
+void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+#ifdef __CUDACC__
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, MT_STREAM(r)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
+#else
+    (void)r; memcpy(dst, host_src, bytes);
+#endif
+}
+void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
+#ifdef __CUDACC__
+    MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, MT_STREAM(r)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
+#else
+    (void)r; memcpy(host_dst, src, bytes);
+#endif
+}
+/* x *= s over n elements (gradient clipping) */
+void mt_buffer_scale(mt_rank *r, float *x, float s, size_t n) {
+#ifdef __CUDACC__
+    mt_scale_gpu(x, s, n, MT_STREAM(r));
+#else
+    (void)r; for (size_t k = 0; k < n; k++) x[k] *= s;
+#endif
+}
+/* sum of squares of n floats, accumulated in double (the gradient norm) */
+double mt_buffer_sum_squares(mt_rank *r, const float *x, size_t n) {
+#ifdef __CUDACC__
+    double *sumsq, result = 0.0;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), MT_STREAM(r)));
+    MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), MT_STREAM(r)));
+    mt_sum_squares_gpu(sumsq, x, n, MT_STREAM(r));
+    MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, MT_STREAM(r)));
+    MT_CUDA_CHECK(cudaFreeAsync(sumsq, MT_STREAM(r)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
+    return result;
+#else
+    (void)r;
+    double s = 0.0;
+    for (size_t k = 0; k < n; k++) s += (double)x[k] * (double)x[k];
+    return s;
+#endif
+}
+
+#ifdef __CUDACC__
+// ---------------------------------------------------------------------------------------------
+// the GPU build's rank: one thread per GPU, one stream per rank, NCCL for device buffers
+// ---------------------------------------------------------------------------------------------
+// Every rank is still a thread of this one process (as on the CPU); rank r drives GPU r. The
+// threads backend stays in charge of host values (losses, norms, barriers, the NCCL ids), and
+// NCCL moves device buffers: the TP group's activations, the DP group's gradients, the tied
+// embedding's gradients. One stream per rank runs its kernels and its NCCL calls in order.
+static void mt__gpu_rank_setup(mt_rank *r) {
+    int devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0)
+        mt_fatal("no CUDA device found (%s)\nhint: train_gpt_cuda needs NVIDIA GPUs; ./train_gpt trains on the CPU",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (r->ps.world_size > devices)
+        mt_fatal("%d ranks need %d GPUs, this machine has %d\nhint: lower --nproc-per-node (ranks = TP x PP x DP)",
+                 r->ps.world_size, r->ps.world_size, devices);
+    r->device = r->ps.rank;
+    MT_CUDA_CHECK(cudaSetDevice(r->device));
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    r->stream = (void *)stream;
+    const mt_config *cfg = r->cfg;
+    r->bf16 = cfg->train.bf16;
+    r->gemm_impl = cfg->train.gemm[0] ? (int)mt_gemm_impl_parse(cfg->train.gemm) : (int)mt_gemm_impl_for_precision(r->bf16);
+}
+
+// an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend
+// hands it to the others, and every member joins (ncclCommInitRank blocks until all have)
+static void mt__gpu_nccl_join(mt_rank *r, mt_comm *c) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
+    mt_broadcast(c, (float *)(void *)&id, sizeof id / sizeof(float), 0);   // host memory, threads backend
+    ncclComm_t comm;
+    MT_NCCL_CHECK(ncclCommInitRank(&comm, c->size, id, c->rank));
+    c->nccl = (void *)comm;
+    c->stream = r->stream;
+}
+static void mt__gpu_comms_setup(mt_rank *r, mt_world *w) {
+    (void)w;
+    // every rank joins its groups in the same order (tp, dp, embd), so no two wait on each other
+    if (r->tp.size > 1) mt__gpu_nccl_join(r, &r->tp);
+    if (r->dp.size > 1) mt__gpu_nccl_join(r, &r->dp);
+    if (r->ps.in_embedding_group) mt__gpu_nccl_join(r, &r->embd);
+}
+static void mt__gpu_rank_teardown(mt_rank *r) {
+    mt_comm *comms[3] = {&r->tp, &r->dp, &r->embd};
+    for (int i = 0; i < 3; i++)
+        if (comms[i]->nccl) { MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)comms[i]->nccl)); comms[i]->nccl = NULL; }
+    if (r->stream) MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)r->stream));
+    r->stream = NULL;
+}
+#endif
+// =============================================================================================
+// 4. TENSOR-PARALLEL LAYERS
+// =============================================================================================
+// Mirrors megatron/core/tensor_parallel/{layers.py, mappings.py, cross_entropy.py}.
+// Megatron-LM paper (Shoeybi et al., 2019), section 3. Two conjugate operators carry all the
+// communication of tensor parallelism:
+//
+//    op                        | forward            | backward
+//    --------------------------+--------------------+-------------------
+//    f  mt_copy_to_tp_region   | identity           | all-reduce(dX)
+//    g  mt_reduce_from_tp_region| all-reduce(Y)     | identity
+//
+// A transformer MLP (and likewise attention) is f -> column-parallel -> row-parallel -> g:
+//
+//            X (B,T,C), identical on every TP rank
+//                 | f: identity fwd, all-reduce(dX) bwd
+//        +--------+--------+
+//  rank0: H0 = gelu(X A0)      rank1: H1 = gelu(X A1)    A = [A0 | A1]   (B,T,F/tp) each, no comm
+//  rank0: Z0 = H0 W0           rank1: Z1 = H1 W1         W = [W0 ; W1]   (B,T,C) partial sums
+//  (the paper calls W "B"; renamed so it can't be confused with batch size B)
+//        +--------+--------+
+//                 | g: all-reduce(Z) fwd, identity bwd
+//            Z = Z0 + Z1 + bias   (bias added once, after the reduce)
+//
+// Backward, the same picture read upwards: dZ arrives whole on every rank (g's backward is
+// identity), each rank computes dH_r = dZ W_r^T, dA_r, dW_r with no communication, and the
+// partial input gradients dX_r = dH'_r A_r^T are summed by f's backward: dX = sum_r dX_r.
+// Our backward is written out by hand, so f's backward and g's forward are the same call.
+
+// g forward / f backward: sum a (B,T,C) tensor over the TP group (nothing to do when TP = 1)
+static void mt__tp_all_reduce(mt_rank *r, float *x, size_t n) {
+    if (r->ps.tp_size > 1) mt_all_reduce(&r->tp, x, n, MT_SUM);
+}
+void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n) { mt__tp_all_reduce(r, y, n); }
+void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all_reduce(r, dx, n); }
+
+// ---------------------------------------------------------------------------------------------
+// column-parallel linear: Y_r = X A_r + b_r   (no communication forward)
+// math: Y = X @ A, A is (K, OC), split by COLUMNS A = [A_0 | A_1 | ...];
+// stored: weight is (OC_tp, K) = A_r^T, this rank's rows of the (OC, K) weight
+// inp (BT, K) whole on every rank, out (BT, OC_tp) this rank's columns
+void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                       const float *bias, int BT, int K, int OC_tp) {
+    mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
+}
+// backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
+// dinp is written ('='): zeroed here, filled with this rank's part, then all-reduced.
+void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *weight, int BT, int K, int OC_tp) {
+    mt_buffer_zero(r, dinp, (size_t)BT * K);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
+    mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
+}
+
+// ---------------------------------------------------------------------------------------------
+// row-parallel linear: Y = sum_r X_r W_r + b   (all-reduce forward)
+// math: Y = X @ W, W is (K, OC), split by ROWS W = [W_0 ; W_1 ; ...], X = [X_0 | X_1 | ...];
+// stored: weight is (OC, K_tp), this rank's columns of the (OC, K) weight
+// inp (BT, K_tp) this rank's slice, out (BT, OC) whole on every rank after the reduce
+void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                    const float *bias, int BT, int K_tp, int OC) {
+    mt_matmul_forward(r, out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
+    mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
+    mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
+}
+// backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
+// dW_r = X_r^T dY and db = sum dY are all local. db is the same on every TP rank.
+// dinp is written ('=').
+void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int BT, int K_tp, int OC) {
+    mt_buffer_zero(r, dinp, (size_t)BT * K_tp);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
+}
+
+// ---------------------------------------------------------------------------------------------
+// vocab-parallel embedding: rank r holds rows [r*Vp_tp, (r+1)*Vp_tp) of wte.
+// forward: each rank looks up the tokens it owns (zeros elsewhere), then g: all-reduce, so
+// every rank has the full embedding; then positions are added (wpe is replicated).
+// writes out ('='), (B,T,C)
+void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe) {
+    int B = r->B, T = r->T, C = r->C;
+    mt_embedding_forward(r, out, tokens, wte, B, T, C, r->vocab_start, r->Vp_tp);
+    mt_reduce_from_tp_region_forward(r, out, (size_t)B * T * C);
+    mt_position_embedding_forward(r, out, wpe, B, T, C);
+}
+// backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows
+void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
+    mt_embedding_backward(r, dwte, dout, tokens, r->B, r->T, r->C, r->vocab_start, r->Vp_tp);
+    mt_position_embedding_backward(r, dwpe, dout, r->B, r->T, r->C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py): the logits
+// stay split by vocabulary column; only three (B,T) vectors cross ranks:
+//   m   = all-reduce MAX of each rank's row max
+//   S   = all-reduce SUM of each rank's sum exp(l - m)
+//   l_y = all-reduce SUM of the target's logit (only its owner contributes, the others add 0)
+// loss = log S + m - l_y. The gradient softmax - onehot is local to each rank's columns.
+// Padding columns (>= V) are left out of the softmax, so the loss does not depend on how
+// much padding TP adds. (Megatron keeps them in; their logits just learn to be very small.)
+// dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
+void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
+                                             int want_grad) {
+    int BT = r->B * r->T, V = r->cfg->model.vocab_size;
+    mt_scratch *s = &r->scratch;
+    mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->Vp_tp, r->vocab_start, V);
+    if (r->ps.tp_size > 1) mt_all_reduce(&r->tp, s->ce_max, (size_t)BT, MT_MAX);
+    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->Vp_tp, r->vocab_start, V);
+    if (r->ps.tp_size > 1) {
+        mt_all_reduce(&r->tp, s->ce_sum, (size_t)BT, MT_SUM);
+        mt_all_reduce(&r->tp, s->ce_target, (size_t)BT, MT_SUM);
+    }
+    mt_cross_entropy_finish(r, losses, want_grad ? logits : NULL, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
+                            r->Vp_tp, r->vocab_start, V, dloss);
+}
+
+// =============================================================================================
+// 5. GPT MODEL (layout, forward, backward)
+// =============================================================================================
+// Mirrors megatron/core/models/gpt/gpt_model.py and transformer_layer.py, as llm.c's
+// train_gpt2.c lays it out: one buffer of parameters carved into named tensors, one of
+// gradients carved the same way, activations per in-flight micro-batch.
+//   x = dropout(wte[tokens] + wpe)                              (first stage)
+//   per layer:  x = x + dropout(proj(attn(ln1(x))));  x = x + dropout(fcproj(gelu(fc(ln2(x)))))
+//   loss = cross_entropy(ln_f(x) @ wte^T, targets)              (last stage; wte is tied)
+
+int mt_local_to_global_layer(const mt_rank *r, int l) {
+    // interleaved: chunk c of stage s holds layers (c*PP + s)*lpc .. (megatron's get_transformer_layer_offset)
+    int lpc = r->layers_per_chunk;
+    int c = l / lpc, j = l % lpc;
+    return (c * r->ps.pp_size + r->ps.pp_rank) * lpc + j;
+}
+
+// one carve for parameters, gradients and both AdamW moments: the order here is the order
+// in memory and in checkpoints. Returns the number of floats.
+static size_t mt__carve_params(mt_rank *r, mt_params *p, float *base, int fill_specs) {
+    const mt_config *cfg = r->cfg;
+    int C = r->C, C_tp = r->C_tp, F_tp = r->F_tp, Ll = r->L_local;
+    int C3 = 3 * C, F = cfg->model.ffn_hidden_size;
+    int first = r->ps.is_first_stage, last = r->ps.is_last_stage;
+    // name, pointer, layers, local rows, cols, global rows, cols, split, no_decay, tp_replicated, present
+    mt_param_spec table[MT_NUM_PARAM_TENSORS] = {
+        {"wte", &p->wte, 0, 0, r->Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last},
+        {"wpe", &p->wpe, 0, 0, cfg->model.max_position_embeddings, C, cfg->model.max_position_embeddings, C, MT_SPLIT_NONE, 0, 1, first},
+        {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"ln1b", &p->ln1b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"qkvw", &p->qkvw, 0, Ll, 3 * C_tp, C, C3, C, MT_SPLIT_QKV, 0, 0, 1},
+        {"qkvb", &p->qkvb, 0, Ll, 3 * C_tp, 1, C3, 1, MT_SPLIT_QKV, 1, 0, 1},
+        {"attprojw", &p->attprojw, 0, Ll, C, C_tp, C, C, MT_SPLIT_COLS, 0, 0, 1},
+        {"attprojb", &p->attprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"ln2w", &p->ln2w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"ln2b", &p->ln2b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"fcw", &p->fcw, 0, Ll, F_tp, C, F, C, MT_SPLIT_ROWS, 0, 0, 1},
+        {"fcb", &p->fcb, 0, Ll, F_tp, 1, F, 1, MT_SPLIT_ROWS, 1, 0, 1},
+        {"fcprojw", &p->fcprojw, 0, Ll, C, F_tp, C, F, MT_SPLIT_COLS, 0, 0, 1},
+        {"fcprojb", &p->fcprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
+        {"lnfw", &p->lnfw, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last},
+        {"lnfb", &p->lnfb, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last},
+    };
+    size_t offset = 0;
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        mt_param_spec *s = &table[i];
+        size_t n = s->present ? (size_t)(s->layers ? s->layers : 1) * s->rows * s->cols : 0;
+        s->offset = offset;
+        *s->ptr = (s->present && base) ? base + offset : NULL;
+        offset += n;
+        if (fill_specs) r->specs[i] = *s;
+    }
+    return offset;
+}
+
+static size_t mt__spec_numel(const mt_param_spec *s) {
+    return s->present ? (size_t)(s->layers ? s->layers : 1) * s->rows * s->cols : 0;
+}
+
+// where local element (row, col) of layer tensor s lives in the global (grows, gcols) tensor;
+// returns 0 for padded vocabulary rows, which exist only locally.
+static int mt__global_coords(const mt_rank *r, const mt_param_spec *s, int row, int col, int *grow, int *gcol) {
+    int tp = r->ps.tp_rank;
+    *grow = row;
+    *gcol = col;
+    switch (s->split) {
+    case MT_SPLIT_NONE: break;
+    case MT_SPLIT_ROWS: *grow = tp * s->rows + row; break;
+    case MT_SPLIT_COLS: *gcol = tp * s->cols + col; break;
+    case MT_SPLIT_QKV: {
+        int part = row / r->C_tp, within = row % r->C_tp;      // 0 = Q, 1 = K, 2 = V
+        *grow = part * r->C + tp * r->C_tp + within;
+        break;
+    }
+    case MT_SPLIT_VOCAB:
+        *grow = tp * s->rows + row;
+        if (*grow >= s->grows) return 0;
+        break;
+    }
+    return 1;
+}
+
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int global_layers, int dir) {
+    const float *base = r->params_memory + s->offset;
+    int nl = s->layers ? s->layers : 1;
+    size_t gsize = (size_t)s->grows * s->gcols;
+    (void)global_layers;
+    for (int l = 0; l < nl; l++) {
+        int gl = s->layers ? mt_local_to_global_layer(r, l) : 0;
+        for (int row = 0; row < s->rows; row++)
+            for (int col = 0; col < s->cols; col++) {
+                int grow, gcol;
+                size_t li = ((size_t)l * s->rows + row) * s->cols + col;
+                if (!mt__global_coords(r, s, row, col, &grow, &gcol)) continue;
+                float *g = global_tensor + (size_t)gl * gsize + (size_t)grow * s->gcols + gcol;
+                if (dir == 0) *g = base[li];
+                else ((float *)base)[li] = *g;
+            }
+    }
+}
+
+// Initialisation as Megatron's: normal(0, std) for weights, std/sqrt(2L) for the two output
+// projections (GPT-2's scaled init), ones for layernorm weights, zeros for biases.
+// Each value is drawn from the counter-based generator keyed on (seed, tensor, global layer,
+// global element index): like Megatron's _initialize_affine_weight_cpu (init the whole master
+// weight, keep my slice) but without materialising the whole tensor.
+static void mt__init_params(mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    float std = cfg->model.init_method_std;
+    float out_std = std / sqrtf(2.0f * (float)cfg->model.num_layers);
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = &r->specs[i];
+        if (!s->present) continue;
+        float *base = r->params_memory + s->offset;
+        int is_ln_weight = strcmp(s->name, "ln1w") == 0 || strcmp(s->name, "ln2w") == 0 || strcmp(s->name, "lnfw") == 0;
+        int is_bias = s->no_decay && !is_ln_weight;
+        float tensor_std = (strcmp(s->name, "attprojw") == 0 || strcmp(s->name, "fcprojw") == 0) ? out_std : std;
+        int nl = s->layers ? s->layers : 1;
+        for (int l = 0; l < nl; l++) {
+            int gl = s->layers ? mt_local_to_global_layer(r, l) : 0;
+            for (int row = 0; row < s->rows; row++)
+                for (int col = 0; col < s->cols; col++) {
+                    size_t li = ((size_t)l * s->rows + row) * s->cols + col;
+                    int grow, gcol;
+                    if (!mt__global_coords(r, s, row, col, &grow, &gcol)) { base[li] = 0.0f; continue; }
+                    if (is_ln_weight) base[li] = 1.0f;
+                    else if (is_bias) base[li] = 0.0f;
+                    else base[li] = tensor_std * mt_rand_normal(cfg->train.seed, 0x1417 + (uint64_t)i, (uint64_t)gl, 0,
+                                                                (uint64_t)grow * s->gcols + gcol);
+                }
+        }
+    }
+}
+
+// activations of one micro-batch, carved from one buffer (NULL base: just count)
+static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *base) {
+    size_t B = r->B, T = r->T, C = r->C, Ll = r->L_local, vp = r->ps.vp_size;
+    size_t BT = B * T;
+    int last = r->ps.is_last_stage;
+    struct { float **ptr; size_t n; } carve[] = {
+        {&a->input, vp * BT * C},
+        {&a->ln1, Ll * BT * C}, {&a->ln1_mean, Ll * BT}, {&a->ln1_rstd, Ll * BT},
+        {&a->qkv, Ll * BT * 3 * r->C_tp}, {&a->atty, Ll * BT * r->C_tp},
+        {&a->att, Ll * B * r->NH_tp * T * (size_t)r->att_row},
+        {&a->residual2, Ll * BT * C},
+        {&a->ln2, Ll * BT * C}, {&a->ln2_mean, Ll * BT}, {&a->ln2_rstd, Ll * BT},
+        {&a->fch, Ll * BT * r->F_tp}, {&a->fch_gelu, Ll * BT * r->F_tp},
+        {&a->residual3, Ll * BT * C},
+        {&a->lnf, last ? BT * C : 0}, {&a->lnf_mean, last ? BT : 0}, {&a->lnf_rstd, last ? BT : 0},
+        {&a->logits, last ? BT * (size_t)r->Vp_tp : 0}, {&a->losses, last ? BT : 0},
+    };
+    size_t offset = 0;
+    for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
+        *carve[i].ptr = (base && carve[i].n) ? base + offset : NULL;
+        offset += carve[i].n;
+    }
+    return offset;
+}
+
+static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
+    size_t BT = (size_t)r->B * r->T, C = r->C;
+    struct { float **ptr; size_t n; } carve[] = {
+        {&s->out_c, BT * C}, {&s->dresidual, BT * C}, {&s->dln, BT * C},
+        {&s->dqkv, BT * 3 * r->C_tp}, {&s->datty, BT * r->C_tp},
+        {&s->dfch, BT * r->F_tp}, {&s->dfch_gelu, BT * r->F_tp}, {&s->dp_row, (size_t)r->T},
+        {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
+    };
+    size_t offset = 0;
+    for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
+        *carve[i].ptr = base ? base + offset : NULL;
+        offset += carve[i].n;
+    }
+    return offset;
+}
+
+// ---------------------------------------------------------------------------------------------
+// one transformer layer, forward. x (B,T,C) is the layer's input (saved, not copied).
+static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
+    const mt_config *cfg = r->cfg;
+    int B = r->B, T = r->T, C = r->C, BT = B * T, C_tp = r->C_tp, F_tp = r->F_tp;
+    mt_params *p = &r->params;
+    int gl = mt_local_to_global_layer(r, l);
+    // this layer's parameters and saved activations (llm.c's l_ names)
+    float *l_ln1w = p->ln1w + (size_t)l * C, *l_ln1b = p->ln1b + (size_t)l * C;
+    float *l_qkvw = p->qkvw + (size_t)l * 3 * C_tp * C, *l_qkvb = p->qkvb + (size_t)l * 3 * C_tp;
+    float *l_attprojw = p->attprojw + (size_t)l * C * C_tp, *l_attprojb = p->attprojb + (size_t)l * C;
+    float *l_ln2w = p->ln2w + (size_t)l * C, *l_ln2b = p->ln2b + (size_t)l * C;
+    float *l_fcw = p->fcw + (size_t)l * F_tp * C, *l_fcb = p->fcb + (size_t)l * F_tp;
+    float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
+    float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
+    float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
+    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
+    float *l_residual2 = a->residual2 + (size_t)l * BT * C;
+    float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
+    float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
+    float *l_residual3 = a->residual3 + (size_t)l * BT * C;
+    float *out_c = r->scratch.out_c;
+    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->iteration, (uint64_t)(gl + 1) * 8 + 1,
+                            r->training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C};
+    mt_dropout hid_drop = attn_drop;
+    hid_drop.p = r->training ? cfg->model.hidden_dropout : 0.0f;
+
+    // attention block
+    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T, C);
+    mt_column_parallel_linear_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
+    mt_attention_forward(r, l_atty, l_att, l_qkv, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
+                             cfg->model.num_attention_heads);
+    mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
+    hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
+    mt_dropout_forward(r, out_c, &hid_drop, B);
+    mt_residual_forward(r, l_residual2, x, out_c, (size_t)BT * C);
+    // MLP block
+    mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T, C);
+    mt_column_parallel_linear_forward(r, l_fch, l_ln2, l_fcw, l_fcb, BT, C, F_tp);
+    mt_gelu_forward(r, l_fch_gelu, l_fch, (size_t)BT * F_tp);
+    mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
+    hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
+    mt_dropout_forward(r, out_c, &hid_drop, B);
+    mt_residual_forward(r, l_residual3, l_residual2, out_c, (size_t)BT * C);
+}
+
+// one transformer layer, backward. On entry scratch.dresidual holds dL/d(residual3);
+// on exit it holds dL/dx. x is the layer's forward input.
+static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
+    const mt_config *cfg = r->cfg;
+    int B = r->B, T = r->T, C = r->C, BT = B * T, C_tp = r->C_tp, F_tp = r->F_tp;
+    mt_params *p = &r->params, *g = &r->grads;
+    mt_scratch *s = &r->scratch;
+    int gl = mt_local_to_global_layer(r, l);
+    float *l_ln1w = p->ln1w + (size_t)l * C;
+    float *l_qkvw = p->qkvw + (size_t)l * 3 * C_tp * C;
+    float *l_attprojw = p->attprojw + (size_t)l * C * C_tp;
+    float *l_ln2w = p->ln2w + (size_t)l * C;
+    float *l_fcw = p->fcw + (size_t)l * F_tp * C;
+    float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp;
+    float *dl_ln1w = g->ln1w + (size_t)l * C, *dl_ln1b = g->ln1b + (size_t)l * C;
+    float *dl_qkvw = g->qkvw + (size_t)l * 3 * C_tp * C, *dl_qkvb = g->qkvb + (size_t)l * 3 * C_tp;
+    float *dl_attprojw = g->attprojw + (size_t)l * C * C_tp, *dl_attprojb = g->attprojb + (size_t)l * C;
+    float *dl_ln2w = g->ln2w + (size_t)l * C, *dl_ln2b = g->ln2b + (size_t)l * C;
+    float *dl_fcw = g->fcw + (size_t)l * F_tp * C, *dl_fcb = g->fcb + (size_t)l * F_tp;
+    float *dl_fcprojw = g->fcprojw + (size_t)l * C * F_tp, *dl_fcprojb = g->fcprojb + (size_t)l * C;
+    float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
+    float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
+    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
+    float *l_residual2 = a->residual2 + (size_t)l * BT * C;
+    float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
+    float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
+    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->iteration, (uint64_t)(gl + 1) * 8 + 1,
+                            cfg->model.attention_dropout, sample_offset, T, C};
+    mt_dropout hid_drop = attn_drop;
+    hid_drop.p = cfg->model.hidden_dropout;
+    size_t BTC = (size_t)BT * C;
+
+    // MLP block. forward was: residual3 = residual2 + dropout(fcproj(gelu(fc(ln2(residual2)))))
+    // the residual passes dresidual through unchanged; the branch gets a copy
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
+    hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
+    mt_dropout_backward(r, s->out_c, &hid_drop, B);
+    mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp, C);
+    mt_buffer_zero(r, s->dfch, (size_t)BT * F_tp);
+    mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
+    mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
+    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T, C);
+    // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
+    hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
+    mt_dropout_backward(r, s->out_c, &hid_drop, B);
+    mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
+    mt_buffer_zero(r, s->dqkv, (size_t)BT * 3 * C_tp);
+    mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_att, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
+                              cfg->model.num_attention_heads, s->dp_row);
+    mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);
+    mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T, C);
+}
+
+// the embedding (first virtual stage) and the head (last virtual stage)
+static int mt__is_first_virtual(const mt_rank *r, int chunk) { return r->ps.is_first_stage && chunk == 0; }
+static int mt__is_last_virtual(const mt_rank *r, int chunk) { return r->ps.is_last_stage && chunk == r->ps.vp_size - 1; }
+
+static void mt__embedding_forward(mt_rank *r, mt_activations *a) {
+    const mt_config *cfg = r->cfg;
+    mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->params.wte, r->params.wpe);
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, r->training ? cfg->model.hidden_dropout : 0.0f,
+                    a->sample_offset, r->T, r->C};
+    mt_dropout_forward(r, a->input, &d, r->B);
+}
+static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
+    const mt_config *cfg = r->cfg;
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, cfg->model.hidden_dropout, a->sample_offset, r->T, r->C};
+    mt_dropout_backward(r, r->scratch.dresidual, &d, r->B);
+    mt_vocab_parallel_embedding_backward(r, r->grads.wte, r->grads.wpe, r->scratch.dresidual, a->tokens);
+}
+
+// head: lnf = ln_f(x); logits = lnf @ wte^T (column-parallel over the vocabulary); loss.
+// dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP).
+static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
+    int B = r->B, T = r->T, C = r->C, BT = B * T;
+    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->params.lnfw, r->params.lnfb, B, T, C);
+    mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->params.wte, NULL, BT, C, r->Vp_tp);
+    float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
+    mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
+    mt_buffer_download(r, r->host_losses, a->losses, (size_t)BT * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += r->host_losses[i];
+    r->loss_sum += sum / BT;
+}
+static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
+    int B = r->B, T = r->T, C = r->C, BT = B * T;
+    mt_scratch *s = &r->scratch;
+    // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
+    mt_column_parallel_linear_backward(r, s->dln, r->grads.wte, NULL, a->logits, a->lnf, r->params.wte, BT, C, r->Vp_tp);
+    mt_buffer_zero(r, s->dresidual, (size_t)BT * C);
+    mt_layernorm_backward(r, s->dresidual, r->grads.lnfw, r->grads.lnfb, s->dln, x, r->params.lnfw, a->lnf_mean,
+                              a->lnf_rstd, B, T, C);
+}
+
+// the input and output of chunk c's layers
+static float *mt__chunk_input(const mt_rank *r, mt_activations *a, int chunk) {
+    return a->input + (size_t)chunk * r->B * r->T * r->C;
+}
+static float *mt__layer_input(const mt_rank *r, mt_activations *a, int l) {
+    int lpc = r->layers_per_chunk;
+    if (l % lpc == 0) return mt__chunk_input(r, a, l / lpc);
+    return a->residual3 + (size_t)(l - 1) * r->B * r->T * r->C;
+}
+static float *mt__chunk_output(const mt_rank *r, mt_activations *a, int chunk) {
+    int last_layer = (chunk + 1) * r->layers_per_chunk - 1;
+    return a->residual3 + (size_t)last_layer * r->B * r->T * r->C;
+}
+
+// forward of one model chunk for one micro-batch; its input is already in place
+static void mt__forward_chunk(mt_rank *r, mt_activations *a, int chunk) {
+    if (mt__is_first_virtual(r, chunk)) mt__embedding_forward(r, a);
+    for (int j = 0; j < r->layers_per_chunk; j++) {
+        int l = chunk * r->layers_per_chunk + j;
+        mt__layer_forward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
+    }
+    if (mt__is_last_virtual(r, chunk)) mt__head_forward(r, a, mt__chunk_output(r, a, chunk), r->training);
+}
+// backward of one model chunk; scratch.dresidual holds dL/d(chunk output) unless this is the
+// last virtual stage (then the head starts it). On exit it holds dL/d(chunk input).
+static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
+    if (mt__is_last_virtual(r, chunk)) mt__head_backward(r, a, mt__chunk_output(r, a, chunk));
+    for (int j = r->layers_per_chunk - 1; j >= 0; j--) {
+        int l = chunk * r->layers_per_chunk + j;
+        mt__layer_backward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
+    }
+    if (mt__is_first_virtual(r, chunk)) mt__embedding_backward(r, a);
+}
+// =============================================================================================
+// 6. OPTIMIZER, CLIPPING, LEARNING RATE
+// =============================================================================================
+// Mirrors megatron/core/optimizer (clip_grads.py) and optimizer_param_scheduler.py.
+
+// Megatron's OptimizerParamScheduler.get_lr, with steps counted in iterations:
+//   warm-up:  lr = max_lr * step / warmup_steps                     for step <= warmup_steps
+//   then      ratio = (step - warmup) / (decay_steps - warmup)
+//             constant: max_lr;  linear: min + (max - min)(1 - ratio);
+//             cosine:   min + (max - min) * 0.5 (cos(pi * ratio) + 1)
+//   after decay_steps: min_lr.
+// Iteration i (1-based) trains with lr(i - 1); Megatron logs the value after its scheduler
+// stepped, lr(i), and so do we.
+float mt_learning_rate(const mt_config *cfg, int step) {
+    double max_lr = cfg->train.lr, min_lr = cfg->train.min_lr;
+    double warmup = cfg->lr_warmup_steps;
+    int decay = cfg->lr_decay_steps;
+    if (warmup > 0 && step <= warmup) return (float)(max_lr * (double)step / warmup);
+    if (strcmp(cfg->train.lr_decay_style, "constant") == 0) return (float)max_lr;
+    if (step > decay) return (float)min_lr;
+    double ratio = ((double)step - warmup) / ((double)decay - warmup);
+    double coeff = strcmp(cfg->train.lr_decay_style, "linear") == 0 ? 1.0 - ratio : 0.5 * (cos(3.141592653589793 * ratio) + 1.0);
+    return (float)(min_lr + coeff * (max_lr - min_lr));
+}
+
+// The global gradient norm, counting every parameter of the model exactly once:
+//   - TP-replicated tensors (layernorms, row-parallel biases, wpe) only on tp_rank 0,
+//   - the LM head's copy of wte on the last stage (PP > 1) not at all (the first stage's counts),
+// then summed over the model-parallel group (all TP and PP ranks of my replica). DP replicas
+// hold the same gradients after the all-reduce, so they all compute the same norm.
+static double mt__grad_norm(mt_rank *r) {
+    double sumsq = 0.0;
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = &r->specs[i];
+        if (!s->present) continue;
+        if (s->tp_replicated && r->ps.tp_rank != 0) continue;
+        if (strcmp(s->name, "wte") == 0 && r->ps.pp_size > 1 && !r->ps.is_first_stage) continue;
+        sumsq += mt_buffer_sum_squares(r, r->grads_memory + s->offset, mt__spec_numel(s));
+    }
+    if (r->mp.size > 1) mt_all_reduce_double(&r->mp, &sumsq, 1, MT_SUM);
+    return sqrt(sumsq);
+}
+
+// =============================================================================================
+// 7. DATA PARALLEL
+// =============================================================================================
+// Mirrors megatron/core/distributed/distributed_data_parallel.py (without overlap): after the
+// last micro-batch's backward, the gradient buffer is all-reduced over the DP group bucket by
+// bucket (--ddp-bucket-size elements each). The loss gradient was already scaled by 1/DP, so
+// the sum is the mean over replicas. Then the embedding group (first and last stage, PP > 1)
+// sums its two copies of dwte, so the tied weights stay tied (Megatron's
+// _allreduce_embedding_grads).
+static void mt__finish_grad_sync(mt_rank *r) {
+    if (r->ps.dp_size > 1) {
+        size_t bucket = r->cfg->parallel.ddp_bucket_size > 0 ? (size_t)r->cfg->parallel.ddp_bucket_size : r->num_params;
+        for (size_t off = 0; off < r->num_params; off += bucket) {
+            size_t n = r->num_params - off < bucket ? r->num_params - off : bucket;
+            mt_all_reduce(&r->dp, r->grads_memory + off, n, MT_SUM);
+        }
+    }
+    if (r->ps.in_embedding_group) {
+        const mt_param_spec *s = &r->specs[0];   // wte
+        mt_all_reduce(&r->embd, r->grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
+    }
+}
+
+// =============================================================================================
+// 8. PIPELINE SCHEDULES & TRAIN STEP
+// =============================================================================================
+// Mirrors megatron/core/pipeline_parallel/schedules.py. A schedule is written here as the list
+// of steps one stage performs, in order: F(mb, chunk) or B(mb, chunk). One executor runs any
+// list: a forward first receives its input from the previous (virtual) stage unless it is the
+// very first, and sends its output on unless it is the very last; a backward receives the
+// output gradient from the next stage and sends its input gradient back. Sends are buffered
+// (CPU threads backend), so any list whose steps respect the data dependencies runs without
+// deadlock; the schedule decides only *when* each stage does what, i.e. the bubble and how
+// many micro-batches' activations are alive at once.
+
+typedef struct { char kind; int mb; int chunk; } mt_sched_step;   // kind 'F' or 'B'
+
+static int mt__push(mt_sched_step *out, int n, char kind, int mb, int chunk) {
+    out[n].kind = kind;
+    out[n].mb = mb;
+    out[n].chunk = chunk;
+    return n + 1;
+}
+
+// no pipelining (forward_backward_no_pipelining): F0 B0 F1 B1 ... gradient accumulation
+int mt_schedule_no_pipelining(int m, mt_sched_step *out) {
+    int n = 0;
+    for (int i = 0; i < m; i++) { n = mt__push(out, n, 'F', i, 0); n = mt__push(out, n, 'B', i, 0); }
+    return n;
+}
+// all forward, all backward (GPipe): the simplest pipeline schedule; every micro-batch's
+// activations are alive at once. Kept as the baseline the 1F1B schedule improves on.
+int mt_schedule_afab(int m, mt_sched_step *out) {
+    int n = 0;
+    for (int i = 0; i < m; i++) n = mt__push(out, n, 'F', i, 0);
+    for (int i = 0; i < m; i++) n = mt__push(out, n, 'B', i, 0);
+    return n;
+}
+// 1F1B (forward_backward_pipelining_without_interleaving; PipeDream-Flush, Narayanan et al. 2021)
+// pp=4, m=6, F and B one slot each (really B takes about 2F); blanks are the bubble:
+//
+// stage 0 |F0 F1 F2 F3          B0 F4 B1 F5 B2    B3    B4    B5
+// stage 1 |   F0 F1 F2       B0 F3 B1 F4 B2 F5 B3    B4    B5
+// stage 2 |      F0 F1    B0 F2 B1 F3 B2 F4 B3 F5 B4    B5
+// stage 3 |         F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5
+//          warmup: stage s runs pp-s-1 forwards | steady: 1F then 1B | cooldown: the remaining B's
+//
+// A stage holds at most pp - s micro-batches' activations (AFAB: all m). The bubble is
+// (p-1)/(m+p-1) of the time in both.
+int mt_schedule_1f1b(int m, int pp_size, int pp_rank, mt_sched_step *out) {
+    int n = 0;
+    int num_warmup = pp_size - pp_rank - 1;
+    if (num_warmup > m) num_warmup = m;
+    int num_steady = m - num_warmup;
+    // warmup
+    for (int i = 0; i < num_warmup; i++) n = mt__push(out, n, 'F', i, 0);
+    // steady 1F1B
+    for (int i = 0; i < num_steady; i++) {
+        n = mt__push(out, n, 'F', num_warmup + i, 0);
+        n = mt__push(out, n, 'B', i, 0);
+    }
+    // cooldown
+    for (int i = num_steady; i < m; i++) n = mt__push(out, n, 'B', i, 0);
+    return n;
+}
+// interleaved 1F1B (forward_backward_pipelining_with_interleaving; Narayanan et al. 2021, sec 2.2)
+// Each stage holds vp model chunks; micro-batches go through chunk 0 of every stage, then chunk 1
+// of every stage, ... Forward step k of a stage works on chunk (k / pp) % vp of micro-batch
+// (k / (pp*vp)) * pp + k % pp: groups of pp micro-batches per chunk. The bubble shrinks by vp.
+static int mt__interleaved_chunk(int k, int pp, int vp, int forward) {
+    int c = (k / pp) % vp;
+    return forward ? c : vp - 1 - c;
+}
+static int mt__interleaved_mb(int k, int pp, int vp) { return (k / (pp * vp)) * pp + k % pp; }
+int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sched_step *out) {
+    int n = 0, total = m * vp;
+    int num_warmup;
+    if (m == pp_size) num_warmup = total;   // Megatron: all forwards first when m == pp
+    else {
+        num_warmup = (pp_size - pp_rank - 1) * 2 + (vp - 1) * pp_size;
+        if (num_warmup > total) num_warmup = total;
+    }
+    int num_steady = total - num_warmup;
+    // warmup
+    for (int k = 0; k < num_warmup; k++)
+        n = mt__push(out, n, 'F', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 1));
+    // steady 1F1B
+    for (int k = 0; k < num_steady; k++) {
+        int kf = num_warmup + k;
+        n = mt__push(out, n, 'F', mt__interleaved_mb(kf, pp_size, vp), mt__interleaved_chunk(kf, pp_size, vp, 1));
+        n = mt__push(out, n, 'B', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+    }
+    // cooldown
+    for (int k = num_steady; k < total; k++)
+        n = mt__push(out, n, 'B', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+    return n;
+}
+// forward only (evaluation): each micro-batch through every chunk in turn
+int mt_schedule_forward_only(int m, int vp, mt_sched_step *out) {
+    int n = 0;
+    for (int i = 0; i < m; i++)
+        for (int c = 0; c < vp; c++) n = mt__push(out, n, 'F', i, c);
+    return n;
+}
+/* the schedule a stage runs in a training step, chosen as Megatron's get_forward_backward_func */
+int mt_schedule_for(const mt_config *cfg, int pp_rank, mt_sched_step *out) {
+    int m = cfg->num_microbatches, pp = cfg->parallel.pipeline_model_parallel_size;
+    if (pp == 1) return mt_schedule_no_pipelining(m, out);
+    if (cfg->virtual_pipeline_size > 1) return mt_schedule_1f1b_interleaved(m, pp, pp_rank, cfg->virtual_pipeline_size, out);
+    return mt_schedule_1f1b(m, pp, pp_rank, out);
+}
+
+// The pipeline as a time line: every stage runs its list; a step may start once its input
+// has arrived (the producing step finished) and the stage is free. F takes f_cost slots and
+// B takes b_cost. Fills start[stage][i] and returns the makespan. Used by --print-schedule,
+// by the tests (every schedule finishes: no deadlock) and to size the activation slots.
+// Returns -1 if the lists deadlock.
+int mt_schedule_simulate(const mt_config *cfg, int f_cost, int b_cost, int **start_out, int *count_out) {
+    int pp = cfg->parallel.pipeline_model_parallel_size, vp = cfg->virtual_pipeline_size, m = cfg->num_microbatches;
+    int max_steps = 2 * m * vp;
+    mt_sched_step *lists = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)max_steps * pp, "schedule");
+    int *done_f = (int *)mt_malloc(sizeof(int) * (size_t)pp * vp * m, "schedule");  // finish time of F(stage, chunk, mb), -1 = not yet
+    int *done_b = (int *)mt_malloc(sizeof(int) * (size_t)pp * vp * m, "schedule");
+    for (int i = 0; i < pp * vp * m; i++) done_f[i] = done_b[i] = -1;
+    int *pos = (int *)mt_calloc((size_t)pp, sizeof(int), "schedule");
+    int *clock_ = (int *)mt_calloc((size_t)pp, sizeof(int), "schedule");
+    for (int s = 0; s < pp; s++) count_out[s] = mt_schedule_for(cfg, s, lists + (size_t)s * max_steps);
+    int makespan = 0, progress = 1;
+    while (progress) {
+        progress = 0;
+        for (int s = 0; s < pp; s++) {
+            while (pos[s] < count_out[s]) {
+                mt_sched_step st = lists[(size_t)s * max_steps + pos[s]];
+                int ready = 0;
+                if (st.kind == 'F') {
+                    int first = s == 0 && st.chunk == 0;
+                    int ps = s > 0 ? s - 1 : pp - 1, pc = s > 0 ? st.chunk : st.chunk - 1;
+                    ready = first ? 0 : done_f[(ps * vp + pc) * m + st.mb];
+                } else {
+                    int last = s == pp - 1 && st.chunk == vp - 1;
+                    int ns = s < pp - 1 ? s + 1 : 0, nc = s < pp - 1 ? st.chunk : st.chunk + 1;
+                    ready = last ? done_f[(s * vp + st.chunk) * m + st.mb] : done_b[(ns * vp + nc) * m + st.mb];
+                }
+                if (ready < 0) break;   // waits on another stage
+                int t0 = ready > clock_[s] ? ready : clock_[s];
+                start_out[s][pos[s]] = t0;
+                int t1 = t0 + (st.kind == 'F' ? f_cost : b_cost);
+                if (st.kind == 'F') done_f[(s * vp + st.chunk) * m + st.mb] = t1;
+                else done_b[(s * vp + st.chunk) * m + st.mb] = t1;
+                clock_[s] = t1;
+                if (t1 > makespan) makespan = t1;
+                pos[s]++;
+                progress = 1;
+            }
+        }
+    }
+    int finished = 1;
+    for (int s = 0; s < pp; s++) if (pos[s] < count_out[s]) finished = 0;
+    free(lists); free(done_f); free(done_b); free(pos); free(clock_);
+    return finished ? makespan : -1;
+}
+
+// --print-schedule: each stage's time line (F and B one slot each, as the picture above),
+// then the same with B = 2F, the bubble fraction (p-1)/(m+p-1) and the idle share it gives.
+void mt_print_schedule(const mt_config *cfg, FILE *f) {
+    int pp = cfg->parallel.pipeline_model_parallel_size, vp = cfg->virtual_pipeline_size, m = cfg->num_microbatches;
+    int max_steps = 2 * m * vp;
+    int **start = (int **)mt_malloc(sizeof(int *) * (size_t)pp, "schedule");
+    for (int s = 0; s < pp; s++) start[s] = (int *)mt_malloc(sizeof(int) * (size_t)max_steps, "schedule");
+    int *count = (int *)mt_malloc(sizeof(int) * (size_t)pp, "schedule");
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)max_steps, "schedule");
+    const char *name = pp == 1 ? "no pipelining" : vp > 1 ? "interleaved 1F1B" : "1F1B";
+    fprintf(f, "schedule: %s, PP=%d, %d micro-batches%s", name, pp, m, vp > 1 ? "" : "\n");
+    if (vp > 1) fprintf(f, ", %d chunks per stage (F3.1 = micro-batch 3, chunk 1)\n", vp);
+    for (int pass = 0; pass < 2; pass++) {
+        int fc = 1, bc = pass == 0 ? 1 : 2;
+        int makespan = mt_schedule_simulate(cfg, fc, bc, start, count);
+        if (makespan < 0) { fprintf(f, "the schedule deadlocks\n"); break; }
+        fprintf(f, "\n%s:\n", pass == 0 ? "time line, F and B one slot each" : "time line with B = 2F (closer to real)");
+        int busy_total = 0;
+        for (int s = 0; s < pp; s++) {
+            int n = mt_schedule_for(cfg, s, list);
+            int cell = vp > 1 ? 6 : 3;
+            char *line = (char *)mt_malloc((size_t)makespan * cell + 1, "schedule");
+            memset(line, ' ', (size_t)makespan * cell);
+            line[makespan * cell] = 0;
+            int busy = 0;
+            for (int i = 0; i < n; i++) {
+                char label[16];
+                if (vp > 1) snprintf(label, sizeof label, "%c%d.%d", list[i].kind, list[i].mb, list[i].chunk);
+                else snprintf(label, sizeof label, "%c%d", list[i].kind, list[i].mb);
+                int len = (int)strlen(label);
+                int cost = list[i].kind == 'F' ? fc : bc;
+                busy += cost;
+                memcpy(line + (size_t)start[s][i] * cell, label, (size_t)(len < cell * cost ? len : cell * cost));
+            }
+            size_t e = strlen(line);
+            while (e > 0 && line[e - 1] == ' ') line[--e] = 0;
+            fprintf(f, "stage %d |%s\n", s, line);
+            busy_total += busy;
+            free(line);
+        }
+        double idle = 1.0 - (double)busy_total / ((double)makespan * pp);
+        if (pass == 1) {
+            double bubble = (double)(pp - 1) / (double)(m * vp + pp - 1) * (vp > 1 ? 1.0 : 1.0);
+            if (vp > 1) bubble = (double)(pp - 1) / (double)vp / ((double)m + (double)(pp - 1) / vp);
+            fprintf(f, "bubble: (p-1)/(m+p-1)%s = %.3f of the time; idle share of this time line: %.3f\n",
+                    vp > 1 ? " with (p-1)/v for the interleaved schedule" : "", bubble, idle);
+        }
+    }
+    for (int s = 0; s < pp; s++) free(start[s]);
+    free(start); free(count); free(list);
+}
+
+// ---------------------------------------------------------------------------------------------
+// point-to-point: activations forward, gradients backward (megatron's p2p_communication.py)
+// A message is tagged with (kind, micro-batch, receiving chunk) so messages between the same
+// two stages can never be confused (with PP=2 and interleaving, stage 1 sends stage 0 both
+// activations, wrapping around to the next chunk, and gradients).
+static int mt__p2p_tag(int kind, int mb, int chunk) { return (kind * 65536 + mb) * 64 + chunk; }
+
+// The GPU build passes pipeline messages through host memory for now (device -> host, the
+// threads mailbox, host -> device): correct and simple; NCCL send/recv is the faster way.
+static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) {
+    double t0 = mt_time_seconds();
+#ifdef __CUDACC__
+    mt_recv(&r->pp, r->host_p2p, n, peer_stage, tag);
+    r->idle_seconds += mt_time_seconds() - t0;
+    mt_buffer_upload(r, buf, r->host_p2p, n * sizeof(float));
+#else
+    mt_recv(&r->pp, buf, n, peer_stage, tag);
+    r->idle_seconds += mt_time_seconds() - t0;
+#endif
+}
+static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
+#ifdef __CUDACC__
+    mt_buffer_download(r, r->host_p2p, buf, n * sizeof(float));
+    mt_send(&r->pp, r->host_p2p, n, peer_stage, tag);
+#else
+    mt_send(&r->pp, buf, n, peer_stage, tag);
+#endif
+}
+
+static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
+    for (int i = 0; i < r->num_slots; i++) if (r->slots[i].mb == mb) return &r->slots[i];
+    if (!create) mt_fatal("internal: no activations for micro-batch %d on rank %d", mb, r->ps.rank);
+    for (int i = 0; i < r->num_slots; i++)
+        if (r->slots[i].mb < 0) { r->slots[i].mb = mb; return &r->slots[i]; }
+    mt_fatal("internal: all %d activation slots are in use on rank %d", r->num_slots, r->ps.rank);
+    return NULL;
+}
+
+// run one step of a schedule
+static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
+    int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
+    size_t BTC = (size_t)r->B * r->T * r->C;
+    if (st.kind == 'F') {
+        int first_on_rank = st.chunk == 0;
+        mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);
+        if (first_on_rank) {
+            a->sample_offset = st.mb * r->B * r->ps.dp_size + r->ps.dp_rank * r->B;
+            batch(r, ctx, r->iteration, st.mb, r->host_tokens, r->host_targets);
+            size_t bytes = (size_t)r->B * r->T * sizeof(int);
+            mt_buffer_upload(r, a->tokens, r->host_tokens, bytes);
+            mt_buffer_upload(r, a->targets, r->host_targets, bytes);
+        }
+        if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
+            mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
+        mt__forward_chunk(r, a, st.chunk);
+        if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
+            int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
+            mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(0, st.mb, next_chunk));
+        }
+        if (last_forward_releases && st.chunk == vp - 1) a->mb = -1;
+    } else {
+        mt_activations *a = mt__slot_for(r, st.mb, 0);
+        if (!mt__is_last_virtual(r, st.chunk))
+            mt__recv(r, r->scratch.dresidual, BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(1, st.mb, st.chunk));
+        mt__backward_chunk(r, a, st.chunk);
+        if (!mt__is_first_virtual(r, st.chunk)) {
+            int prev_chunk = s > 0 ? st.chunk : st.chunk - 1;
+            mt__send(r, r->scratch.dresidual, BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(1, st.mb, prev_chunk));
+        }
+        if (st.chunk == 0) a->mb = -1;   // this micro-batch is done on this rank
+    }
+}
+
+// the mean loss of the global batch, known on every rank: the last stage's sum over its
+// micro-batches, averaged over DP, then shared along the pipeline
+static float mt__batch_loss(mt_rank *r) {
+    double loss = r->ps.is_last_stage ? r->loss_sum / (double)r->cfg->num_microbatches : 0.0;
+    if (r->ps.dp_size > 1) mt_all_reduce_double(&r->dp, &loss, 1, MT_SUM);
+    loss /= (double)r->ps.dp_size;
+    if (r->ps.pp_size > 1) mt_all_reduce_double(&r->pp, &loss, 1, MT_SUM);
+    return (float)loss;
+}
+
+mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
+    const mt_config *cfg = r->cfg;
+    mt_step_result res;
+    memset(&res, 0, sizeof res);
+    r->iteration = iteration;
+    r->training = 1;
+    r->loss_sum = 0.0;
+    r->idle_seconds = 0.0;
+    mt_buffer_zero(r, r->grads_memory, r->num_params);
+    // 1. forward and backward of every micro-batch, in the order of the schedule
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
+    int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
+    for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
+    free(list);
+    // 2. gradients: all-reduce over DP, tie the embedding copies
+    mt__finish_grad_sync(r);
+    res.loss = mt__batch_loss(r);
+    // 3. clip by the global norm (Megatron's clip_grad_norm_fp32)
+    double norm = mt__grad_norm(r);
+    res.grad_norm = (float)norm;
+    if (!isfinite(norm)) {
+        res.skipped = 1;   // inf/nan somewhere: skip the update, as Megatron does
+    } else {
+        if (cfg->train.clip_grad > 0) {
+            double coeff = cfg->train.clip_grad / (norm + 1e-6);
+            if (coeff < 1.0) mt_buffer_scale(r, r->grads_memory, (float)coeff, r->num_params);
+        }
+        // 4. AdamW, tensor by tensor (weight decay only where Megatron applies it)
+        r->step++;
+        float lr = mt_learning_rate(cfg, iteration - 1);
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+            const mt_param_spec *s = &r->specs[i];
+            if (!s->present) continue;
+            mt_adamw(r, r->params_memory + s->offset, r->m_memory + s->offset, r->v_memory + s->offset,
+                     r->grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
+                     cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, r->step);
+        }
+    }
+    res.lr = mt_learning_rate(cfg, iteration);
+    res.idle_seconds = r->idle_seconds;
+    return res;
+}
+
+float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
+    const mt_config *cfg = r->cfg;
+    r->iteration = iteration;
+    r->training = 0;
+    r->loss_sum = 0.0;
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
+    int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
+    for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
+    free(list);
+    return mt__batch_loss(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the rank context: communicators, sizes, buffers
+// ---------------------------------------------------------------------------------------------
+static void mt__comm_named(mt_comm *c, mt_world *w, int rank, const int *members, int n, const char *name) {
+    mt_comm_init(c, w, rank, members, n);
+    c->name = name;
+}
+
+void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    mt_parallel_state_init(&r->ps, cfg, rank);
+    mt_parallel_state *ps = &r->ps;
+    r->device = -1;
+#ifdef __CUDACC__
+    mt__gpu_rank_setup(r);   // cudaSetDevice, the stream, the GEMM rung (below, GPU build only)
+#endif
+    int TP = ps->tp_size, PP = ps->pp_size, DP = ps->dp_size;
+    // communicators: every rank creates the groups it belongs to, with members in group order
+    int *members = (int *)mt_malloc(sizeof(int) * (size_t)cfg->world_size, "group");
+    for (int i = 0; i < cfg->world_size; i++) members[i] = i;
+    mt__comm_named(&r->world, w, rank, members, cfg->world_size, "world");
+    for (int t = 0; t < TP; t++) members[t] = mt_global_rank(cfg, t, ps->dp_rank, ps->pp_rank);
+    mt__comm_named(&r->tp, w, rank, members, TP, "tp");
+    for (int d = 0; d < DP; d++) members[d] = mt_global_rank(cfg, ps->tp_rank, d, ps->pp_rank);
+    mt__comm_named(&r->dp, w, rank, members, DP, "dp");
+    for (int p = 0; p < PP; p++) members[p] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, p);
+    mt__comm_named(&r->pp, w, rank, members, PP, "pp");
+    for (int p = 0; p < PP; p++)
+        for (int t = 0; t < TP; t++) members[p * TP + t] = mt_global_rank(cfg, t, ps->dp_rank, p);
+    mt__comm_named(&r->mp, w, rank, members, TP * PP, "mp");
+    if (ps->in_embedding_group) {
+        members[0] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, 0);
+        members[1] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, PP - 1);
+        mt__comm_named(&r->embd, w, rank, members, 2, "embd");
+    }
+    free(members);
+#ifdef __CUDACC__
+    mt__gpu_comms_setup(r, w);   // NCCL communicators for the groups that move device data
+#endif
+    // local sizes
+    r->B = cfg->train.micro_batch_size;
+    r->T = cfg->model.seq_length;
+    r->C = cfg->model.hidden_size;
+    r->NH_tp = cfg->model.num_attention_heads / TP;
+    r->C_tp = r->C / TP;
+    r->F_tp = cfg->model.ffn_hidden_size / TP;
+    r->Vp_tp = cfg->padded_vocab_size / TP;
+    r->vocab_start = ps->tp_rank * r->Vp_tp;
+    r->L_local = cfg->model.num_layers / PP;
+    r->layers_per_chunk = r->L_local / ps->vp_size;
+#ifdef __CUDACC__
+    r->att_row = 1;
+#else
+    r->att_row = r->T;
+#endif
+    // parameters, gradients, AdamW moments: one carve, four buffers. The initial values are
+    // computed on the host (mt__init_params) and then uploaded.
+    r->num_params = mt__carve_params(r, &r->params, NULL, 1);
+    float *host_params = (float *)mt_calloc(r->num_params, sizeof(float), "parameters (host)");
+    r->params_memory = host_params;
+    mt__init_params(r);
+#ifdef __CUDACC__
+    r->params_memory = mt_buffer_alloc(r, r->num_params, "parameters");
+    mt_buffer_upload(r, r->params_memory, host_params, r->num_params * sizeof(float));
+    free(host_params);
+#endif
+    r->grads_memory = mt_buffer_alloc(r, r->num_params, "gradients");
+    r->m_memory = mt_buffer_alloc(r, r->num_params, "AdamW m");
+    r->v_memory = mt_buffer_alloc(r, r->num_params, "AdamW v");
+    mt__carve_params(r, &r->params, r->params_memory, 1);
+    mt__carve_params(r, &r->grads, r->grads_memory, 0);
+    // activation slots: as many micro-batches as the schedule keeps alive at once on this stage
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * ps->vp_size, "schedule");
+    int n = mt_schedule_for(cfg, ps->pp_rank, list), alive = 0;
+    r->num_slots = 1;
+    for (int i = 0; i < n; i++) {
+        if (list[i].kind == 'F' && list[i].chunk == 0) alive++;
+        if (list[i].kind == 'B' && list[i].chunk == 0) alive--;
+        if (alive > r->num_slots) r->num_slots = alive;
+    }
+    free(list);
+    mt_activations probe;
+    size_t per_slot = mt__carve_activations(r, &probe, NULL);
+    r->slots = (mt_activations *)mt_calloc((size_t)r->num_slots, sizeof(mt_activations), "activation slots");
+    size_t BT = (size_t)r->B * r->T;
+    // token ids travel with their micro-batch: 2*BT ints per slot after its floats (an int is a
+    // float's size; the buffer is untyped memory until written)
+    r->acts_memory = mt_buffer_alloc(r, (per_slot + 2 * BT) * (size_t)r->num_slots, "activations");
+    for (int i = 0; i < r->num_slots; i++) {
+        float *base = r->acts_memory + (per_slot + 2 * BT) * (size_t)i;
+        mt__carve_activations(r, &r->slots[i], base);
+        r->slots[i].tokens = (int *)(base + per_slot);
+        r->slots[i].targets = (int *)(base + per_slot + BT);
+        r->slots[i].mb = -1;
+    }
+    size_t scratch_n = mt__carve_scratch(r, &r->scratch, NULL);
+    r->scratch_memory = mt_buffer_alloc(r, scratch_n, "scratch");
+    mt__carve_scratch(r, &r->scratch, r->scratch_memory);
+    r->host_tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
+    r->host_targets = (int *)mt_calloc(BT, sizeof(int), "targets");
+    r->host_losses = (float *)mt_calloc(BT, sizeof(float), "losses");
+    r->host_p2p = (float *)mt_calloc(BT * (size_t)r->C, sizeof(float), "pipeline messages");
+    r->memory.params = r->num_params * sizeof(float);
+    r->memory.grads = r->num_params * sizeof(float);
+    r->memory.optimizer = 2 * r->num_params * sizeof(float);
+    r->memory.activations = (per_slot + 2 * BT) * (size_t)r->num_slots * sizeof(float);
+    r->memory.scratch = scratch_n * sizeof(float);
+}
+
+void mt_rank_free(mt_rank *r) {
+    mt_buffer_free(r->params_memory); mt_buffer_free(r->grads_memory);
+    mt_buffer_free(r->m_memory); mt_buffer_free(r->v_memory);
+    mt_buffer_free(r->acts_memory); mt_buffer_free(r->scratch_memory);
+    free(r->slots);
+    free(r->host_tokens); free(r->host_targets); free(r->host_losses); free(r->host_p2p);
+#ifdef __CUDACC__
+    mt__gpu_rank_teardown(r);
+#endif
+}
+// =============================================================================================
+// 9. DATA & TOKENIZER
+// =============================================================================================
+// Mirrors megatron/core/datasets/{indexed_dataset.py, gpt_dataset.py, blended_dataset.py,
+// helpers.cpp} and tools/preprocess_data.py. The files are Megatron's, byte for byte.
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+// ---------------------------------------------------------------------------------------------
+// the indexed dataset format (Megatron's "MMIDIDX", version 1), little-endian:
+//   PREFIX.bin  the tokens of every sequence, back to back, in the dtype below
+//   PREFIX.idx  char     magic[9] = "MMIDIDX\0\0"
+//               uint64   version = 1
+//               uint8    dtype code: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16
+//               uint64   S = number of sequences
+//               uint64   D = number of entries of the document index (documents + 1)
+//               int32    sequence lengths [S]   (tokens)
+//               int64    sequence pointers [S]  (byte offsets into .bin)
+//               int64    document index [D]     (first sequence of each document, then S)
+// preprocess_data.py writes one sequence per document (unless --split-sentences), so the
+// document index is 0, 1, ..., S, except that an empty document adds no sequence (its entry
+// repeats the previous one).
+static const char mt__idx_magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+
+static size_t mt__dtype_size(int code) {
+    switch (code) {
+    case 1: case 2: return 1;
+    case 3: case 8: return 2;
+    case 4: case 7: return 4;
+    case 5: case 6: return 8;
+    default: return 0;
+    }
+}
+int mt_dtype_for_vocab(int vocab_size) { return vocab_size < 65500 ? 8 : 4; }
+
+static void *mt__map_file(const char *path, size_t *size, const char *hint) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) mt_fatal("cannot open %s: %s\nhint: %s", path, strerror(errno), hint);
+    struct stat st;
+    if (fstat(fd, &st) != 0) mt_fatal("cannot stat %s: %s", path, strerror(errno));
+    *size = (size_t)st.st_size;
+    void *p = NULL;
+    if (*size > 0) {
+        p = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) mt_fatal("cannot map %s: %s", path, strerror(errno));
+    }
+    close(fd);
+    return p;
+}
+
+void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
+    memset(d, 0, sizeof *d);
+    if (strlen(prefix) + 5 > MT_PATH_MAX) mt_fatal("data path prefix too long: %s", prefix);
+    strcpy(d->prefix, prefix);
+    char path[MT_PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s.idx", prefix);
+    const char *hint = "--data-path takes the prefix of PREFIX.bin/PREFIX.idx as written by ./preprocess (e.g. data/my_dataset_text_document)";
+    d->idx_map = mt__map_file(path, &d->idx_size, hint);
+    const unsigned char *p = (const unsigned char *)d->idx_map;
+    size_t header = 9 + 8 + 1 + 8 + 8;
+    if (d->idx_size < 9 || memcmp(p, mt__idx_magic, 9) != 0)
+        mt_fatal("%s is not a Megatron indexed dataset index (bad magic)\nhint: make it with ./preprocess", path);
+    if (d->idx_size < header) mt_fatal("%s is truncated (%zu bytes, the header alone is %zu)\nhint: run ./preprocess again", path, d->idx_size, header);
+    uint64_t version, S, D;
+    memcpy(&version, p + 9, 8);
+    d->dtype = p[17];
+    memcpy(&S, p + 18, 8);
+    memcpy(&D, p + 26, 8);
+    if (version != 1) mt_fatal("%s has index version %llu; only version 1 (MMIDIDX) is known", path, (unsigned long long)version);
+    d->elem_size = mt__dtype_size(d->dtype);
+    if (d->elem_size == 0 || d->dtype == 6 || d->dtype == 7)
+        mt_fatal("%s has dtype code %d, which is not an integer token type", path, d->dtype);
+    if (D < 1 || S > (1ull << 40) || D > (1ull << 40)) mt_fatal("%s has impossible counts (%llu sequences, %llu document entries)", path, (unsigned long long)S, (unsigned long long)D);
+    size_t need = header + S * 4 + S * 8 + D * 8;
+    if (d->idx_size < need)
+        mt_fatal("%s is truncated: %zu bytes, but its header promises %llu sequences and %llu documents (%zu bytes)\nhint: run ./preprocess again",
+                 path, d->idx_size, (unsigned long long)S, (unsigned long long)(D - 1), need);
+    d->num_sequences = S;
+    d->num_documents = D - 1;
+    // the arrays are 8-byte aligned only by luck of the counts, so copy them into our own memory
+    int32_t *lengths = (int32_t *)mt_malloc(S * 4 + 1, "index lengths");
+    int64_t *pointers = (int64_t *)mt_malloc(S * 8 + 1, "index pointers");
+    int64_t *docs = (int64_t *)mt_malloc(D * 8, "document index");
+    memcpy(lengths, p + header, S * 4);
+    memcpy(pointers, p + header + S * 4, S * 8);
+    memcpy(docs, p + header + S * 12, D * 8);
+    d->seq_lengths = lengths;
+    d->seq_pointers = pointers;
+    d->doc_index = docs;
+    snprintf(path, sizeof path, "%s.bin", prefix);
+    d->bin_map = mt__map_file(path, &d->bin_size, hint);
+    for (uint64_t i = 0; i < S; i++) {
+        if (lengths[i] < 0 || pointers[i] < 0 ||
+            (uint64_t)pointers[i] + (uint64_t)lengths[i] * d->elem_size > d->bin_size)
+            mt_fatal("%s is shorter than %s.idx says (sequence %llu needs bytes up to %llu, the file has %zu)\nhint: the .bin is truncated or belongs to another .idx; run ./preprocess again",
+                     path, prefix, (unsigned long long)i, (unsigned long long)((uint64_t)pointers[i] + (uint64_t)lengths[i] * d->elem_size), d->bin_size);
+    }
+    for (uint64_t i = 0; i < D; i++)
+        if (docs[i] < 0 || (uint64_t)docs[i] > S || (i > 0 && docs[i] < docs[i - 1]))
+            mt_fatal("%s.idx has a corrupt document index (entry %llu)", prefix, (unsigned long long)i);
+    if ((uint64_t)docs[D - 1] != S) mt_fatal("%s.idx: the document index does not end at the sequence count", prefix);
+}
+
+void mt_indexed_dataset_close(mt_indexed_dataset *d) {
+    if (d->idx_map) munmap(d->idx_map, d->idx_size);
+    if (d->bin_map) munmap(d->bin_map, d->bin_size);
+    free((void *)d->seq_lengths); free((void *)d->seq_pointers); free((void *)d->doc_index);
+    memset(d, 0, sizeof *d);
+}
+
+// a document is its sequences, which lie back to back in .bin
+int64_t mt_indexed_dataset_doc_length(const mt_indexed_dataset *d, int64_t doc) {
+    int64_t n = 0;
+    for (int64_t s = d->doc_index[doc]; s < d->doc_index[doc + 1]; s++) n += d->seq_lengths[s];
+    return n;
+}
+int64_t mt_indexed_dataset_token(const mt_indexed_dataset *d, int64_t doc, int64_t pos) {
+    int64_t first = d->doc_index[doc];
+    const unsigned char *p = (const unsigned char *)d->bin_map + d->seq_pointers[first] + pos * (int64_t)d->elem_size;
+    switch (d->dtype) {
+    case 1: return *p;
+    case 2: return (int8_t)*p;
+    case 3: { int16_t v; memcpy(&v, p, 2); return v; }
+    case 8: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { int32_t v; memcpy(&v, p, 4); return v; }
+    default: { int64_t v; memcpy(&v, p, 8); return v; }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the writer (Megatron's IndexedDatasetBuilder): tokens stream into PREFIX.bin.tmp.PID; finish
+// writes the index to PREFIX.idx.tmp.PID, fsyncs both and renames them, so a run that fails
+// leaves nothing half-written under the final names.
+struct mt_indexed_builder {
+    char bin_path[MT_PATH_MAX + 8], idx_path[MT_PATH_MAX + 8];
+    char bin_tmp[MT_PATH_MAX + 32], idx_tmp[MT_PATH_MAX + 32];
+    FILE *bin;
+    int dtype;
+    size_t elem_size;
+    int32_t *lengths;       // (count) tokens per sequence
+    size_t count, cap;
+    int64_t *doc_index;     // (ndocs + 1) first sequence of each document, then count
+    size_t ndocs, doc_cap;
+    unsigned char *buf;     // conversion buffer for one document
+    size_t buf_cap;
+};
+
+mt_indexed_builder *mt_indexed_builder_open(const char *prefix, int dtype_code) {
+    mt_indexed_builder *b = (mt_indexed_builder *)mt_calloc(1, sizeof *b, "indexed builder");
+    if (strlen(prefix) + 5 > MT_PATH_MAX) mt_fatal("output prefix too long: %s", prefix);
+    b->dtype = dtype_code;
+    b->elem_size = mt__dtype_size(dtype_code);
+    if (b->elem_size == 0 || dtype_code == 6 || dtype_code == 7) mt_fatal("indexed builder: dtype code %d is not an integer type", dtype_code);
+    snprintf(b->bin_path, sizeof b->bin_path, "%s.bin", prefix);
+    snprintf(b->idx_path, sizeof b->idx_path, "%s.idx", prefix);
+    b->bin = mt_atomic_open(b->bin_path, b->bin_tmp, sizeof b->bin_tmp);
+    b->doc_cap = 1024;
+    b->doc_index = (int64_t *)mt_malloc(b->doc_cap * sizeof(int64_t), "document index");
+    b->doc_index[0] = 0;
+    return b;
+}
+
+// a document is one sequence here (no sentence splitting). An empty document writes no
+// sequence but still ends a document, as Megatron's builder does: its document index repeats.
+void mt_indexed_builder_add_document(mt_indexed_builder *b, const int32_t *tokens, size_t n) {
+    if (n > 2147483647u) mt_fatal("a document of %zu tokens is longer than the format's int32 length", n);
+    if (b->ndocs + 2 > b->doc_cap) {
+        b->doc_cap *= 2;
+        b->doc_index = (int64_t *)mt_realloc(b->doc_index, b->doc_cap * sizeof(int64_t), "document index");
+    }
+    if (n == 0) { b->doc_index[++b->ndocs] = (int64_t)b->count; return; }
+    if (b->count == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 1024;
+        b->lengths = (int32_t *)mt_realloc(b->lengths, b->cap * sizeof(int32_t), "index lengths");
+    }
+    b->lengths[b->count++] = (int32_t)n;
+    if (n * b->elem_size > b->buf_cap) {
+        b->buf_cap = n * b->elem_size * 2;
+        b->buf = (unsigned char *)mt_realloc(b->buf, b->buf_cap, "token buffer");
+    }
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = tokens[i];
+        unsigned char *p = b->buf + i * b->elem_size;
+        switch (b->dtype) {
+        case 1: case 2: p[0] = (unsigned char)v; break;
+        case 3: case 8: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+        case 4: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
+        default: memcpy(p, &v, 8); break;
+        }
+        if (b->dtype == 8 && (v < 0 || v > 65535)) mt_fatal("token id %lld does not fit uint16", (long long)v);
+    }
+    if (fwrite(b->buf, b->elem_size, n, b->bin) != n)
+        mt_fatal("writing %s failed: %s\nhint: check free disk space", b->bin_tmp, strerror(errno));
+    b->doc_index[++b->ndocs] = (int64_t)b->count;
+}
+
+void mt_indexed_builder_finish(mt_indexed_builder *b) {
+    FILE *idx = mt_atomic_open(b->idx_path, b->idx_tmp, sizeof b->idx_tmp);
+    uint64_t version = 1, S = b->count, D = b->ndocs + 1;
+    unsigned char code = (unsigned char)b->dtype;
+    fwrite(mt__idx_magic, 1, 9, idx);
+    fwrite(&version, 8, 1, idx);
+    fwrite(&code, 1, 1, idx);
+    fwrite(&S, 8, 1, idx);
+    fwrite(&D, 8, 1, idx);
+    if (S) fwrite(b->lengths, 4, S, idx);
+    int64_t pointer = 0;
+    for (uint64_t i = 0; i < S; i++) {   // byte offsets: the running sum of lengths * elem size
+        fwrite(&pointer, 8, 1, idx);
+        pointer += (int64_t)b->lengths[i] * (int64_t)b->elem_size;
+    }
+    fwrite(b->doc_index, 8, D, idx);
+    // .bin first, then .idx: a reader never sees a new .idx next to an old .bin
+    mt_atomic_commit(b->bin, b->bin_tmp, b->bin_path);
+    mt_atomic_commit(idx, b->idx_tmp, b->idx_path);
+    free(b->lengths); free(b->doc_index); free(b->buf); free(b);
+}
+
+void mt_indexed_builder_abort(mt_indexed_builder *b) {
+    mt_atomic_abort(b->bin, b->bin_tmp);
+    free(b->lengths); free(b->doc_index); free(b->buf); free(b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// train/valid/test split of the documents (megatron's get_split_indices):
+//   weights w normalised; bounds[i+1] = bounds[i] + round_half_even(w_i * N); then the rounding error
+//   (bounds[3] - N) is taken off every bound but the first, so bounds[3] == N.
+void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]) {
+    double w[3] = {0, 0, 0}, total = 0;
+    int n = 0;
+    const char *s = split;
+    while (*s && n < 3) {
+        char *end;
+        w[n] = strtod(s, &end);
+        if (end == s || w[n] < 0) mt_fatal("--split '%s' is not a list of up to 3 non-negative numbers like 949,50,1", split);
+        total += w[n++];
+        s = end;
+        if (*s == ',' || *s == '/') s++;
+        else if (*s) mt_fatal("--split '%s' is not a list like 949,50,1", split);
+    }
+    if (!(total > 0)) mt_fatal("--split '%s' sums to zero", split);
+    bounds[0] = 0;
+    // nearbyint rounds halves to even, as Python's round() in Megatron's code does
+    for (int i = 0; i < 3; i++) bounds[i + 1] = bounds[i] + (int64_t)nearbyint(w[i] / total * (double)num_docs);
+    int64_t diff = bounds[3] - num_docs;
+    for (int i = 1; i < 4; i++) bounds[i] -= diff;
+    for (int i = 1; i < 4; i++) if (bounds[i] < bounds[i - 1]) bounds[i] = bounds[i - 1];
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT samples (gpt_dataset.py's _build_document_sample_shuffle_indices):
+//   doc_idx:     the split's documents, once per epoch, each epoch shuffled
+//   sample_idx:  sample i starts at document doc_idx[sample_idx[i][0]], token sample_idx[i][1];
+//                samples are T+1 tokens and overlap by one (the last target of a sample is the
+//                first input of the next), so an epoch of N tokens gives (N-1)/T samples
+//   shuffle_idx: the order samples are served in
+// Shuffles are Fisher-Yates driven by our counter-based generator (numpy's RNG is not ours
+// to reproduce, so indices differ from Megatron's). One more difference: Megatron shuffles the
+// documents of all epochs but the last as one permutation (and the last on its own); here each
+// epoch is shuffled on its own, so every epoch sees every document exactly once.
+static void mt__shuffle(int64_t *a, int64_t n, uint64_t seed, uint64_t stream) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint64_t h = mt_hash64(mt_hash64(seed ^ 0x5eed) ^ mt_hash64(stream) ^ (uint64_t)i);
+        int64_t j = (int64_t)(h % (uint64_t)(i + 1));
+        int64_t t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+void mt_gpt_dataset_build(mt_gpt_dataset *g, const mt_indexed_dataset *ds, int64_t doc_begin, int64_t doc_end, int T,
+                          int64_t min_samples, uint64_t seed, int split_id) {
+    memset(g, 0, sizeof *g);
+    g->ds = ds;
+    g->T = T;
+    int64_t ndocs = doc_end - doc_begin, tokens_per_epoch = 0;
+    for (int64_t d = doc_begin; d < doc_end; d++) tokens_per_epoch += mt_indexed_dataset_doc_length(ds, d);
+    if (ndocs <= 0 || tokens_per_epoch <= T)
+        mt_fatal("the %s split of %s has %lld documents and %lld tokens, too few for one sample of %d tokens\nhint: use more data, a shorter --seq-length, or another --split",
+                 split_id == 0 ? "train" : split_id == 1 ? "valid" : "test", ds->prefix, (long long)ndocs, (long long)tokens_per_epoch, T + 1);
+    int64_t epochs = 1;
+    while ((epochs * tokens_per_epoch - 1) / T < min_samples) epochs++;
+    g->num_doc_idx = epochs * ndocs;
+    g->doc_idx = (int64_t *)mt_malloc(sizeof(int64_t) * (size_t)g->num_doc_idx, "doc_idx");
+    for (int64_t e = 0; e < epochs; e++) {
+        for (int64_t d = 0; d < ndocs; d++) g->doc_idx[e * ndocs + d] = doc_begin + d;
+        mt__shuffle(g->doc_idx + e * ndocs, ndocs, seed, (uint64_t)split_id * 1000003u + (uint64_t)e);
+    }
+    g->num_samples = (epochs * tokens_per_epoch - 1) / T;
+    g->sample_idx = (int64_t *)mt_malloc(sizeof(int64_t) * 2 * (size_t)(g->num_samples + 1), "sample_idx");
+    // walk the documents T tokens at a time (helpers.cpp build_sample_idx)
+    int64_t di = 0, offset = 0;
+    g->sample_idx[0] = 0;
+    g->sample_idx[1] = 0;
+    for (int64_t i = 1; i <= g->num_samples; i++) {
+        int64_t remaining = T;
+        while (remaining > 0) {
+            int64_t len = mt_indexed_dataset_doc_length(ds, g->doc_idx[di]) - offset;
+            if (len > remaining) { offset += remaining; remaining = 0; }
+            else { remaining -= len; di++; offset = 0; }
+        }
+        g->sample_idx[2 * i] = di;
+        g->sample_idx[2 * i + 1] = offset;
+    }
+    g->shuffle_idx = (int64_t *)mt_malloc(sizeof(int64_t) * (size_t)g->num_samples, "shuffle_idx");
+    for (int64_t i = 0; i < g->num_samples; i++) g->shuffle_idx[i] = i;
+    mt__shuffle(g->shuffle_idx, g->num_samples, seed, 0xffff0000u + (uint64_t)split_id);
+}
+
+void mt_gpt_dataset_sample(const mt_gpt_dataset *g, int64_t i, int32_t *out) {
+    int64_t s = g->shuffle_idx[i % g->num_samples];
+    int64_t di = g->sample_idx[2 * s], offset = g->sample_idx[2 * s + 1];
+    int n = 0;
+    while (n < g->T + 1) {
+        int64_t doc = g->doc_idx[di];
+        int64_t len = mt_indexed_dataset_doc_length(g->ds, doc);
+        for (; offset < len && n < g->T + 1; offset++) out[n++] = (int32_t)mt_indexed_dataset_token(g->ds, doc, offset);
+        di++;
+        offset = 0;
+    }
+}
+
+void mt_gpt_dataset_free(mt_gpt_dataset *g) {
+    free(g->doc_idx); free(g->sample_idx); free(g->shuffle_idx);
+    memset(g, 0, sizeof *g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// blending (blended_dataset.py, helpers.cpp build_blending_indices): sample i goes to the
+// dataset whose share so far lags its weight the most:
+//   d = argmax_d ( w_d * max(i, 1) - taken_d ),  then taken_d += 1
+// so after any prefix of i samples each dataset has given w_d * i of them, within one.
+static void mt__blend(mt_blended_dataset *b, const double *weights, int64_t num_samples) {
+    b->num_samples = num_samples;
+    b->dataset_index = (int16_t *)mt_malloc(sizeof(int16_t) * (size_t)num_samples + 1, "blending index");
+    b->dataset_sample_index = (int64_t *)mt_malloc(sizeof(int64_t) * (size_t)num_samples + 1, "blending index");
+    int64_t taken[MT_MAX_DATA_PATHS] = {0};
+    for (int64_t i = 0; i < num_samples; i++) {
+        double denom = i > 0 ? (double)i : 1.0;
+        int best = 0;
+        double best_err = -1e300;
+        for (int d = 0; d < b->num_datasets; d++) {
+            double err = weights[d] * denom - (double)taken[d];
+            if (err > best_err) { best_err = err; best = d; }
+        }
+        b->dataset_index[i] = (int16_t)best;
+        b->dataset_sample_index[i] = taken[best]++;
+    }
+}
+
+void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out) {
+    i %= b->num_samples;
+    mt_gpt_dataset_sample(&b->parts[b->dataset_index[i]], b->dataset_sample_index[i], out);
+}
+
+void mt_data_init(mt_data *d, const mt_config *cfg) {
+    memset(d, 0, sizeof *d);
+    const mt_train_config *t = &cfg->train;
+    if (t->num_data_paths == 0) mt_fatal("no --data-path given\nhint: make one with ./preprocess, e.g. --data-path data/my_dataset_text_document");
+    d->num_paths = t->num_data_paths;
+    int64_t gbs = t->global_batch_size;
+    int64_t need[3];
+    need[0] = (int64_t)t->train_iters * gbs;
+    need[1] = (t->eval_interval > 0 ? (int64_t)(t->train_iters / t->eval_interval + 1) : 1) * t->eval_iters * gbs;
+    need[2] = (int64_t)t->eval_iters * gbs;
+    double weights[MT_MAX_DATA_PATHS];
+    int64_t bounds[MT_MAX_DATA_PATHS][4];
+    double total_tokens = 0;
+    for (int p = 0; p < d->num_paths; p++) {
+        mt_indexed_dataset_open(&d->files[p], t->data_path[p]);
+        mt_split_documents(t->split, (int64_t)d->files[p].num_documents, bounds[p]);
+        // no weights given: weigh by size, as Megatron does for a plain list of prefixes
+        weights[p] = t->data_weight[p] > 0 ? t->data_weight[p] : (double)d->files[p].bin_size / (double)d->files[p].elem_size;
+        total_tokens += weights[p];
+    }
+    for (int p = 0; p < d->num_paths; p++) if (t->data_weight[p] <= 0) weights[p] /= total_tokens;
+    for (int s = 0; s < 3; s++) {
+        int ok = need[s] > 0;
+        for (int p = 0; p < d->num_paths; p++) if (bounds[p][s + 1] <= bounds[p][s]) ok = 0;
+        if (!ok) {
+            if (s == 0) mt_fatal("the train split is empty or no training is asked for\nhint: check --split (e.g. 949,50,1) and --train-iters");
+            continue;
+        }
+        mt_blended_dataset *b = &d->split[s];
+        b->num_datasets = d->num_paths;
+        for (int p = 0; p < d->num_paths; p++) {
+            // each part gets its share of the samples plus 0.5% (Megatron's margin for rounding)
+            int64_t part_need = d->num_paths == 1 ? need[s] : (int64_t)ceil(weights[p] * (double)need[s] * 1.005) + 1;
+            mt_gpt_dataset_build(&b->parts[p], &d->files[p], bounds[p][s], bounds[p][s + 1], cfg->model.seq_length, part_need,
+                                 t->seed, s);
+        }
+        mt__blend(b, weights, need[s]);
+        d->has_split[s] = 1;
+    }
+}
+
+void mt_data_free(mt_data *d) {
+    for (int s = 0; s < 3; s++) {
+        if (!d->has_split[s]) continue;
+        for (int p = 0; p < d->split[s].num_datasets; p++) mt_gpt_dataset_free(&d->split[s].parts[p]);
+        free(d->split[s].dataset_index);
+        free(d->split[s].dataset_sample_index);
+    }
+    for (int p = 0; p < d->num_paths; p++) mt_indexed_dataset_close(&d->files[p]);
+}
+// ---------------------------------------------------------------------------------------------
+// GPT-2 tokenizer: byte-level BPE, the way OpenAI's tiktoken runs it (its "gpt2" encoding)
+//
+// Three steps turn text into ids:
+//   1. pre-tokenization: GPT-2's regex cuts the text into pieces (words with their leading
+//      space, digit runs, punctuation runs, whitespace runs). BPE never merges across pieces.
+//        'Hello world!!' -> 'Hello' ' world' '!!'
+//   2. BPE on each piece's bytes: start from one token per byte, then repeatedly merge the
+//      adjacent pair whose merged token has the lowest rank (= was learned earliest), until
+//      no adjacent pair forms a token.   ' world' -> ' ' 'w' 'o' 'r' 'l' 'd' -> ... -> ' world'
+//   3. the ids of the final tokens, from vocab.json.
+// Decoding is the reverse of step 3 only: concatenate the tokens' bytes.
+//
+// "Byte-level" means tokens are byte strings, so every input has an encoding (one token per
+// byte at worst) and decoding gives back the exact bytes. The files store a token as text: each
+// byte is written as one printable character (bytes_to_unicode in OpenAI's encoder.py):
+//   bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF stand for themselves (as code points U+0021.. etc.)
+//   the other 68 bytes (controls, space, 0x7F..0xA0, 0xAD) become U+0100.. in byte order
+// so a space is U+0120 (a G with a dot above) and "\n" is U+010A: vocab.json's "\u0120the" is " the".
+//
+// Megatron-LM runs its own copy of OpenAI's encoder.py (megatron/training/tokenizer/
+// gpt2_tokenization.py); tiktoken is the reference here because its ids are the ones tests
+// can check against (tests/tiktoken_fuzz.py). The two agree on GPT-2's files.
+// ---------------------------------------------------------------------------------------------
+
+void mt_int_list_reserve(mt_int_list *l, size_t extra) {
+    if (l->len + extra <= l->cap) return;
+    size_t cap = l->cap ? l->cap : 256;
+    while (cap < l->len + extra) cap *= 2;
+    l->data = (int32_t *)mt_realloc(l->data, cap * sizeof(int32_t), "token ids");
+    l->cap = cap;
+}
+void mt_int_list_push(mt_int_list *l, int32_t v) {
+    if (l->len == l->cap) mt_int_list_reserve(l, 1);
+    l->data[l->len++] = v;
+}
+void mt_int_list_free(mt_int_list *l) {
+    free(l->data);
+    l->data = NULL;
+    l->len = l->cap = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// hashing: one string hash and one integer mixer for the three hash maps below
+// (vocab bytes -> id, (id, id) -> merge, word -> ids). All three use open addressing with
+// linear probing in a power-of-two table kept at most half full, so a lookup is one or two
+// cache lines. The string hash eats 8 bytes per multiply; most words are shorter than that.
+static uint64_t mt__mix64(uint64_t x) {
+    x ^= x >> 32;
+    x *= 0xd6e8feb86659fd93ull;
+    x ^= x >> 32;
+    x *= 0xd6e8feb86659fd93ull;
+    x ^= x >> 32;
+    return x;
+}
+// *head gets the first 8 bytes (zero-padded): the vocabulary map compares that word first
+static uint64_t mt__hash_bytes(const unsigned char *p, size_t n, uint64_t *head) {
+    uint64_t h = 0x243f6a8885a308d3ull ^ (uint64_t)n, w = 0;
+    if (n >= 8) {
+        memcpy(head, p, 8);
+        while (n >= 8) {
+            memcpy(&w, p, 8);
+            h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+            h ^= h >> 29;
+            p += 8;
+            n -= 8;
+        }
+        w = 0;
+        for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+    } else {
+        for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+        *head = w;
+    }
+    return mt__mix64(h ^ w);
+}
+static size_t mt__pow2_at_least(size_t n) {
+    size_t p = 16;
+    while (p < n) p *= 2;
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unicode character classes for GPT-2's pattern
+// The pattern (below) asks of each character: is it a letter \p{L} (general category Lu Ll Lt
+// Lm Lo), a number \p{N} (Nd Nl No), whitespace \s (the White_Space property), or other? ASCII
+// answers from a 128-entry table; any other code point from the generated step table: entry k
+// is (first code point << 2) | class and the class lasts until entry k+1, so the answer is one
+// binary search (11 steps over ~1,560 entries). Regenerate with tools/gen_unicode_tables.py.
+enum { MT__OTHER = 0, MT__LETTER = 1, MT__NUMBER = 2, MT__SPACE = 3 };
+
+static const unsigned char mt__ascii_class[128] = {
+    0,0,0,0,0,0,0,0,0,3,3,3,3,3,0,0,   // \t \n \v \f \r are White_Space; 0x1C..0x1F are not
+    0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,
+    3,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,   // space; punctuation (the apostrophe too) is other
+    2,2,2,2,2,2,2,2,2,2,0,0,0,0,0,0,   // digits
+    0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,   // A..Z
+    1,1,1,1,1,1,1,1,1,1,1,0,0,0,0,0,
+    0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,   // a..z
+    1,1,1,1,1,1,1,1,1,1,1,0,0,0,0,0,
+};
+
+// BEGIN GENERATED: tools/gen_unicode_tables.py (Unicode 15.0.0; do not edit by hand)
+// 1562 steps; code points: 136104 letters, 1831 numbers, 25 spaces, the rest other.
+// entry = (first code point << 2) | class; class 0 other, 1 letter (L), 2 number (N), 3 space (\s)
+#define MT__UNICODE_VERSION "15.0.0"
+static const uint32_t mt__unicode_steps[1562] = {
+    0x0000000,0x0000027,0x0000038,0x0000083,0x0000084,0x00000c2,0x00000e8,0x0000105,0x000016c,0x0000185,0x00001ec,0x0000217,
+    0x0000218,0x0000283,0x0000284,0x00002a9,0x00002ac,0x00002ca,0x00002d0,0x00002d5,0x00002d8,0x00002e6,0x00002e9,0x00002ec,
+    0x00002f2,0x00002fc,0x0000301,0x000035c,0x0000361,0x00003dc,0x00003e1,0x0000b08,0x0000b19,0x0000b48,0x0000b81,0x0000b94,
+    0x0000bb1,0x0000bb4,0x0000bb9,0x0000bbc,0x0000dc1,0x0000dd4,0x0000dd9,0x0000de0,0x0000de9,0x0000df8,0x0000dfd,0x0000e00,
+    0x0000e19,0x0000e1c,0x0000e21,0x0000e2c,0x0000e31,0x0000e34,0x0000e39,0x0000e88,0x0000e8d,0x0000fd8,0x0000fdd,0x0001208,
+    0x0001229,0x00014c0,0x00014c5,0x000155c,0x0001565,0x0001568,0x0001581,0x0001624,0x0001741,0x00017ac,0x00017bd,0x00017cc,
+    0x0001881,0x000192c,0x0001982,0x00019a8,0x00019b9,0x00019c0,0x00019c5,0x0001b50,0x0001b55,0x0001b58,0x0001b95,0x0001b9c,
+    0x0001bb9,0x0001bc2,0x0001be9,0x0001bf4,0x0001bfd,0x0001c00,0x0001c41,0x0001c44,0x0001c49,0x0001cc0,0x0001d35,0x0001e98,
+    0x0001ec5,0x0001ec8,0x0001f02,0x0001f29,0x0001fac,0x0001fd1,0x0001fd8,0x0001fe9,0x0001fec,0x0002001,0x0002058,0x0002069,
+    0x000206c,0x0002091,0x0002094,0x00020a1,0x00020a4,0x0002101,0x0002164,0x0002181,0x00021ac,0x00021c1,0x0002220,0x0002225,
+    0x000223c,0x0002281,0x0002328,0x0002411,0x00024e8,0x00024f5,0x00024f8,0x0002541,0x0002544,0x0002561,0x0002588,0x000259a,
+    0x00025c0,0x00025c5,0x0002604,0x0002615,0x0002634,0x000263d,0x0002644,0x000264d,0x00026a4,0x00026a9,0x00026c4,0x00026c9,
+    0x00026cc,0x00026d9,0x00026e8,0x00026f5,0x00026f8,0x0002739,0x000273c,0x0002771,0x0002778,0x000277d,0x0002788,0x000279a,
+    0x00027c1,0x00027c8,0x00027d2,0x00027e8,0x00027f1,0x00027f4,0x0002815,0x000282c,0x000283d,0x0002844,0x000284d,0x00028a4,
+    0x00028a9,0x00028c4,0x00028c9,0x00028d0,0x00028d5,0x00028dc,0x00028e1,0x00028e8,0x0002965,0x0002974,0x0002979,0x000297c,
+    0x000299a,0x00029c0,0x00029c9,0x00029d4,0x0002a15,0x0002a38,0x0002a3d,0x0002a48,0x0002a4d,0x0002aa4,0x0002aa9,0x0002ac4,
+    0x0002ac9,0x0002ad0,0x0002ad5,0x0002ae8,0x0002af5,0x0002af8,0x0002b41,0x0002b44,0x0002b81,0x0002b88,0x0002b9a,0x0002bc0,
+    0x0002be5,0x0002be8,0x0002c15,0x0002c34,0x0002c3d,0x0002c44,0x0002c4d,0x0002ca4,0x0002ca9,0x0002cc4,0x0002cc9,0x0002cd0,
+    0x0002cd5,0x0002ce8,0x0002cf5,0x0002cf8,0x0002d71,0x0002d78,0x0002d7d,0x0002d88,0x0002d9a,0x0002dc0,0x0002dc5,0x0002dca,
+    0x0002de0,0x0002e0d,0x0002e10,0x0002e15,0x0002e2c,0x0002e39,0x0002e44,0x0002e49,0x0002e58,0x0002e65,0x0002e6c,0x0002e71,
+    0x0002e74,0x0002e79,0x0002e80,0x0002e8d,0x0002e94,0x0002ea1,0x0002eac,0x0002eb9,0x0002ee8,0x0002f41,0x0002f44,0x0002f9a,
+    0x0002fcc,0x0003015,0x0003034,0x0003039,0x0003044,0x0003049,0x00030a4,0x00030a9,0x00030e8,0x00030f5,0x00030f8,0x0003161,
+    0x000316c,0x0003175,0x0003178,0x0003181,0x0003188,0x000319a,0x00031c0,0x00031e2,0x00031fc,0x0003201,0x0003204,0x0003215,
+    0x0003234,0x0003239,0x0003244,0x0003249,0x00032a4,0x00032a9,0x00032d0,0x00032d5,0x00032e8,0x00032f5,0x00032f8,0x0003375,
+    0x000337c,0x0003381,0x0003388,0x000339a,0x00033c0,0x00033c5,0x00033cc,0x0003411,0x0003434,0x0003439,0x0003444,0x0003449,
+    0x00034ec,0x00034f5,0x00034f8,0x0003539,0x000353c,0x0003551,0x000355c,0x0003562,0x000357d,0x0003588,0x000359a,0x00035e4,
+    0x00035e9,0x0003600,0x0003615,0x000365c,0x0003669,0x00036c8,0x00036cd,0x00036f0,0x00036f5,0x00036f8,0x0003701,0x000371c,
+    0x000379a,0x00037c0,0x0003805,0x00038c4,0x00038c9,0x00038d0,0x0003901,0x000391c,0x0003942,0x0003968,0x0003a05,0x0003a0c,
+    0x0003a11,0x0003a14,0x0003a19,0x0003a2c,0x0003a31,0x0003a90,0x0003a95,0x0003a98,0x0003a9d,0x0003ac4,0x0003ac9,0x0003ad0,
+    0x0003af5,0x0003af8,0x0003b01,0x0003b14,0x0003b19,0x0003b1c,0x0003b42,0x0003b68,0x0003b71,0x0003b80,0x0003c01,0x0003c04,
+    0x0003c82,0x0003cd0,0x0003d01,0x0003d20,0x0003d25,0x0003db4,0x0003e21,0x0003e34,0x0004001,0x00040ac,0x00040fd,0x0004102,
+    0x0004128,0x0004141,0x0004158,0x0004169,0x0004178,0x0004185,0x0004188,0x0004195,0x000419c,0x00041b9,0x00041c4,0x00041d5,
+    0x0004208,0x0004239,0x000423c,0x0004242,0x0004268,0x0004281,0x0004318,0x000431d,0x0004320,0x0004335,0x0004338,0x0004341,
+    0x00043ec,0x00043f1,0x0004924,0x0004929,0x0004938,0x0004941,0x000495c,0x0004961,0x0004964,0x0004969,0x0004978,0x0004981,
+    0x0004a24,0x0004a29,0x0004a38,0x0004a41,0x0004ac4,0x0004ac9,0x0004ad8,0x0004ae1,0x0004afc,0x0004b01,0x0004b04,0x0004b09,
+    0x0004b18,0x0004b21,0x0004b5c,0x0004b61,0x0004c44,0x0004c49,0x0004c58,0x0004c61,0x0004d6c,0x0004da6,0x0004df4,0x0004e01,
+    0x0004e40,0x0004e81,0x0004fd8,0x0004fe1,0x0004ff8,0x0005005,0x00059b4,0x00059bd,0x0005a03,0x0005a05,0x0005a6c,0x0005a81,
+    0x0005bac,0x0005bba,0x0005bc5,0x0005be4,0x0005c01,0x0005c48,0x0005c7d,0x0005cc8,0x0005d01,0x0005d48,0x0005d81,0x0005db4,
+    0x0005db9,0x0005dc4,0x0005e01,0x0005ed0,0x0005f5d,0x0005f60,0x0005f71,0x0005f74,0x0005f82,0x0005fa8,0x0005fc2,0x0005fe8,
+    0x0006042,0x0006068,0x0006081,0x00061e4,0x0006201,0x0006214,0x000621d,0x00062a4,0x00062a9,0x00062ac,0x00062c1,0x00063d8,
+    0x0006401,0x000647c,0x000651a,0x0006541,0x00065b8,0x00065c1,0x00065d4,0x0006601,0x00066b0,0x00066c1,0x0006728,0x0006742,
+    0x000676c,0x0006801,0x000685c,0x0006881,0x0006954,0x0006a02,0x0006a28,0x0006a42,0x0006a68,0x0006a9d,0x0006aa0,0x0006c15,
+    0x0006cd0,0x0006d15,0x0006d34,0x0006d42,0x0006d68,0x0006e0d,0x0006e84,0x0006eb9,0x0006ec2,0x0006ee9,0x0006f98,0x0007001,
+    0x0007090,0x0007102,0x0007128,0x0007135,0x0007142,0x0007169,0x00071f8,0x0007201,0x0007224,0x0007241,0x00072ec,0x00072f5,
+    0x0007300,0x00073a5,0x00073b4,0x00073b9,0x00073d0,0x00073d5,0x00073dc,0x00073e9,0x00073ec,0x0007401,0x0007700,0x0007801,
+    0x0007c58,0x0007c61,0x0007c78,0x0007c81,0x0007d18,0x0007d21,0x0007d38,0x0007d41,0x0007d60,0x0007d65,0x0007d68,0x0007d6d,
+    0x0007d70,0x0007d75,0x0007d78,0x0007d7d,0x0007df8,0x0007e01,0x0007ed4,0x0007ed9,0x0007ef4,0x0007ef9,0x0007efc,0x0007f09,
+    0x0007f14,0x0007f19,0x0007f34,0x0007f41,0x0007f50,0x0007f59,0x0007f70,0x0007f81,0x0007fb4,0x0007fc9,0x0007fd4,0x0007fd9,
+    0x0007ff4,0x0008003,0x000802c,0x00080a3,0x00080a8,0x00080bf,0x00080c0,0x000817f,0x0008180,0x00081c2,0x00081c5,0x00081c8,
+    0x00081d2,0x00081e8,0x00081fd,0x0008202,0x0008228,0x0008241,0x0008274,0x0008409,0x000840c,0x000841d,0x0008420,0x0008429,
+    0x0008450,0x0008455,0x0008458,0x0008465,0x0008478,0x0008491,0x0008494,0x0008499,0x000849c,0x00084a1,0x00084a4,0x00084a9,
+    0x00084b8,0x00084bd,0x00084e8,0x00084f1,0x0008500,0x0008515,0x0008528,0x0008539,0x000853c,0x0008542,0x000860d,0x0008616,
+    0x0008628,0x0009182,0x0009270,0x00093aa,0x0009400,0x0009dda,0x0009e50,0x000b001,0x000b394,0x000b3ad,0x000b3bc,0x000b3c9,
+    0x000b3d0,0x000b3f6,0x000b3f8,0x000b401,0x000b498,0x000b49d,0x000b4a0,0x000b4b5,0x000b4b8,0x000b4c1,0x000b5a0,0x000b5bd,
+    0x000b5c0,0x000b601,0x000b65c,0x000b681,0x000b69c,0x000b6a1,0x000b6bc,0x000b6c1,0x000b6dc,0x000b6e1,0x000b6fc,0x000b701,
+    0x000b71c,0x000b721,0x000b73c,0x000b741,0x000b75c,0x000b761,0x000b77c,0x000b8bd,0x000b8c0,0x000c003,0x000c004,0x000c015,
+    0x000c01e,0x000c020,0x000c086,0x000c0a8,0x000c0c5,0x000c0d8,0x000c0e2,0x000c0ed,0x000c0f4,0x000c105,0x000c25c,0x000c275,
+    0x000c280,0x000c285,0x000c3ec,0x000c3f1,0x000c400,0x000c415,0x000c4c0,0x000c4c5,0x000c63c,0x000c64a,0x000c658,0x000c681,
+    0x000c700,0x000c7c1,0x000c800,0x000c882,0x000c8a8,0x000c922,0x000c940,0x000c946,0x000c980,0x000ca02,0x000ca28,0x000cac6,
+    0x000cb00,0x000d001,0x0013700,0x0013801,0x0029234,0x0029341,0x00293f8,0x0029401,0x0029834,0x0029841,0x0029882,0x00298a9,
+    0x00298b0,0x0029901,0x00299bc,0x00299fd,0x0029a78,0x0029a81,0x0029b9a,0x0029bc0,0x0029c5d,0x0029c80,0x0029c89,0x0029e24,
+    0x0029e2d,0x0029f2c,0x0029f41,0x0029f48,0x0029f4d,0x0029f50,0x0029f55,0x0029f68,0x0029fc9,0x002a008,0x002a00d,0x002a018,
+    0x002a01d,0x002a02c,0x002a031,0x002a08c,0x002a0c2,0x002a0d8,0x002a101,0x002a1d0,0x002a209,0x002a2d0,0x002a342,0x002a368,
+    0x002a3c9,0x002a3e0,0x002a3ed,0x002a3f0,0x002a3f5,0x002a3fc,0x002a402,0x002a429,0x002a498,0x002a4c1,0x002a51c,0x002a581,
+    0x002a5f4,0x002a611,0x002a6cc,0x002a73d,0x002a742,0x002a768,0x002a781,0x002a794,0x002a799,0x002a7c2,0x002a7e9,0x002a7fc,
+    0x002a801,0x002a8a4,0x002a901,0x002a90c,0x002a911,0x002a930,0x002a942,0x002a968,0x002a981,0x002a9dc,0x002a9e9,0x002a9ec,
+    0x002a9f9,0x002aac0,0x002aac5,0x002aac8,0x002aad5,0x002aadc,0x002aae5,0x002aaf8,0x002ab01,0x002ab04,0x002ab09,0x002ab0c,
+    0x002ab6d,0x002ab78,0x002ab81,0x002abac,0x002abc9,0x002abd4,0x002ac05,0x002ac1c,0x002ac25,0x002ac3c,0x002ac45,0x002ac5c,
+    0x002ac81,0x002ac9c,0x002aca1,0x002acbc,0x002acc1,0x002ad6c,0x002ad71,0x002ada8,0x002adc1,0x002af8c,0x002afc2,0x002afe8,
+    0x002b001,0x0035e90,0x0035ec1,0x0035f1c,0x0035f2d,0x0035ff0,0x003e401,0x003e9b8,0x003e9c1,0x003eb68,0x003ec01,0x003ec1c,
+    0x003ec4d,0x003ec60,0x003ec75,0x003ec78,0x003ec7d,0x003eca4,0x003eca9,0x003ecdc,0x003ece1,0x003ecf4,0x003ecf9,0x003ecfc,
+    0x003ed01,0x003ed08,0x003ed0d,0x003ed14,0x003ed19,0x003eec8,0x003ef4d,0x003f4f8,0x003f541,0x003f640,0x003f649,0x003f720,
+    0x003f7c1,0x003f7f0,0x003f9c1,0x003f9d4,0x003f9d9,0x003fbf4,0x003fc42,0x003fc68,0x003fc85,0x003fcec,0x003fd05,0x003fd6c,
+    0x003fd99,0x003fefc,0x003ff09,0x003ff20,0x003ff29,0x003ff40,0x003ff49,0x003ff60,0x003ff69,0x003ff74,0x0040001,0x0040030,
+    0x0040035,0x004009c,0x00400a1,0x00400ec,0x00400f1,0x00400f8,0x00400fd,0x0040138,0x0040141,0x0040178,0x0040201,0x00403ec,
+    0x004041e,0x00404d0,0x0040502,0x00405e4,0x004062a,0x0040630,0x0040a01,0x0040a74,0x0040a81,0x0040b44,0x0040b86,0x0040bf0,
+    0x0040c01,0x0040c82,0x0040c90,0x0040cb5,0x0040d06,0x0040d09,0x0040d2a,0x0040d2c,0x0040d41,0x0040dd8,0x0040e01,0x0040e78,
+    0x0040e81,0x0040f10,0x0040f21,0x0040f40,0x0040f46,0x0040f58,0x0041001,0x0041278,0x0041282,0x00412a8,0x00412c1,0x0041350,
+    0x0041361,0x00413f0,0x0041401,0x00414a0,0x00414c1,0x0041590,0x00415c1,0x00415ec,0x00415f1,0x004162c,0x0041631,0x004164c,
+    0x0041651,0x0041658,0x004165d,0x0041688,0x004168d,0x00416c8,0x00416cd,0x00416e8,0x00416ed,0x00416f4,0x0041801,0x0041cdc,
+    0x0041d01,0x0041d58,0x0041d81,0x0041da0,0x0041e01,0x0041e18,0x0041e1d,0x0041ec4,0x0041ec9,0x0041eec,0x0042001,0x0042018,
+    0x0042021,0x0042024,0x0042029,0x00420d8,0x00420dd,0x00420e4,0x00420f1,0x00420f4,0x00420fd,0x0042158,0x0042162,0x0042181,
+    0x00421dc,0x00421e6,0x0042201,0x004227c,0x004229e,0x00422c0,0x0042381,0x00423cc,0x00423d1,0x00423d8,0x00423ee,0x0042401,
+    0x004245a,0x0042470,0x0042481,0x00424e8,0x0042601,0x00426e0,0x00426f2,0x00426f9,0x0042702,0x0042740,0x004274a,0x0042801,
+    0x0042804,0x0042841,0x0042850,0x0042855,0x0042860,0x0042865,0x00428d8,0x0042902,0x0042924,0x0042981,0x00429f6,0x00429fc,
+    0x0042a01,0x0042a76,0x0042a80,0x0042b01,0x0042b20,0x0042b25,0x0042b94,0x0042bae,0x0042bc0,0x0042c01,0x0042cd8,0x0042d01,
+    0x0042d58,0x0042d62,0x0042d81,0x0042dcc,0x0042de2,0x0042e01,0x0042e48,0x0042ea6,0x0042ec0,0x0043001,0x0043124,0x0043201,
+    0x00432cc,0x0043301,0x00433cc,0x00433ea,0x0043401,0x0043490,0x00434c2,0x00434e8,0x0043982,0x00439fc,0x0043a01,0x0043aa8,
+    0x0043ac1,0x0043ac8,0x0043c01,0x0043c76,0x0043c9d,0x0043ca0,0x0043cc1,0x0043d18,0x0043d46,0x0043d54,0x0043dc1,0x0043e08,
+    0x0043ec1,0x0043f16,0x0043f30,0x0043f81,0x0043fdc,0x004400d,0x00440e0,0x004414a,0x00441c0,0x00441c5,0x00441cc,0x00441d5,
+    0x00441d8,0x004420d,0x00442c0,0x0044341,0x00443a4,0x00443c2,0x00443e8,0x004440d,0x004449c,0x00444da,0x0044500,0x0044511,
+    0x0044514,0x004451d,0x0044520,0x0044541,0x00445cc,0x00445d9,0x00445dc,0x004460d,0x00446cc,0x0044705,0x0044714,0x0044742,
+    0x0044769,0x004476c,0x0044771,0x0044774,0x0044786,0x00447d4,0x0044801,0x0044848,0x004484d,0x00448b0,0x00448fd,0x0044904,
+    0x0044a01,0x0044a1c,0x0044a21,0x0044a24,0x0044a29,0x0044a38,0x0044a3d,0x0044a78,0x0044a7d,0x0044aa4,0x0044ac1,0x0044b7c,
+    0x0044bc2,0x0044be8,0x0044c15,0x0044c34,0x0044c3d,0x0044c44,0x0044c4d,0x0044ca4,0x0044ca9,0x0044cc4,0x0044cc9,0x0044cd0,
+    0x0044cd5,0x0044ce8,0x0044cf5,0x0044cf8,0x0044d41,0x0044d44,0x0044d75,0x0044d88,0x0045001,0x00450d4,0x004511d,0x004512c,
+    0x0045142,0x0045168,0x004517d,0x0045188,0x0045201,0x00452c0,0x0045311,0x0045318,0x004531d,0x0045320,0x0045342,0x0045368,
+    0x0045601,0x00456bc,0x0045761,0x0045770,0x0045801,0x00458c0,0x0045911,0x0045914,0x0045942,0x0045968,0x0045a01,0x0045aac,
+    0x0045ae1,0x0045ae4,0x0045b02,0x0045b28,0x0045c01,0x0045c6c,0x0045cc2,0x0045cf0,0x0045d01,0x0045d1c,0x0046001,0x00460b0,
+    0x0046281,0x0046382,0x00463cc,0x00463fd,0x004641c,0x0046425,0x0046428,0x0046431,0x0046450,0x0046455,0x004645c,0x0046461,
+    0x00464c0,0x00464fd,0x0046500,0x0046505,0x0046508,0x0046542,0x0046568,0x0046681,0x00466a0,0x00466a9,0x0046744,0x0046785,
+    0x0046788,0x004678d,0x0046790,0x0046801,0x0046804,0x004682d,0x00468cc,0x00468e9,0x00468ec,0x0046941,0x0046944,0x0046971,
+    0x0046a28,0x0046a75,0x0046a78,0x0046ac1,0x0046be4,0x0047001,0x0047024,0x0047029,0x00470bc,0x0047101,0x0047104,0x0047142,
+    0x00471b4,0x00471c9,0x0047240,0x0047401,0x004741c,0x0047421,0x0047428,0x004742d,0x00474c4,0x0047519,0x004751c,0x0047542,
+    0x0047568,0x0047581,0x0047598,0x004759d,0x00475a4,0x00475a9,0x0047628,0x0047661,0x0047664,0x0047682,0x00476a8,0x0047b81,
+    0x0047bcc,0x0047c09,0x0047c0c,0x0047c11,0x0047c44,0x0047c49,0x0047cd0,0x0047d42,0x0047d68,0x0047ec1,0x0047ec4,0x0047f02,
+    0x0047f54,0x0048001,0x0048e68,0x0049002,0x00491bc,0x0049201,0x0049510,0x004be41,0x004bfc4,0x004c001,0x004d0c0,0x004d105,
+    0x004d11c,0x0051001,0x005191c,0x005a001,0x005a8e4,0x005a901,0x005a97c,0x005a982,0x005a9a8,0x005a9c1,0x005aafc,0x005ab02,
+    0x005ab28,0x005ab41,0x005abb8,0x005ac01,0x005acc0,0x005ad01,0x005ad10,0x005ad42,0x005ad68,0x005ad6e,0x005ad88,0x005ad8d,
+    0x005ade0,0x005adf5,0x005ae40,0x005b901,0x005ba02,0x005ba5c,0x005bc01,0x005bd2c,0x005bd41,0x005bd44,0x005be4d,0x005be80,
+    0x005bf81,0x005bf88,0x005bf8d,0x005bf90,0x005c001,0x0061fe0,0x0062001,0x0063358,0x0063401,0x0063424,0x006bfc1,0x006bfd0,
+    0x006bfd5,0x006bff0,0x006bff5,0x006bffc,0x006c001,0x006c48c,0x006c4c9,0x006c4cc,0x006c541,0x006c54c,0x006c555,0x006c558,
+    0x006c591,0x006c5a0,0x006c5c1,0x006cbf0,0x006f001,0x006f1ac,0x006f1c1,0x006f1f4,0x006f201,0x006f224,0x006f241,0x006f268,
+    0x0074b02,0x0074b50,0x0074b82,0x0074bd0,0x0074d82,0x0074de4,0x0075001,0x0075154,0x0075159,0x0075274,0x0075279,0x0075280,
+    0x0075289,0x007528c,0x0075295,0x007529c,0x00752a5,0x00752b4,0x00752b9,0x00752e8,0x00752ed,0x00752f0,0x00752f5,0x0075310,
+    0x0075315,0x0075418,0x007541d,0x007542c,0x0075435,0x0075454,0x0075459,0x0075474,0x0075479,0x00754e8,0x00754ed,0x00754fc,
+    0x0075501,0x0075514,0x0075519,0x007551c,0x0075529,0x0075544,0x0075549,0x0075a98,0x0075aa1,0x0075b04,0x0075b09,0x0075b6c,
+    0x0075b71,0x0075bec,0x0075bf1,0x0075c54,0x0075c59,0x0075cd4,0x0075cd9,0x0075d3c,0x0075d41,0x0075dbc,0x0075dc1,0x0075e24,
+    0x0075e29,0x0075ea4,0x0075ea9,0x0075f0c,0x0075f11,0x0075f30,0x0075f3a,0x0076000,0x0077c01,0x0077c7c,0x0077c95,0x0077cac,
+    0x00780c1,0x00781b8,0x0078401,0x00784b4,0x00784dd,0x00784f8,0x0078502,0x0078528,0x0078539,0x007853c,0x0078a41,0x0078ab8,
+    0x0078b01,0x0078bb0,0x0078bc2,0x0078be8,0x0079341,0x00793b0,0x00793c2,0x00793e8,0x0079f81,0x0079f9c,0x0079fa1,0x0079fb0,
+    0x0079fb5,0x0079fbc,0x0079fc1,0x0079ffc,0x007a001,0x007a314,0x007a31e,0x007a340,0x007a401,0x007a510,0x007a52d,0x007a530,
+    0x007a542,0x007a568,0x007b1c6,0x007b2b0,0x007b2b6,0x007b2c0,0x007b2c6,0x007b2d4,0x007b406,0x007b4b8,0x007b4be,0x007b4f8,
+    0x007b801,0x007b810,0x007b815,0x007b880,0x007b885,0x007b88c,0x007b891,0x007b894,0x007b89d,0x007b8a0,0x007b8a5,0x007b8cc,
+    0x007b8d1,0x007b8e0,0x007b8e5,0x007b8e8,0x007b8ed,0x007b8f0,0x007b909,0x007b90c,0x007b91d,0x007b920,0x007b925,0x007b928,
+    0x007b92d,0x007b930,0x007b935,0x007b940,0x007b945,0x007b94c,0x007b951,0x007b954,0x007b95d,0x007b960,0x007b965,0x007b968,
+    0x007b96d,0x007b970,0x007b975,0x007b978,0x007b97d,0x007b980,0x007b985,0x007b98c,0x007b991,0x007b994,0x007b99d,0x007b9ac,
+    0x007b9b1,0x007b9cc,0x007b9d1,0x007b9e0,0x007b9e5,0x007b9f4,0x007b9f9,0x007b9fc,0x007ba01,0x007ba28,0x007ba2d,0x007ba70,
+    0x007ba85,0x007ba90,0x007ba95,0x007baa8,0x007baad,0x007baf0,0x007c402,0x007c434,0x007efc2,0x007efe8,0x0080001,0x00a9b80,
+    0x00a9c01,0x00adce8,0x00add01,0x00ae078,0x00ae081,0x00b3a88,0x00b3ac1,0x00baf84,0x00be001,0x00be878,0x00c0001,0x00c4d2c,
+    0x00c4d41,0x00c8ec0,
+};
+// END GENERATED
+
+static int mt__unicode_class(uint32_t cp) {
+    // invariant: start(lo) <= cp < start(hi), where start(N) is "infinity"
+    size_t lo = 0, hi = sizeof mt__unicode_steps / sizeof mt__unicode_steps[0];
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if ((mt__unicode_steps[mid] >> 2) <= cp) lo = mid; else hi = mid;
+    }
+    return (int)(mt__unicode_steps[lo] & 3);
+}
+
+// one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or returns 0 if the bytes
+// there are not valid UTF-8 (a stray continuation byte, a truncated sequence, an overlong
+// encoding, a surrogate, or a value above U+10FFFF)
+int mt_utf8_decode(const char *text, size_t n, uint32_t *cp) {
+    const unsigned char *s = (const unsigned char *)text;
+    unsigned char b = s[0];
+    if (b < 0x80) { *cp = b; return 1; }
+    int len;
+    uint32_t c;
+    if (b >= 0xC2 && b <= 0xDF) { len = 2; c = b & 0x1Fu; }       // C0, C1 would be overlong
+    else if (b >= 0xE0 && b <= 0xEF) { len = 3; c = b & 0x0Fu; }
+    else if (b >= 0xF0 && b <= 0xF4) { len = 4; c = b & 0x07u; }  // F5.. would pass U+10FFFF
+    else return 0;
+    if ((size_t)len > n) return 0;
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        c = (c << 6) | (s[i] & 0x3Fu);
+    }
+    if (len == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) return 0;
+    if (len == 4 && (c < 0x10000 || c > 0x10FFFF)) return 0;
+    *cp = c;
+    return len;
+}
+static int mt__utf8_encode(uint32_t cp, char *out) {
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+// the class and byte length of the character at s[0..n). A byte that does not start valid
+// UTF-8 counts as one character of class "other": tiktoken only ever sees valid text (a Python
+// str), so any rule works for it; this one keeps every byte inside some piece, and so
+// decode(encode(x)) == x holds for any bytes.
+static int mt__char_class(const unsigned char *s, size_t n, int *len) {
+    if (s[0] < 0x80) { *len = 1; return mt__ascii_class[s[0]]; }
+    uint32_t cp;
+    int l = mt_utf8_decode((const char *)s, n, &cp);
+    if (l == 0) { *len = 1; return MT__OTHER; }
+    *len = l;
+    return mt__unicode_class(cp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// pre-tokenization: GPT-2's regex, written out by hand
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// A regex engine tries the alternatives left to right at the current position and takes the
+// first that matches (each "+" as long as it can). Here is what that comes to, case by case:
+//   1. an apostrophe and s t m d (or re ve ll) is a piece: "it's" -> "it" "'s". Lowercase
+//      only: "IT'S" -> "IT" "'" "S".
+//   2. an optional single space, then a run of one class, letters OR numbers OR other (not
+//      space, letter or number): " world", " 2024", " --". The space glues to the run after it.
+//   3. whitespace: \s+(?!\S) matches a run of whitespace that is not followed by a non-space,
+//      so before a word the regex backs off one character and leaves the last one for the
+//      word: "a   b" -> "a" "  " " b". At the end of the text the whole run goes.
+//   4. \s+ catches what 3 leaves: a single whitespace character before a non-space ("\nA",
+//      or a tab before a word, which case 2 does not take since its optional prefix is a space).
+// tiktoken's version of the pattern ('(?:[sdmt]|ll|ve|re)| ?\p{L}++| ... |\s++$|\s+(?!\S)|\s)
+// is the same language written for a faster engine; the tests check both (tests/tiktoken_fuzz.py).
+size_t mt_gpt2_next_piece(const char *text, size_t n, size_t i) {
+    const unsigned char *s = (const unsigned char *)text;
+    // 1. contractions
+    if (s[i] == '\'' && i + 1 < n) {
+        unsigned char a = s[i + 1];
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if (i + 2 < n) {
+            unsigned char b = s[i + 2];
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+        }
+    }
+    // 2. ' ?' then a run of letters, numbers or others
+    int len, cls = mt__char_class(s + i, n - i, &len);
+    size_t j = i;                       // where the run starts (after the optional space)
+    if (s[i] == ' ' && i + 1 < n) {
+        int len1, cls1 = mt__char_class(s + i + 1, n - i - 1, &len1);
+        if (cls1 != MT__SPACE) { j = i + 1; cls = cls1; len = len1; }
+    }
+    if (cls != MT__SPACE) {
+        size_t k = j + (size_t)len;
+        if (cls == MT__LETTER) {        // the common case, ASCII letters, without a call
+            while (k < n && s[k] < 0x80 && mt__ascii_class[s[k]] == MT__LETTER) k++;
+        }
+        while (k < n) {
+            int l;
+            if (mt__char_class(s + k, n - k, &l) != cls) break;
+            k += (size_t)l;
+        }
+        return k;
+    }
+    // 3. and 4. a whitespace run [i, k); `last` is where its last character starts
+    size_t last = i, k = i + (size_t)len;
+    while (k < n) {
+        int l;
+        if (mt__char_class(s + k, n - k, &l) != MT__SPACE) break;
+        last = k;
+        k += (size_t)l;
+    }
+    if (k == n) return n;          // 3. at the end of the text: the whole run
+    if (last > i) return last;     // 3. before a non-space: all but the last character
+    return k;                      // 4. a single whitespace character before a non-space
+}
+
+// ---------------------------------------------------------------------------------------------
+// the vocabulary: token bytes <-> id
+// a slot holds the token's length and first 8 bytes, so most lookups (GPT-2's tokens are
+// about 6 bytes long) are decided in the slot, without a memcmp call on bytes elsewhere in memory
+struct mt__vocab_slot {
+    uint64_t head;     // first 8 bytes of the token, zero-padded (mt__hash_bytes)
+    uint32_t len;      // its length in bytes
+    int32_t id;        // -1: empty slot
+};
+
+static int32_t mt__vocab_find(const mt_tokenizer *t, const unsigned char *s, size_t n, uint64_t h, uint64_t head) {
+    for (size_t i = (size_t)h & t->vocab_mask;; i = (i + 1) & t->vocab_mask) {
+        const struct mt__vocab_slot *slot = &t->vocab_slots[i];
+        if (slot->id < 0) return -1;
+        if (slot->head == head && slot->len == n &&
+            (n <= 8 || memcmp(t->bytes + t->offsets[slot->id] + 8, s + 8, n - 8) == 0)) return slot->id;
+    }
+}
+
+int32_t mt_tokenizer_token_id(const mt_tokenizer *t, const char *bytes, size_t len) {
+    const unsigned char *s = (const unsigned char *)bytes;
+    uint64_t head;
+    uint64_t h = mt__hash_bytes(s, len, &head);
+    return mt__vocab_find(t, s, len, h, head);
+}
+
+const char *mt_tokenizer_token_bytes(const mt_tokenizer *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->vocab_size) { *len = 0; return NULL; }
+    *len = t->offsets[id + 1] - t->offsets[id];
+    return t->bytes + t->offsets[id];
+}
+
+// ---------------------------------------------------------------------------------------------
+// the merge table: (left id, right id) -> (rank, merged id)
+// merges.txt line r (0-based, after the header) says "tokens A and B merge into token AB, with
+// rank r"; lower rank = learned earlier = merged first. For GPT-2, AB's id is 256 + r.
+// tiktoken ranks a pair by the bytes it would form: two adjacent parts merge if their
+// concatenation is a token, at that token's rank, whichever two parts formed it (merges.txt
+// may have made "abc" from "ab"+"c" while the parts at hand are "a"+"bc"). So the table holds
+// every split of every merged token into two tokens: 108,299 pairs for GPT-2, of which 50,000
+// are merges.txt's lines. That makes the rule tiktoken's by construction. For GPT-2's own files,
+// merges.txt's pairs alone (what OpenAI's encoder.py and Megatron use) gave the same ids on
+// every piece we tried: all of the corpus's and 400,000 random ones.
+struct mt__pair_slot {
+    uint64_t key;      // (left << 32) | right; UINT64_MAX: empty slot
+    int32_t rank;
+    int32_t id;
+};
+#define MT__NO_RANK INT32_MAX
+
+static uint64_t mt__pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+
+// rank of merging tokens a and b (MT__NO_RANK if they do not merge); *merged gets the new id
+static int32_t mt__pair_rank(const mt_tokenizer *t, int32_t a, int32_t b, int32_t *merged) {
+    uint64_t key = mt__pair_key(a, b);
+    for (size_t i = (size_t)mt__mix64(key) & t->pair_mask;; i = (i + 1) & t->pair_mask) {
+        const struct mt__pair_slot *slot = &t->pair_slots[i];
+        if (slot->key == key) { *merged = slot->id; return slot->rank; }
+        if (slot->key == UINT64_MAX) return MT__NO_RANK;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BPE on one piece, two ways with the same result
+// The rule (tiktoken's byte_pair_merge): while some adjacent pair merges, merge the pair of
+// lowest rank; on a tie (the same token twice, as in "aaaa"), the leftmost.
+//   mt__bpe_small: arrays and a linear scan per merge, O(n^2), fastest for normal words
+//   mt__bpe_large: a linked list of parts and a min-heap of pairs keyed (rank, position),
+//                  O(n log n), for long pieces (a 100 kB run of digits must not take minutes)
+// The heap keeps stale entries (pairs that a later merge destroyed) and drops them when they
+// come out: an entry is live if its left part still exists and still forms a pair of that rank
+// with its right neighbour. Equal ranks mean equal tokens, so a live entry is always right.
+#define MT__BPE_SMALL 128
+
+static size_t mt__bpe_small(const mt_tokenizer *t, const unsigned char *s, size_t n, int32_t *out) {
+    int32_t id[MT__BPE_SMALL], rank[MT__BPE_SMALL], merged[MT__BPE_SMALL];
+    // rank[k] and merged[k] describe the pair (id[k], id[k+1])
+    for (size_t k = 0; k < n; k++) id[k] = t->byte_id[s[k]];
+    for (size_t k = 0; k + 1 < n; k++) rank[k] = mt__pair_rank(t, id[k], id[k + 1], &merged[k]);
+    size_t m = n;   // parts left
+    for (;;) {
+        int32_t best = MT__NO_RANK;
+        size_t k = 0;
+        for (size_t i = 0; i + 1 < m; i++) if (rank[i] < best) { best = rank[i]; k = i; }
+        if (best == MT__NO_RANK) break;
+        // merge parts k and k+1 into part k, close the gap
+        id[k] = merged[k];
+        size_t tail = m - k - 2;   // parts after k+1
+        memmove(&id[k + 1], &id[k + 2], tail * sizeof(int32_t));
+        memmove(&rank[k + 1], &rank[k + 2], tail * sizeof(int32_t));
+        memmove(&merged[k + 1], &merged[k + 2], tail * sizeof(int32_t));
+        m--;
+        // only the pairs that touch the new part change
+        if (k + 1 < m) rank[k] = mt__pair_rank(t, id[k], id[k + 1], &merged[k]);
+        if (k > 0) rank[k - 1] = mt__pair_rank(t, id[k - 1], id[k], &merged[k - 1]);
+    }
+    memcpy(out, id, m * sizeof(int32_t));
+    return m;
+}
+
+static void mt__heap_push(uint64_t *heap, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i > 0 && heap[(i - 1) / 2] > v) { heap[i] = heap[(i - 1) / 2]; i = (i - 1) / 2; }
+    heap[i] = v;
+}
+static uint64_t mt__heap_pop(uint64_t *heap, size_t *n) {
+    uint64_t top = heap[0], v = heap[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap[c + 1] < heap[c]) c++;
+        if (heap[c] >= v) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    if (*n > 0) heap[i] = v;
+    return top;
+}
+
+static size_t mt__bpe_large(const mt_tokenizer *t, const unsigned char *s, size_t n, int32_t *out) {
+    // part p starts at byte p (positions never move, so p is also its left-to-right order)
+    int32_t *id = (int32_t *)mt_malloc(n * sizeof(int32_t), "BPE parts");     // -1: merged away
+    int64_t *next = (int64_t *)mt_malloc(n * sizeof(int64_t), "BPE parts");   // -1: none
+    int64_t *prev = (int64_t *)mt_malloc(n * sizeof(int64_t), "BPE parts");
+    uint64_t *heap = (uint64_t *)mt_malloc(3 * n * sizeof(uint64_t), "BPE heap"); // (rank << 32) | p
+    size_t nheap = 0;
+    int32_t merged;
+    for (size_t p = 0; p < n; p++) {
+        id[p] = t->byte_id[s[p]];
+        next[p] = p + 1 < n ? (int64_t)p + 1 : -1;
+        prev[p] = (int64_t)p - 1;
+    }
+    for (size_t p = 0; p + 1 < n; p++) {
+        int32_t r = mt__pair_rank(t, id[p], id[p + 1], &merged);
+        if (r != MT__NO_RANK) mt__heap_push(heap, &nheap, ((uint64_t)r << 32) | p);
+    }
+    while (nheap > 0) {
+        uint64_t e = mt__heap_pop(heap, &nheap);
+        int32_t r = (int32_t)(e >> 32);
+        size_t p = (size_t)(e & 0xffffffffu);
+        if (id[p] < 0 || next[p] < 0) continue;                          // stale
+        size_t q = (size_t)next[p];
+        if (mt__pair_rank(t, id[p], id[q], &merged) != r) continue;    // stale
+        id[p] = merged;            // p absorbs q
+        id[q] = -1;
+        next[p] = next[q];
+        if (next[q] >= 0) prev[next[q]] = (int64_t)p;
+        if (prev[p] >= 0) {
+            size_t o = (size_t)prev[p];
+            int32_t r2 = mt__pair_rank(t, id[o], id[p], &merged);
+            if (r2 != MT__NO_RANK) mt__heap_push(heap, &nheap, ((uint64_t)r2 << 32) | o);
+        }
+        if (next[p] >= 0) {
+            int32_t r2 = mt__pair_rank(t, id[p], id[next[p]], &merged);
+            if (r2 != MT__NO_RANK) mt__heap_push(heap, &nheap, ((uint64_t)r2 << 32) | p);
+        }
+    }
+    size_t m = 0;
+    for (int64_t p = 0; p >= 0; p = next[p]) out[m++] = id[p];
+    free(id); free(next); free(prev); free(heap);
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the word cache: piece bytes -> ids, one per thread
+// Text repeats its words, so each distinct piece needs BPE once. Pieces that are one token
+// (most English words with their space) are answered by the vocabulary map and never get
+// here; the cache holds the pieces that split into several tokens. Keys and ids live in two
+// growing arenas; at MT__CACHE_MAX_SLOTS or MT__CACHE_MAX_BYTES the cache empties and starts
+// over, which bounds its memory on endless input. Not shared between threads: no locks.
+struct mt__cache_slot {
+    uint64_t hash;
+    uint32_t key_off, key_len;   // key_len 0: empty slot
+    uint32_t ids_off, n_ids;
+};
+#define MT__CACHE_MAX_WORD 256            // longer pieces are rare: not cached
+#define MT__CACHE_MAX_SLOTS (1u << 19)    // 12 MB of slots, up to 262,144 words
+#define MT__CACHE_MAX_BYTES (32u << 20)   // per arena
+
+static int mt__cache_find(const mt_bpe_cache *c, const unsigned char *s, size_t n, uint64_t h, mt_int_list *out) {
+    if (!c->slots) return 0;
+    for (size_t i = (size_t)h & c->mask;; i = (i + 1) & c->mask) {
+        const struct mt__cache_slot *slot = &c->slots[i];
+        if (slot->key_len == 0) return 0;
+        if (slot->hash == h && slot->key_len == n && memcmp(c->keys + slot->key_off, s, n) == 0) {
+            mt_int_list_reserve(out, slot->n_ids);
+            memcpy(out->data + out->len, c->ids + slot->ids_off, slot->n_ids * sizeof(int32_t));
+            out->len += slot->n_ids;
+            return 1;
+        }
+    }
+}
+
+static void mt__cache_place(struct mt__cache_slot *slots, size_t mask, const struct mt__cache_slot *e) {
+    size_t i = (size_t)e->hash & mask;
+    while (slots[i].key_len != 0) i = (i + 1) & mask;
+    slots[i] = *e;
+}
+
+static void mt__cache_insert(mt_bpe_cache *c, const unsigned char *s, size_t n, uint64_t h,
+                             const int32_t *ids, size_t n_ids) {
+    int full = c->keys_len + n > MT__CACHE_MAX_BYTES || (c->ids_len + n_ids) * sizeof(int32_t) > MT__CACHE_MAX_BYTES;
+    if (!c->slots || (c->count + 1) * 2 > c->mask + 1) {
+        size_t cap = c->slots ? 2 * (c->mask + 1) : 4096;
+        if (cap > MT__CACHE_MAX_SLOTS) full = 1;
+        else {   // grow: re-place every entry in a table twice the size
+            struct mt__cache_slot *slots = (struct mt__cache_slot *)mt_calloc(cap, sizeof *slots, "BPE cache");
+            for (size_t i = 0; c->slots && i <= c->mask; i++)
+                if (c->slots[i].key_len) mt__cache_place(slots, cap - 1, &c->slots[i]);
+            free(c->slots);
+            c->slots = slots;
+            c->mask = cap - 1;
+        }
+    }
+    if (full) {   // start over with an empty cache of the same size
+        memset(c->slots, 0, (c->mask + 1) * sizeof *c->slots);
+        c->count = c->keys_len = c->ids_len = 0;
+    }
+    if (c->keys_len + n > c->keys_cap) {
+        c->keys_cap = mt__pow2_at_least(c->keys_len + n + 65536);
+        c->keys = (char *)mt_realloc(c->keys, c->keys_cap, "BPE cache");
+    }
+    if (c->ids_len + n_ids > c->ids_cap) {
+        c->ids_cap = mt__pow2_at_least(c->ids_len + n_ids + 16384);
+        c->ids = (int32_t *)mt_realloc(c->ids, c->ids_cap * sizeof(int32_t), "BPE cache");
+    }
+    struct mt__cache_slot e;
+    e.hash = h;
+    e.key_off = (uint32_t)c->keys_len;
+    e.key_len = (uint32_t)n;
+    e.ids_off = (uint32_t)c->ids_len;
+    e.n_ids = (uint32_t)n_ids;
+    memcpy(c->keys + c->keys_len, s, n);
+    memcpy(c->ids + c->ids_len, ids, n_ids * sizeof(int32_t));
+    c->keys_len += n;
+    c->ids_len += n_ids;
+    mt__cache_place(c->slots, c->mask, &e);
+    c->count++;
+}
+
+void mt_bpe_cache_free(mt_bpe_cache *c) {
+    free(c->slots);
+    free(c->keys);
+    free(c->ids);
+    memset(c, 0, sizeof *c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// encode and decode
+// one piece: a single byte is its own token; a piece that is a token is taken whole (tiktoken
+// does this too; for GPT-2, BPE builds every token from its own bytes, so it is only a shortcut,
+// and the one most English words take); else the cache; else BPE, and remember the result.
+static void mt__encode_piece(const mt_tokenizer *t, mt_bpe_cache *c, const unsigned char *s, size_t n,
+                             mt_int_list *out) {
+    if (n == 1) { mt_int_list_push(out, t->byte_id[s[0]]); return; }
+    uint64_t head;
+    uint64_t h = mt__hash_bytes(s, n, &head);
+    int32_t id = mt__vocab_find(t, s, n, h, head);
+    if (id >= 0 && id != t->eod_id) { mt_int_list_push(out, id); return; }
+    if (c && n <= MT__CACHE_MAX_WORD && mt__cache_find(c, s, n, h, out)) { c->hits++; return; }
+    mt_int_list_reserve(out, n);   // BPE never gives more tokens than bytes
+    int32_t *ids = out->data + out->len;
+    size_t m = n <= MT__BPE_SMALL ? mt__bpe_small(t, s, n, ids) : mt__bpe_large(t, s, n, ids);
+    out->len += m;
+    if (c && n <= MT__CACHE_MAX_WORD) { c->misses++; mt__cache_insert(c, s, n, h, ids, m); }
+}
+
+size_t mt_tokenizer_encode(const mt_tokenizer *t, mt_bpe_cache *cache, const char *text, size_t len,
+                           mt_int_list *out) {
+    size_t before = out->len;
+    for (size_t pos = 0; pos < len;) {
+        size_t end = mt_gpt2_next_piece(text, len, pos);
+        mt__encode_piece(t, cache, (const unsigned char *)text + pos, end - pos, out);
+        pos = end;
+    }
+    return out->len - before;
+}
+
+size_t mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= t->vocab_size)
+            mt_fatal("cannot decode token id %d: the vocabulary has ids 0..%d\n"
+                     "hint: ids past the vocabulary come from a padded output layer (--make-vocab-size-divisible-by); "
+                     "sample only from the first %d logits",
+                     (int)id, t->vocab_size - 1, t->vocab_size);
+        size_t len = t->offsets[id + 1] - t->offsets[id];
+        if (total < cap) memcpy(out + total, t->bytes + t->offsets[id], len < cap - total ? len : cap - total);
+        total += len;
+    }
+    if (total < cap) out[total] = '\0';
+    return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON strings: "..." with \" \\ \/ \b \f \n \r \t \uXXXX (and UTF-16 surrogate pairs for
+// code points above U+FFFF: "\ud83d\ude00" is U+1F600) -> UTF-8 bytes
+static int mt__hex4(const char *p, uint32_t *v) {
+    uint32_t x = 0;
+    for (int i = 0; i < 4; i++) {
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        x = x * 16 + (uint32_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
+const char *mt_json_string(const char **pp, const char *end, char *out, size_t *out_len) {
+    const char *p = *pp;
+    size_t o = 0;   // out is written strictly behind p, so out may be the input itself
+    if (p >= end || *p != '"') return "expected a string";
+    p++;
+    for (;;) {
+        if (p >= end) { *pp = p; return "unterminated string"; }
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"') { p++; break; }
+        if (ch < 0x20) { *pp = p; return "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"; }
+        if (ch >= 0x80) {   // raw UTF-8: check it, copy it
+            uint32_t cp;
+            int l = mt_utf8_decode(p, (size_t)(end - p), &cp);
+            if (l == 0) { *pp = p; return "invalid UTF-8 in a string"; }
+            for (int i = 0; i < l; i++) out[o++] = p[i];
+            p += l;
+            continue;
+        }
+        if (ch != '\\') { out[o++] = (char)ch; p++; continue; }
+        if (end - p < 2) { *pp = p; return "unterminated string"; }
+        char e = p[1];
+        p += 2;
+        switch (e) {
+        case '"': out[o++] = '"'; break;
+        case '\\': out[o++] = '\\'; break;
+        case '/': out[o++] = '/'; break;
+        case 'b': out[o++] = '\b'; break;
+        case 'f': out[o++] = '\f'; break;
+        case 'n': out[o++] = '\n'; break;
+        case 'r': out[o++] = '\r'; break;
+        case 't': out[o++] = '\t'; break;
+        case 'u': {
+            uint32_t u;
+            if (end - p < 4 || !mt__hex4(p, &u)) { *pp = p - 2; return "bad \\u escape (needs 4 hex digits)"; }
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {   // high surrogate: a low one must follow
+                uint32_t lo;
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !mt__hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
+                    *pp = p - 6;
+                    return "lone UTF-16 surrogate \\uD800..\\uDBFF (not encodable as UTF-8)";
+                }
+                p += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                *pp = p - 6;
+                return "lone UTF-16 surrogate \\uDC00..\\uDFFF (not encodable as UTF-8)";
+            }
+            o += (size_t)mt__utf8_encode(u, out + o);
+            break;
+        }
+        default: *pp = p - 2; return "invalid escape in a string";
+        }
+    }
+    *pp = p;
+    *out_len = o;
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// loading vocab.json and merges.txt
+static char *mt__read_file(const char *path, size_t *len, const char *what, const char *flag) {
+    FILE *f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s %s: %s\nhint: check %s", what, path, strerror(errno), flag);
+    size_t cap = 1 << 20, n = 0;
+    char *buf = (char *)mt_malloc(cap + 1, what);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        cap *= 2;
+        buf = (char *)mt_realloc(buf, cap + 1, what);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) mt_fatal("cannot read %s %s: %s\nhint: check %s", what, path, strerror(errno), flag);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+// the byte alphabet of the files (see the top of this part): code point -> byte, -1 if none
+static void mt__gpt2_unicode_to_byte(int16_t table[324]) {
+    for (int i = 0; i < 324; i++) table[i] = -1;
+    int next = 256;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        table[printable ? b : next++] = (int16_t)b;
+    }
+}
+
+// token text (UTF-8 of the byte alphabet) -> bytes; returns the byte count, or -1 with *bad_cp
+// set to the first code point outside the alphabet
+static long mt__alphabet_to_bytes(const int16_t u2b[324], const char *s, size_t n, char *out, uint32_t *bad_cp) {
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = mt_utf8_decode(s + i, n - i, &cp);
+        if (l == 0) { *bad_cp = 0xFFFD; return -1; }
+        if (cp >= 324 || u2b[cp] < 0) { *bad_cp = cp; return -1; }
+        out[o++] = (char)u2b[cp];
+        i += (size_t)l;
+    }
+    return (long)o;
+}
+
+static void mt__vocab_insert(mt_tokenizer *t, int32_t id) {
+    uint32_t off = t->offsets[id];
+    size_t n = t->offsets[id + 1] - off;
+    uint64_t head;
+    uint64_t h = mt__hash_bytes((const unsigned char *)t->bytes + off, n, &head);
+    size_t i = (size_t)h & t->vocab_mask;
+    while (t->vocab_slots[i].id >= 0) i = (i + 1) & t->vocab_mask;
+    t->vocab_slots[i].head = head;
+    t->vocab_slots[i].len = (uint32_t)n;
+    t->vocab_slots[i].id = id;
+}
+
+static void mt__pair_insert(mt_tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t id) {
+    uint64_t key = mt__pair_key(a, b);
+    size_t i = (size_t)mt__mix64(key) & t->pair_mask;
+    while (t->pair_slots[i].key != UINT64_MAX && t->pair_slots[i].key != key) i = (i + 1) & t->pair_mask;
+    struct mt__pair_slot *slot = &t->pair_slots[i];
+    if (slot->key == key && slot->rank <= rank) return;   // keep the earlier merge
+    if (slot->key != key) t->n_pairs++;
+    slot->key = key;
+    slot->rank = rank;
+    slot->id = id;
+}
+
+#define MT__VOCAB_HINT "hint: --vocab-file must be a GPT-2 style vocab.json (encoder.json), e.g. data/gpt2-vocab.json"
+#define MT__MERGES_HINT "hint: --merge-file must be the merges.txt (vocab.bpe) that goes with --vocab-file, e.g. data/gpt2-merges.txt"
+
+// vocab.json: one JSON object {"token": id, ...}. ids must be 0..N-1, each used once.
+static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[324]) {
+    size_t len;
+    char *buf = mt__read_file(path, &len, "vocab file", "--vocab-file");
+    const char *p = buf, *end = buf + len;
+    size_t cap = 65536, n = 0;
+    int32_t *ids = (int32_t *)mt_malloc(cap * sizeof(int32_t), "vocab");
+    uint32_t *offs = (uint32_t *)mt_malloc((cap + 1) * sizeof(uint32_t), "vocab");
+    char *bytes = (char *)mt_malloc(len + 1, "vocab");   // the bytes are shorter than the file
+    size_t nbytes = 0;
+    const char *err = NULL;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    if (p >= end || *p != '{') err = "expected '{' (vocab.json is one JSON object)";
+    else p++;
+    while (!err) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (n == 0 && p < end && *p == '}') { p++; break; }
+        // "token"
+        char *tok = bytes + nbytes;
+        size_t toklen;
+        const char *serr = mt_json_string(&p, end, tok, &toklen);
+        if (serr) { err = serr; break; }
+        uint32_t bad_cp = 0;
+        long nb = mt__alphabet_to_bytes(u2b, tok, toklen, tok, &bad_cp);   // in place: never longer
+        if (nb < 0) {
+            mt_fatal("%s: token \"%.*s\" (entry %zu) has the character U+%04X, which is not one of the 256 "
+                     "characters GPT-2 uses to write bytes\n" MT__VOCAB_HINT,
+                     path, (int)toklen, tok, n + 1, (unsigned)bad_cp);
+        }
+        // : id
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p >= end || *p != ':') { err = "expected ':' after a token"; break; }
+        p++;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p >= end || *p < '0' || *p > '9') { err = "expected a token id (a non-negative integer)"; break; }
+        long long id = 0;
+        while (p < end && *p >= '0' && *p <= '9' && id < (1LL << 40)) id = id * 10 + (*p++ - '0');
+        if (id > INT32_MAX - 1) { err = "token id too large"; break; }
+        if (n == cap) {
+            cap *= 2;
+            ids = (int32_t *)mt_realloc(ids, cap * sizeof(int32_t), "vocab");
+            offs = (uint32_t *)mt_realloc(offs, (cap + 1) * sizeof(uint32_t), "vocab");
+        }
+        ids[n] = (int32_t)id;
+        offs[n] = (uint32_t)nbytes;
+        nbytes += (size_t)nb;
+        n++;
+        offs[n] = (uint32_t)nbytes;
+        // , or }
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p < end && *p == ',') { p++; continue; }
+        if (p < end && *p == '}') { p++; break; }
+        err = "expected ',' or '}' after a token id";
+    }
+    if (!err) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p != end) err = "text after the closing '}'";
+    }
+    if (err) mt_fatal("%s is not a valid vocab.json: %s at byte %zu\n" MT__VOCAB_HINT, path, err, (size_t)(p - buf));
+    if (n < 256) mt_fatal("%s has %zu tokens; a byte-level vocabulary has at least the 256 single bytes\n" MT__VOCAB_HINT, path, n);
+    // lay the tokens out by id
+    t->vocab_size = (int)n;
+    t->offsets = (uint32_t *)mt_calloc(n + 1, sizeof(uint32_t), "vocab");
+    uint32_t *len_of = (uint32_t *)mt_malloc(n * sizeof(uint32_t), "vocab");
+    int32_t *entry_of = (int32_t *)mt_malloc(n * sizeof(int32_t), "vocab");
+    for (size_t i = 0; i < n; i++) entry_of[i] = -1;
+    for (size_t i = 0; i < n; i++) {
+        if ((size_t)ids[i] >= n)
+            mt_fatal("%s: token id %d is out of range: %zu tokens must have ids 0..%zu\n" MT__VOCAB_HINT,
+                     path, (int)ids[i], n, n - 1);
+        if (entry_of[ids[i]] >= 0) mt_fatal("%s: token id %d is used twice\n" MT__VOCAB_HINT, path, (int)ids[i]);
+        entry_of[ids[i]] = (int32_t)i;
+        len_of[ids[i]] = offs[i + 1] - offs[i];
+    }
+    for (size_t id = 0; id < n; id++) t->offsets[id + 1] = t->offsets[id] + len_of[id];
+    t->bytes = (char *)mt_malloc(t->offsets[n] + 1, "vocab");
+    for (size_t id = 0; id < n; id++) memcpy(t->bytes + t->offsets[id], bytes + offs[entry_of[id]], len_of[id]);
+    // the bytes -> id map
+    t->vocab_mask = mt__pow2_at_least(2 * n) - 1;
+    t->vocab_slots = (struct mt__vocab_slot *)mt_malloc((t->vocab_mask + 1) * sizeof(struct mt__vocab_slot), "vocab");
+    for (size_t i = 0; i <= t->vocab_mask; i++) { t->vocab_slots[i].id = -1; t->vocab_slots[i].head = 0; t->vocab_slots[i].len = 0; }
+    for (size_t id = 0; id < n; id++) {
+        size_t tl;
+        const char *tb = mt_tokenizer_token_bytes(t, (int32_t)id, &tl);
+        if (mt_tokenizer_token_id(t, tb, tl) >= 0)
+            mt_fatal("%s: two tokens have the same bytes \"%.*s\" (ids %d and %zu)\n" MT__VOCAB_HINT,
+                     path, (int)tl, tb, (int)mt_tokenizer_token_id(t, tb, tl), id);
+        mt__vocab_insert(t, (int32_t)id);
+    }
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        t->byte_id[b] = mt_tokenizer_token_id(t, &c, 1);
+        if (t->byte_id[b] < 0) mt_fatal("%s has no token for the byte 0x%02X; a byte-level vocabulary has all 256\n" MT__VOCAB_HINT, path, b);
+    }
+    t->eod_id = mt_tokenizer_token_id(t, MT_EOD_TEXT, strlen(MT_EOD_TEXT));
+    free(len_of); free(entry_of); free(ids); free(offs); free(bytes); free(buf);
+}
+
+// merges.txt: "#version: 0.2", then one "A B" per line, highest priority first
+static void mt__load_merges(mt_tokenizer *t, const char *path, const int16_t u2b[324], const char *vocab_path) {
+    size_t len;
+    char *buf = mt__read_file(path, &len, "merges file", "--merge-file");
+    if (len < 8 || memcmp(buf, "#version", 8) != 0)
+        mt_fatal("%s: line 1 is not the \"#version: 0.2\" header of a merges.txt\n" MT__MERGES_HINT, path);
+    int32_t *rank_of = (int32_t *)mt_malloc((size_t)t->vocab_size * sizeof(int32_t), "merges"); // token -> rank
+    for (int i = 0; i < t->vocab_size; i++) rank_of[i] = MT__NO_RANK;
+    char *tmp = (char *)mt_malloc(len + 1, "merges");
+    char *line = (char *)memchr(buf, '\n', len);
+    int lineno = 1, rank = 0;
+    while (line && line + 1 < buf + len) {
+        char *s = line + 1;
+        lineno++;
+        char *e = (char *)memchr(s, '\n', (size_t)(buf + len - s));
+        if (!e) e = buf + len;
+        line = e < buf + len ? e : NULL;
+        if (e > s && e[-1] == '\r') e--;   // tolerate \r\n
+        if (e == s) continue;              // blank line (the end of the file)
+        char *sp = (char *)memchr(s, ' ', (size_t)(e - s));
+        if (!sp || sp == s || sp + 1 == e || memchr(sp + 1, ' ', (size_t)(e - sp - 1)))
+            mt_fatal("%s line %d: expected two tokens separated by one space, got \"%.*s\"\n" MT__MERGES_HINT,
+                     path, lineno, (int)(e - s), s);
+        // A and B in the byte alphabet -> bytes, then their ids and the merged token's id
+        const char *part[2] = {s, sp + 1};
+        size_t plen[2] = {(size_t)(sp - s), (size_t)(e - sp - 1)};
+        int32_t pid[2];
+        size_t at = 0;
+        for (int k = 0; k < 2; k++) {
+            uint32_t bad_cp = 0;
+            long nb = mt__alphabet_to_bytes(u2b, part[k], plen[k], tmp + at, &bad_cp);
+            if (nb < 0)
+                mt_fatal("%s line %d: \"%.*s\" has the character U+%04X, which GPT-2's byte alphabet does not use\n" MT__MERGES_HINT,
+                         path, lineno, (int)plen[k], part[k], (unsigned)bad_cp);
+            pid[k] = mt_tokenizer_token_id(t, tmp + at, (size_t)nb);
+            if (pid[k] < 0)
+                mt_fatal("%s line %d: the merge \"%.*s\" names \"%.*s\", which is not a token of %s\n" MT__MERGES_HINT,
+                         path, lineno, (int)(e - s), s, (int)plen[k], part[k], vocab_path);
+            at += (size_t)nb;
+        }
+        int32_t merged = mt_tokenizer_token_id(t, tmp, at);
+        if (merged < 0)
+            mt_fatal("%s line %d: the merge \"%.*s\" makes a token that is not in %s\n" MT__MERGES_HINT,
+                     path, lineno, (int)(e - s), s, vocab_path);
+        if (rank_of[merged] == MT__NO_RANK) rank_of[merged] = rank;
+        rank++;
+    }
+    t->n_merges = rank;
+    // every split of every merged token into two tokens (see "the merge table")
+    size_t bound = 0;
+    for (int id = 0; id < t->vocab_size; id++)
+        if (rank_of[id] != MT__NO_RANK) bound += t->offsets[id + 1] - t->offsets[id] - 1;
+    t->pair_mask = mt__pow2_at_least(2 * bound) - 1;
+    t->pair_slots = (struct mt__pair_slot *)mt_malloc((t->pair_mask + 1) * sizeof(struct mt__pair_slot), "merges");
+    for (size_t i = 0; i <= t->pair_mask; i++) { t->pair_slots[i].key = UINT64_MAX; t->pair_slots[i].rank = 0; t->pair_slots[i].id = -1; }
+    t->n_pairs = 0;
+    for (int id = 0; id < t->vocab_size; id++) {
+        if (rank_of[id] == MT__NO_RANK) continue;
+        const char *tb = t->bytes + t->offsets[id];
+        size_t tl = t->offsets[id + 1] - t->offsets[id];
+        for (size_t k = 1; k < tl; k++) {
+            int32_t a = mt_tokenizer_token_id(t, tb, k), b = mt_tokenizer_token_id(t, tb + k, tl - k);
+            if (a >= 0 && b >= 0) mt__pair_insert(t, a, b, rank_of[id], (int32_t)id);
+        }
+    }
+    free(rank_of); free(tmp); free(buf);
+}
+
+void mt_tokenizer_load(mt_tokenizer *t, const char *vocab_path, const char *merges_path) {
+    memset(t, 0, sizeof *t);
+    int16_t u2b[324];
+    mt__gpt2_unicode_to_byte(u2b);
+    mt__load_vocab(t, vocab_path, u2b);
+    mt__load_merges(t, merges_path, u2b, vocab_path);
+}
+
+void mt_tokenizer_free(mt_tokenizer *t) {
+    free(t->bytes);
+    free(t->offsets);
+    free(t->vocab_slots);
+    free(t->pair_slots);
+    memset(t, 0, sizeof *t);
+}
+// =============================================================================================
+// 12. TRAINING LOOP
+// =============================================================================================
+// Mirrors megatron/training/training.py: pretrain() -> train() with train_step(),
+// training_log() and evaluate_and_print_results(). Every rank runs the same loop on its own
+// thread; the last rank prints, as Megatron's print_rank_last.
+
+double mt_flops_per_token(const mt_config *cfg) {
+    return 6.0 * (double)mt_model_num_parameters(cfg) +
+           12.0 * cfg->model.num_layers * cfg->model.hidden_size * (double)cfg->model.seq_length;
+}
+size_t mt_model_num_parameters(const mt_config *cfg) {
+    size_t C = (size_t)cfg->model.hidden_size, F = (size_t)cfg->model.ffn_hidden_size, L = (size_t)cfg->model.num_layers;
+    size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
+    return (size_t)cfg->padded_vocab_size * C + (size_t)cfg->model.max_position_embeddings * C + L * per_layer + 2 * C;
+}
+
+typedef struct {
+    mt_config *cfg;
+    mt_data *data;
+    int split;                 // 0 train, 1 valid, 2 test
+    int64_t eval_base;         // first sample of the current evaluation batch (valid/test)
+    int32_t *sample;           // (T+1) scratch, one per rank
+} mt__batch_ctx;
+
+// fills micro-batch mb of this rank: global batch sample = base + mb*B*DP + dp_rank*B + b
+static void mt__data_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
+    mt__batch_ctx *ctx = (mt__batch_ctx *)vctx;
+    int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
+    int64_t base = ctx->split == 0 ? (int64_t)(iteration - 1) * r->cfg->train.global_batch_size : ctx->eval_base;
+    for (int b = 0; b < B; b++) {
+        int64_t i = base + (int64_t)mb * B * r->ps.dp_size + (int64_t)r->ps.dp_rank * B + b;
+        mt_blended_sample(&ctx->data->split[ctx->split], i, ctx->sample);
+        for (int t = 0; t <= T; t++)
+            if (ctx->sample[t] < 0 || ctx->sample[t] >= V)
+                mt_fatal("token id %d in the data is outside the vocabulary (size %d)\nhint: preprocess with the same --vocab-file, or set --vocab-size", ctx->sample[t], V);
+        for (int t = 0; t < T; t++) {
+            tokens[b * T + t] = ctx->sample[t];
+            targets[b * T + t] = ctx->sample[t + 1];
+        }
+    }
+}
+
+typedef struct {
+    mt_config *cfg;
+    mt_data *data;
+} mt__job;
+
+static void mt__print_eval(mt_rank *r, const char *what, float loss) {
+    if (r->ps.rank != r->ps.world_size - 1) return;
+    char line[256];
+    int n = snprintf(line, sizeof line, " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", what,
+                     (double)loss, exp((double)loss < 700 ? (double)loss : 700.0));
+    char dashes[260];
+    memset(dashes, '-', (size_t)n);
+    dashes[n] = 0;
+    printf("%s\n%s\n%s\n", dashes, line, dashes);
+    fflush(stdout);
+}
+
+static float mt__evaluate(mt_rank *r, mt__batch_ctx *ctx, int split, int iteration) {
+    const mt_config *cfg = r->cfg;
+    double sum = 0.0;
+    ctx->split = split;
+    for (int k = 0; k < cfg->train.eval_iters; k++) {
+        if (split == 1) ctx->eval_base = ctx->data->valid_consumed;   // the valid iterator continues
+        else ctx->eval_base = (int64_t)k * cfg->train.global_batch_size;
+        sum += mt_eval_step(r, mt__data_batch, ctx, iteration);
+        if (split == 1) {
+            mt_barrier(&r->world);   // everyone has read this batch before rank 0 moves the iterator
+            if (r->ps.rank == 0) ctx->data->valid_consumed += cfg->train.global_batch_size;
+            mt_barrier(&r->world);
+        }
+    }
+    ctx->split = 0;
+    return (float)(sum / cfg->train.eval_iters);
+}
+
+static void mt__rank_main(mt_world *w, int rank, void *arg) {
+    mt__job *job = (mt__job *)arg;
+    mt_config *cfg = job->cfg;
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt_rank_init(r, cfg, w, rank);
+    char name[32];
+    snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
+    mt_thread_set_name(name);
+    int is_logger = rank == cfg->world_size - 1;
+    // one line per rank: what it holds, in the order the buffers were allocated
+    for (int k = 0; k < cfg->world_size; k++) {
+        if (k == rank) {
+            printf("rank %d (tp %d, dp %d, pp %d%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, optimizer %.1f, "
+                   "activations %.1f (%d micro-batch slot%s), workspace %.1f\n",
+                   rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->device >= 0 ? ", GPU" : "", r->num_params,
+                   r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6, r->memory.activations / 1e6,
+                   r->num_slots, r->num_slots == 1 ? "" : "s", r->memory.scratch / 1e6);
+            fflush(stdout);
+        }
+        mt_barrier(&r->world);
+    }
+    mt__batch_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.cfg = cfg;
+    ctx.data = job->data;
+    ctx.sample = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)(cfg->model.seq_length + 1), "sample");
+    const mt_train_config *t = &cfg->train;
+    double interval_loss = 0.0, interval_time = 0.0;
+    int interval_count = 0, skipped = 0, nan_iters = 0;
+    mt_barrier(&r->world);
+    for (int it = 1; it <= t->train_iters; it++) {
+        double t0 = mt_time_seconds();
+        mt_step_result res = mt_train_step(r, mt__data_batch, &ctx, it);
+        double dt = mt_time_seconds() - t0;
+        interval_time += dt;
+        if (res.skipped) skipped++;
+        if (!isfinite(res.loss)) nan_iters++;
+        else { interval_loss += res.loss; interval_count++; }
+        if (it % t->log_interval == 0 && is_logger) {
+            double ms = 1000.0 * interval_time / t->log_interval;
+            double tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / (interval_time / t->log_interval);
+            // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and backward,
+            // attention included), per GPU (per rank)
+            double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+            printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                   "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
+                   "number of skipped iterations: %3d | number of nan iterations: %3d | throughput per GPU (TFLOP/s/GPU): %.1f | "
+                   "tokens per second: %.0f |\n",
+                   it, t->train_iters, (long long)it * t->global_batch_size, ms, (double)res.lr, t->global_batch_size,
+                   interval_count ? interval_loss / interval_count : (double)NAN, 1.0, (double)res.grad_norm, skipped,
+                   nan_iters, tflops, tokens_per_s);
+            if (r->ps.pp_size > 1) printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res.idle_seconds / dt);
+            fflush(stdout);
+        }
+        if (it % t->log_interval == 0) { interval_loss = 0; interval_time = 0; interval_count = 0; skipped = 0; nan_iters = 0; }
+        if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
+            char what[64];
+            snprintf(what, sizeof what, "iteration %d", it);
+            float loss = mt__evaluate(r, &ctx, 1, it);
+            mt__print_eval(r, what, loss);
+        }
+    }
+    if (job->data->has_split[1] && t->eval_iters > 0) {
+        float loss = mt__evaluate(r, &ctx, 1, t->train_iters);
+        mt__print_eval(r, "the end of training for val data", loss);
+    }
+    if (job->data->has_split[2] && t->eval_iters > 0) {
+        float loss = mt__evaluate(r, &ctx, 2, t->train_iters);
+        mt__print_eval(r, "the end of training for test data", loss);
+    }
+#ifdef __CUDACC__
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    for (int k = 0; k < cfg->world_size; k++) {
+        if (k == rank) { printf("rank %d: GPU memory in use at the end: %.2f GiB of %.1f GiB\n", rank, (double)(total_b - free_b) / (1 << 30), (double)total_b / (1 << 30)); fflush(stdout); }
+        mt_barrier(&r->world);
+    }
+#endif
+    free(ctx.sample);
+    mt_rank_free(r);
+    free(r);
+}
+
+int mt_pretrain(mt_config *cfg) {
+    if (cfg->parallel.print_layout) { mt_print_layout(cfg, stdout); return 0; }
+    if (cfg->parallel.print_schedule) { mt_print_schedule(cfg, stdout); return 0; }
+    if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
+    if (cfg->train.save[0] || cfg->train.load[0])
+        mt_fatal("--save/--load: checkpointing is not implemented yet in this build\nhint: drop --save/--load/--save-interval for now");
+    if (cfg->train.fp16 || cfg->train.bf16)
+        fprintf(stderr, "note: the CPU build computes in fp32; --fp16/--bf16 apply to the GPU build (train_gpt_cuda)\n");
+    mt_print_config(cfg, stdout);
+    printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
+    double t0 = mt_time_seconds();
+    mt_data data;
+    mt_data_init(&data, cfg);
+    for (int s = 0; s < 3; s++)
+        printf("%s split: %s\n", s == 0 ? "train" : s == 1 ? "valid" : "test",
+               data.has_split[s] ? "ready" : "empty (skipped)");
+    printf("data ready in %.2f s; training %d iterations of %d samples x %d tokens\n", mt_time_seconds() - t0,
+           cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
+    fflush(stdout);
+    mt_world *w = mt_world_create(cfg->world_size);
+    mt__job job = {cfg, &data};
+    int rc = mt_world_run(w, mt__rank_main, &job);
+    mt_world_destroy(w);
+    mt_data_free(&data);
+    return rc;
+}
 
 #endif /* MEGATRON_IMPLEMENTATION_DONE */
 #endif /* MEGATRON_IMPLEMENTATION */
+
+/*
+   LICENSE: MIT. Copyright (c) 2026 the megatron.h authors.
+   Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+   and associated documentation files, to deal in the software without restriction, including the
+   rights to use, copy, modify, merge, publish, distribute, sublicense and sell copies of it,
+   provided that this notice is included in all copies. THE SOFTWARE IS PROVIDED "AS IS",
+   WITHOUT WARRANTY OF ANY KIND.
+*/

@@ -11,6 +11,10 @@
 #include "megatron.h"
 
 int main(int argc, char **argv) {
+#ifdef __CUDACC__
+    // NVLink SHARP (multicast) all-reduce is not used: NCCL_NVLS_ENABLE=0 unless the user says
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+#endif
     mt_config cfg;
     mt_config_defaults(&cfg);
     mt_config_parse(&cfg, argc, argv);

@@ -15,7 +15,7 @@ usage:
     python3 tools/gen_unicode_tables.py --check [FILE]  exit 1 if FILE's block is out of date
     python3 tools/gen_unicode_tables.py --print         print the block
 
-FILE defaults to megatron.h when it holds the block, else parts/tokenizer_impl.h. The block sits
+FILE defaults to megatron.h. The block sits
 between the lines "// BEGIN GENERATED: tools/gen_unicode_tables.py" and "// END GENERATED".
 Data: Debian package unicode-data (apt-get install unicode-data), /usr/share/unicode/, or
 UCD_DIR=path. The UCD version is read from PropList.txt's first line and written into the block.
@@ -104,7 +104,7 @@ def main():
     else:
         path = "megatron.h"
         if not (os.path.exists(path) and BEGIN in open(path, encoding="utf-8").read()):
-            path = "parts/tokenizer_impl.h"
+            sys.exit("megatron.h has no BEGIN GENERATED / END GENERATED block")
     text = open(path, encoding="utf-8").read()
     i = text.find(BEGIN)
     j = text.find(END, i)

@@ -1,0 +1,825 @@
+/* tests/gpu/test_kernels.cu - every kernel of kernels.cuh against its CPU twin, then timed.
+ *
+ *   nvcc -O3 -arch=sm_90 -x cu tests/gpu/test_kernels.cu -o tests/gpu/test_kernels -lm -lpthread
+ *   ./tests/gpu/test_kernels [--seed N] [--only NAME] [--no-bench] [--bench-only]
+ *
+ * llm.c dev/cuda style: for each op, fresh random inputs (the seed is printed; --seed repeats a
+ * run), the CPU reference (the mt_*_cpu function of megatron.h, 3. OPS), the kernel on the same
+ * inputs, then a comparison. Outputs written with '=' are poisoned with NaN before each launch
+ * (an element the kernel forgets stays NaN, and NaN never passes); outputs that are added into
+ * start from random values (a kernel that writes '=' instead of '+=' fails), and what is compared
+ * is what was added, got - start against want - start.
+ * Tolerances (tensor-scale relative: max |got - want| / max |want|, see check_close):
+ *   0      where the GPU does the same float operations in the same order as the CPU (copies,
+ *          embedding and position backward, dropout masks, the RNG, max)
+ *   1e-5   fp32 kernels whose sums run in another order than the CPU's (rounding ~ sqrt(n) eps)
+ *   1e-2   bf16 tensor-core paths (operands rounded to 8 bits of mantissa, fp32 accumulation)
+ * Then the GPT-2 small timings (B=16, T=1024, C=768, NH=12, V=50304): TFLOP/s or GB/s per kernel.
+ * Prints "N passed, N failed"; exits non-zero on failure.
+ */
+#define MEGATRON_IMPLEMENTATION
+#include "../../megatron.h"
+#include "../../kernels.cuh"
+#include "../harness.h"
+#include <algorithm>
+#include <vector>
+
+// ---------------------------------------------------------------------------------------------
+// random numbers (xorshift64*), seeded fresh each run
+static uint64_t rng_state = 1;
+static uint32_t rand_u32(void) {
+    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+static float rand_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rand_u32() >> 8) * (1.0f / 16777216.0f); }
+static int rand_int(int n) { return (int)(rand_u32() % (uint32_t)n); }
+
+static float *host_random(size_t n, float lo, float hi) {
+    float *x = (float *)mt_malloc(n * sizeof(float) + 16, "test data");
+    for (size_t i = 0; i < n; i++) x[i] = rand_uniform(lo, hi);
+    return x;
+}
+static int *host_tokens(size_t n, int V) {
+    int *x = (int *)mt_malloc(n * sizeof(int) + 16, "test tokens");
+    for (size_t i = 0; i < n; i++) x[i] = rand_int(V);
+    return x;
+}
+static float *host_copy(const float *x, size_t n) {
+    float *y = (float *)mt_malloc(n * sizeof(float) + 16, "test copy");
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+// device buffers
+static void *dev_alloc(size_t bytes) {
+    void *p;
+    MT_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+static float *dev_alloc_f(size_t n) { return (float *)dev_alloc(n * sizeof(float)); }
+static float *dev_upload(const float *h, size_t n) {
+    float *d = (float *)dev_alloc(n * sizeof(float));
+    MT_CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static int *dev_upload_int(const int *h, size_t n) {
+    int *d = (int *)dev_alloc(n * sizeof(int));
+    MT_CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+// a buffer of n floats, every bit set: NaN
+static float *dev_nan(size_t n) {
+    float *d = (float *)dev_alloc(n * sizeof(float));
+    MT_CUDA_CHECK(cudaMemset(d, 0xFF, n * sizeof(float)));
+    return d;
+}
+static void dev_poison(float *d, size_t n) { MT_CUDA_CHECK(cudaMemset(d, 0xFF, n * sizeof(float))); }
+static void dev_set(float *d, const float *h, size_t n) { MT_CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice)); }
+static float *dev_download(const float *d, size_t n) {
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    float *h = (float *)mt_malloc(n * sizeof(float) + 16, "test download");
+    MT_CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+static void dev_free(void *d) { MT_CUDA_CHECK(cudaFree(d)); }
+
+// ---------------------------------------------------------------------------------------------
+// comparisons, on top of tests/harness.h
+// tensor-scale relative: max_i |got_i - want_i| / max_i |want_i| <= tol; NaN never passes.
+// On failure prints the first 5 pairs (OK / NOT OK) and the worst one.
+static int check_close(const char *label, const float *got, const float *want, size_t n, double tol) {
+    double scale = 0.0, maxdiff = 0.0;
+    size_t worst = 0;
+    int nan = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)want[i]));
+    if (scale == 0.0) scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d == d) || !(got[i] == got[i]) || !(want[i] == want[i])) { if (!nan) worst = i; nan = 1; continue; }
+        if (d > maxdiff && !nan) { maxdiff = d; worst = i; }
+    }
+    int ok = !nan && maxdiff / scale <= tol;
+    if (!ok) {
+        fprintf(stderr, "  %s: NOT OK (n=%zu, max |diff|/max |want| = %.3e, tol %.1e%s; worst at %zu: got %.9g want %.9g)\n",
+                label, n, maxdiff / scale, tol, nan ? ", NaN present" : "", worst, (double)got[worst], (double)want[worst]);
+        for (size_t i = 0; i < n && i < 5; i++) {
+            double d = fabs((double)got[i] - (double)want[i]) / scale;
+            fprintf(stderr, "    [%zu] %.9g %.9g %s\n", i, (double)got[i], (double)want[i], d <= tol ? "OK" : "NOT OK");
+        }
+    }
+    mt__expect(ok, __FILE__, __LINE__, "tensor %s differs", label);
+    return ok;
+}
+// for outputs that are added into: compare what was added (got - start) with (want - start)
+static int check_added(const char *label, const float *got, const float *want, const float *start, size_t n, double tol) {
+    float *g = (float *)mt_malloc(n * sizeof(float) + 16, "check"), *w = (float *)mt_malloc(n * sizeof(float) + 16, "check");
+    for (size_t i = 0; i < n; i++) { g[i] = (float)((double)got[i] - start[i]); w[i] = (float)((double)want[i] - start[i]); }
+    int ok = check_close(label, g, w, n, tol);
+    free(g);
+    free(w);
+    return ok;
+}
+static int check_equal_bits(const char *label, const void *a, const void *b, size_t bytes) {
+    int ok = memcmp(a, b, bytes) == 0;
+    mt__expect(ok, __FILE__, __LINE__, "%s: results differ between two identical runs", label);
+    return ok;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. UTILITIES: the RNG port, fill, zero, scale, casts
+__global__ void test_rng_kernel(float *u, uint64_t prefix, uint64_t first, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) u[i] = mt__gpu_rand_uniform(prefix, first + i);
+}
+MT_TEST(rng_matches_cpu) {
+    // the host side of the port, on random keys: bit-identical to mt_rand_uniform
+    int bad = 0;
+    for (int i = 0; i < 10000; i++) {
+        uint64_t seed = rand_u32(), a = rand_u32(), b = rand_u32(), c = rand_u32();
+        uint64_t index = ((uint64_t)rand_u32() << 32) | rand_u32();
+        float want = mt_rand_uniform(seed, a, b, c, index);
+        float got = mt__gpu_rand_uniform(mt__gpu_key_prefix(seed, a, b, c), index);
+        if (memcmp(&want, &got, sizeof got) != 0) bad++;
+    }
+    mt_expect(bad == 0, "host port of the RNG differs from mt_rand_uniform in %d of 10000 keys", bad);
+    // the device side: a stream of 1<<20 numbers
+    int n = 1 << 20;
+    uint64_t seed = rand_u32(), first = (uint64_t)rand_u32() * 1000;
+    float *d = dev_nan(n);
+    test_rng_kernel<<<(n + 255) / 256, 256>>>(d, mt__gpu_key_prefix(seed, 7, 9, 0x0d0d), first, n);
+    MT_CUDA_CHECK(cudaGetLastError());
+    float *got = dev_download(d, n), *want = (float *)mt_malloc(n * sizeof(float), "want");
+    for (int i = 0; i < n; i++) want[i] = mt_rand_uniform(seed, 7, 9, 0x0d0d, first + i);
+    check_close("device rng", got, want, n, 0.0);   // same integer arithmetic: bit-identical
+    free(got); free(want); dev_free(d);
+}
+MT_TEST(fill_zero_scale_cast) {
+    size_t n = 1000003;
+    float value = rand_uniform(-3, 3), s = rand_uniform(0.1f, 2.0f);
+    float *x = host_random(n, -2, 2), *want = (float *)mt_malloc(n * sizeof(float), "want");
+    float *d = dev_nan(n);
+    mt_fill_gpu(d, value, n, 0);
+    for (size_t i = 0; i < n; i++) want[i] = value;
+    float *got = dev_download(d, n);
+    check_close("fill", got, want, n, 0.0);
+    free(got);
+    mt_zero_gpu(d, n, 0);
+    for (size_t i = 0; i < n; i++) want[i] = 0.0f;
+    got = dev_download(d, n);
+    check_close("zero", got, want, n, 0.0);
+    free(got);
+    dev_set(d, x, n);
+    mt_scale_gpu(d, s, n, 0);
+    for (size_t i = 0; i < n; i++) want[i] = x[i] * s;
+    got = dev_download(d, n);
+    check_close("scale", got, want, n, 0.0);   // one multiply, as the CPU
+    free(got);
+    // fp32 -> bf16 -> fp32: bf16 bits as the host's round-to-nearest-even, and back exactly
+    __nv_bfloat16 *b16 = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+    dev_set(d, x, n);
+    mt_cast_f32_to_bf16_gpu(b16, d, n, 0);
+    dev_poison(d, n);
+    mt_cast_bf16_to_f32_gpu(d, b16, n, 0);
+    for (size_t i = 0; i < n; i++) want[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    got = dev_download(d, n);
+    check_close("cast fp32->bf16->fp32", got, want, n, 0.0);
+    free(got); free(x); free(want); dev_free(d); dev_free(b16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. OPS
+MT_TEST(embedding) {
+    // B, T, C, vocab_start, V_local, V_total (tokens drawn from [0, V_total))
+    int shapes[][6] = {{1, 1, 1, 0, 5, 5},        {2, 7, 33, 0, 50, 50},      {4, 64, 768, 0, 1000, 1000},
+                       {3, 100, 130, 37, 60, 200}, {8, 1024, 5, 0, 5, 5},      {8, 1024, 768, 0, 50304, 50304},
+                       {2, 513, 64, 25152, 25152, 50304}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], vs = shapes[s][3], VL = shapes[s][4], VT = shapes[s][5];
+        size_t BTC = (size_t)B * T * C, VC = (size_t)VL * C;
+        int *tokens = host_tokens((size_t)B * T, VT);
+        float *wte = host_random(VC, -1, 1), *dout = host_random(BTC, -1, 1), *dwte0 = host_random(VC, -1, 1);
+        float *out_ref = (float *)mt_malloc(BTC * sizeof(float) + 16, "ref"), *dwte_ref = host_copy(dwte0, VC);
+        mt_embedding_forward_cpu(out_ref, tokens, wte, B, T, C, vs, VL);
+        mt_embedding_backward_cpu(dwte_ref, dout, tokens, B, T, C, vs, VL);
+        int *d_tokens = dev_upload_int(tokens, (size_t)B * T);
+        float *d_wte = dev_upload(wte, VC), *d_out = dev_nan(BTC), *d_dout = dev_upload(dout, BTC), *d_dwte = dev_upload(dwte0, VC);
+        mt_embedding_forward_gpu(d_out, d_tokens, d_wte, B, T, C, vs, VL, 0);
+        mt_embedding_backward_gpu(d_dwte, d_dout, d_tokens, B, T, C, vs, VL, 0);
+        char label[128];
+        float *got = dev_download(d_out, BTC);
+        snprintf(label, sizeof label, "embedding forward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
+        check_close(label, got, out_ref, BTC, 0.0);   // a copy
+        free(got);
+        got = dev_download(d_dwte, VC);
+        snprintf(label, sizeof label, "embedding backward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
+        check_close(label, got, dwte_ref, VC, 0.0);   // the same additions in the same (bt) order
+        free(got);
+        free(tokens); free(wte); free(dout); free(dwte0); free(out_ref); free(dwte_ref);
+        dev_free(d_tokens); dev_free(d_wte); dev_free(d_out); dev_free(d_dout); dev_free(d_dwte);
+    }
+}
+MT_TEST(position_embedding) {
+    int shapes[][3] = {{1, 1, 1}, {2, 7, 33}, {3, 100, 130}, {8, 1024, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
+        size_t BTC = (size_t)B * T * C, TC = (size_t)T * C;
+        float *x = host_random(BTC, -1, 1), *wpe = host_random(TC, -1, 1), *dout = host_random(BTC, -1, 1), *dwpe0 = host_random(TC, -1, 1);
+        float *out_ref = host_copy(x, BTC), *dwpe_ref = host_copy(dwpe0, TC);
+        mt_position_embedding_forward_cpu(out_ref, wpe, B, T, C);
+        mt_position_embedding_backward_cpu(dwpe_ref, dout, B, T, C);
+        float *d_x = dev_upload(x, BTC), *d_wpe = dev_upload(wpe, TC), *d_dout = dev_upload(dout, BTC), *d_dwpe = dev_upload(dwpe0, TC);
+        mt_position_embedding_forward_gpu(d_x, d_wpe, B, T, C, 0);
+        mt_position_embedding_backward_gpu(d_dwpe, d_dout, B, T, C, 0);
+        float *got = dev_download(d_x, BTC);
+        check_close("position embedding forward", got, out_ref, BTC, 0.0);   // one addition per element
+        free(got);
+        got = dev_download(d_dwpe, TC);
+        check_close("position embedding backward", got, dwpe_ref, TC, 0.0);   // the same order over b
+        free(got);
+        free(x); free(wpe); free(dout); free(dwpe0); free(out_ref); free(dwpe_ref);
+        dev_free(d_x); dev_free(d_wpe); dev_free(d_dout); dev_free(d_dwpe);
+    }
+}
+MT_TEST(layernorm) {
+    int shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {2, 50, 64}, {1, 513, 768}, {4, 1024, 768}, {1, 100, 1600}, {1, 33, 4100}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
+        size_t N = (size_t)B * T, NC = N * C;
+        float *inp = host_random(NC, -2, 2), *w = host_random(C, 0.5f, 1.5f), *bias = host_random(C, -1, 1);
+        float *dout = host_random(NC, -1, 1), *dinp0 = host_random(NC, -1, 1), *dw0 = host_random(C, -1, 1), *db0 = host_random(C, -1, 1);
+        float *out_ref = (float *)mt_malloc(NC * sizeof(float), "ref"), *mean_ref = (float *)mt_malloc(N * sizeof(float), "ref");
+        float *rstd_ref = (float *)mt_malloc(N * sizeof(float), "ref");
+        float *dinp_ref = host_copy(dinp0, NC), *dw_ref = host_copy(dw0, C), *db_ref = host_copy(db0, C);
+        mt_layernorm_forward_cpu(out_ref, mean_ref, rstd_ref, inp, w, bias, B, T, C);
+        mt_layernorm_backward_cpu(dinp_ref, dw_ref, db_ref, dout, inp, w, mean_ref, rstd_ref, B, T, C);
+        float *d_inp = dev_upload(inp, NC), *d_w = dev_upload(w, C), *d_b = dev_upload(bias, C), *d_out = dev_nan(NC);
+        float *d_mean = dev_nan(N), *d_rstd = dev_nan(N), *d_dout = dev_upload(dout, NC);
+        float *d_dinp = dev_upload(dinp0, NC), *d_dw = dev_upload(dw0, C), *d_db = dev_upload(db0, C);
+        mt_layernorm_forward_gpu(d_out, d_mean, d_rstd, d_inp, d_w, d_b, B, T, C, 0);
+        // the backward gets the CPU's mean and rstd, so that it is tested alone
+        float *d_mean_ref = dev_upload(mean_ref, N), *d_rstd_ref = dev_upload(rstd_ref, N);
+        mt_layernorm_backward_gpu(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean_ref, d_rstd_ref, B, T, C, 0);
+        char label[128];
+        // fp32, sums over C in another order: 1e-5
+        float *got = dev_download(d_out, NC);
+        snprintf(label, sizeof label, "layernorm out B=%d T=%d C=%d", B, T, C);
+        check_close(label, got, out_ref, NC, 1e-5); free(got);
+        got = dev_download(d_mean, N); check_close("layernorm mean", got, mean_ref, N, 1e-5); free(got);
+        got = dev_download(d_rstd, N); check_close("layernorm rstd", got, rstd_ref, N, 1e-5); free(got);
+        got = dev_download(d_dinp, NC);
+        snprintf(label, sizeof label, "layernorm dinp B=%d T=%d C=%d", B, T, C);
+        check_added(label, got, dinp_ref, dinp0, NC, 1e-5); free(got);
+        got = dev_download(d_dw, C); check_added("layernorm dweight", got, dw_ref, dw0, C, 1e-5); free(got);
+        got = dev_download(d_db, C); check_added("layernorm dbias", got, db_ref, db0, C, 1e-5); free(got);
+        free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(mean_ref);
+        free(rstd_ref); free(dinp_ref); free(dw_ref); free(db_ref);
+        dev_free(d_inp); dev_free(d_w); dev_free(d_b); dev_free(d_out); dev_free(d_mean); dev_free(d_rstd);
+        dev_free(d_dout); dev_free(d_dinp); dev_free(d_dw); dev_free(d_db); dev_free(d_mean_ref); dev_free(d_rstd_ref);
+    }
+}
+
+// one matmul shape through every rung of the ladder: forward, and backward with dinp, dweight, dbias
+static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int misalign) {
+    size_t nin = (size_t)BT * C, nw = (size_t)OC * C, nout = (size_t)BT * OC;
+    float *inp = host_random(nin, -1, 1), *w = host_random(nw, -1, 1), *bias = host_random(OC, -1, 1);
+    float *dout = host_random(nout, -1, 1), *dinp0 = host_random(nin, -1, 1), *dw0 = host_random(nw, -1, 1), *db0 = host_random(OC, -1, 1);
+    float *out_ref = (float *)mt_malloc(nout * sizeof(float) + 16, "ref");
+    float *dinp_ref = host_copy(dinp0, nin), *dw_ref = host_copy(dw0, nw), *db_ref = host_copy(db0, OC);
+    mt_matmul_forward_cpu(out_ref, inp, w, with_bias ? bias : NULL, BT, C, OC);
+    mt_matmul_backward_cpu(with_dinp ? dinp_ref : NULL, dw_ref, with_bias ? db_ref : NULL, dout, inp, w, BT, C, OC);
+    // misalign: the operands start one float past a 16-byte boundary (the kernels' scalar-load path)
+    int off = misalign ? 1 : 0;
+    float *d_inp_base = dev_alloc_f(nin + off), *d_w_base = dev_alloc_f(nw + off), *d_dout_base = dev_alloc_f(nout + off);
+    float *d_inp = d_inp_base + off, *d_w = d_w_base + off, *d_dout = d_dout_base + off;
+    dev_set(d_inp, inp, nin); dev_set(d_w, w, nw); dev_set(d_dout, dout, nout);
+    float *d_bias = dev_upload(bias, OC), *d_out = dev_nan(nout), *d_dinp = dev_nan(nin), *d_dw = dev_nan(nw), *d_db = dev_nan(OC);
+    mt_gemm_impl impls[3] = {MT_GEMM_NAIVE, MT_GEMM_TILED, MT_GEMM_MMA};
+    for (int k = 0; k < 3; k++) {
+        mt_gemm_impl impl = impls[k];
+        double tol = impl == MT_GEMM_MMA ? 1e-2 : 1e-5;   // bf16 operands | fp32 in another summation order
+        dev_poison(d_out, nout);
+        dev_set(d_dinp, dinp0, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
+        mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, 0);
+        mt_matmul_backward_gpu(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, BT, C, OC, impl, 0);
+        char label[160];
+        const char *name = mt_gemm_impl_name(impl);
+        float *got = dev_download(d_out, nout);
+        snprintf(label, sizeof label, "matmul %s forward BT=%d C=%d OC=%d%s%s", name, BT, C, OC, with_bias ? "" : " (no bias)", misalign ? " misaligned" : "");
+        check_close(label, got, out_ref, nout, tol); free(got);
+        if (with_dinp) {
+            got = dev_download(d_dinp, nin);
+            snprintf(label, sizeof label, "matmul %s dinp BT=%d C=%d OC=%d", name, BT, C, OC);
+            check_added(label, got, dinp_ref, dinp0, nin, tol); free(got);
+        }
+        got = dev_download(d_dw, nw);
+        snprintf(label, sizeof label, "matmul %s dweight BT=%d C=%d OC=%d", name, BT, C, OC);
+        check_added(label, got, dw_ref, dw0, nw, tol); free(got);
+        if (with_bias) {
+            got = dev_download(d_db, OC);
+            snprintf(label, sizeof label, "matmul %s dbias BT=%d C=%d OC=%d", name, BT, C, OC);
+            check_added(label, got, db_ref, db0, OC, 1e-5); free(got);   // fp32 column sums in any rung
+        }
+    }
+    free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(dinp_ref); free(dw_ref); free(db_ref);
+    dev_free(d_inp_base); dev_free(d_w_base); dev_free(d_dout_base); dev_free(d_bias); dev_free(d_out); dev_free(d_dinp); dev_free(d_dw); dev_free(d_db);
+}
+MT_TEST(matmul) {
+    // BT (= M), C (= K of the forward), OC (= N); non-multiples of every tile size, and GPT-2's
+    int shapes[][3] = {{1, 3, 1},     {7, 64, 5},     {100, 100, 130}, {513, 768, 2304}, {1, 768, 2304}, {513, 3, 130},
+                       {100, 768, 1}, {7, 100, 2304}, {64, 64, 64},   {256, 128, 384},  {4096, 64, 64}, {1024, 768, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) matmul_case(shapes[s][0], shapes[s][1], shapes[s][2], 1, 1, 0);
+    matmul_case(100, 64, 130, 0, 0, 0);   // no bias, no dinp
+    matmul_case(100, 64, 130, 1, 1, 1);   // operands not 16-byte aligned
+    matmul_case(33, 768, 68, 1, 1, 1);
+}
+
+MT_TEST(dropout) {
+    int shapes[][4] = {{1, 1, 1, 0}, {2, 7, 33, 5}, {4, 1024, 768, 12}};   // B, T, C, sample_offset
+    float ps[] = {0.0f, 0.1f, 0.5f};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int k = 0; k < 3; k++) {
+            int B = shapes[s][0];
+            mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), (uint64_t)rand_int(100), ps[k], shapes[s][3], shapes[s][1], shapes[s][2]};
+            size_t n = (size_t)B * d.T * d.C;
+            float *x = host_random(n, -1, 1), *ref = host_copy(x, n);
+            mt_dropout_forward_cpu(ref, &d, B);
+            float *d_x = dev_upload(x, n);
+            mt_dropout_forward_gpu(d_x, &d, B, 0);
+            float *got = dev_download(d_x, n);
+            check_close("dropout forward", got, ref, n, 0.0);   // the same mask, the same multiply
+            free(got);
+            memcpy(ref, x, n * sizeof(float));
+            mt_dropout_backward_cpu(ref, &d, B);
+            dev_set(d_x, x, n);
+            mt_dropout_backward_gpu(d_x, &d, B, 0);
+            got = dev_download(d_x, n);
+            check_close("dropout backward", got, ref, n, 0.0);
+            free(got); free(x); free(ref); dev_free(d_x);
+        }
+}
+
+// attention: reference lse in double from qkv
+static void attention_lse_ref(float *lse, const float *qkv, int B, int T, int C_local, int NH) {
+    int hs = C_local / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C_local + h * hs;
+                double m = -INFINITY, sum = 0.0;
+                std::vector<double> s(t + 1);
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float *k = qkv + ((size_t)b * T + t2) * 3 * C_local + C_local + h * hs;
+                    double dot = 0.0;
+                    for (int i = 0; i < hs; i++) dot += (double)q[i] * k[i];
+                    s[t2] = dot * scale;
+                    m = fmax(m, s[t2]);
+                }
+                for (int t2 = 0; t2 <= t; t2++) sum += exp(s[t2] - m);
+                lse[((size_t)b * NH + h) * T + t] = (float)(m + log(sum));
+            }
+}
+static void attention_case(int B, int T, int NH, int hs, float p, int head_offset, int NH_global) {
+    int C = NH * hs;
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), 9, p, rand_int(4), T, C};
+    float *qkv = host_random(nqkv, -1.5f, 1.5f), *dout = host_random(nout, -1, 1), *dqkv0 = host_random(nqkv, -1, 1);
+    float *out_ref = (float *)mt_malloc(nout * sizeof(float), "ref"), *lse_ref = (float *)mt_malloc(nlse * sizeof(float), "ref");
+    float *att = (float *)mt_malloc((size_t)B * NH * T * T * sizeof(float), "ref att"), *dp_row = (float *)mt_malloc(T * sizeof(float), "ref");
+    float *dqkv_ref = host_copy(dqkv0, nqkv);
+    mt_attention_forward_cpu(out_ref, att, qkv, B, T, C, NH, &d, head_offset, NH_global);
+    mt_attention_backward_cpu(dqkv_ref, dout, qkv, att, B, T, C, NH, &d, head_offset, NH_global, dp_row);
+    attention_lse_ref(lse_ref, qkv, B, T, C, NH);
+    float *d_qkv = dev_upload(qkv, nqkv), *d_dout = dev_upload(dout, nout), *d_out = dev_nan(nout), *d_lse = dev_nan(nlse);
+    float *d_dqkv = dev_upload(dqkv0, nqkv);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        double tol = bf16 ? 1e-2 : 1e-5;   // bf16 tensor cores | fp32, sums in another order
+        dev_poison(d_out, nout); dev_poison(d_lse, nlse); dev_set(d_dqkv, dqkv0, nqkv);
+        mt_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH, &d, head_offset, NH_global, bf16, 0);
+        // the backward gets the CPU's out (D = rowsum(dout * out)) and the exact lse: tested alone
+        float *d_out_ref = dev_upload(out_ref, nout), *d_lse_ref = dev_upload(lse_ref, nlse);
+        mt_attention_backward_gpu(d_dqkv, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, bf16, 0);
+        char label[160];
+        const char *mode = bf16 ? "bf16" : "fp32";
+        float *got = dev_download(d_out, nout);
+        snprintf(label, sizeof label, "attention %s out B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
+        check_close(label, got, out_ref, nout, tol); free(got);
+        got = dev_download(d_lse, nlse);
+        snprintf(label, sizeof label, "attention %s lse B=%d T=%d NH=%d hs=%d", mode, B, T, NH, hs);
+        check_close(label, got, lse_ref, nlse, tol); free(got);
+        got = dev_download(d_dqkv, nqkv);
+        snprintf(label, sizeof label, "attention %s dqkv B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
+        check_added(label, got, dqkv_ref, dqkv0, nqkv, tol); free(got);
+        dev_free(d_out_ref); dev_free(d_lse_ref);
+    }
+    free(qkv); free(dout); free(dqkv0); free(out_ref); free(lse_ref); free(att); free(dp_row); free(dqkv_ref);
+    dev_free(d_qkv); dev_free(d_dout); dev_free(d_out); dev_free(d_lse); dev_free(d_dqkv);
+}
+MT_TEST(attention) {
+    // B, T, NH_local, hs, dropout p, head_offset, NH_global
+    attention_case(1, 1, 1, 16, 0.0f, 0, 1);
+    attention_case(2, 7, 2, 32, 0.0f, 0, 2);
+    attention_case(1, 64, 2, 64, 0.0f, 0, 2);
+    attention_case(2, 100, 3, 64, 0.1f, 3, 8);   // a TP rank's heads 3..5 of 8, with dropout
+    attention_case(1, 257, 2, 128, 0.0f, 0, 2);
+    attention_case(1, 130, 4, 16, 0.2f, 0, 4);
+    attention_case(2, 65, 2, 32, 0.1f, 1, 4);
+    attention_case(1, 200, 2, 128, 0.1f, 0, 2);
+    attention_case(1, 1024, 12, 64, 0.0f, 0, 12);   // GPT-2 small, one sample
+}
+
+MT_TEST(gelu_residual) {
+    size_t sizes[] = {1, 7, 1000, 1000003};
+    for (int s = 0; s < 4; s++) {
+        size_t n = sizes[s];
+        float *x = host_random(n, -5, 5), *dout = host_random(n, -1, 1), *dinp0 = host_random(n, -1, 1), *y = host_random(n, -1, 1);
+        float *out_ref = (float *)mt_malloc(n * sizeof(float), "ref"), *dinp_ref = host_copy(dinp0, n);
+        mt_gelu_forward_cpu(out_ref, x, n);
+        mt_gelu_backward_cpu(dinp_ref, x, dout, n);
+        float *d_x = dev_upload(x, n), *d_out = dev_nan(n), *d_dout = dev_upload(dout, n), *d_dinp = dev_upload(dinp0, n), *d_y = dev_upload(y, n);
+        mt_gelu_forward_gpu(d_out, d_x, n, 0);
+        mt_gelu_backward_gpu(d_dinp, d_x, d_dout, n, 0);
+        float *got = dev_download(d_out, n);
+        check_close("gelu forward", got, out_ref, n, 1e-5); free(got);   // the device's tanhf is not the libm one
+        got = dev_download(d_dinp, n);
+        check_added("gelu backward", got, dinp_ref, dinp0, n, 1e-5); free(got);
+        mt_residual_forward_cpu(out_ref, x, y, n);
+        dev_poison(d_out, n);
+        mt_residual_forward_gpu(d_out, d_x, d_y, n, 0);
+        got = dev_download(d_out, n);
+        check_close("residual forward", got, out_ref, n, 0.0); free(got);   // one addition
+        free(x); free(dout); free(dinp0); free(y); free(out_ref); free(dinp_ref);
+        dev_free(d_x); dev_free(d_out); dev_free(d_dout); dev_free(d_dinp); dev_free(d_y);
+    }
+}
+
+MT_TEST(cross_entropy) {
+    // BT, V_local, vocab_start, V (real vocabulary; columns >= V are padding)
+    int shapes[][4] = {{1, 5, 0, 5}, {7, 130, 0, 128}, {100, 1000, 1000, 1900}, {50, 64, 128, 100}, {64, 50304, 0, 50257}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int BT = shapes[s][0], VL = shapes[s][1], vs = shapes[s][2], V = shapes[s][3];
+        size_t n = (size_t)BT * VL;
+        float *logits = host_random(n, -4, 4);
+        int *targets = host_tokens(BT, V);
+        float dloss = rand_uniform(0.1f, 1.0f);
+        float *maxv = (float *)mt_malloc(BT * sizeof(float), "ref"), *sumexp = (float *)mt_malloc(BT * sizeof(float), "ref");
+        float *tl = (float *)mt_malloc(BT * sizeof(float), "ref"), *losses = (float *)mt_malloc(BT * sizeof(float), "ref");
+        float *dlogits = host_copy(logits, n);
+        mt_cross_entropy_local_max_cpu(maxv, logits, BT, VL, vs, V);
+        mt_cross_entropy_local_sums_cpu(sumexp, tl, logits, maxv, targets, BT, VL, vs, V);
+        if (mt__real_columns(vs, VL, V) > 0) mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
+        float *d_logits = dev_upload(logits, n), *d_max = dev_nan(BT), *d_sum = dev_nan(BT), *d_tl = dev_nan(BT), *d_loss = dev_nan(BT);
+        int *d_targets = dev_upload_int(targets, BT);
+        mt_cross_entropy_local_max_gpu(d_max, d_logits, BT, VL, vs, V, 0);
+        float *got = dev_download(d_max, BT);
+        check_close("cross-entropy local max", got, maxv, BT, 0.0); free(got);   // max is exact
+        // each step gets the CPU's inputs, so that it is tested alone
+        float *d_max_ref = dev_upload(maxv, BT);
+        mt_cross_entropy_local_sums_gpu(d_sum, d_tl, d_logits, d_max_ref, d_targets, BT, VL, vs, V, 0);
+        got = dev_download(d_sum, BT);
+        // the CPU adds the n exponentials one after another in float; its own rounding error
+        // grows like sqrt(n) eps (~1.3e-5 at n = 50257), so large n gets 1e-4 against it, and the
+        // GPU is also held to 1e-5 against the sum in double
+        int nreal = mt__real_columns(vs, VL, V);
+        check_close("cross-entropy local sums", got, sumexp, BT, nreal > 10000 ? 1e-4 : 1e-5);
+        float *sum_double = (float *)mt_malloc(BT * sizeof(float), "ref");
+        for (int i = 0; i < BT; i++) {
+            double acc = 0.0;
+            for (int v = 0; v < nreal; v++) acc += exp((double)logits[(size_t)i * VL + v] - maxv[i]);
+            sum_double[i] = (float)acc;
+        }
+        check_close("cross-entropy local sums vs double", got, sum_double, BT, 1e-5);
+        free(got); free(sum_double);
+        got = dev_download(d_tl, BT);
+        check_close("cross-entropy target logit", got, tl, BT, 0.0); free(got);
+        if (nreal > 0) {
+            float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
+            mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
+            got = dev_download(d_loss, BT);
+            check_close("cross-entropy losses", got, losses, BT, 1e-5); free(got);   // logf / expf of the device
+            got = dev_download(d_logits, n);
+            check_close("cross-entropy dlogits", got, dlogits, n, 1e-5); free(got);
+            dev_poison(d_loss, BT);
+            mt_cross_entropy_finish_gpu(d_loss, NULL, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
+            got = dev_download(d_loss, BT);
+            check_close("cross-entropy losses (no grad)", got, losses, BT, 1e-5); free(got);
+            dev_free(d_sum_ref); dev_free(d_tl_ref);
+        }
+        free(logits); free(targets); free(maxv); free(sumexp); free(tl); free(losses); free(dlogits);
+        dev_free(d_logits); dev_free(d_max); dev_free(d_sum); dev_free(d_tl); dev_free(d_loss); dev_free(d_targets); dev_free(d_max_ref);
+    }
+}
+
+MT_TEST(adamw) {
+    size_t sizes[] = {1, 1000, 1000003};
+    for (int s = 0; s < 3; s++) {
+        size_t n = sizes[s];
+        float *p = host_random(n, -1, 1), *m = host_random(n, -0.1f, 0.1f), *v = host_random(n, 0.0f, 0.01f), *g = host_random(n, -1, 1);
+        float *p_ref = host_copy(p, n), *m_ref = host_copy(m, n), *v_ref = host_copy(v, n);
+        float lr = 6e-4f, wd = s == 1 ? 0.0f : 0.1f;
+        int step = 1 + rand_int(100);
+        mt_adamw_cpu(p_ref, m_ref, v_ref, g, n, lr, 0.9f, 0.95f, 1e-8f, wd, step);
+        float *d_p = dev_upload(p, n), *d_m = dev_upload(m, n), *d_v = dev_upload(v, n), *d_g = dev_upload(g, n);
+        mt_adamw_gpu(d_p, d_m, d_v, d_g, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, 0);
+        // fp32; the device may fuse a*b+c into one FMA where the CPU rounds twice: 1e-5
+        float *got = dev_download(d_p, n); check_close("adamw param", got, p_ref, n, 1e-5); free(got);
+        got = dev_download(d_m, n); check_close("adamw m", got, m_ref, n, 1e-5); free(got);
+        got = dev_download(d_v, n); check_close("adamw v", got, v_ref, n, 1e-5); free(got);
+        free(p); free(m); free(v); free(g); free(p_ref); free(m_ref); free(v_ref);
+        dev_free(d_p); dev_free(d_m); dev_free(d_v); dev_free(d_g);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. OPTIMIZER, CLIPPING
+MT_TEST(sum_squares) {
+    size_t sizes[] = {1, 255, 1000, 1000003, 30000001};
+    for (int s = 0; s < 5; s++) {
+        size_t n = sizes[s];
+        float *x = host_random(n, -1, 1);
+        double want = 0.0, start = rand_uniform(0, 10);
+        for (size_t i = 0; i < n; i++) want += (double)x[i] * (double)x[i];   // mt__grad_norm's loop
+        float *d_x = dev_upload(x, n);
+        double *d_s = (double *)dev_alloc(sizeof(double)), got;
+        MT_CUDA_CHECK(cudaMemcpy(d_s, &start, sizeof start, cudaMemcpyHostToDevice));
+        mt_sum_squares_gpu(d_s, d_x, n, 0);
+        MT_CUDA_CHECK(cudaMemcpy(&got, d_s, sizeof got, cudaMemcpyDeviceToHost));
+        // double accumulation in another order: far below 1e-12 relative
+        mt_expect(fabs((got - start) - want) <= 1e-12 * want, "sum of squares n=%zu: got %.17g want %.17g", n, got - start, want);
+        free(x); dev_free(d_x); dev_free(d_s);
+    }
+}
+
+// every reduction twice on the same inputs: the same bits (no float atomics anywhere)
+MT_TEST(determinism) {
+    int B = 4, T = 256, C = 768, OC = 2304, V = 50304, NH = 12;
+    size_t BT = (size_t)B * T;
+    float *inp = host_random(BT * C, -1, 1), *w = host_random((size_t)OC * C, -1, 1), *dout = host_random(BT * OC, -1, 1);
+    float *qkv = host_random(BT * 3 * C, -1, 1), *datt = host_random(BT * C, -1, 1);
+    int *tokens = host_tokens(BT, 1000);
+    float *d_inp = dev_upload(inp, BT * C), *d_w = dev_upload(w, (size_t)OC * C), *d_dout = dev_upload(dout, BT * OC);
+    float *d_qkv = dev_upload(qkv, BT * 3 * C), *d_datt = dev_upload(datt, BT * C);
+    int *d_tok = dev_upload_int(tokens, BT);
+    float *d_dw = dev_alloc_f((size_t)OC * C), *d_db = dev_alloc_f(OC), *d_dinp = dev_alloc_f(BT * C), *d_lnw = dev_alloc_f(C), *d_lnb = dev_alloc_f(C);
+    float *d_mean = dev_alloc_f(BT), *d_rstd = dev_alloc_f(BT), *d_ln = dev_alloc_f(BT * C), *d_dwte = dev_alloc_f((size_t)V * C);
+    float *d_out = dev_alloc_f(BT * C), *d_lse = dev_alloc_f((size_t)B * NH * T), *d_dqkv = dev_alloc_f(BT * 3 * C);
+    float *d_dlnw = dev_alloc_f(C), *d_dlnb = dev_alloc_f(C);
+    double *d_ss = (double *)dev_alloc(sizeof(double));
+    mt_dropout drop = {1, 2, 3, 0.1f, 0, T, C};
+    std::vector<std::vector<float> > runs[2];
+    for (int r = 0; r < 2; r++) {
+        for (int impl = 1; impl <= 2; impl++) {
+            mt_zero_gpu(d_dw, (size_t)OC * C, 0); mt_zero_gpu(d_db, OC, 0); mt_zero_gpu(d_dinp, BT * C, 0);
+            mt_matmul_backward_gpu(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, OC, (mt_gemm_impl)impl, 0);
+            // the attention-proj weight-gradient shape: split-K
+            mt_matmul_backward_gpu(NULL, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, C, (mt_gemm_impl)impl, 0);
+            float *h = dev_download(d_dw, (size_t)OC * C); runs[r].push_back(std::vector<float>(h, h + (size_t)OC * C)); free(h);
+            h = dev_download(d_db, OC); runs[r].push_back(std::vector<float>(h, h + OC)); free(h);
+        }
+        mt_fill_gpu(d_lnw, 1.0f, C, 0); mt_zero_gpu(d_lnb, C, 0);
+        mt_layernorm_forward_gpu(d_ln, d_mean, d_rstd, d_inp, d_lnw, d_lnb, B, T, C, 0);
+        mt_zero_gpu(d_dlnw, C, 0); mt_zero_gpu(d_dlnb, C, 0);
+        mt_layernorm_backward_gpu(d_dinp, d_dlnw, d_dlnb, d_datt, d_inp, d_lnw, d_mean, d_rstd, B, T, C, 0);
+        float *h = dev_download(d_dlnw, C); runs[r].push_back(std::vector<float>(h, h + C)); free(h);
+        mt_zero_gpu(d_dwte, (size_t)V * C, 0);
+        mt_embedding_backward_gpu(d_dwte, d_inp, d_tok, B, T, C, 0, V, 0);
+        h = dev_download(d_dwte, (size_t)V * C); runs[r].push_back(std::vector<float>(h, h + (size_t)V * C)); free(h);
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            mt_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0, NH, bf16, 0);
+            mt_zero_gpu(d_dqkv, BT * 3 * C, 0);
+            mt_attention_backward_gpu(d_dqkv, d_datt, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0, NH, bf16, 0);
+            h = dev_download(d_dqkv, BT * 3 * C); runs[r].push_back(std::vector<float>(h, h + BT * 3 * C)); free(h);
+        }
+        double zero = 0.0, ss;
+        MT_CUDA_CHECK(cudaMemcpy(d_ss, &zero, sizeof zero, cudaMemcpyHostToDevice));
+        mt_sum_squares_gpu(d_ss, d_dwte, (size_t)V * C, 0);
+        MT_CUDA_CHECK(cudaMemcpy(&ss, d_ss, sizeof ss, cudaMemcpyDeviceToHost));
+        runs[r].push_back(std::vector<float>((float *)&ss, (float *)&ss + 2));
+    }
+    const char *names[] = {"matmul tiled dweight", "matmul tiled dbias", "matmul mma dweight", "matmul mma dbias", "layernorm dweight",
+                           "embedding dwte", "attention fp32 dqkv", "attention bf16 dqkv", "sum of squares"};
+    for (size_t i = 0; i < runs[0].size(); i++)
+        check_equal_bits(names[i], runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(float));
+    free(inp); free(w); free(dout); free(qkv); free(datt); free(tokens);
+    dev_free(d_inp); dev_free(d_w); dev_free(d_dout); dev_free(d_qkv); dev_free(d_datt); dev_free(d_tok); dev_free(d_dw); dev_free(d_db);
+    dev_free(d_dinp); dev_free(d_lnw); dev_free(d_lnb); dev_free(d_mean); dev_free(d_rstd); dev_free(d_ln); dev_free(d_dwte);
+    dev_free(d_out); dev_free(d_lse); dev_free(d_dqkv); dev_free(d_ss); dev_free(d_dlnw); dev_free(d_dlnb);
+}
+
+// ---------------------------------------------------------------------------------------------
+// timings at GPT-2 small's shapes: median of device-event times after a warm-up
+template <typename F>
+static float time_ms(F f, int reps) {
+    f();
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    MT_CUDA_CHECK(cudaEventCreate(&start));
+    MT_CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> times;
+    for (int r = 0; r < reps; r++) {
+        MT_CUDA_CHECK(cudaEventRecord(start, 0));
+        f();
+        MT_CUDA_CHECK(cudaEventRecord(stop, 0));
+        MT_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms;
+        MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        times.push_back(ms);
+    }
+    MT_CUDA_CHECK(cudaEventDestroy(start));
+    MT_CUDA_CHECK(cudaEventDestroy(stop));
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+static void report(const char *name, const char *shape, float ms, double flop, double bytes) {
+    printf("  %-36s %-30s %9.3f ms", name, shape, ms);
+    if (flop > 0) printf("  %7.1f TFLOP/s", flop / ms / 1e9);
+    if (bytes > 0) printf("  %7.0f GB/s", bytes / ms / 1e6);
+    printf("\n");
+    fflush(stdout);
+}
+__global__ void bench_random_kernel(float *x, size_t n, uint64_t prefix, float lo, float hi) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = lo + (hi - lo) * mt__gpu_rand_uniform(prefix, i);
+}
+__global__ void bench_tokens_kernel(int *x, size_t n, uint64_t prefix, int V) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = (int)(mt__gpu_hash64(prefix ^ i) % (uint64_t)V);
+}
+static float *bench_random(size_t n, float lo, float hi) {
+    float *d = dev_alloc_f(n);
+    bench_random_kernel<<<mt__blocks(n, 256), 256>>>(d, n, mt__gpu_hash64(rand_u32()), lo, hi);
+    MT_CUDA_CHECK(cudaGetLastError());
+    return d;
+}
+
+static void bench(void) {
+    const int B = 16, T = 1024, C = 768, NH = 12, V = 50304, hs = C / NH;
+    const size_t BT = (size_t)B * T;
+    char shape[96];
+    printf("\ntimings, GPT-2 small shapes (B=%d T=%d C=%d NH=%d V=%d), median of device-event times\n", B, T, C, NH, V);
+    // ---- GEMMs: the five layers x (forward, input-gradient, weight-gradient)
+    struct { const char *name; int K, N; } layers[5] = {{"qkv", 768, 2304}, {"attn proj", 768, 768}, {"fc", 768, 3072},
+                                                        {"fc proj", 3072, 768}, {"lm head", 768, 50304}};
+    float *inp = bench_random(BT * 3072, -1, 1), *W = bench_random((size_t)V * C, -0.05f, 0.05f), *bias = bench_random(V, -1, 1);
+    float *out = bench_random(BT * V, -1, 1), *dout = bench_random(BT * V, -0.01f, 0.01f), *dinp = bench_random(BT * 3072, -1, 1);
+    float *dW = bench_random((size_t)V * C, -1, 1);
+    mt_gemm_impl impls[3] = {MT_GEMM_MMA, MT_GEMM_TILED, MT_GEMM_NAIVE};
+    for (int k = 0; k < 3; k++) {
+        mt_gemm_impl impl = impls[k];
+        double total_flop = 0.0, total_ms = 0.0;
+        int nlayers = impl == MT_GEMM_MMA ? 5 : 1;
+        int M = impl == MT_GEMM_NAIVE ? 4096 : (int)BT, reps = impl == MT_GEMM_MMA ? 10 : 3;
+        for (int l = 0; l < nlayers; l++) {
+            int K = layers[l].K, N = layers[l].N;
+            double flop = 2.0 * M * K * N;
+            const float *b = l == 4 ? NULL : bias;
+            float ms = time_ms([&] { mt_matmul_forward_gpu(out, inp, W, b, M, K, N, impl, 0); }, reps);
+            snprintf(shape, sizeof shape, "M=%d K=%d N=%d", M, K, N);
+            char name[64];
+            snprintf(name, sizeof name, "matmul %s %s forward", mt_gemm_impl_name(impl), layers[l].name);
+            report(name, shape, ms, flop, 0);
+            total_flop += flop; total_ms += ms;
+            if (impl == MT_GEMM_NAIVE) break;
+            // dinp (M,K) += dout (M,N) @ W (N,K)
+            ms = time_ms([&] { mt__gemm(impl, dinp, dout, W, NULL, M, K, N, N, K, K, 1, 0, 1, 0); }, reps);
+            snprintf(name, sizeof name, "matmul %s %s input-grad", mt_gemm_impl_name(impl), layers[l].name);
+            report(name, shape, ms, flop, 0);
+            total_flop += flop; total_ms += ms;
+            // dW (N,K) += dout^T @ inp
+            ms = time_ms([&] { mt__gemm(impl, dW, dout, inp, NULL, N, K, M, N, K, K, 0, 0, 1, 0); }, reps);
+            snprintf(name, sizeof name, "matmul %s %s weight-grad", mt_gemm_impl_name(impl), layers[l].name);
+            report(name, shape, ms, flop, 0);
+            total_flop += flop; total_ms += ms;
+        }
+        if (impl == MT_GEMM_MMA) {
+            report("matmul mma, all 15 together", "(cuBLAS: 675 TFLOP/s, ~18 ms)", (float)total_ms, total_flop, 0);
+            float ms = time_ms([&] { mt__column_sum_add(bias, dout, (int)BT, 3072, 0); }, 10);
+            report("matmul dbias (column sums)", "M=16384 N=3072", ms, 0, BT * 3072 * 4.0);
+        }
+    }
+    dev_free(W); dev_free(dW);
+    // ---- attention
+    {
+        float *qkv = bench_random(BT * 3 * C, -1.5f, 1.5f), *aout = dev_alloc_f(BT * C), *lse = dev_alloc_f((size_t)B * NH * T);
+        float *datt = bench_random(BT * C, -1, 1), *dqkv = bench_random(BT * 3 * C, -1, 1);
+        double fwd_flop = 4.0 * B * NH * (double)T * T * hs / 2, bwd_flop = 2.5 * fwd_flop;   // causal: half the square
+        snprintf(shape, sizeof shape, "B=%d NH=%d T=%d hs=%d", B, NH, T, hs);
+        for (int variant = 0; variant < 3; variant++) {
+            int bf16 = variant != 1;
+            mt_dropout d = {1, 2, 3, variant == 2 ? 0.1f : 0.0f, 0, T, C};
+            char name[64];
+            const char *mode = variant == 0 ? "bf16" : variant == 1 ? "fp32" : "bf16 dropout 0.1";
+            int reps = bf16 ? 10 : 3;
+            float f = time_ms([&] { mt_attention_forward_gpu(aout, lse, qkv, B, T, C, NH, &d, 0, NH, bf16, 0); }, reps);
+            snprintf(name, sizeof name, "attention %s forward", mode);
+            report(name, shape, f, fwd_flop, 0);
+            float b = time_ms([&] { mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0); }, reps);
+            snprintf(name, sizeof name, "attention %s backward", mode);
+            report(name, shape, b, bwd_flop, 0);
+            snprintf(name, sizeof name, "attention %s fwd+bwd", mode);
+            report(name, "(cuDNN 240, FA2 153 TFLOP/s)", f + b, fwd_flop + bwd_flop, 0);
+        }
+        dev_free(qkv); dev_free(aout); dev_free(lse); dev_free(datt); dev_free(dqkv);
+    }
+    // ---- bandwidth-bound ops
+    {
+        size_t n = BT * C, nf = BT * 3072;
+        float *x = bench_random(n, -1, 1), *y = bench_random(n, -1, 1), *z = dev_alloc_f(n), *w = bench_random(C, 0.5f, 1.5f), *bb = bench_random(C, -1, 1);
+        float *mean = dev_alloc_f(BT), *rstd = dev_alloc_f(BT), *dw = bench_random(C, -1, 1), *db = bench_random(C, -1, 1);
+        snprintf(shape, sizeof shape, "BT=%zu C=%d", BT, C);
+        float ms = time_ms([&] { mt_layernorm_forward_gpu(z, mean, rstd, x, w, bb, B, T, C, 0); }, 20);
+        report("layernorm forward", shape, ms, 0, 2.0 * n * 4);
+        ms = time_ms([&] { mt_layernorm_backward_gpu(z, dw, db, y, x, w, mean, rstd, B, T, C, 0); }, 20);
+        report("layernorm backward", shape, ms, 0, 4.0 * n * 4);
+        ms = time_ms([&] { mt_residual_forward_gpu(z, x, y, n, 0); }, 20);
+        report("residual forward", shape, ms, 0, 3.0 * n * 4);
+        mt_dropout d = {1, 2, 3, 0.1f, 0, T, C};
+        ms = time_ms([&] { mt_dropout_forward_gpu(z, &d, B, 0); }, 20);
+        report("dropout (p=0.1)", shape, ms, 0, 2.0 * n * 4);
+        snprintf(shape, sizeof shape, "N=%zu", nf);
+        ms = time_ms([&] { mt_gelu_forward_gpu(out, inp, nf, 0); }, 20);
+        report("gelu forward", shape, ms, 0, 2.0 * nf * 4);
+        ms = time_ms([&] { mt_gelu_backward_gpu(dinp, inp, dout, nf, 0); }, 20);
+        report("gelu backward", shape, ms, 0, 4.0 * nf * 4);
+        int *tok = (int *)dev_alloc(BT * sizeof(int));
+        bench_tokens_kernel<<<mt__blocks(BT, 256), 256>>>(tok, BT, 12345, V);
+        float *wte = bench_random((size_t)V * C, -1, 1), *wpe = bench_random((size_t)T * C, -1, 1);
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+        ms = time_ms([&] { mt_embedding_forward_gpu(z, tok, wte, B, T, C, 0, V, 0); }, 20);
+        report("embedding forward", shape, ms, 0, 2.0 * n * 4);
+        ms = time_ms([&] { mt_embedding_backward_gpu(wte, y, tok, B, T, C, 0, V, 0); }, 10);
+        report("embedding backward", shape, ms, 0, 3.0 * n * 4);
+        ms = time_ms([&] { mt_position_embedding_forward_gpu(z, wpe, B, T, C, 0); }, 20);
+        report("position embedding forward", shape, ms, 0, 2.0 * n * 4);
+        ms = time_ms([&] { mt_position_embedding_backward_gpu(wpe, y, B, T, C, 0); }, 20);
+        report("position embedding backward", shape, ms, 0, 1.0 * n * 4);
+        // cross-entropy over the (BT, V) logits
+        float *mx = dev_alloc_f(BT), *se = dev_alloc_f(BT), *tl = dev_alloc_f(BT), *loss = dev_alloc_f(BT);
+        snprintf(shape, sizeof shape, "BT=%zu V=%d", BT, V);
+        ms = time_ms([&] { mt_cross_entropy_local_max_gpu(mx, out, (int)BT, V, 0, 50257, 0); }, 10);
+        report("cross-entropy local max", shape, ms, 0, (double)BT * V * 4);
+        ms = time_ms([&] { mt_cross_entropy_local_sums_gpu(se, tl, out, mx, tok, (int)BT, V, 0, 50257, 0); }, 10);
+        report("cross-entropy local sums", shape, ms, 0, (double)BT * V * 4);
+        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, dout, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, 0); }, 10);
+        report("cross-entropy finish (+dlogits)", shape, ms, 0, 2.0 * BT * V * 4);
+        dev_free(x); dev_free(y); dev_free(z); dev_free(w); dev_free(bb); dev_free(mean); dev_free(rstd); dev_free(dw); dev_free(db);
+        dev_free(tok); dev_free(wte); dev_free(wpe); dev_free(mx); dev_free(se); dev_free(tl); dev_free(loss);
+    }
+    dev_free(inp); dev_free(bias); dev_free(out); dev_free(dout); dev_free(dinp);
+    // ---- optimizer over GPT-2 small's 124M parameters
+    {
+        size_t n = 124475904;
+        float *p = bench_random(n, -1, 1), *m = bench_random(n, -0.1f, 0.1f), *v = bench_random(n, 0, 0.01f), *g = bench_random(n, -1, 1);
+        double *ss = (double *)dev_alloc(sizeof(double));
+        __nv_bfloat16 *h16 = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+        snprintf(shape, sizeof shape, "n=%zu", n);
+        float ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 0); }, 10);
+        report("adamw", shape, ms, 0, 7.0 * n * 4);
+        ms = time_ms([&] { mt_sum_squares_gpu(ss, g, n, 0); }, 10);
+        report("sum of squares (grad norm)", shape, ms, 0, 4.0 * n);
+        ms = time_ms([&] { mt_scale_gpu(g, 0.999f, n, 0); }, 10);
+        report("scale (clip)", shape, ms, 0, 8.0 * n);
+        ms = time_ms([&] { mt_cast_f32_to_bf16_gpu(h16, p, n, 0); }, 10);
+        report("cast fp32 -> bf16", shape, ms, 0, 6.0 * n);
+        dev_free(p); dev_free(m); dev_free(v); dev_free(g); dev_free(ss); dev_free(h16);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+static const char *only = NULL;
+static void run(const char *name, void (*fn)(void)) {
+    if (only && !strstr(name, only)) return;
+    mt__run_test(name, fn);
+}
+int main(int argc, char **argv) {
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    int do_tests = 1, do_bench = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+        else if (strcmp(argv[i], "--no-bench") == 0) do_bench = 0;
+        else if (strcmp(argv[i], "--bench-only") == 0) do_tests = 0;
+        else mt_fatal("unknown argument %s\nhint: --seed N | --only NAME | --no-bench | --bench-only", argv[i]);
+    }
+    rng_state = seed ? seed : 1;
+    cudaDeviceProp prop;
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, compute capability %d.%d; seed %llu (--seed repeats this run)\n", prop.name,
+           prop.multiProcessorCount, prop.major, prop.minor, (unsigned long long)seed);
+    if (do_tests) {
+        run("rng_matches_cpu", test_rng_matches_cpu);
+        run("fill_zero_scale_cast", test_fill_zero_scale_cast);
+        run("embedding", test_embedding);
+        run("position_embedding", test_position_embedding);
+        run("layernorm", test_layernorm);
+        run("matmul", test_matmul);
+        run("dropout", test_dropout);
+        run("attention", test_attention);
+        run("gelu_residual", test_gelu_residual);
+        run("cross_entropy", test_cross_entropy);
+        run("adamw", test_adamw);
+        run("sum_squares", test_sum_squares);
+        run("determinism", test_determinism);
+    }
+    if (do_bench) bench();
+    return mt_test_summary();
+}

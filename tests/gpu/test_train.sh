@@ -1,0 +1,38 @@
+#!/bin/sh
+# make test-gpu, part 2: 20 training steps on the GPU build against the CPU build.
+# The same model, data, seed and layout; the losses must agree within the arithmetic's
+# tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2.
+# Prints "N passed, N failed" at the end.
+set -u
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+export NCCL_NVLS_ENABLE=0
+mkdir -p build
+[ -f build/gpu_test_text_document.idx ] || ./preprocess --input data/corpus.jsonl --output-prefix build/gpu_test \
+  --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --append-eod --workers 4 > /dev/null 2>&1
+M="--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 \
+ --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --lr 1e-3 --lr-warmup-iters 5 --weight-decay 0.1 \
+ --log-interval 1 --eval-interval 1000 --eval-iters 0 --split 949,50,1 --seed 1234 \
+ --data-path build/gpu_test_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
+passed=0; failed=0
+# the CPU references first, all at once in the background (the GPU machine has cores to spare)
+set -- "1gpu_fp32||--fp32" "1gpu_bf16||--bf16" \
+  "tp2_fp32|--tensor-model-parallel-size 2 --nproc-per-node 2|--fp32 --tensor-model-parallel-size 2 --nproc-per-node 2" \
+  "tp2_bf16|--tensor-model-parallel-size 2 --nproc-per-node 2|--bf16 --tensor-model-parallel-size 2 --nproc-per-node 2" \
+  "dp2_fp32|--nproc-per-node 2|--fp32 --nproc-per-node 2" \
+  "dp2_bf16|--nproc-per-node 2|--bf16 --nproc-per-node 2" \
+  "pp2_fp32|--pipeline-model-parallel-size 2 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --nproc-per-node 2"
+for c in "$@"; do
+  label=${c%%|*}; rest=${c#*|}; cpu=${rest%%|*}
+  ./train_gpt $M $cpu > build/cpu_$label.log 2>&1 &
+done
+wait
+for c in "$@"; do
+  label=${c%%|*}; rest=${c#*|}; cpu=${rest%%|*}; gpu=${rest#*|}
+  case $label in *bf16) rtol=1e-2 ;; *) rtol=1e-4 ;; esac
+  case $label in 1gpu*) ;; *) if [ "$ngpu" -lt 2 ]; then echo "$label: needs 2 GPUs, this machine has $ngpu"; failed=$((failed + 1)); continue; fi ;; esac
+  grep -q "^ iteration" build/cpu_$label.log || { echo "CPU run $label failed"; tail -3 build/cpu_$label.log; failed=$((failed + 1)); continue; }
+  ./train_gpt_cuda $M $gpu > build/gpu_$label.log 2>&1 || { echo "GPU run $label failed"; tail -5 build/gpu_$label.log; failed=$((failed + 1)); continue; }
+  if ./tests/gpu/compare_logs build/cpu_$label.log build/gpu_$label.log $rtol $label; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
