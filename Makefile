@@ -92,7 +92,7 @@ test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids preprocess
 # on the GPU machine: every kernel against its CPU twin, then 20 training steps of the GPU build
 # against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs)
 tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread
+	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread -lnccl
 tests/gpu/compare_logs: tests/gpu/compare_logs.c
 	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $< -lm
 test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/compare_logs

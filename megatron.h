@@ -2534,19 +2534,6 @@ void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, c
     (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
 #endif
 }
-#ifdef __CUDACC__
-// matches the CPU loop in mt_bias_add below: out[i,o] += bias[o]. One thread per element.
-__global__ void mt_bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] += bias[i % (size_t)OC];
-}
-void mt_bias_add_gpu(float *out, const float *bias, int BT, int OC, cudaStream_t stream) {
-    size_t n = (size_t)BT * OC;
-    if (n == 0) return;
-    mt_bias_add_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, bias, n, OC);
-    mt__launch_check("mt_bias_add_kernel", stream);
-}
-#endif
 /* out (BT, OC) += bias (OC): the bias of a row-parallel layer, added once after the all-reduce */
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
 #ifdef __CUDACC__

@@ -1,0 +1,1962 @@
+/* kernels.cuh - the CUDA kernels of megatron.h and their launchers (GPU build only).
+ *
+ * megatron.h includes this file inside #ifdef __CUDACC__, in its implementation part, right
+ * after "3. OPS: CPU REFERENCE", so each kernel sits next to the CPU function it must match:
+ *
+ *   mt_X_cpu(args...)                        the definition (megatron.h, 3. OPS)
+ *   mt_X_kernel                              the __global__ function(s) that compute the same thing
+ *   mt_X_gpu(args..., cudaStream_t stream)   the launcher: the same arguments in the same order,
+ *                                            all pointers DEVICE pointers; checks its launches
+ *
+ * THE RULE is the CPU's: every backward ADDS (+=) into its d-buffers and the caller zeroes them;
+ * a kernel that writes with '=' says so. Storage is fp32 everywhere (parameters, gradients,
+ * activations). bf16 is only a compute type: the GEMM and attention "mma" paths round their
+ * fp32 operands to bf16 as they load them into shared memory and accumulate in fp32.
+ *
+ * CONTENTS (numbered as megatron.h's sections)
+ *   1. UTILITIES & ERRORS (GPU)  MT_CUDA_CHECK, launch checks, MT_SYNC_DEBUG, the counter-based RNG
+ *                                on the device, fill / zero / fp32<->bf16 casts
+ *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
+ *                                naive, tiled, mma), dropout, attention (FlashAttention-2, fp32 and
+ *                                mma), GELU, residual, vocab-parallel cross-entropy, AdamW
+ *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale
+ *
+ * DETERMINISM: no kernel adds floats through atomics, so every result is the same bit for bit from
+ * run to run. Reductions over rows (layernorm's dweight/dbias, matmul's dbias, split-K GEMM, the
+ * gradient norm) write per-block partial sums to a scratch buffer and a second kernel adds them in
+ * a fixed order; the embedding backward groups the positions of each token with a stable
+ * counting sort (section 3, embedding). The only atomics are integer counts.
+ * SCRATCH: launchers that need temporary device memory take it with cudaMallocAsync on the launch
+ * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable).
+ * MT_SYNC_DEBUG=1 in the environment: every launch is followed by cudaStreamSynchronize and a
+ * check, so an asynchronous fault is reported by the op that caused it.
+ * TESTS: tests/gpu/test_kernels.cu compares every kernel here with its CPU twin on fresh random
+ * inputs, then times them at GPT-2 small's shapes.
+ */
+#ifndef MT_KERNELS_CUH
+#define MT_KERNELS_CUH
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+// =============================================================================================
+// 1. UTILITIES & ERRORS (GPU)
+// =============================================================================================
+// Every CUDA runtime call goes through MT_CUDA_CHECK; every launcher ends with mt__launch_check.
+// Both end in mt_fatal (megatron.h, 1.), so one breakpoint catches every GPU error too.
+
+void mt__cuda_check(cudaError_t err, const char *call, const char *file, int line) {
+    if (err == cudaSuccess) return;
+    const char *hint = err == cudaErrorMemoryAllocation
+                           ? "use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism"
+                           : "run again with MT_SYNC_DEBUG=1 to stop at the op that caused it";
+    mt_fatal("CUDA call %s failed: %s (%s) at %s:%d\nhint: %s", call, cudaGetErrorName(err), cudaGetErrorString(err),
+             file, line, hint);
+}
+#define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
+
+// MT_SYNC_DEBUG=1: read once (a function-local static is initialised once, thread-safely)
+static int mt__sync_debug(void) {
+    static const int on = getenv("MT_SYNC_DEBUG") != NULL && atoi(getenv("MT_SYNC_DEBUG")) != 0;
+    return on;
+}
+// after every launch: was the launch itself refused (bad geometry, too much shared memory)?
+// and with MT_SYNC_DEBUG=1, did the kernel fail while running?
+static void mt__launch_check(const char *kernel, cudaStream_t stream) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        mt_fatal("launching %s failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the op that caused it",
+                 kernel, cudaGetErrorName(err), cudaGetErrorString(err));
+    if (!mt__sync_debug()) return;
+    err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess)
+        mt_fatal("%s failed while running: %s (%s)\nhint: compute-sanitizer ./your_program shows the faulting access",
+                 kernel, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+// number of blocks of `threads` threads that cover n items (a 1-D grid holds at most 2^31-1 blocks)
+static unsigned int mt__blocks(size_t n, int threads) {
+    size_t blocks = (n + (size_t)threads - 1) / (size_t)threads;
+    if (blocks > 2147483647u) mt_fatal("a kernel over %zu items needs more than 2^31-1 blocks", n);
+    return blocks == 0 ? 1u : (unsigned int)blocks;
+}
+// kernels that need more than 48 KiB of dynamic shared memory must say so before their launch
+static void mt__allow_smem(const void *kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
+
+// ---------------------------------------------------------------------------------------------
+// warp and block reductions. The xor-shuffle tree and the fixed order over warps make them
+// deterministic: the same inputs give the same bits on every run.
+__device__ static inline float mt__warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ static inline float mt__warp_max(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+__device__ static inline double mt__warp_sum_double(double v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+// every thread of the block gets the result; blockDim.x must be a multiple of 32
+__device__ static inline float mt__block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = mt__warp_sum(v);
+    __syncthreads();   // `partial` may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return mt__warp_sum(lane < nwarps ? partial[lane] : 0.0f);
+}
+__device__ static inline float mt__block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = mt__warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return mt__warp_max(lane < nwarps ? partial[lane] : -INFINITY);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the counter-based RNG on the device: the same arithmetic as mt_hash64 / mt__key /
+// mt_rand_uniform (megatron.h, 1. UTILITIES, ERRORS & CONFIG), so a dropout mask drawn on the GPU is
+// bit-identical to the CPU's. mt__key hashes (seed, a, b, c) and then the element index; the first
+// four steps do not depend on the element, so the launcher computes them once (the "prefix").
+__host__ __device__ static inline uint64_t mt__gpu_hash64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+// mt__key(seed, a, b, c, index) == mt__gpu_hash64(mt__gpu_key_prefix(seed, a, b, c) ^ index)
+__host__ __device__ static inline uint64_t mt__gpu_key_prefix(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t h = mt__gpu_hash64(seed);
+    h = mt__gpu_hash64(h ^ a);
+    h = mt__gpu_hash64(h ^ b);
+    return mt__gpu_hash64(h ^ c);
+}
+// == mt_rand_uniform(seed, a, b, c, index): the top 24 bits of the key, scaled to [0,1)
+__host__ __device__ static inline float mt__gpu_rand_uniform(uint64_t prefix, uint64_t index) {
+    return (float)(mt__gpu_hash64(prefix ^ index) >> 40) * (1.0f / 16777216.0f);
+}
+// the prefix of the dropout stream of a site: mt__dropout_keep asks mt_rand_uniform(seed,
+// iteration, site, 0x0d0d, global index) >= p
+static uint64_t mt__dropout_prefix(const mt_dropout *d) {
+    return mt__gpu_key_prefix(d->seed, d->iteration, d->site, 0x0d0d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fill, zero, casts. Writes with '='. x has n elements.
+__global__ void mt_fill_kernel(float *x, float value, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = value;
+}
+void mt_fill_gpu(float *x, float value, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    mt_fill_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, value, n);
+    mt__launch_check("mt_fill_kernel", stream);
+}
+void mt_zero_gpu(float *x, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
+    if (mt__sync_debug()) MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+// round to nearest even, as every bf16 conversion in this file
+__global__ void mt_cast_f32_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(inp[i]);
+}
+void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    mt_cast_f32_to_bf16_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, inp, n);
+    mt__launch_check("mt_cast_f32_to_bf16_kernel", stream);
+}
+__global__ void mt_cast_bf16_to_f32_kernel(float *out, const __nv_bfloat16 *inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __bfloat162float(inp[i]);
+}
+void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    mt_cast_bf16_to_f32_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, inp, n);
+    mt__launch_check("mt_cast_bf16_to_f32_kernel", stream);
+}
+
+// =============================================================================================
+// 3. OPS: GPU KERNELS
+// =============================================================================================
+// One kernel (or a short pipeline of kernels) per CPU op of megatron.h "3. OPS: CPU REFERENCE",
+// with the same arguments in the same order plus the stream. Kernels, in the order of 3. OPS:
+//   mt_embedding_forward_kernel             one thread per output element
+//   mt_embedding_backward_*_kernel (4)      stable counting sort of positions by token, then one
+//                                           block per vocabulary row sums its positions in order
+//   mt_position_embedding_forward_kernel    one thread per element
+//   mt_position_embedding_backward_kernel   one thread per (t, c), loops over b in order
+//   mt_layernorm_forward_kernel             one warp per row
+//   mt_layernorm_backward_kernel            a block per 32 rows, a warp per row, per-warp dweight/dbias
+//   mt_layernorm_backward_reduce_kernel     partial dweight/dbias of the blocks, added in order
+//   mt_matmul_kernel1_naive                 the GEMM ladder, chosen at run time by mt_gemm_impl:
+//   mt_matmul_kernel2_tiled                   1 thread per output | 128x128 fp32 tiles in shared
+//   mt_matmul_kernel3_mma                     memory | bf16 tensor cores (mma.sync m16n8k16)
+//   mt_matmul_splitk_reduce_kernel          adds split-K partial products in order
+//   mt_column_sum_*_kernel (2)              dbias = column sums of dout, in two deterministic passes
+//   mt_dropout_kernel                       one thread per element, mask from the counter RNG
+//   mt_attention_*_kernel                   FlashAttention-2: fp32 (CUDA cores, the reading version)
+//   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
+//   mt_gelu_forward_kernel / _backward      one thread per element
+//   mt_residual_forward_kernel              one thread per element
+//   mt_cross_entropy_*_kernel (3)           one block per row (token)
+//   mt_adamw_kernel                         one thread per parameter
+
+// ---------------------------------------------------------------------------------------------
+// embedding lookup (vocab-parallel)
+// matches mt_embedding_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+// out[b,t,:] = wte[tokens[b,t] - vocab_start, :] if the token is one of this rank's V_local rows,
+// else 0. out (B,T,C), tokens (B,T), wte (V_local, C). One thread per element of out.
+__global__ void mt_embedding_forward_kernel(float *__restrict__ out, const int *__restrict__ tokens,
+                                            const float *__restrict__ wte, size_t BTC, int C, int vocab_start,
+                                            int V_local) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= BTC) return;
+    size_t bt = i / C;
+    int c = (int)(i % C);
+    int local = tokens[bt] - vocab_start;
+    out[i] = (local >= 0 && local < V_local) ? wte[(size_t)local * C + c] : 0.0f;
+}
+void mt_embedding_forward_gpu(float *out, const int *tokens, const float *wte, int B, int T, int C, int vocab_start,
+                              int V_local, cudaStream_t stream) {
+    size_t BTC = (size_t)B * T * C;
+    if (BTC == 0) return;
+    mt_embedding_forward_kernel<<<mt__blocks(BTC, 256), 256, 0, stream>>>(out, tokens, wte, BTC, C, vocab_start,
+                                                                          V_local);
+    mt__launch_check("mt_embedding_forward_kernel", stream);
+}
+
+// matches mt_embedding_backward_cpu (megatron.h, 3. OPS).
+// dwte[v,:] += sum over positions bt with token v (in increasing bt) of dout[bt,:]
+// A scatter with one thread per position would need float atomics, whose order changes from run
+// to run. Instead the positions are grouped by token with a stable counting sort, and one block
+// per vocabulary row adds its positions' rows in increasing bt, the CPU's order: the result is
+// bit-identical to mt_embedding_backward_cpu. Four kernels:
+//   1. count:      counts[v] = how many positions hold token v (integer atomics: exact)
+//   2. scan:       row_start[v] = counts[0] + ... + counts[v-1]    (one block)
+//   3. place:      positions[row_start[v] + rank] = bt, where rank = number of earlier positions
+//                  with the same token (each position counts its equals in shared-memory tiles
+//                  of the tokens before it: O(BT^2) comparisons, ~0.13 G at BT = 16384)
+//   4. accumulate: block v: acc = dwte[v,c]; acc += dout[bt,c] for its positions in order
+// scratch: (V_local + 1) + BT ints.
+__global__ void mt_embedding_backward_count_kernel(int *counts, const int *tokens, int BT, int vocab_start,
+                                                   int V_local) {
+    int bt = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bt >= BT) return;
+    int local = tokens[bt] - vocab_start;
+    if (local >= 0 && local < V_local) atomicAdd(&counts[local], 1);   // integer: the same every run
+}
+// one block of 1024 threads: each thread scans a contiguous chunk, thread 0 scans the chunk sums
+// exclusive scan, in place: counts[0..V_local) -> row_start[0..V_local], row_start[V_local] = total
+__global__ void mt_embedding_backward_scan_kernel(int *counts, int V_local) {
+    __shared__ int chunk_sum[1024];
+    int chunk = (V_local + blockDim.x - 1) / blockDim.x;
+    int begin = threadIdx.x * chunk, end = min(V_local, begin + chunk);
+    int s = 0;
+    for (int v = begin; v < end; v++) s += counts[v];
+    chunk_sum[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int i = 0; i < (int)blockDim.x; i++) { int c = chunk_sum[i]; chunk_sum[i] = run; run += c; }
+        counts[V_local] = run;
+    }
+    __syncthreads();
+    int run = chunk_sum[threadIdx.x];
+    for (int v = begin; v < end; v++) { int c = counts[v]; counts[v] = run; run += c; }
+}
+// one thread per position; the block walks the tokens before its positions in tiles of blockDim
+__global__ void mt_embedding_backward_place_kernel(int *positions, const int *row_start, const int *tokens, int BT,
+                                                   int vocab_start, int V_local) {
+    __shared__ int tile[256];
+    int bt = blockIdx.x * blockDim.x + threadIdx.x;
+    int mine = bt < BT ? tokens[bt] : 0;
+    int rank = 0;
+    for (int t0 = 0; t0 <= (int)(blockIdx.x * blockDim.x); t0 += blockDim.x) {   // tiles up to my block's own
+        __syncthreads();
+        tile[threadIdx.x] = t0 + (int)threadIdx.x < BT ? tokens[t0 + threadIdx.x] : 0;
+        __syncthreads();
+        int n = min((int)blockDim.x, bt - t0);   // only positions before mine
+        for (int j = 0; j < n; j++) rank += tile[j] == mine;
+    }
+    int local = mine - vocab_start;
+    if (bt < BT && local >= 0 && local < V_local) positions[row_start[local] + rank] = bt;
+}
+// block v adds the dout rows of its positions, in increasing bt, into dwte row v
+__global__ void mt_embedding_backward_accumulate_kernel(float *__restrict__ dwte, const float *__restrict__ dout,
+                                                        const int *__restrict__ row_start,
+                                                        const int *__restrict__ positions, int C) {
+    int v = blockIdx.x;
+    int begin = row_start[v], end = row_start[v + 1];
+    if (begin == end) return;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = dwte[(size_t)v * C + c];
+        for (int i = begin; i < end; i++) acc += dout[(size_t)positions[i] * C + c];
+        dwte[(size_t)v * C + c] = acc;
+    }
+}
+void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C, int vocab_start,
+                               int V_local, cudaStream_t stream) {
+    int BT = B * T;
+    if (BT == 0 || V_local == 0) return;
+    int *scratch;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&scratch, ((size_t)V_local + 1 + BT) * sizeof(int), stream));
+    int *row_start = scratch, *positions = scratch + V_local + 1;
+    MT_CUDA_CHECK(cudaMemsetAsync(row_start, 0, ((size_t)V_local + 1) * sizeof(int), stream));
+    mt_embedding_backward_count_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(row_start, tokens, BT, vocab_start,
+                                                                                V_local);
+    mt__launch_check("mt_embedding_backward_count_kernel", stream);
+    mt_embedding_backward_scan_kernel<<<1, 1024, 0, stream>>>(row_start, V_local);
+    mt__launch_check("mt_embedding_backward_scan_kernel", stream);
+    mt_embedding_backward_place_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(positions, row_start, tokens, BT,
+                                                                                vocab_start, V_local);
+    mt__launch_check("mt_embedding_backward_place_kernel", stream);
+    int threads = C >= 256 ? 256 : ((C + 31) / 32) * 32;
+    mt_embedding_backward_accumulate_kernel<<<V_local, threads, 0, stream>>>(dwte, dout, row_start, positions, C);
+    mt__launch_check("mt_embedding_backward_accumulate_kernel", stream);
+    MT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// position embedding
+// matches mt_position_embedding_forward_cpu (megatron.h, 3. OPS): out[b,t,:] += wpe[t,:]
+// out (B,T,C), wpe (T,C). One thread per element of out.
+__global__ void mt_position_embedding_forward_kernel(float *__restrict__ out, const float *__restrict__ wpe,
+                                                     size_t BTC, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= BTC) return;
+    size_t tc = i % ((size_t)T * C);   // (t, c) of element i
+    out[i] += wpe[tc];
+}
+void mt_position_embedding_forward_gpu(float *out, const float *wpe, int B, int T, int C, cudaStream_t stream) {
+    size_t BTC = (size_t)B * T * C;
+    if (BTC == 0) return;
+    mt_position_embedding_forward_kernel<<<mt__blocks(BTC, 256), 256, 0, stream>>>(out, wpe, BTC, T, C);
+    mt__launch_check("mt_position_embedding_forward_kernel", stream);
+}
+// matches mt_position_embedding_backward_cpu (megatron.h, 3. OPS): dwpe[t,:] += sum_b dout[b,t,:]
+// One thread per (t, c); it adds the B terms in increasing b, as the CPU (bit-identical).
+__global__ void mt_position_embedding_backward_kernel(float *__restrict__ dwpe, const float *__restrict__ dout,
+                                                      int B, size_t TC) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= TC) return;
+    float acc = dwpe[i];
+    for (int b = 0; b < B; b++) acc += dout[(size_t)b * TC + i];
+    dwpe[i] = acc;
+}
+void mt_position_embedding_backward_gpu(float *dwpe, const float *dout, int B, int T, int C, cudaStream_t stream) {
+    size_t TC = (size_t)T * C;
+    if (TC == 0) return;
+    mt_position_embedding_backward_kernel<<<mt__blocks(TC, 256), 256, 0, stream>>>(dwpe, dout, B, TC);
+    mt__launch_check("mt_position_embedding_backward_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// layernorm
+// matches mt_layernorm_forward_cpu (megatron.h, 3. OPS). Writes out, mean, rstd with '='.
+// out = (x - mean) * rstd * weight + bias, rstd = 1/sqrt(var + 1e-5), over the C channels of a row.
+// inp/out (N,C) with N = B*T, mean/rstd (N), weight/bias (C).
+// One warp per row (8 rows per block of 256): each lane sums every 32nd channel, then the warp
+// adds the 32 partial sums; the row is read three times (mean, variance, output), from L1/L2.
+__global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__restrict__ mean,
+                                            float *__restrict__ rstd, const float *__restrict__ inp,
+                                            const float *__restrict__ weight, const float *__restrict__ bias, int N,
+                                            int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= N) return;
+    const float *x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int i = lane; i < C; i += 32) sum += x[i];
+    float m = mt__warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    for (int i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
+    var = mt__warp_sum(var) / (float)C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    float *o = out + (size_t)row * C;
+    for (int i = lane; i < C; i += 32) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    if (lane == 0) { mean[row] = m; rstd[row] = s; }
+}
+void mt_layernorm_forward_gpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C, cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) return;
+    mt_layernorm_forward_kernel<<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    mt__launch_check("mt_layernorm_forward_kernel", stream);
+}
+
+// matches mt_layernorm_backward_cpu (megatron.h, 3. OPS).
+// in the forward pass this was: out = norm * weight + bias, norm = (x - mean) * rstd
+// so now: dbias += dout, dweight += norm * dout, and with dnorm = dout * weight,
+// dinp += rstd * (dnorm - mean_c(dnorm) - norm * mean_c(dnorm * norm))
+// Block geometry: a block owns 32 consecutive rows; each of its warps takes every nwarps-th of
+// them (one warp per row: two warp sums, then dinp). dweight and dbias are sums over all rows:
+// each warp adds its rows into its own slice of shared memory (lanes own channels, no atomics),
+// the block adds the warp slices in order into partial[block], and
+// mt_layernorm_backward_reduce_kernel adds the blocks' partials in order. Deterministic.
+// dynamic shared memory: 2 * nwarps * C floats. partial_* are (blocks, C) each.
+static const int MT__LN_ROWS_PER_BLOCK = 32;
+__global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial_dweight,
+                                             float *__restrict__ partial_dbias, const float *__restrict__ dout,
+                                             const float *__restrict__ inp, const float *__restrict__ weight,
+                                             const float *__restrict__ mean, const float *__restrict__ rstd, int N,
+                                             int C) {
+    extern __shared__ float mt__ln_smem[];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    float *dw_acc = mt__ln_smem + (size_t)warp * C;            // this warp's dweight slice
+    float *db_acc = mt__ln_smem + (size_t)(nwarps + warp) * C; // this warp's dbias slice
+    for (int i = lane; i < C; i += 32) { dw_acc[i] = 0.0f; db_acc[i] = 0.0f; }
+    int row_end = min(N, (int)(blockIdx.x + 1) * MT__LN_ROWS_PER_BLOCK);
+    for (int row = blockIdx.x * MT__LN_ROWS_PER_BLOCK + warp; row < row_end; row += nwarps) {
+        const float *dout_r = dout + (size_t)row * C, *inp_r = inp + (size_t)row * C;
+        float *dinp_r = dinp + (size_t)row * C;
+        float mean_r = mean[row], rstd_r = rstd[row];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int i = lane; i < C; i += 32) {
+            float norm_i = (inp_r[i] - mean_r) * rstd_r;
+            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // rounded, never fused into the next line's FMA
+            dnorm_mean += dnorm_i;
+            dnorm_norm_mean += dnorm_i * norm_i;
+        }
+        dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
+        dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
+        for (int i = lane; i < C; i += 32) {
+            float norm_i = (inp_r[i] - mean_r) * rstd_r;
+            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // so dnorm_i - dnorm_mean cancels exactly as on the CPU
+            db_acc[i] += dout_r[i];
+            dw_acc[i] += norm_i * dout_r[i];
+            dinp_r[i] += (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * rstd_r;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int w = 0; w < nwarps; w++) { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
+        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
+        partial_dbias[(size_t)blockIdx.x * C + i] = db;
+    }
+}
+// dweight[c] += sum over blocks (in order) of partial_dweight[block, c]; the same for dbias
+__global__ void mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
+                                                    const float *__restrict__ partial_dweight,
+                                                    const float *__restrict__ partial_dbias, int nblocks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = 0.0f, db = 0.0f;
+    for (int k = 0; k < nblocks; k++) { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    dweight[c] += dw;
+    dbias[c] += db;
+}
+void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int B, int T, int C,
+                               cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) return;
+    // 8 warps, fewer when C is so large that their dweight/dbias slices would not fit
+    int nwarps = 8;
+    while (nwarps > 1 && (size_t)2 * nwarps * C * sizeof(float) > 160 * 1024) nwarps /= 2;
+    size_t smem = (size_t)2 * nwarps * C * sizeof(float);
+    if (smem > 200 * 1024) mt_fatal("layernorm backward: C = %d channels is too wide for shared memory", C);
+    int nblocks = (N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK;
+    float *partial;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)2 * nblocks * C * sizeof(float), stream));
+    mt__allow_smem((const void *)mt_layernorm_backward_kernel, smem);
+    mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial + (size_t)nblocks * C,
+                                                                         dout, inp, weight, mean, rstd, N, C);
+    mt__launch_check("mt_layernorm_backward_kernel", stream);
+    mt_layernorm_backward_reduce_kernel<<<mt__blocks(C, 256), 256, 0, stream>>>(
+        dweight, dbias, partial, partial + (size_t)nblocks * C, nblocks, C);
+    mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
+    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul: the GEMM ladder
+// matches mt_matmul_forward_cpu and mt_matmul_backward_cpu (megatron.h, 3. OPS).
+// All three training products are one GEMM,  C[i][j] (=|+=) sum_k A(i,k) B(j,k),  where each
+// operand is stored either "k inner" (X(i,k) = x[i*ld + k], the reduction index is contiguous)
+// or "k outer" (X(i,k) = x[k*ld + i], the output index is contiguous):
+//   forward          out (BT,OC)  = inp (BT,C) @ weight^T     A = inp    k inner  B = weight k inner
+//   input-gradient   dinp (BT,C) += dout (BT,OC) @ weight     A = dout   k inner  B = weight k outer
+//   weight-gradient  dweight (OC,C) += dout^T @ inp           A = dout   k outer  B = inp    k outer
+//   dbias (OC) += column sums of dout                         mt__column_sum_add (deterministic)
+// Rungs (a plain run-time switch on mt_gemm_impl, the --gemm flag):
+//   MT_GEMM_NAIVE  kernel1: one thread per output, a loop over k. The reading version.
+//   MT_GEMM_TILED  kernel2: 128x128 output tile per block in fp32, 8x8 outputs per thread, the
+//                  operands staged through shared memory 8 k at a time. Exact fp32 (--fp32).
+//   MT_GEMM_MMA    kernel3: 128x128x32 tiles, 8 warps of 64x32, bf16 tensor cores (mma.sync
+//                  m16n8k16, fp32 accumulators); fp32 operands rounded to bf16 on their way to
+//                  shared memory, the next tile's loads in flight while this one is multiplied (--bf16).
+// When a problem has too few output tiles to fill the GPU (the weight-gradients: OC x C outputs
+// but BT = 16k long reductions) the tiled and mma rungs split k into slices (blockIdx.z) that
+// write partial products to a scratch, which mt_matmul_splitk_reduce_kernel adds in order.
+typedef enum { MT_GEMM_NAIVE = 0, MT_GEMM_TILED = 1, MT_GEMM_MMA = 2 } mt_gemm_impl;
+// the rung that each --fp32 / --bf16 run trains with
+mt_gemm_impl mt_gemm_impl_for_precision(int bf16) { return bf16 ? MT_GEMM_MMA : MT_GEMM_TILED; }
+const char *mt_gemm_impl_name(mt_gemm_impl impl) {
+    switch (impl) {
+    case MT_GEMM_NAIVE: return "naive";
+    case MT_GEMM_TILED: return "tiled";
+    case MT_GEMM_MMA: return "mma";
+    }
+    return "?";
+}
+// "naive" | "tiled" | "mma" (the --gemm flag) -> the rung; fatal otherwise
+mt_gemm_impl mt_gemm_impl_parse(const char *name) {
+    if (strcmp(name, "naive") == 0) return MT_GEMM_NAIVE;
+    if (strcmp(name, "tiled") == 0) return MT_GEMM_TILED;
+    if (strcmp(name, "mma") == 0) return MT_GEMM_MMA;
+    mt_fatal("unknown GEMM implementation '%s'\nhint: --gemm naive|tiled|mma", name);
+    return MT_GEMM_NAIVE;
+}
+
+// one GEMM, as every rung sees it
+typedef struct {
+    float *c;                 // C (M, N), row stride ldc
+    const float *a, *b;       // A (M x K) and B (N x K) in the layouts below
+    const float *bias;        // (N), added once per output; NULL for none
+    int M, N, K, lda, ldb, ldc;
+    int a_k_inner, b_k_inner; // 1: X(i,k) = x[i*ld + k];  0: X(i,k) = x[k*ld + i]
+    int accumulate;           // 1: C += A B^T;  0: C = A B^T + bias
+    int vec_ok;               // a, b 16-byte aligned and lda, ldb multiples of 4: float4 loads are allowed
+    int store2_ok;            // c 8-byte aligned, ldc and N even: two neighbouring outputs in one float2 store
+    int k_per_split;          // slice z of the reduction is [z*k_per_split, (z+1)*k_per_split)
+    float *workspace;         // split-K: partial products (splits, M, N); NULL when not split
+} mt__gemm_args;
+
+__device__ static inline float mt__gemm_a(const mt__gemm_args &g, int i, int k) {
+    return g.a_k_inner ? g.a[(size_t)i * g.lda + k] : g.a[(size_t)k * g.lda + i];
+}
+__device__ static inline float mt__gemm_b(const mt__gemm_args &g, int j, int k) {
+    return g.b_k_inner ? g.b[(size_t)j * g.ldb + k] : g.b[(size_t)k * g.ldb + j];
+}
+// write one output: to the split-K scratch, or into C with the bias / accumulation
+__device__ static inline void mt__gemm_store(const mt__gemm_args &g, int i, int j, float v) {
+    if (i >= g.M || j >= g.N) return;
+    if (g.workspace) { g.workspace[((size_t)blockIdx.z * g.M + i) * g.N + j] = v; return; }
+    float *c = g.c + (size_t)i * g.ldc + j;
+    if (g.bias) v += g.bias[j];
+    *c = g.accumulate ? *c + v : v;
+}
+
+// which 128x128 output tile a block computes. Blocks are numbered through groups of 8 row tiles,
+// column by column inside a group, so the blocks that run at the same time share A's rows and
+// B's columns in L2. (In plain row-major order the ~132 running blocks all need different
+// columns of B; when B is larger than L2, as the lm head's 155 MB weight, every row tile reads
+// all of B from memory again: 128 x 155 MB at GPT-2's shapes.)
+__device__ static inline void mt__gemm_tile(int tile, int tiles_m, int tiles_n, int *tile_m, int *tile_n) {
+    const int group_size = 8;
+    int first_m = (tile / (group_size * tiles_n)) * group_size;
+    int rows = min(tiles_m - first_m, group_size);   // the last group may be shorter
+    int in_group = tile % (group_size * tiles_n);
+    *tile_m = first_m + in_group % rows;
+    *tile_n = in_group / rows;
+}
+
+// write the two neighbouring outputs (i, j) and (i, j+1), j even: one 8-byte store when both exist
+// and the address allows it (half the store instructions, whole 32-byte sectors), else one by one
+__device__ static inline void mt__gemm_store2(const mt__gemm_args &g, int i, int j, float v0, float v1) {
+    if (i >= g.M) return;
+    if (!(g.store2_ok && j + 1 < g.N)) {
+        mt__gemm_store(g, i, j, v0);
+        mt__gemm_store(g, i, j + 1, v1);
+        return;
+    }
+    if (g.workspace) {
+        *(float2 *)(g.workspace + ((size_t)blockIdx.z * g.M + i) * g.N + j) = make_float2(v0, v1);
+        return;
+    }
+    float2 *c = (float2 *)(g.c + (size_t)i * g.ldc + j);
+    if (g.bias) { v0 += g.bias[j]; v1 += g.bias[j + 1]; }
+    if (g.accumulate) { float2 old = *c; v0 += old.x; v1 += old.y; }
+    *c = make_float2(v0, v1);
+}
+
+// kernel1_naive: one thread per output C[i][j] = sum_k A(i,k) B(j,k). 16x16 threads per block.
+__global__ void mt_matmul_kernel1_naive(mt__gemm_args g) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y * blockDim.y + threadIdx.y;
+    if (i >= g.M || j >= g.N) return;
+    float s = 0.0f;
+    for (int k = 0; k < g.K; k++) s += mt__gemm_a(g, i, k) * mt__gemm_b(g, j, k);
+    mt__gemm_store(g, i, j, s);
+}
+
+// kernel2_tiled: block = 256 threads = 16x16, output tile 128x128, each thread 8x8 outputs
+// (rows ty*8.., columns tx*8..). Per step of 8 k: the block copies A's 128x8 and B's 128x8
+// slices to shared memory as As[k][i], Bs[k][j] (consecutive threads take consecutive addresses
+// of whichever index is contiguous in memory), then each thread does 8 outer products of an
+// 8-vector of A by an 8-vector of B (64 FMAs per 16 shared loads).
+static const int MT__TILED_BM = 128, MT__TILED_BN = 128, MT__TILED_BK = 8;
+template <int A_K_INNER, int B_K_INNER>
+__global__ void __launch_bounds__(256) mt_matmul_kernel2_tiled(mt__gemm_args g) {
+    __shared__ __align__(16) float As[MT__TILED_BK][MT__TILED_BM + 4];
+    __shared__ __align__(16) float Bs[MT__TILED_BK][MT__TILED_BN + 4];
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16, tile_m, tile_n;
+    mt__gemm_tile(blockIdx.x, (g.M + MT__TILED_BM - 1) / MT__TILED_BM, (g.N + MT__TILED_BN - 1) / MT__TILED_BN, &tile_m, &tile_n);
+    int row0 = tile_m * MT__TILED_BM, col0 = tile_n * MT__TILED_BN;
+    int k_begin = blockIdx.z * g.k_per_split, k_end = min(g.K, k_begin + g.k_per_split);
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; i++)
+        #pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+    for (int k0 = k_begin; k0 < k_end; k0 += MT__TILED_BK) {
+        for (int e = threadIdx.x; e < MT__TILED_BM * MT__TILED_BK; e += 256) {
+            int i = A_K_INNER ? e / MT__TILED_BK : e % MT__TILED_BM;   // row of the tile
+            int k = A_K_INNER ? e % MT__TILED_BK : e / MT__TILED_BM;   // k of the tile
+            int gi = row0 + i, gk = k0 + k;
+            As[k][i] = (gi < g.M && gk < k_end)
+                           ? (A_K_INNER ? g.a[(size_t)gi * g.lda + gk] : g.a[(size_t)gk * g.lda + gi]) : 0.0f;
+        }
+        for (int e = threadIdx.x; e < MT__TILED_BN * MT__TILED_BK; e += 256) {
+            int j = B_K_INNER ? e / MT__TILED_BK : e % MT__TILED_BN;
+            int k = B_K_INNER ? e % MT__TILED_BK : e / MT__TILED_BN;
+            int gj = col0 + j, gk = k0 + k;
+            Bs[k][j] = (gj < g.N && gk < k_end)
+                           ? (B_K_INNER ? g.b[(size_t)gj * g.ldb + gk] : g.b[(size_t)gk * g.ldb + gj]) : 0.0f;
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < MT__TILED_BK; k++) {
+            float4 a0 = *(const float4 *)&As[k][ty * 8], a1 = *(const float4 *)&As[k][ty * 8 + 4];
+            float4 b0 = *(const float4 *)&Bs[k][tx * 8], b1 = *(const float4 *)&Bs[k][tx * 8 + 4];
+            float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; i++)
+                #pragma unroll
+                for (int j = 0; j < 8; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; i++)
+        #pragma unroll
+        for (int j = 0; j < 8; j++) mt__gemm_store(g, row0 + ty * 8 + i, col0 + tx * 8 + j, acc[i][j]);
+}
+
+// ---- tensor-core helpers (PTX). ldmatrix loads four 8x8 bf16 matrices from shared memory, one
+// row address per lane (lanes 8m..8m+7 give the rows of matrix m); .trans transposes each.
+// mma.sync m16n8k16: D (16x8 fp32) += A (16x16 bf16, row-major) * B (16x8 bf16, "col": B[k][n]
+// held per n). Fragment layouts (g = lane/4, t = lane%4), PTX ISA "mma.m16n8k16":
+//   A: a0 = (row g,   k 2t..2t+1)  a1 = (row g+8, k 2t..)  a2 = (row g, k 2t+8..)  a3 = (row g+8, k 2t+8..)
+//   B: b0 = (k 2t..2t+1, col g)    b1 = (k 2t+8.., col g)
+//   C: c0,c1 = (row g, cols 2t, 2t+1)   c2,c3 = (row g+8, cols 2t, 2t+1)
+__device__ static inline void mt__ldmatrix_x4(uint32_t r[4], const __nv_bfloat16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ static inline void mt__ldmatrix_x4_trans(uint32_t r[4], const __nv_bfloat16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ static inline void mt__mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// two floats -> two bf16 in one register (lo in the low half: the element at the lower address)
+__device__ static inline uint32_t mt__pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
+// 4 consecutive floats from p, of which n (0..4) exist; the rest read as 0
+__device__ static inline float4 mt__load4(const float *p, int n, int vec_ok) {
+    if (n >= 4 && vec_ok) return __ldg((const float4 *)p);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (n > 0) v.x = p[0];
+    if (n > 1) v.y = p[1];
+    if (n > 2) v.z = p[2];
+    if (n > 3) v.w = p[3];
+    return v;
+}
+
+// kernel3_mma. Block: 256 threads = 8 warps in 2 (rows) x 4 (columns), output tile 128x128,
+// warp tile 64x32 = 4 x 4 mma tiles of 16x8, so 64 fp32 accumulators per thread. Per step of
+// BK = 32: each thread loads 4 float4 of A and 4 of B (16-byte loads, coalesced along whichever
+// index is contiguous), rounds them to bf16 and stores them to shared memory in the SAME layout
+// as in global memory: [row][k] (k inner) or [k][row] (k outer); the fragments are then read with
+// ldmatrix, or ldmatrix.trans for the k-outer layout, which does the transpose. Rows are padded
+// (+8 bf16) so the 8 row addresses of an ldmatrix fall in 8 different bank groups. Two
+// shared-memory buffers: the loads of step s+1 are issued before the mma of step s, and stored
+// after it, so global latency hides behind tensor-core work; one __syncthreads per step.
+static const int MT__MMA_BM = 128, MT__MMA_BN = 128, MT__MMA_BK = 32;
+static const int MT__MMA_LDK = MT__MMA_BK + 8;             // row stride of a [row][k] tile, in bf16
+static const int MT__MMA_LDR = MT__MMA_BM + 8;             // row stride of a [k][row] tile
+static const int MT__MMA_TILE = MT__MMA_BM * MT__MMA_LDK;  // bf16 per buffer (the larger of 128*40, 32*136)
+// global -> registers: this thread's 4 float4 of a 128 x 32 operand slice starting at (row0, k0)
+template <int K_INNER>
+__device__ static inline void mt__mma_load(float4 stage[4], const float *x, int ld, int rows, int row0, int k0,
+                                           int k_end, int vec_ok) {
+    #pragma unroll
+    for (int s = 0; s < 4; s++) {
+        int e = threadIdx.x + 256 * s;
+        if (K_INNER) {   // 8 float4 along k per row: a warp reads 4 rows x 128 bytes
+            int r = row0 + e / 8, k = k0 + 4 * (e % 8);
+            int n = r < rows ? min(4, k_end - k) : 0;
+            stage[s] = mt__load4(x + (size_t)r * ld + k, n, vec_ok);
+        } else {         // 32 float4 along the rows per k: a warp reads 512 contiguous bytes
+            int k = k0 + e / 32, r = row0 + 4 * (e % 32);
+            int n = k < k_end ? min(4, rows - r) : 0;
+            stage[s] = mt__load4(x + (size_t)k * ld + r, n, vec_ok);
+        }
+    }
+}
+// registers -> shared memory, rounded to bf16: 8 bytes per float4
+template <int K_INNER>
+__device__ static inline void mt__mma_store(__nv_bfloat16 *tile, const float4 stage[4]) {
+    #pragma unroll
+    for (int s = 0; s < 4; s++) {
+        int e = threadIdx.x + 256 * s;
+        __nv_bfloat16 *dst = K_INNER ? tile + (e / 8) * MT__MMA_LDK + 4 * (e % 8) : tile + (e / 32) * MT__MMA_LDR + 4 * (e % 32);
+        *(uint2 *)dst = make_uint2(mt__pack_bf16x2(stage[s].x, stage[s].y), mt__pack_bf16x2(stage[s].z, stage[s].w));
+    }
+}
+// the A fragment of rows m0..m0+15, k k0..k0+15 of the tile
+template <int K_INNER>
+__device__ static inline void mt__mma_frag_a(uint32_t a[4], const __nv_bfloat16 *tile, int m0, int k0, int lane) {
+    if (K_INNER) mt__ldmatrix_x4(a, tile + (m0 + lane % 16) * MT__MMA_LDK + k0 + (lane / 16) * 8);
+    else mt__ldmatrix_x4_trans(a, tile + (k0 + lane % 8 + (lane / 16) * 8) * MT__MMA_LDR + m0 + ((lane / 8) % 2) * 8);
+}
+// the B fragments of columns n0..n0+15 (two n8 tiles: b[0],b[1] and b[2],b[3]), k k0..k0+15
+template <int K_INNER>
+__device__ static inline void mt__mma_frag_b(uint32_t b[4], const __nv_bfloat16 *tile, int n0, int k0, int lane) {
+    if (K_INNER) mt__ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * MT__MMA_LDK + k0 + ((lane / 8) % 2) * 8);
+    else mt__ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * MT__MMA_LDR + n0 + (lane / 16) * 8);
+}
+template <int A_K_INNER, int B_K_INNER>
+__global__ void __launch_bounds__(256) mt_matmul_kernel3_mma(mt__gemm_args g) {
+    __shared__ __align__(16) __nv_bfloat16 As[2][MT__MMA_TILE];
+    __shared__ __align__(16) __nv_bfloat16 Bs[2][MT__MMA_TILE];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int warp_m = warp / 4, warp_n = warp % 4;   // this warp's 64x32 piece of the 128x128 tile
+    int tile_m, tile_n;
+    mt__gemm_tile(blockIdx.x, (g.M + MT__MMA_BM - 1) / MT__MMA_BM, (g.N + MT__MMA_BN - 1) / MT__MMA_BN, &tile_m, &tile_n);
+    int row0 = tile_m * MT__MMA_BM, col0 = tile_n * MT__MMA_BN;
+    int k_begin = blockIdx.z * g.k_per_split, k_end = min(g.K, k_begin + g.k_per_split);
+    int steps = (k_end - k_begin + MT__MMA_BK - 1) / MT__MMA_BK;
+    float acc[4][4][4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    float4 stage_a[4], stage_b[4];
+    mt__mma_load<A_K_INNER>(stage_a, g.a, g.lda, g.M, row0, k_begin, k_end, g.vec_ok);
+    mt__mma_load<B_K_INNER>(stage_b, g.b, g.ldb, g.N, col0, k_begin, k_end, g.vec_ok);
+    mt__mma_store<A_K_INNER>(As[0], stage_a);
+    mt__mma_store<B_K_INNER>(Bs[0], stage_b);
+    __syncthreads();
+    for (int s = 0; s < steps; s++) {
+        int cur = s % 2;
+        int more = s + 1 < steps;
+        if (more) {   // issue the next slice's loads now; they land while the tensor cores work
+            int k_next = k_begin + (s + 1) * MT__MMA_BK;
+            mt__mma_load<A_K_INNER>(stage_a, g.a, g.lda, g.M, row0, k_next, k_end, g.vec_ok);
+            mt__mma_load<B_K_INNER>(stage_b, g.b, g.ldb, g.N, col0, k_next, k_end, g.vec_ok);
+        }
+        #pragma unroll
+        for (int kk = 0; kk < MT__MMA_BK; kk += 16) {
+            uint32_t a[4][4], b[4][2];
+            #pragma unroll
+            for (int mi = 0; mi < 4; mi++) mt__mma_frag_a<A_K_INNER>(a[mi], As[cur], warp_m * 64 + mi * 16, kk, lane);
+            #pragma unroll
+            for (int nj = 0; nj < 4; nj += 2) {
+                uint32_t r[4];
+                mt__mma_frag_b<B_K_INNER>(r, Bs[cur], warp_n * 32 + nj * 8, kk, lane);
+                b[nj][0] = r[0]; b[nj][1] = r[1]; b[nj + 1][0] = r[2]; b[nj + 1][1] = r[3];
+            }
+            #pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+                #pragma unroll
+                for (int ni = 0; ni < 4; ni++) mt__mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        }
+        if (more) {   // the other buffer was last read before the previous __syncthreads
+            mt__mma_store<A_K_INNER>(As[1 - cur], stage_a);
+            mt__mma_store<B_K_INNER>(Bs[1 - cur], stage_b);
+        }
+        __syncthreads();
+    }
+    int gq = lane / 4, tq = lane % 4;
+    #pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+        #pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            int i = row0 + warp_m * 64 + mi * 16 + gq, j = col0 + warp_n * 32 + ni * 8 + 2 * tq;
+            mt__gemm_store2(g, i, j, acc[mi][ni][0], acc[mi][ni][1]);
+            mt__gemm_store2(g, i + 8, j, acc[mi][ni][2], acc[mi][ni][3]);
+        }
+}
+
+// split-K: C[i][j] = (accumulate ? C[i][j] : 0) + (sum over slices z, in order, of W[z][i][j]) + bias[j]
+__global__ void mt_matmul_splitk_reduce_kernel(mt__gemm_args g, int splits) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)g.M * g.N) return;
+    int i = (int)(e / g.N), j = (int)(e % g.N);
+    float v = 0.0f;
+    for (int z = 0; z < splits; z++) v += g.workspace[(size_t)z * g.M * g.N + e];
+    if (g.bias) v += g.bias[j];
+    float *c = g.c + (size_t)i * g.ldc + j;
+    *c = g.accumulate ? *c + v : v;
+}
+
+// dst[n] += sum_m src[m*N + n], deterministically: pass 1 sums 256-row chunks (block (32,8): a
+// column per tx, every 8th row per ty, then the 8 in order) into partial[chunk][n]; pass 2 adds
+// the chunks in order.
+static const int MT__COLSUM_ROWS = 256;
+__global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const float *__restrict__ src, int M,
+                                             int N) {
+    __shared__ float sums[8][33];
+    int n = blockIdx.x * 32 + threadIdx.x;
+    int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
+    float s = 0.0f;
+    if (n < N)
+        for (int m = m_begin + threadIdx.y; m < m_end; m += 8) s += src[(size_t)m * N + n];
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && n < N) {
+        float t = 0.0f;
+        #pragma unroll
+        for (int y = 0; y < 8; y++) t += sums[y][threadIdx.x];
+        partial[(size_t)blockIdx.y * N + n] = t;
+    }
+}
+__global__ void mt_column_sum_finish_kernel(float *__restrict__ dst, const float *__restrict__ partial, int chunks,
+                                            int N) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++) s += partial[(size_t)k * N + n];
+    dst[n] += s;
+}
+static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaStream_t stream) {
+    int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
+    float *partial;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)chunks * N * sizeof(float), stream));
+    dim3 grid((N + 31) / 32, chunks);
+    mt_column_sum_partial_kernel<<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
+    mt__launch_check("mt_column_sum_partial_kernel", stream);
+    mt_column_sum_finish_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dst, partial, chunks, N);
+    mt__launch_check("mt_column_sum_finish_kernel", stream);
+    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
+// how many k-slices: enough blocks for about two per SM of an H100/H200 (132 SMs), each slice at
+// least 4 steps of bk. A function of the shape only, so results do not depend on the device.
+static int mt__gemm_splits(int tiles, int K, int bk) {
+    int splits = 1;
+    while (splits < 16 && tiles * splits < 264 && K / (2 * splits) >= 4 * bk) splits *= 2;
+    return splits;
+}
+// launch one rung of the ladder on one GEMM (the template arguments are the two operand layouts)
+template <int A_K_INNER, int B_K_INNER>
+static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, cudaStream_t stream) {
+    if (impl == MT_GEMM_NAIVE) {
+        dim3 grid((g.N + 15) / 16, (g.M + 15) / 16);
+        g.k_per_split = g.K;
+        mt_matmul_kernel1_naive<<<grid, dim3(16, 16), 0, stream>>>(g);
+        mt__launch_check("mt_matmul_kernel1_naive", stream);
+        return;
+    }
+    int bm = impl == MT_GEMM_MMA ? MT__MMA_BM : MT__TILED_BM, bn = impl == MT_GEMM_MMA ? MT__MMA_BN : MT__TILED_BN;
+    int bk = impl == MT_GEMM_MMA ? MT__MMA_BK : MT__TILED_BK;
+    int tiles_m = (g.M + bm - 1) / bm, tiles_n = (g.N + bn - 1) / bn;
+    int splits = mt__gemm_splits(tiles_m * tiles_n, g.K, bk);
+    g.k_per_split = ((g.K + splits - 1) / splits + bk - 1) / bk * bk;   // a multiple of bk
+    if (g.k_per_split == 0) g.k_per_split = bk;                         // K = 0: one empty slice
+    splits = g.K == 0 ? 1 : (g.K + g.k_per_split - 1) / g.k_per_split;  // no empty slice
+    g.workspace = NULL;
+    if (splits > 1) MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float), stream));
+    dim3 grid(tiles_m * tiles_n, 1, splits);   // tile order: mt__gemm_tile
+    if (impl == MT_GEMM_MMA) {
+        mt_matmul_kernel3_mma<A_K_INNER, B_K_INNER><<<grid, 256, 0, stream>>>(g);
+        mt__launch_check("mt_matmul_kernel3_mma", stream);
+    } else {
+        mt_matmul_kernel2_tiled<A_K_INNER, B_K_INNER><<<grid, 256, 0, stream>>>(g);
+        mt__launch_check("mt_matmul_kernel2_tiled", stream);
+    }
+    if (splits > 1) {
+        mt_matmul_splitk_reduce_kernel<<<mt__blocks((size_t)g.M * g.N, 256), 256, 0, stream>>>(g, splits);
+        mt__launch_check("mt_matmul_splitk_reduce_kernel", stream);
+        MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));
+    }
+}
+// C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]) with the layouts described above
+static void mt__gemm(mt_gemm_impl impl, float *c, const float *a, const float *b, const float *bias, int M, int N,
+                     int K, int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
+                     cudaStream_t stream) {
+    if (M <= 0 || N <= 0) return;
+    mt__gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.c = c; g.a = a; g.b = b; g.bias = bias;
+    g.M = M; g.N = N; g.K = K; g.lda = lda; g.ldb = ldb; g.ldc = ldc;
+    g.a_k_inner = a_k_inner; g.b_k_inner = b_k_inner; g.accumulate = accumulate;
+    g.vec_ok = mt__aligned16(a) && mt__aligned16(b) && lda % 4 == 0 && ldb % 4 == 0;
+    g.store2_ok = (uintptr_t)c % 8 == 0 && ldc % 2 == 0 && N % 2 == 0;
+    if (K < 0) mt_fatal("GEMM with a negative reduction length K = %d", K);
+    if (impl != MT_GEMM_NAIVE && impl != MT_GEMM_TILED && impl != MT_GEMM_MMA) mt_fatal("unknown GEMM implementation %d", (int)impl);
+    if (a_k_inner && b_k_inner) mt__gemm_launch<1, 1>(impl, g, stream);
+    else if (a_k_inner) mt__gemm_launch<1, 0>(impl, g, stream);
+    else if (b_k_inner) mt__gemm_launch<0, 1>(impl, g, stream);
+    else mt__gemm_launch<0, 0>(impl, g, stream);
+}
+
+// matches mt_matmul_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+// out (BT,OC) = inp (BT,C) @ weight^T + bias; weight (OC,C), bias (OC) or NULL.
+void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
+                           mt_gemm_impl impl, cudaStream_t stream) {
+    // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)
+    mt__gemm(impl, out, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, stream);
+}
+// matches mt_matmul_backward_cpu (megatron.h, 3. OPS).
+// in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
+// so now: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout.
+// dinp may be NULL, dbias NULL when there is no bias.
+void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
+    // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
+    if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
+    // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
+    mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
+    if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// dropout with a counter-based mask
+// matches mt_dropout_forward_cpu / mt_dropout_backward_cpu (megatron.h, 3. OPS). In place.
+// x (B, d->T, d->C) -> x * mask / (1-p), mask = [uniform(key, global index) >= p],
+// global index = ((sample_offset + b)*T + t)*C + c = sample_offset*T*C + (local index).
+// One thread per element; the backward is the same kernel on dx (the mask is asked again).
+__global__ void mt_dropout_kernel(float *x, size_t n, uint64_t prefix, float p, float scale, uint64_t first_index) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = mt__gpu_rand_uniform(prefix, first_index + i) >= p ? x[i] * scale : 0.0f;
+}
+void mt_dropout_forward_gpu(float *x, const mt_dropout *d, int B, cudaStream_t stream) {
+    if (d->p <= 0.0f) return;
+    size_t n = (size_t)B * d->T * d->C;
+    if (n == 0) return;
+    float scale = 1.0f / (1.0f - d->p);
+    uint64_t first_index = (uint64_t)d->sample_offset * (uint64_t)d->T * (uint64_t)d->C;
+    mt_dropout_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, n, mt__dropout_prefix(d), d->p, scale, first_index);
+    mt__launch_check("mt_dropout_kernel", stream);
+}
+// in the forward pass this was: y = x * mask / (1-p); so dx = dy * mask / (1-p), in place on dy
+void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t stream) {
+    mt_dropout_forward_gpu(dx, d, B, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// causal self-attention: FlashAttention-2 (Dao, 2023)
+// matches mt_attention_forward_cpu / mt_attention_backward_cpu (megatron.h, 3. OPS), with one
+// difference in what is kept for the backward: the CPU stores the probabilities att (B,NH,T,T);
+// the GPU never forms the T x T matrix and stores only the log-sum-exp of each row,
+//   lse[b,h,t] = log sum_{t2<=t} exp(s[t,t2]),  s[t,t2] = q_t . k_t2 / sqrt(hs),
+// from which the backward recomputes p[t,t2] = exp(s[t,t2] - lse[t]) tile by tile. So:
+//   mt_attention_forward_gpu (out, lse, qkv, ...)       instead of (out, att, qkv, ...)
+//   mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, ...)  instead of (dqkv, dout, qkv, att, ..., dp_row)
+// Shapes as the CPU: qkv (B,T,3*C_local) = [Q | K | V], head h in columns [h*hs, (h+1)*hs) of
+// each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), added into.
+// Dropout on the probabilities: p' = p * mask / (1-p_drop) with the CPU's mask, element (t, t2)
+// of head h being global index (((sample_offset+b)*NH_global + head_offset+h)*T + t)*T + t2.
+// Forward (per block: a tile of queries of one (b, h)):
+//   for each key tile up to the diagonal (the causal skip: later tiles are never touched):
+//     S = Q K^T * scale (masked above the diagonal); m_new = max(m, rowmax S)
+//     P = exp(S - m_new); l = l * exp(m - m_new) + rowsum P; O = O * exp(m - m_new) + dropout(P) V
+//   out = O / l;  lse = m + log l
+// Backward: D[t] = rowsum(dout_t * out_t) first (= sum_t2 p dp, the softmax backward's dot,
+// dropout included). Then two kernels, so that no output needs atomics (deterministic):
+//   dK, dV: a block per key tile walks the query tiles from the diagonal down:
+//     P = exp(S - lse);  P' = dropout(P);  dV += P'^T dO;  dP = dropout(dO V^T);
+//     dS = P * (dP - D);  dK += dS^T Q * scale
+//   dQ: a block per query tile walks the key tiles up to the diagonal: dQ += dS K * scale
+// (recomputing S and dP in both costs 7 tile products instead of FA2's 5, the price of no atomics)
+// Two versions of each kernel, the same algorithm:
+//   mt_attention_*_kernel       fp32 on CUDA cores, 32x32 tiles, 4 threads per row. The reading version.
+//   mt_attention_*_kernel_mma   bf16 tensor cores: 4 warps x 16 rows; S and dP in fp32 mma
+//                               accumulators, reused in registers as the A operand of the next
+//                               product (the C and A fragment layouts line up); Q/K/V/dO rounded to
+//                               bf16 on their way to shared memory.
+// Head sizes 16, 32, 64 and 128 (a template argument, so per-thread rows live in registers).
+typedef struct {
+    const float *qkv;          // (B, T, 3*C_local)
+    float *out;                // (B, T, C_local): written by the forward, read by the backward
+    float *lse;                // (B, NH_local, T): written by the forward, read by the backward
+    const float *dout;         // (B, T, C_local)
+    float *dsum;               // (B, NH_local, T): D = rowsum(dout * out), backward scratch
+    float *dqkv;               // (B, T, 3*C_local), added into
+    int B, T, C_local, NH_local;
+    float scale;               // 1/sqrt(hs)
+    float p_drop, keep_scale;  // dropout probability and 1/(1-p_drop)
+    uint64_t drop_prefix;      // the dropout site's RNG prefix
+    int sample_offset, head_offset, NH_global;
+} mt__attention_args;
+
+// the dropout multiplier of probability (t, t2) of head h of sample b: 1/(1-p) if kept, else 0
+__device__ static inline float mt__attention_keep(const mt__attention_args &a, int b, int h, int t, int t2) {
+    uint64_t row = (((uint64_t)(a.sample_offset + b) * a.NH_global + a.head_offset + h) * a.T + t) * a.T;
+    return mt__gpu_rand_uniform(a.drop_prefix, row + t2) >= a.p_drop ? a.keep_scale : 0.0f;
+}
+extern __shared__ float4 mt__att_smem[];   // the dynamic shared memory of the attention kernels
+
+// ---- fp32 path -------------------------------------------------------------------------------
+// copy 32 rows of HS floats (global row stride ld, first row t0, rows >= T read as 0) to shared
+// memory with row stride HS + 1 (the +1 puts the rows that a warp reads together in different banks)
+// (blockDim.x = 128: each thread moves HS/4 floats, in batches of up to 16 whose loads are all
+// issued before the first store, so that their latencies overlap)
+template <int HS>
+__device__ static inline void mt__att_load_f32(float *dst, const float *src, size_t ld, int t0, int T) {
+    const int per_thread = HS / 4, batch = per_thread < 16 ? per_thread : 16;
+    for (int i0 = 0; i0 < per_thread; i0 += batch) {
+        float v[batch];
+#pragma unroll
+        for (int i = 0; i < batch; i++) {
+            int e = threadIdx.x + 128 * (i0 + i), r = e / HS, d = e % HS;
+            v[i] = t0 + r < T ? src[(size_t)(t0 + r) * ld + d] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < batch; i++) {
+            int e = threadIdx.x + 128 * (i0 + i), r = e / HS, d = e % HS;
+            dst[r * (HS + 1) + d] = v[i];
+        }
+    }
+}
+template <int HS>
+__device__ static inline float mt__dot_f32(const float *x, const float *y) {
+    float s = 0.0f;
+    for (int d = 0; d < HS; d++) s += x[d] * y[d];
+    return s;
+}
+
+// matches mt_attention_forward_cpu (megatron.h, 3. OPS); writes out and lse with '='.
+// grid (T/32 query tiles, B*NH_local), 128 threads: thread (r = tid/4, quarter = tid%4) owns query
+// row r of the tile, the key columns quarter + 4j (j < 8) of each 32-key tile, and the output
+// channels quarter + 4i (i < HS/4). The 4 threads of a row are neighbouring lanes and combine
+// their row max / row sum with two xor-shuffles. Query tiles run longest first.
+// shared: Q, K, V tiles (32 x (HS+1)) and the tile's probabilities P (32 x 33).
+template <int HS>
+__global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention_args a) {
+    float *Qs = (float *)mt__att_smem, *Ks = Qs + 32 * (HS + 1), *Vs = Ks + 32 * (HS + 1), *Ps = Vs + 32 * (HS + 1);
+    int r = threadIdx.x / 4, quarter = threadIdx.x % 4;
+    int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
+    int T = a.T, t = qt * 32 + r;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    mt__att_load_f32<HS>(Qs, q_base, C3, qt * 32, T);
+    float m = -INFINITY, l = 0.0f, o[HS / 4];
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) o[i] = 0.0f;
+    int last_key = min(T - 1, qt * 32 + 31);
+    for (int kt = 0; kt * 32 <= last_key; kt++) {
+        __syncthreads();   // the previous K, V, P are no longer read
+        mt__att_load_f32<HS>(Ks, k_base, C3, kt * 32, T);
+        mt__att_load_f32<HS>(Vs, v_base, C3, kt * 32, T);
+        __syncthreads();
+        // scores of my 8 keys, masked above the diagonal
+        float s[8], tile_max = -INFINITY;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int key = kt * 32 + quarter + 4 * j;
+            s[j] = key <= t && key < T ? mt__dot_f32<HS>(Qs + r * (HS + 1), Ks + (quarter + 4 * j) * (HS + 1)) * a.scale : -INFINITY;
+            tile_max = fmaxf(tile_max, s[j]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        // online softmax: rescale what was summed so far to the new max
+        float m_new = fmaxf(m, tile_max);
+        float corr = expf(m - m_new);
+        float sum = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float p = expf(s[j] - m_new);
+            sum += p;
+            if (a.p_drop > 0.0f && p > 0.0f) p *= mt__attention_keep(a, b, h, t, kt * 32 + quarter + 4 * j);
+            Ps[r * 33 + quarter + 4 * j] = p;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l = l * corr + sum;
+        m = m_new;
+        __syncwarp();   // the row's 4 threads (one warp) wrote Ps[r][:]
+        #pragma unroll
+        for (int i = 0; i < HS / 4; i++) o[i] *= corr;
+        for (int c = 0; c < 32; c++) {
+            float p = Ps[r * 33 + c];
+            #pragma unroll
+            for (int i = 0; i < HS / 4; i++) o[i] += p * Vs[c * (HS + 1) + quarter + 4 * i];
+        }
+    }
+    if (t >= T) return;
+    float *dst = a.out + ((size_t)b * T + t) * a.C_local + h * HS;
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) dst[quarter + 4 * i] = o[i] / l;
+    if (quarter == 0) a.lse[((size_t)b * a.NH_local + h) * T + t] = m + logf(l);
+}
+
+// D[b,h,t] = sum_d dout[b,t,h*hs+d] * out[b,t,h*hs+d]; one warp per (b, t, h). Writes '='.
+__global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, int hs) {
+    size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)a.B * a.T * a.NH_local) return;
+    int h = (int)(w % a.NH_local);
+    size_t bt = w / a.NH_local;
+    int t = (int)(bt % a.T), b = (int)(bt / a.T);
+    const float *o = a.out + bt * a.C_local + h * hs, *d = a.dout + bt * a.C_local + h * hs;
+    float s = 0.0f;
+    for (int i = lane; i < hs; i += 32) s += o[i] * d[i];
+    s = mt__warp_sum(s);
+    if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
+}
+
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Adds into dqkv.
+// grid (T/32 key tiles, B*NH_local), 128 threads: thread (c = tid/4, quarter) owns key c of the
+// tile, the query rows quarter + 4j of each query tile, and channels quarter + 4i of dK and dV.
+// shared: K, V (the block's keys), Q, dO (the current query tile), P' and dS (key-major, 32 x 33),
+// lse and D of the query tile.
+template <int HS>
+__global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel(mt__attention_args a) {
+    float *Ks = (float *)mt__att_smem, *Vs = Ks + 32 * (HS + 1), *Qs = Vs + 32 * (HS + 1), *dOs = Qs + 32 * (HS + 1);
+    float *Pds = dOs + 32 * (HS + 1), *dSs = Pds + 32 * 33, *lse_s = dSs + 32 * 33, *D_s = lse_s + 32;
+    int c = threadIdx.x / 4, quarter = threadIdx.x % 4;
+    int kt = blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;   // key tile 0 has the most work: first
+    int T = a.T, key = kt * 32 + c;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    const float *lse_bh = a.lse + ((size_t)b * a.NH_local + h) * T, *D_bh = a.dsum + ((size_t)b * a.NH_local + h) * T;
+    mt__att_load_f32<HS>(Ks, k_base, C3, kt * 32, T);
+    mt__att_load_f32<HS>(Vs, v_base, C3, kt * 32, T);
+    float dk[HS / 4], dv[HS / 4];
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) { dk[i] = 0.0f; dv[i] = 0.0f; }
+    for (int qt = kt; qt * 32 < T; qt++) {   // query tiles from the diagonal down
+        __syncthreads();
+        mt__att_load_f32<HS>(Qs, q_base, C3, qt * 32, T);
+        mt__att_load_f32<HS>(dOs, do_base, a.C_local, qt * 32, T);
+        if (threadIdx.x < 32) {
+            int t = qt * 32 + threadIdx.x;
+            lse_s[threadIdx.x] = t < T ? lse_bh[t] : 0.0f;
+            D_s[threadIdx.x] = t < T ? D_bh[t] : 0.0f;
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int r = quarter + 4 * j, t = qt * 32 + r;
+            float pd = 0.0f, ds = 0.0f;
+            if (t < T && key <= t) {
+                float p = expf(mt__dot_f32<HS>(Qs + r * (HS + 1), Ks + c * (HS + 1)) * a.scale - lse_s[r]);
+                float dpd = mt__dot_f32<HS>(dOs + r * (HS + 1), Vs + c * (HS + 1));   // d(loss)/d(p')
+                float mult = a.p_drop > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                pd = p * mult;                     // p' = dropout(p)
+                ds = p * (dpd * mult - D_s[r]);    // softmax backward, dp = dp' * mask / (1-p_drop)
+            }
+            Pds[c * 33 + r] = pd;
+            dSs[c * 33 + r] = ds;
+        }
+        __syncwarp();   // key c's 4 threads (one warp) wrote its rows of Pds, dSs
+        for (int r = 0; r < 32; r++) {
+            float pd = Pds[c * 33 + r], ds = dSs[c * 33 + r];
+            #pragma unroll
+            for (int i = 0; i < HS / 4; i++) {
+                dv[i] += pd * dOs[r * (HS + 1) + quarter + 4 * i];
+                dk[i] += ds * Qs[r * (HS + 1) + quarter + 4 * i];
+            }
+        }
+    }
+    if (key >= T) return;
+    float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) {
+        dk_dst[quarter + 4 * i] += dk[i] * a.scale;
+        dv_dst[quarter + 4 * i] += dv[i];
+    }
+}
+
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half. Adds into dqkv.
+// grid (T/32 query tiles, B*NH_local), 128 threads: thread (r = tid/4, quarter) owns query row r,
+// keys quarter + 4j of each key tile and channels quarter + 4i of dQ.
+template <int HS>
+__global__ void __launch_bounds__(128) mt_attention_backward_dq_kernel(mt__attention_args a) {
+    float *Qs = (float *)mt__att_smem, *dOs = Qs + 32 * (HS + 1), *Ks = dOs + 32 * (HS + 1), *Vs = Ks + 32 * (HS + 1);
+    float *dSs = Vs + 32 * (HS + 1);
+    int r = threadIdx.x / 4, quarter = threadIdx.x % 4;
+    int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
+    int T = a.T, t = qt * 32 + r;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    mt__att_load_f32<HS>(Qs, q_base, C3, qt * 32, T);
+    mt__att_load_f32<HS>(dOs, do_base, a.C_local, qt * 32, T);
+    float lse_t = t < T ? a.lse[((size_t)b * a.NH_local + h) * T + t] : 0.0f;
+    float D_t = t < T ? a.dsum[((size_t)b * a.NH_local + h) * T + t] : 0.0f;
+    float dq[HS / 4];
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) dq[i] = 0.0f;
+    int last_key = min(T - 1, qt * 32 + 31);
+    for (int kt = 0; kt * 32 <= last_key; kt++) {
+        __syncthreads();
+        mt__att_load_f32<HS>(Ks, k_base, C3, kt * 32, T);
+        mt__att_load_f32<HS>(Vs, v_base, C3, kt * 32, T);
+        __syncthreads();
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int c = quarter + 4 * j, key = kt * 32 + c;
+            float ds = 0.0f;
+            if (t < T && key <= t) {
+                float p = expf(mt__dot_f32<HS>(Qs + r * (HS + 1), Ks + c * (HS + 1)) * a.scale - lse_t);
+                float dpd = mt__dot_f32<HS>(dOs + r * (HS + 1), Vs + c * (HS + 1));
+                float mult = a.p_drop > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                ds = p * (dpd * mult - D_t);
+            }
+            dSs[r * 33 + c] = ds;
+        }
+        __syncwarp();
+        for (int c = 0; c < 32; c++) {
+            float ds = dSs[r * 33 + c];
+            #pragma unroll
+            for (int i = 0; i < HS / 4; i++) dq[i] += ds * Ks[c * (HS + 1) + quarter + 4 * i];
+        }
+    }
+    if (t >= T) return;
+    float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
+    #pragma unroll
+    for (int i = 0; i < HS / 4; i++) dq_dst[quarter + 4 * i] += dq[i] * a.scale;
+}
+
+// ---- bf16 tensor-core path ---------------------------------------------------------------------
+// copy ROWS rows of HS floats (global row stride ld, first row t0, rows >= T read as 0) to a bf16
+// tile with row stride HS + 8: 16-byte loads, 8-byte stores. The +8 makes the row stride an odd
+// number of 16-byte units, so the 8 rows of an ldmatrix fall in 8 different bank groups.
+// blockDim.x = 128; a thread's float4 go in batches of up to 8 whose loads are all issued before
+// the first store (their latencies overlap: one trip to memory per batch, not per float4).
+template <int HS, int ROWS>
+__device__ static inline void mt__att_load_bf16(__nv_bfloat16 *dst, const float *src, size_t ld, int t0, int T) {
+    const int per_thread = ROWS * HS / 4 / 128, batch = per_thread < 8 ? per_thread : 8;
+    for (int i0 = 0; i0 < per_thread; i0 += batch) {
+        float4 v[batch];
+#pragma unroll
+        for (int i = 0; i < batch; i++) {
+            int e = threadIdx.x + 128 * (i0 + i), r = e / (HS / 4), d = 4 * (e % (HS / 4));
+            v[i] = t0 + r < T ? __ldg((const float4 *)(src + (size_t)(t0 + r) * ld + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < batch; i++) {
+            int e = threadIdx.x + 128 * (i0 + i), r = e / (HS / 4), d = 4 * (e % (HS / 4));
+            *(uint2 *)(dst + r * (HS + 8) + d) = make_uint2(mt__pack_bf16x2(v[i].x, v[i].y), mt__pack_bf16x2(v[i].z, v[i].w));
+        }
+    }
+}
+// fragments from a bf16 tile with row stride ld (see the mma helpers in "matmul"):
+// A (16 x 16) of a [m][k] tile at (m0, k0)
+__device__ static inline void mt__frag_a(uint32_t a[4], const __nv_bfloat16 *tile, int ld, int m0, int k0, int lane) {
+    mt__ldmatrix_x4(a, tile + (m0 + lane % 16) * ld + k0 + (lane / 16) * 8);
+}
+// B for two n8 tiles (n0..n0+15) x k16 (k0..), from a [n][k] tile (B^T stored row by row)
+__device__ static inline void mt__frag_b_nk(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0, int lane) {
+    mt__ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8);
+}
+// the same from a [k][n] tile (B stored row by row): ldmatrix.trans
+__device__ static inline void mt__frag_b_kn(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0, int lane) {
+    mt__ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * ld + n0 + (lane / 16) * 8);
+}
+// an fp32 accumulator tile 16 x 16 (two n8 tiles c0, c1) as the bf16 A fragment of the next mma
+__device__ static inline void mt__acc_to_frag_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = mt__pack_bf16x2(c0[0], c0[1]);   // row g,   k 2t..2t+1
+    a[1] = mt__pack_bf16x2(c0[2], c0[3]);   // row g+8, k 2t..
+    a[2] = mt__pack_bf16x2(c1[0], c1[1]);   // row g,   k 2t+8..
+    a[3] = mt__pack_bf16x2(c1[2], c1[3]);   // row g+8, k 2t+8..
+}
+
+// matches mt_attention_forward_cpu (megatron.h, 3. OPS); writes out and lse with '='.
+// grid (T/64 query tiles, B*NH_local), 128 threads = 4 warps, each 16 query rows of the 64.
+// Per 64-key tile: S (16 x 64 per warp) = Q K^T in 8 mma accumulator tiles; the softmax runs on
+// the accumulators (a thread holds rows g and g+8, two columns of each n8 tile; row max and sum
+// over the 4 threads of a quad); P' becomes the A operand of O += P' V directly. Scores are kept
+// in base 2 (exp2 of s * scale * log2 e). Q stays in registers for the whole kernel.
+// shared: Q, K, V tiles, 64 x (HS+8) bf16 each.
+template <int HS>
+__global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_kernel_mma(mt__attention_args a) {
+    const int LD = HS + 8;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *Ks = Qs + 64 * LD, *Vs = Ks + 64 * LD;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
+    int T = a.T;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    mt__att_load_bf16<HS, 64>(Qs, q_base, C3, qt * 64, T);
+    __syncthreads();
+    uint32_t qf[HS / 16][4];
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) mt__frag_a(qf[kk], Qs, LD, warp * 16, kk * 16, lane);
+    float o[HS / 8][4];
+    #pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) o[i][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    int t_row[2] = {qt * 64 + warp * 16 + gq, qt * 64 + warp * 16 + gq + 8};
+    const float scale2 = a.scale * 1.4426950408889634f;   // exp(x * scale) = exp2(x * scale * log2 e)
+    int last_key = min(T - 1, qt * 64 + 63);
+    for (int kt = 0; kt * 64 <= last_key; kt++) {
+        __syncthreads();   // the previous K, V tiles are no longer read
+        mt__att_load_bf16<HS, 64>(Ks, k_base, C3, kt * 64, T);
+        mt__att_load_bf16<HS, 64>(Vs, v_base, C3, kt * 64, T);
+        __syncthreads();
+        float s[8][4];
+        #pragma unroll
+        for (int i = 0; i < 8; i++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = 0.0f;
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++)
+            #pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t kb[4];
+                mt__frag_b_nk(kb, Ks, LD, np * 16, kk * 16, lane);
+                mt__mma_bf16(s[2 * np], qf[kk], kb[0], kb[1]);
+                mt__mma_bf16(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+            }
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {   // half 0: row g (elements 0,1), half 1: row g+8 (2,3)
+            int t = t_row[half];
+            float mx = -INFINITY;
+            #pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                #pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = kt * 64 + nt * 8 + 2 * tq + e;
+                    float v = key <= t && key < T ? s[nt][2 * half + e] * scale2 : -INFINITY;
+                    s[nt][2 * half + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(m[half], mx);
+            float m_use = m_new == -INFINITY ? 0.0f : m_new;   // a row with nothing visible yet: no NaN
+            float corr = exp2f(m[half] - m_use), sum = 0.0f;
+            #pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                #pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = exp2f(s[nt][2 * half + e] - m_use);
+                    sum += p;
+                    if (a.p_drop > 0.0f && p > 0.0f) p *= mt__attention_keep(a, b, h, t, kt * 64 + nt * 8 + 2 * tq + e);
+                    s[nt][2 * half + e] = p;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[half] = l[half] * corr + sum;
+            m[half] = m_new;
+            #pragma unroll
+            for (int i = 0; i < HS / 8; i++) { o[i][2 * half] *= corr; o[i][2 * half + 1] *= corr; }
+        }
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++) {   // O += P' V, 16 keys at a time
+            uint32_t pa[4];
+            mt__acc_to_frag_a(pa, s[2 * kk], s[2 * kk + 1]);
+            #pragma unroll
+            for (int dp = 0; dp < HS / 16; dp++) {
+                uint32_t vb[4];
+                mt__frag_b_kn(vb, Vs, LD, dp * 16, kk * 16, lane);
+                mt__mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
+                mt__mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int t = t_row[half];
+        if (t >= T) continue;
+        float inv = 1.0f / l[half];
+        float *dst = a.out + ((size_t)b * T + t) * a.C_local + h * HS;
+        #pragma unroll
+        for (int i = 0; i < HS / 8; i++)
+            *(float2 *)(dst + i * 8 + 2 * tq) = make_float2(o[i][2 * half] * inv, o[i][2 * half + 1] * inv);
+        if (tq == 0) a.lse[((size_t)b * a.NH_local + h) * T + t] = m[half] * 0.6931471805599453f + logf(l[half]);
+    }
+}
+
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half, on tensor cores.
+// grid (T/64 key tiles, B*NH_local), 128 threads = 4 warps, each 16 keys of the block's 64. Per
+// query tile of BQ rows (64, or 32 when HS = 128 to keep the accumulators in registers), with
+// queries as the columns of every product:
+//   S^T = K Q^T, dP'^T = V dO^T  ->  P'^T, dS^T (elementwise)  ->  dV += P'^T dO, dK += dS^T Q
+// shared: K, V (64 x (HS+8)), Q, dO (BQ x (HS+8)) bf16; lse (in base 2) and D of the query tile.
+template <int HS>
+__global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
+    const int LD = HS + 8, BQ = HS <= 64 ? 64 : 32;
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)mt__att_smem, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + BQ * LD;
+    float *lse2_s = (float *)(dOs + BQ * LD), *D_s = lse2_s + BQ;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    int kt = blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
+    int T = a.T;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    const float *lse_bh = a.lse + ((size_t)b * a.NH_local + h) * T, *D_bh = a.dsum + ((size_t)b * a.NH_local + h) * T;
+    const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
+    mt__att_load_bf16<HS, 64>(Ks, k_base, C3, kt * 64, T);
+    mt__att_load_bf16<HS, 64>(Vs, v_base, C3, kt * 64, T);
+    float dk[HS / 8][4], dv[HS / 8][4];
+    #pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) { dk[i][e] = 0.0f; dv[i][e] = 0.0f; }
+    int key_row[2] = {kt * 64 + warp * 16 + gq, kt * 64 + warp * 16 + gq + 8};
+    for (int qt = (kt * 64) / BQ; qt * BQ < T; qt++) {   // query tiles from the diagonal down
+        __syncthreads();
+        mt__att_load_bf16<HS, BQ>(Qs, q_base, C3, qt * BQ, T);
+        mt__att_load_bf16<HS, BQ>(dOs, do_base, a.C_local, qt * BQ, T);
+        for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+            int t = qt * BQ + i;
+            lse2_s[i] = t < T ? lse_bh[t] * log2e : 0.0f;
+            D_s[i] = t < T ? D_bh[t] : 0.0f;
+        }
+        __syncthreads();
+        float st[BQ / 8][4], dpt[BQ / 8][4];   // S^T and dP'^T: rows = my 16 keys, columns = queries
+        #pragma unroll
+        for (int i = 0; i < BQ / 8; i++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) { st[i][e] = 0.0f; dpt[i][e] = 0.0f; }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            uint32_t ka[4], va[4];
+            mt__frag_a(ka, Ks, LD, warp * 16, kk * 16, lane);
+            mt__frag_a(va, Vs, LD, warp * 16, kk * 16, lane);
+            #pragma unroll
+            for (int np = 0; np < BQ / 16; np++) {
+                uint32_t qb[4], ob[4];
+                mt__frag_b_nk(qb, Qs, LD, np * 16, kk * 16, lane);
+                mt__frag_b_nk(ob, dOs, LD, np * 16, kk * 16, lane);
+                mt__mma_bf16(st[2 * np], ka, qb[0], qb[1]);
+                mt__mma_bf16(st[2 * np + 1], ka, qb[2], qb[3]);
+                mt__mma_bf16(dpt[2 * np], va, ob[0], ob[1]);
+                mt__mma_bf16(dpt[2 * np + 1], va, ob[2], ob[3]);
+            }
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BQ / 8; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = key_row[e / 2], tl = nt * 8 + 2 * tq + e % 2, t = qt * BQ + tl;
+                float pd = 0.0f, ds = 0.0f;
+                if (t < T && key <= t) {
+                    float p = exp2f(st[nt][e] * scale2 - lse2_s[tl]);
+                    float mult = a.p_drop > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                    pd = p * mult;
+                    ds = p * (dpt[nt][e] * mult - D_s[tl]);
+                }
+                st[nt][e] = pd;
+                dpt[nt][e] = ds;
+            }
+        #pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {   // the reduction runs over the tile's queries
+            uint32_t pa[4], sa[4];
+            mt__acc_to_frag_a(pa, st[2 * kk], st[2 * kk + 1]);
+            mt__acc_to_frag_a(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+            #pragma unroll
+            for (int dp = 0; dp < HS / 16; dp++) {
+                uint32_t ob[4], qb[4];
+                mt__frag_b_kn(ob, dOs, LD, dp * 16, kk * 16, lane);
+                mt__frag_b_kn(qb, Qs, LD, dp * 16, kk * 16, lane);
+                mt__mma_bf16(dv[2 * dp], pa, ob[0], ob[1]);
+                mt__mma_bf16(dv[2 * dp + 1], pa, ob[2], ob[3]);
+                mt__mma_bf16(dk[2 * dp], sa, qb[0], qb[1]);
+                mt__mma_bf16(dk[2 * dp + 1], sa, qb[2], qb[3]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int key = key_row[half];
+        if (key >= T) continue;
+        float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
+        #pragma unroll
+        for (int i = 0; i < HS / 8; i++) {
+            float2 *pk = (float2 *)(dk_dst + i * 8 + 2 * tq), *pv = (float2 *)(dv_dst + i * 8 + 2 * tq);
+            float2 k2 = *pk, v2 = *pv;
+            k2.x += dk[i][2 * half] * a.scale; k2.y += dk[i][2 * half + 1] * a.scale;
+            v2.x += dv[i][2 * half]; v2.y += dv[i][2 * half + 1];
+            *pk = k2;
+            *pv = v2;
+        }
+    }
+}
+
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half, on tensor cores.
+// grid (T/64 query tiles, B*NH_local), 128 threads = 4 warps, each 16 queries of the 64. Per key
+// tile of BK keys (64, or 32 when HS = 128) up to the diagonal:
+//   S = Q K^T, dP' = dO V^T  ->  dS (elementwise)  ->  dQ += dS K
+// shared: Q, dO (64 x (HS+8)), K, V (BK x (HS+8)) bf16.
+template <int HS>
+__global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_dq_kernel_mma(mt__attention_args a) {
+    const int LD = HS + 8, BK = HS <= 64 ? 64 : 32;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *dOs = Qs + 64 * LD, *Ks = dOs + 64 * LD, *Vs = Ks + BK * LD;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
+    int T = a.T;
+    size_t C3 = 3 * (size_t)a.C_local;
+    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
+    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
+    mt__att_load_bf16<HS, 64>(Qs, q_base, C3, qt * 64, T);
+    mt__att_load_bf16<HS, 64>(dOs, do_base, a.C_local, qt * 64, T);
+    int t_row[2] = {qt * 64 + warp * 16 + gq, qt * 64 + warp * 16 + gq + 8};
+    float lse2[2], D[2];
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int t = t_row[half];
+        lse2[half] = t < T ? a.lse[((size_t)b * a.NH_local + h) * T + t] * log2e : 0.0f;
+        D[half] = t < T ? a.dsum[((size_t)b * a.NH_local + h) * T + t] : 0.0f;
+    }
+    float dq[HS / 8][4];
+    #pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) dq[i][e] = 0.0f;
+    int last_key = min(T - 1, qt * 64 + 63);
+    for (int kt = 0; kt * BK <= last_key; kt++) {
+        __syncthreads();   // (also publishes Q, dO on the first pass)
+        mt__att_load_bf16<HS, BK>(Ks, k_base, C3, kt * BK, T);
+        mt__att_load_bf16<HS, BK>(Vs, v_base, C3, kt * BK, T);
+        __syncthreads();
+        float s[BK / 8][4], dp[BK / 8][4];
+        #pragma unroll
+        for (int i = 0; i < BK / 8; i++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) { s[i][e] = 0.0f; dp[i][e] = 0.0f; }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            uint32_t qa[4], oa[4];
+            mt__frag_a(qa, Qs, LD, warp * 16, kk * 16, lane);
+            mt__frag_a(oa, dOs, LD, warp * 16, kk * 16, lane);
+            #pragma unroll
+            for (int np = 0; np < BK / 16; np++) {
+                uint32_t kb[4], vb[4];
+                mt__frag_b_nk(kb, Ks, LD, np * 16, kk * 16, lane);
+                mt__frag_b_nk(vb, Vs, LD, np * 16, kk * 16, lane);
+                mt__mma_bf16(s[2 * np], qa, kb[0], kb[1]);
+                mt__mma_bf16(s[2 * np + 1], qa, kb[2], kb[3]);
+                mt__mma_bf16(dp[2 * np], oa, vb[0], vb[1]);
+                mt__mma_bf16(dp[2 * np + 1], oa, vb[2], vb[3]);
+            }
+        }
+        #pragma unroll
+        for (int nt = 0; nt < BK / 8; nt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = t_row[e / 2], key = kt * BK + nt * 8 + 2 * tq + e % 2;
+                float ds = 0.0f;
+                if (t < T && key <= t) {
+                    float p = exp2f(s[nt][e] * scale2 - lse2[e / 2]);
+                    float mult = a.p_drop > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                    ds = p * (dp[nt][e] * mult - D[e / 2]);
+                }
+                s[nt][e] = ds;
+            }
+        #pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {   // dQ += dS K: the reduction runs over the tile's keys
+            uint32_t sa[4];
+            mt__acc_to_frag_a(sa, s[2 * kk], s[2 * kk + 1]);
+            #pragma unroll
+            for (int dn = 0; dn < HS / 16; dn++) {
+                uint32_t kb[4];
+                mt__frag_b_kn(kb, Ks, LD, dn * 16, kk * 16, lane);
+                mt__mma_bf16(dq[2 * dn], sa, kb[0], kb[1]);
+                mt__mma_bf16(dq[2 * dn + 1], sa, kb[2], kb[3]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int t = t_row[half];
+        if (t >= T) continue;
+        float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
+        #pragma unroll
+        for (int i = 0; i < HS / 8; i++) {
+            float2 *p = (float2 *)(dq_dst + i * 8 + 2 * tq);
+            float2 v = *p;
+            v.x += dq[i][2 * half] * a.scale;
+            v.y += dq[i][2 * half + 1] * a.scale;
+            *p = v;
+        }
+    }
+}
+
+// ---- attention launchers -----------------------------------------------------------------------
+static mt__attention_args mt__attention_setup(int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                                              int head_offset, int NH_global) {
+    mt__attention_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B; a.T = T; a.C_local = C_local; a.NH_local = NH_local;
+    a.scale = 1.0f / sqrtf((float)(C_local / NH_local));   // as the CPU: 1/sqrtf((float)hs)
+    a.p_drop = drop->p > 0.0f ? drop->p : 0.0f;
+    a.keep_scale = drop->p > 0.0f ? 1.0f / (1.0f - drop->p) : 1.0f;
+    a.drop_prefix = mt__dropout_prefix(drop);
+    a.sample_offset = drop->sample_offset; a.head_offset = head_offset; a.NH_global = NH_global;
+    return a;
+}
+static void mt__attention_check(const char *what, int C_local, int NH_local) {
+    if (NH_local <= 0 || C_local % NH_local != 0) mt_fatal("%s: C_local = %d is not a multiple of NH_local = %d", what, C_local, NH_local);
+    int hs = C_local / NH_local;
+    if (hs != 16 && hs != 32 && hs != 64 && hs != 128)
+        mt_fatal("%s: head size %d is not supported by the GPU kernels\nhint: use hidden-size / num-attention-heads = 16, 32, 64 or 128", what, hs);
+}
+// The bf16 kernels move 16 bytes at a time, so their tensors must start on 16-byte boundaries.
+// One that does not (a caller that carves buffers at odd offsets) goes through an aligned copy:
+// slower, the same result. mt__staged returns p itself when it is aligned (or in fp32 mode).
+static float *mt__staged(const float *p, size_t n, int bf16, int copy_in, cudaStream_t stream) {
+    if (!bf16 || mt__aligned16(p)) return (float *)p;
+    float *q;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&q, n * sizeof(float), stream));
+    if (copy_in) MT_CUDA_CHECK(cudaMemcpyAsync(q, p, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    return q;
+}
+// after the kernels: copy an output back (if it was staged) and free the copy
+static void mt__unstage(float *p, float *staged, size_t n, int copy_out, cudaStream_t stream) {
+    if (staged == p) return;
+    if (copy_out) MT_CUDA_CHECK(cudaMemcpyAsync(p, staged, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(staged, stream));
+}
+// shared memory of each attention kernel, in bytes
+static size_t mt__att_smem_fwd(int hs, int bf16) {
+    return bf16 ? (size_t)3 * 64 * (hs + 8) * sizeof(__nv_bfloat16) : ((size_t)3 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
+}
+static size_t mt__att_smem_dkdv(int hs, int bf16) {
+    int bq = hs <= 64 ? 64 : 32;
+    return bf16 ? (size_t)(128 + 2 * bq) * (hs + 8) * sizeof(__nv_bfloat16) + 2 * bq * sizeof(float)
+                : ((size_t)4 * 32 * (hs + 1) + 2 * 32 * 33 + 64) * sizeof(float);
+}
+static size_t mt__att_smem_dq(int hs, int bf16) {
+    int bk = hs <= 64 ? 64 : 32;
+    return bf16 ? (size_t)(128 + 2 * bk) * (hs + 8) * sizeof(__nv_bfloat16)
+                : ((size_t)4 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
+}
+template <int HS>
+static void mt__attention_forward_launch(const mt__attention_args &a, int bf16, cudaStream_t stream) {
+    size_t smem = mt__att_smem_fwd(HS, bf16);
+    if (bf16) {
+        dim3 grid((a.T + 63) / 64, a.B * a.NH_local);
+        mt__allow_smem((const void *)mt_attention_forward_kernel_mma<HS>, smem);
+        mt_attention_forward_kernel_mma<HS><<<grid, 128, smem, stream>>>(a);
+        mt__launch_check("mt_attention_forward_kernel_mma", stream);
+    } else {
+        dim3 grid((a.T + 31) / 32, a.B * a.NH_local);
+        mt__allow_smem((const void *)mt_attention_forward_kernel<HS>, smem);
+        mt_attention_forward_kernel<HS><<<grid, 128, smem, stream>>>(a);
+        mt__launch_check("mt_attention_forward_kernel", stream);
+    }
+}
+template <int HS>
+static void mt__attention_backward_launch(const mt__attention_args &a, int bf16, cudaStream_t stream) {
+    size_t rows = (size_t)a.B * a.T * a.NH_local;
+    mt_attention_backward_preprocess_kernel<<<mt__blocks(rows * 32, 256), 256, 0, stream>>>(a, HS);
+    mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
+    size_t smem_kv = mt__att_smem_dkdv(HS, bf16), smem_q = mt__att_smem_dq(HS, bf16);
+    if (bf16) {
+        dim3 grid((a.T + 63) / 64, a.B * a.NH_local);
+        mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_mma<HS>, smem_kv);
+        mt_attention_backward_dkdv_kernel_mma<HS><<<grid, 128, smem_kv, stream>>>(a);
+        mt__launch_check("mt_attention_backward_dkdv_kernel_mma", stream);
+        mt__allow_smem((const void *)mt_attention_backward_dq_kernel_mma<HS>, smem_q);
+        mt_attention_backward_dq_kernel_mma<HS><<<grid, 128, smem_q, stream>>>(a);
+        mt__launch_check("mt_attention_backward_dq_kernel_mma", stream);
+    } else {
+        dim3 grid((a.T + 31) / 32, a.B * a.NH_local);
+        mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel<HS>, smem_kv);
+        mt_attention_backward_dkdv_kernel<HS><<<grid, 128, smem_kv, stream>>>(a);
+        mt__launch_check("mt_attention_backward_dkdv_kernel", stream);
+        mt__allow_smem((const void *)mt_attention_backward_dq_kernel<HS>, smem_q);
+        mt_attention_backward_dq_kernel<HS><<<grid, 128, smem_q, stream>>>(a);
+        mt__launch_check("mt_attention_backward_dq_kernel", stream);
+    }
+}
+// writes out (B,T,C_local) and lse (B,NH_local,T) with '='. bf16: 1 = tensor cores, 0 = fp32.
+void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
+                              const mt_dropout *drop, int head_offset, int NH_global, int bf16, cudaStream_t stream) {
+    mt__attention_check("attention forward", C_local, NH_local);
+    if (B == 0 || T == 0) return;
+    size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
+    mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
+    a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
+    a.out = mt__staged(out, n_out, bf16, 0, stream);
+    a.lse = lse;
+    switch (C_local / NH_local) {
+    case 16: mt__attention_forward_launch<16>(a, bf16, stream); break;
+    case 32: mt__attention_forward_launch<32>(a, bf16, stream); break;
+    case 64: mt__attention_forward_launch<64>(a, bf16, stream); break;
+    case 128: mt__attention_forward_launch<128>(a, bf16, stream); break;
+    }
+    mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
+    mt__unstage(out, a.out, n_out, 1, stream);
+}
+// adds into dqkv (B,T,3*C_local). out and lse are the forward's. Scratch: D, B*NH_local*T floats.
+void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                               int NH_global, int bf16, cudaStream_t stream) {
+    mt__attention_check("attention backward", C_local, NH_local);
+    if (B == 0 || T == 0) return;
+    size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
+    mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
+    a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
+    a.dout = mt__staged(dout, n_out, bf16, 1, stream);
+    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 1, stream);
+    a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
+    a.lse = (float *)lse;   // read only in the backward
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
+    switch (C_local / NH_local) {
+    case 16: mt__attention_backward_launch<16>(a, bf16, stream); break;
+    case 32: mt__attention_backward_launch<32>(a, bf16, stream); break;
+    case 64: mt__attention_backward_launch<64>(a, bf16, stream); break;
+    case 128: mt__attention_backward_launch<128>(a, bf16, stream); break;
+    }
+    MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
+    mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
+    mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
+    mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU, tanh approximation
+// matches mt_gelu_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); N elements, one thread each.
+__global__ void mt_gelu_forward_kernel(float *__restrict__ out, const float *__restrict__ inp, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float x = inp[i];
+    float cube = 0.044715f * x * x * x;
+    out[i] = 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+}
+void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream) {
+    if (N == 0) return;
+    mt_gelu_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, inp, N);
+    mt__launch_check("mt_gelu_forward_kernel", stream);
+}
+// matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Adds into dinp.
+// in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
+// so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
+__global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
+                                        const float *__restrict__ dout, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float x = inp[i];
+    float cube = 0.044715f * x * x * x;
+    float u = MT_GELU_SCALING_FACTOR * (x + cube);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+}
+void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size_t N, cudaStream_t stream) {
+    if (N == 0) return;
+    mt_gelu_backward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dinp, inp, dout, N);
+    mt__launch_check("mt_gelu_backward_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// residual
+// matches mt_residual_forward_cpu (megatron.h, 3. OPS). Writes out with '='. out = a + b.
+__global__ void mt_residual_forward_kernel(float *out, const float *a, const float *b, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = a[i] + b[i];
+}
+void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream) {
+    if (N == 0) return;
+    mt_residual_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, a, b, N);
+    mt__launch_check("mt_residual_forward_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cross-entropy over a vocabulary split across TP ranks: the three local steps, between which
+// mt_vocab_parallel_cross_entropy_* (megatron.h, 4.) all-reduces. logits (BT, V_local) hold this
+// rank's columns [vocab_start, vocab_start + V_local); only the first
+// n = mt__real_columns(vocab_start, V_local, V) of them are real (the rest is padding).
+// One block of 256 threads per row; the block reductions have a fixed order (deterministic).
+// matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
+__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n) {
+    const float *l = logits + (size_t)blockIdx.x * V_local;
+    float m = -INFINITY;
+    for (int v = threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
+    m = mt__block_max(m);
+    if (threadIdx.x == 0) maxv[blockIdx.x] = m;
+}
+void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V,
+                                    cudaStream_t stream) {
+    if (BT == 0) return;
+    mt_cross_entropy_local_max_kernel<<<BT, 256, 0, stream>>>(maxv, logits, V_local,
+                                                             mt__real_columns(vocab_start, V_local, V));
+    mt__launch_check("mt_cross_entropy_local_max_kernel", stream);
+}
+// matches mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS). Writes sumexp, target_logit with '='.
+// sumexp[i] = sum_v exp(l[i,v] - maxv[i]) over the real columns; target_logit[i] = l[i, y_i] if
+// the target is one of my real columns, else 0.
+__global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_logit, const float *logits,
+                                                   const float *maxv, const int *targets, int V_local,
+                                                   int vocab_start, int n) {
+    int i = blockIdx.x;
+    const float *l = logits + (size_t)i * V_local;
+    float m = maxv[i], s = 0.0f;
+    for (int v = threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
+    s = mt__block_sum(s);
+    if (threadIdx.x == 0) {
+        sumexp[i] = s;
+        int local = targets[i] - vocab_start;
+        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+    }
+}
+void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V,
+                                     cudaStream_t stream) {
+    if (BT == 0) return;
+    mt_cross_entropy_local_sums_kernel<<<BT, 256, 0, stream>>>(sumexp, target_logit, logits, maxv, targets, V_local,
+                                                              vocab_start, mt__real_columns(vocab_start, V_local, V));
+    mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
+}
+// matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
+// losses[i] = log S + m - l_y; if dlogits != NULL, in place of the logits:
+// dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss, 0 on padded columns.
+__global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                                               const float *target_logit, const int *targets, int V_local,
+                                               int vocab_start, int n, float dloss) {
+    int i = blockIdx.x;
+    if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
+    if (!dlogits) return;
+    float *l = dlogits + (size_t)i * V_local;
+    float m = maxv[i], inv = 1.0f / sumexp[i];
+    int local = targets[i] - vocab_start;
+    for (int v = threadIdx.x; v < V_local; v += blockDim.x) {
+        float p = v < n ? expf(l[v] - m) * inv : 0.0f;
+        l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
+    }
+}
+void mt_cross_entropy_finish_gpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                                 const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                                 int V, float dloss, cudaStream_t stream) {
+    if (BT == 0) return;
+    mt_cross_entropy_finish_kernel<<<BT, dlogits ? 256 : 32, 0, stream>>>(
+        losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start,
+        mt__real_columns(vocab_start, V_local, V), dloss);
+    mt__launch_check("mt_cross_entropy_finish_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+// matches mt_adamw_cpu (megatron.h, 3. OPS). Updates param, m, v in place; one thread per parameter.
+//   p = p (1 - lr wd);  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
+// The bias corrections bc1 = 1 - b1^step, bc2 = 1 - b2^step are computed on the host with the
+// CPU's own powf, so both builds use the same two numbers.
+__global__ void mt_adamw_kernel(float *__restrict__ param, float *__restrict__ m, float *__restrict__ v,
+                                const float *__restrict__ grad, size_t n, float lr, float beta1, float beta2,
+                                float eps, float weight_decay, float bc1, float bc2) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grad[i];
+    float p = param[i] * (1.0f - lr * weight_decay);
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+}
+void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int step, cudaStream_t stream) {
+    if (n == 0) return;
+    float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
+    mt_adamw_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(param, m, v, grad, n, lr, beta1, beta2, eps,
+                                                            weight_decay, bc1, bc2);
+    mt__launch_check("mt_adamw_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias add: matches the CPU branch of mt_bias_add (megatron.h, 3. OPS dispatch): out[i,o] += bias[o],
+// out (BT, OC), the row-parallel layer's bias after its all-reduce. One thread per element.
+__global__ void mt_bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += bias[i % (size_t)OC];
+}
+void mt_bias_add_gpu(float *out, const float *bias, int BT, int OC, cudaStream_t stream) {
+    size_t n = (size_t)BT * OC;
+    if (n == 0) return;
+    mt_bias_add_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, bias, n, OC);
+    mt__launch_check("mt_bias_add_kernel", stream);
+}
+
+// =============================================================================================
+// 6. OPTIMIZER, CLIPPING (GPU)
+// =============================================================================================
+// The pieces of Megatron's clip_grad_norm_fp32 that touch every gradient: the sum of squares
+// (the CPU's loop in mt__grad_norm, accumulated in double) and the scale by clip / norm.
+
+// sumsq (one double on the device) += sum_i x[i]^2, accumulated in double. Deterministic: the
+// number of blocks depends only on n; each block sums a fixed grid-stride subset in order and
+// reduces with a fixed tree into partial[block]; then one block adds the partials the same way.
+static const int MT__SUMSQ_MAX_BLOCKS = 1024;
+__global__ void mt_sum_squares_partial_kernel(double *partial, const float *x, size_t n) {
+    __shared__ double warp_sums[32];
+    double s = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double v = (double)x[i];
+        s += v * v;
+    }
+    s = mt__warp_sum_double(s);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0;
+        t = mt__warp_sum_double(t);
+        if (threadIdx.x == 0) partial[blockIdx.x] = t;
+    }
+}
+__global__ void mt_sum_squares_finish_kernel(double *sumsq, const double *partial, int nblocks) {
+    __shared__ double warp_sums[32];
+    double s = threadIdx.x < nblocks ? partial[threadIdx.x] : 0.0;   // blockDim.x = MT__SUMSQ_MAX_BLOCKS
+    s = mt__warp_sum_double(s);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = mt__warp_sum_double(warp_sums[threadIdx.x]);
+        if (threadIdx.x == 0) *sumsq += t;
+    }
+}
+void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    size_t want = (n + 255) / 256;
+    int nblocks = want < MT__SUMSQ_MAX_BLOCKS ? (int)want : MT__SUMSQ_MAX_BLOCKS;
+    double *partial;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)nblocks * sizeof(double), stream));
+    mt_sum_squares_partial_kernel<<<nblocks, 256, 0, stream>>>(partial, x, n);
+    mt__launch_check("mt_sum_squares_partial_kernel", stream);
+    mt_sum_squares_finish_kernel<<<1, MT__SUMSQ_MAX_BLOCKS, 0, stream>>>(sumsq, partial, nblocks);
+    mt__launch_check("mt_sum_squares_finish_kernel", stream);
+    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+// x *= s (the clip: s = clip_grad / (norm + 1e-6) when that is below 1). In place.
+__global__ void mt_scale_kernel(float *x, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    mt_scale_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, s, n);
+    mt__launch_check("mt_scale_kernel", stream);
+}
+
+#endif /* MT_KERNELS_CUH */
