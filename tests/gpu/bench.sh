@@ -14,22 +14,22 @@ G="--config configs/gpt_small.json --bf16 --micro-batch-size $MB --train-iters $
  --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --clip-grad 1.0 --log-interval 10 \
  --eval-interval 100000 --eval-iters 0 --split 949,50,1 --data-path build/bench_text_document \
  --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
-run() {   # label, gpus, flags
-  label=$1; gpus=$2; shift 2
+run() {   # tag (file name), label, gpus, flags
+  tag=$1; label=$2; gpus=$3; shift 3
   if [ "$gpus" -gt "$ngpu" ]; then echo "$label: needs $gpus GPUs, have $ngpu" >> build/bench_table.txt; return; fi
-  echo "./train_gpt_cuda $G $*" > build/bench_$label.log
-  ./train_gpt_cuda $G "$@" >> build/bench_$label.log 2>&1
-  last=$(grep "^ iteration" build/bench_$label.log | tail -n 1)
-  if [ -z "$last" ]; then echo "$label: no iteration line (see build/bench_$label.log)" >> build/bench_table.txt; tail -5 build/bench_$label.log; return; fi
+  echo "./train_gpt_cuda $G $*" > build/bench_$tag.log
+  ./train_gpt_cuda $G "$@" >> build/bench_$tag.log 2>&1
+  last=$(grep "^ iteration" build/bench_$tag.log | tail -n 1)
+  if [ -z "$last" ]; then echo "$label: no iteration line (see build/bench_$tag.log)" >> build/bench_table.txt; tail -5 build/bench_$tag.log; return; fi
   ms=$(echo "$last" | sed 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/')
   tps=$(echo "$last" | sed 's/.*tokens per second: \([0-9.]*\).*/\1/')
   loss=$(echo "$last" | sed 's/.*lm loss: \([0-9.E+-]*\).*/\1/')
-  mem=$(grep "GPU memory in use at the end" build/bench_$label.log | sed 's/.*end: \([0-9.]*\) GiB.*/\1/' | sort -n | tail -n 1)
+  mem=$(grep "GPU memory in use at the end" build/bench_$tag.log | sed 's/.*end: \([0-9.]*\) GiB.*/\1/' | sort -n | tail -n 1)
   mfu=$(awk -v t="$tps" -v g="$gpus" 'BEGIN { printf "%.1f", 100 * t * 860.1e6 / (989.4e12 * g) }')
   printf "%-22s %5s %10s %12s %7s%% %12s %10s\n" "$label" "$gpus" "$ms" "$tps" "$mfu" "$mem" "$loss" >> build/bench_table.txt
 }
 printf "%-22s %5s %10s %12s %8s %12s %10s\n" "run (GPT-2 small bf16)" "GPUs" "ms/step" "tokens/s" "MFU" "GiB/GPU" "lm loss" > build/bench_table.txt
-run "1 GPU, B=$MB" 1 --global-batch-size $MB
-run "TP=2, B=$MB" 2 --tensor-model-parallel-size 2 --nproc-per-node 2 --global-batch-size $MB
-run "DP=2, B=$MB/GPU" 2 --nproc-per-node 2 --global-batch-size $((2 * MB))
+run 1gpu "1 GPU, B=$MB" 1 --global-batch-size $MB
+run tp2 "TP=2, B=$MB" 2 --tensor-model-parallel-size 2 --nproc-per-node 2 --global-batch-size $MB
+run dp2 "DP=2, B=$MB/GPU" 2 --nproc-per-node 2 --global-batch-size $((2 * MB))
 cat build/bench_table.txt
