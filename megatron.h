@@ -5314,8 +5314,13 @@ int mt_pretrain(mt_config *cfg) {
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
     if (cfg->train.save[0] || cfg->train.load[0])
         mt_fatal("--save/--load: checkpointing is not implemented yet in this build\nhint: drop --save/--load/--save-interval for now");
+#ifdef __CUDACC__
+    if (cfg->train.fp16)
+        mt_fatal("--fp16 needs dynamic loss scaling, which this build does not have yet\nhint: use --bf16 (same speed here, no loss scaling needed) or --fp32");
+#else
     if (cfg->train.fp16 || cfg->train.bf16)
-        fprintf(stderr, "note: the CPU build computes in fp32; --fp16/--bf16 apply to the GPU build (train_gpt_cuda)\n");
+        fprintf(stderr, "note: the CPU build computes in fp32; --bf16 applies to the GPU build (train_gpt_cuda)\n");
+#endif
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
     double t0 = mt_time_seconds();
