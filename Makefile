@@ -28,7 +28,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_tokenizer
+TESTS = tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
 
 .PHONY: all run test test-ref test-gpu bench cuda-check debug clean
 
@@ -80,12 +80,13 @@ test: train_gpt preprocess $(TESTS)
 	@sh tests/run.sh $(TESTS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
-# GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer
-$(VENV)/.ready:
+# GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
+# safetensors reads our checkpoints
+$(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors
 	@touch $@
-test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids preprocess
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 

@@ -28,8 +28,10 @@
       8. PIPELINE SCHEDULES & STEP    no pipelining, AFAB, 1F1B, interleaved 1F1B; the train step
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
                                       blending; GPT-2 byte-level BPE
+     10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
      12. TRAINING LOOP                pretrain(): train, evaluate, Megatron's log lines
-     (10. checkpoints, 11. TensorBoard & timeline, 13. generation: later issues)
+     10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
+     (11. TensorBoard & timeline, 13. generation: later issues)
 
    COMPILE-TIME OPTIONS
      MEGATRON_IMPLEMENTATION   define in one translation unit only (see USAGE)
@@ -210,6 +212,7 @@ typedef struct {
     int eval_interval;         // --eval-interval, default 1000
     int eval_iters;            // --eval-iters, default 100
     int save_interval;         // --save-interval
+    int exit_interval;         // --exit-interval: stop (after saving, with --save) at an iteration divisible by it
     char save[MT_PATH_MAX];    // --save DIR
     char load[MT_PATH_MAX];    // --load DIR
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
@@ -500,6 +503,18 @@ void mt_data_free(mt_data *d);
 void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out);
 
 // ---------------------------------------------------------------------------------------------
+// CHECKPOINTS: Megatron's directory layout, safetensors files
+// ---------------------------------------------------------------------------------------------
+/* SAVE/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.safetensors, and SAVE/latest_checkpointed_iteration.txt.
+   Every rank calls it (collective over the world); DP rank 0 of each (TP, PP) position writes. */
+void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed);
+/* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
+   when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
+int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
+/* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
+void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
+
+// ---------------------------------------------------------------------------------------------
 // TRAINING LOOP (Megatron's pretrain(): train, evaluate, log)
 // ---------------------------------------------------------------------------------------------
 /* number of parameters of the whole model (padded vocabulary, tied embedding counted once) */
@@ -773,6 +788,7 @@ static const mt__flag mt__flags[] = {
     {"--eval-interval", MT__INT, MT__OFF(train.eval_interval), 0, "logging", "iterations between validation runs"},
     {"--eval-iters", MT__INT, MT__OFF(train.eval_iters), 0, "logging", "global batches per validation run"},
     {"--save-interval", MT__INT, MT__OFF(train.save_interval), 0, "checkpointing", "iterations between checkpoints"},
+    {"--exit-interval", MT__INT, MT__OFF(train.exit_interval), 0, "checkpointing", "stop after an iteration divisible by this (saving first, with --save)"},
     {"--save", MT__STR, MT__OFF(train.save), MT_PATH_MAX, "checkpointing", "checkpoint directory to write"},
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
@@ -3770,6 +3786,7 @@ void mt_rank_free(mt_rank *r) {
 // helpers.cpp} and tools/preprocess_data.py. The files are Megatron's, byte for byte.
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 // ---------------------------------------------------------------------------------------------
 // the indexed dataset format (Megatron's "MMIDIDX", version 1), little-endian:
@@ -5148,6 +5165,326 @@ void mt_tokenizer_free(mt_tokenizer *t) {
     memset(t, 0, sizeof *t);
 }
 // =============================================================================================
+// 10. CHECKPOINTS
+// =============================================================================================
+// Mirrors megatron/training/checkpointing.py (save_checkpoint, load_checkpoint) for its
+// directory layout; the file format is safetensors, so any tool can read our weights:
+//
+//   SAVE/latest_checkpointed_iteration.txt          "300"  (written last: a checkpoint exists
+//                                                    only once every rank's file is in place)
+//   SAVE/iter_0000300/mp_rank_00/                    one directory per TP rank (PP = 1)
+//   SAVE/iter_0000300/mp_rank_01_001/                or per (TP rank, PP rank) when PP > 1
+//       model_optim_rng.safetensors                  this rank's shards (Megatron: .pt)
+//
+// A safetensors file is: u64 (little-endian) header length N, N bytes of JSON, then raw data.
+// The JSON maps each tensor name to {"dtype":"F32","shape":[...],"data_offsets":[begin,end]}
+// (offsets into the data part) and holds "__metadata__", a map of strings: here the
+// iteration, the optimizer step, the data position and the layout and model sizes. Tensors:
+// the parameters under their names (wte, qkvw, ...; per-layer tensors stacked over this rank's
+// layers), and AdamW's moments as optimizer.exp_avg.NAME and optimizer.exp_avg_sq.NAME.
+// Nothing else is needed to resume bit-exactly: the random numbers are counter-based (keyed on
+// the iteration, nothing to save), and the data position follows from the iteration.
+// Resuming needs the same TP x PP (and virtual stages); DP may differ, since DP replicas hold
+// the same values (DP rank 0 writes, every DP rank reads).
+
+void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size) {
+    if (pp_size == 1) snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d/model_optim_rng.safetensors", dir, iteration, tp_rank);
+    else snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d_%03d/model_optim_rng.safetensors", dir, iteration, tp_rank, pp_rank);
+}
+
+static void mt__mkdir_p(const char *path) {   // every directory of path, like mkdir -p
+    char buf[MT_PATH_MAX + 160];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; ; p++) {
+        if (*p == '/' || *p == 0) {
+            char saved = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                mt_fatal("cannot create directory %s: %s\nhint: check --save and its permissions", buf, strerror(errno));
+            *p = saved;
+            if (!saved) break;
+        }
+    }
+}
+
+// the tensors of a checkpoint, in file order: parameters, then exp_avg, then exp_avg_sq
+typedef struct { char name[64]; const mt_param_spec *spec; int which; } mt__ckpt_tensor;   // which: 0 param, 1 m, 2 v
+static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
+    const char *prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+    int n = 0;
+    for (int which = 0; which < 3; which++)
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+            if (!r->specs[i].present) continue;
+            snprintf(out[n].name, sizeof out[n].name, "%s%s", prefix[which], r->specs[i].name);
+            out[n].spec = &r->specs[i];
+            out[n].which = which;
+            n++;
+        }
+    return n;
+}
+static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops dimensions of size 1 (vectors)
+    int nd = 0;
+    if (s->layers) shape[nd++] = (size_t)s->layers;
+    if (s->rows > 1) shape[nd++] = (size_t)s->rows;
+    shape[nd++] = (size_t)s->cols;
+    return nd;
+}
+
+// the metadata every file carries; a load compares the layout keys with its own
+typedef struct { const char *key; long long value; } mt__ckpt_meta;
+static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_consumed, mt__ckpt_meta *m) {
+    const mt_config *cfg = r->cfg;
+    mt__ckpt_meta all[] = {
+        {"iteration", iteration}, {"optimizer_step", r->step},
+        {"consumed_train_samples", (long long)iteration * cfg->train.global_batch_size},
+        {"consumed_valid_samples", (long long)valid_consumed},
+        {"tensor_model_parallel_size", r->ps.tp_size}, {"pipeline_model_parallel_size", r->ps.pp_size},
+        {"virtual_pipeline_model_parallel_size", r->ps.vp_size},
+        {"tensor_model_parallel_rank", r->ps.tp_rank}, {"pipeline_model_parallel_rank", r->ps.pp_rank},
+        {"num_layers", cfg->model.num_layers}, {"hidden_size", cfg->model.hidden_size},
+        {"num_attention_heads", cfg->model.num_attention_heads}, {"ffn_hidden_size", cfg->model.ffn_hidden_size},
+        {"max_position_embeddings", cfg->model.max_position_embeddings}, {"vocab_size", cfg->model.vocab_size},
+        {"padded_vocab_size", cfg->padded_vocab_size},
+    };
+    int n = (int)(sizeof all / sizeof all[0]);
+    for (int i = 0; i < n; i++) m[i] = all[i];
+    return n;
+}
+#define MT__CKPT_LAYOUT_KEYS 12   /* metadata from index 4 on must match on load (layout and model) */
+
+void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed) {
+    const mt_config *cfg = r->cfg;
+    int is_writer = r->ps.dp_rank == 0;
+    int is_logger = r->ps.rank == cfg->world_size - 1;
+    if (is_logger) { printf("saving checkpoint at iteration %7d to %s\n", iteration, dir); fflush(stdout); }
+    double t0 = mt_time_seconds();
+    if (is_writer) {
+        char path[MT_PATH_MAX + 128], tmp[MT_PATH_MAX + 160];
+        mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
+        char *slash = strrchr(path, '/');
+        *slash = 0;
+        mt__mkdir_p(path);
+        *slash = '/';
+        // the values, on the host (the GPU build copies them down first)
+        float *host[3];
+        const float *dev[3] = {r->params_memory, r->m_memory, r->v_memory};
+        for (int k = 0; k < 3; k++) {
+            host[k] = (float *)mt_malloc(r->num_params * sizeof(float) + 1, "checkpoint");
+            mt_buffer_download(r, host[k], dev[k], r->num_params * sizeof(float));
+        }
+        // the JSON header
+        mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
+        int nt = mt__ckpt_tensors(r, tensors);
+        size_t cap = 4096 + (size_t)nt * 160, len = 0;
+        char *json = (char *)mt_malloc(cap, "checkpoint header");
+        mt__ckpt_meta meta[32];
+        int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
+        len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
+        for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key, meta[i].value);
+        len += (size_t)snprintf(json + len, cap - len, "}");
+        size_t offset = 0;
+        for (int i = 0; i < nt; i++) {
+            size_t shape[3], bytes = mt__spec_numel(tensors[i].spec) * sizeof(float);
+            int nd = mt__ckpt_shape(tensors[i].spec, shape);
+            len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", tensors[i].name);
+            for (int d = 0; d < nd; d++) len += (size_t)snprintf(json + len, cap - len, "%s%zu", d ? "," : "", shape[d]);
+            len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+            offset += bytes;
+        }
+        len += (size_t)snprintf(json + len, cap - len, "}");
+        while (len % 8) json[len++] = ' ';   // the data starts 8-byte aligned (trailing spaces are allowed)
+        FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+        uint64_t header_len = len;
+        int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
+        for (int i = 0; i < nt && ok; i++) {
+            const float *src = host[tensors[i].which] + tensors[i].spec->offset;
+            size_t n = mt__spec_numel(tensors[i].spec);
+            ok = fwrite(src, sizeof(float), n, f) == n;
+        }
+        if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
+        mt_atomic_commit(f, tmp, path);
+        free(json);
+        for (int k = 0; k < 3; k++) free(host[k]);
+    }
+    // the tracker file last, once every rank's file is complete
+    mt_barrier(&r->world);
+    if (r->ps.rank == 0) {
+        char path[MT_PATH_MAX + 64], tmp[MT_PATH_MAX + 96];
+        snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
+        FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+        fprintf(f, "%d", iteration);
+        mt_atomic_commit(f, tmp, path);
+    }
+    mt_barrier(&r->world);
+    if (is_logger) {
+        printf("  successfully saved checkpoint at iteration %7d to %s (%.2f s)\n", iteration, dir, mt_time_seconds() - t0);
+        fflush(stdout);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reading a safetensors header: just enough JSON to find objects' members and their spans
+static const char *mt__sj_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+// the end of the JSON value starting at p (string, number, literal, object, array); NULL if malformed
+static const char *mt__sj_skip(const char *p, const char *end) {
+    p = mt__sj_ws(p, end);
+    if (p >= end) return NULL;
+    if (*p == '"') {
+        for (p++; p < end && *p != '"'; p++) if (*p == '\\') p++;
+        return p < end ? p + 1 : NULL;
+    }
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = mt__sj_ws(p + 1, end);
+        if (p < end && *p == close) return p + 1;
+        for (;;) {
+            if (close == '}') {   // "key": value
+                p = mt__sj_skip(p, end);
+                if (!p) return NULL;
+                p = mt__sj_ws(p, end);
+                if (p >= end || *p != ':') return NULL;
+                p++;
+            }
+            p = mt__sj_skip(p, end);
+            if (!p) return NULL;
+            p = mt__sj_ws(p, end);
+            if (p < end && *p == ',') { p = mt__sj_ws(p + 1, end); continue; }
+            if (p < end && *p == close) return p + 1;
+            return NULL;
+        }
+    }
+    while (p < end && (strchr("+-.eE", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z'))) p++;
+    return p;
+}
+// the value of member `key` of the object at obj (or NULL); *value_end set
+static const char *mt__sj_member(const char *obj, const char *end, const char *key, const char **value_end) {
+    const char *p = mt__sj_ws(obj, end);
+    if (p >= end || *p != '{') return NULL;
+    p = mt__sj_ws(p + 1, end);
+    size_t klen = strlen(key);
+    while (p < end && *p == '"') {
+        const char *kend = mt__sj_skip(p, end);
+        if (!kend) return NULL;
+        int match = (size_t)(kend - p - 2) == klen && memcmp(p + 1, key, klen) == 0;
+        p = mt__sj_ws(kend, end);
+        if (p >= end || *p != ':') return NULL;
+        const char *v = mt__sj_ws(p + 1, end), *vend = mt__sj_skip(v, end);
+        if (!vend) return NULL;
+        if (match) { *value_end = vend; return v; }
+        p = mt__sj_ws(vend, end);
+        if (p < end && *p == ',') p = mt__sj_ws(p + 1, end);
+    }
+    return NULL;
+}
+// integers of a JSON array like [3,64,64]; returns the count, -1 if malformed
+static int mt__sj_ints(const char *p, const char *end, long long *out, int cap) {
+    p = mt__sj_ws(p, end);
+    if (p >= end || *p != '[') return -1;
+    int n = 0;
+    p = mt__sj_ws(p + 1, end);
+    while (p < end && *p != ']') {
+        char *e;
+        long long v = strtoll(p, &e, 10);
+        if (e == p || n >= cap) return -1;
+        out[n++] = v;
+        p = mt__sj_ws(e, end);
+        if (p < end && *p == ',') p = mt__sj_ws(p + 1, end);
+    }
+    return p < end ? n : -1;
+}
+
+int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
+    const mt_config *cfg = r->cfg;
+    int is_logger = r->ps.rank == cfg->world_size - 1;
+    char path[MT_PATH_MAX + 128];
+    snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (is_logger) printf("WARNING: could not find the metadata file %s\n    will not load any checkpoints and will start from random\n", path);
+        return 0;
+    }
+    int iteration = 0;
+    int got = fscanf(f, "%d", &iteration);
+    fclose(f);
+    if (got != 1 || iteration <= 0) mt_fatal("%s does not hold an iteration number\nhint: the checkpoint directory is damaged; point --load at a good one", path);
+    mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
+    if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
+    f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long file_size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint64_t header_len = 0;
+    if (file_size < 8 || fread(&header_len, 8, 1, f) != 1 || header_len > (uint64_t)file_size - 8)
+        mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\nhint: the save was interrupted; load an earlier iteration", path, file_size);
+    char *json = (char *)mt_malloc(header_len + 1, "checkpoint header");
+    if (fread(json, 1, header_len, f) != header_len) mt_fatal("%s: cannot read its header", path);
+    json[header_len] = 0;
+    const char *end = json + header_len, *ve;
+    if (!mt__sj_skip(json, end)) mt_fatal("%s: the safetensors header is not valid JSON\nhint: the file is damaged", path);
+    // the layout and the model must be this run's
+    const char *md = mt__sj_member(json, end, "__metadata__", &ve);
+    if (!md) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
+    mt__ckpt_meta mine[32];
+    int nm = mt__ckpt_metadata(r, iteration, 0, mine);
+    long long saved[32];
+    for (int i = 0; i < nm; i++) {
+        const char *v = mt__sj_member(md, ve, mine[i].key, &end);
+        end = json + header_len;
+        if (!v || *v != '"') mt_fatal("%s: metadata \"%s\" is missing", path, mine[i].key);
+        saved[i] = strtoll(v + 1, NULL, 10);
+        if (i >= 4 && saved[i] != mine[i].value)
+            mt_fatal("%s was saved with %s = %lld, this run has %lld\nhint: resume with the checkpoint's layout and model sizes (converting between layouts is not in this build yet)",
+                     path, mine[i].key, saved[i], mine[i].value);
+    }
+    // the tensors, each checked against this rank's shapes and the file's size
+    uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
+    float *host = (float *)mt_malloc(r->num_params * sizeof(float) + 1, "checkpoint");
+    float *dest[3] = {r->params_memory, r->m_memory, r->v_memory};
+    mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
+    int nt = mt__ckpt_tensors(r, tensors);
+    for (int which = 0; which < 3; which++) {
+        for (int i = 0; i < nt; i++) {
+            if (tensors[i].which != which) continue;
+            const mt_param_spec *s = tensors[i].spec;
+            const char *t = mt__sj_member(json, json + header_len, tensors[i].name, &ve);
+            if (!t) mt_fatal("%s has no tensor %s", path, tensors[i].name);
+            const char *ve2;
+            const char *dtype = mt__sj_member(t, ve, "dtype", &ve2);
+            if (!dtype || strncmp(dtype, "\"F32\"", 5) != 0) mt_fatal("%s: tensor %s is not F32", path, tensors[i].name);
+            long long shape[8], offs[2];
+            size_t want_shape[3];
+            int nd = mt__ckpt_shape(s, want_shape);
+            const char *sh = mt__sj_member(t, ve, "shape", &ve2);
+            int got_nd = sh ? mt__sj_ints(sh, ve2, shape, 8) : -1;
+            int same = got_nd == nd;
+            for (int d = 0; d < nd && same; d++) same = shape[d] == (long long)want_shape[d];
+            if (!same) mt_fatal("%s: tensor %s has another shape than this run's\nhint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
+            const char *of = mt__sj_member(t, ve, "data_offsets", &ve2);
+            size_t bytes = mt__spec_numel(s) * sizeof(float);
+            if (!of || mt__sj_ints(of, ve2, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
+                mt_fatal("%s: tensor %s has bad data offsets", path, tensors[i].name);
+            if ((uint64_t)offs[1] > data_size)
+                mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\nhint: the save was interrupted; load an earlier iteration",
+                         path, tensors[i].name, offs[1], (unsigned long long)data_size);
+            fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
+            if (fread(host + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path, tensors[i].name);
+        }
+        mt_buffer_upload(r, dest[which], host, r->num_params * sizeof(float));
+    }
+    fclose(f);
+    free(host);
+    free(json);
+    r->step = (int)saved[1];
+    if (valid_consumed) *valid_consumed = saved[3];
+    if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
+    return iteration;
+}
+
+// =============================================================================================
 // 12. TRAINING LOOP
 // =============================================================================================
 // Mirrors megatron/training/training.py: pretrain() -> train() with train_step(),
@@ -5254,8 +5591,20 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     const mt_train_config *t = &cfg->train;
     double interval_loss = 0.0, interval_time = 0.0;
     int interval_count = 0, skipped = 0, nan_iters = 0;
+    // --load: resume where the checkpoint stopped (every rank reads its own file)
+    int first_iteration = 1;
+    if (t->load[0]) {
+        int64_t valid_consumed = 0;
+        int loaded = mt_checkpoint_load(r, t->load, &valid_consumed);
+        first_iteration = loaded + 1;
+        mt_barrier(&r->world);
+        if (rank == 0) job->data->valid_consumed = valid_consumed;
+        if (loaded >= t->train_iters && is_logger)
+            printf("the checkpoint is at iteration %d, --train-iters is %d: nothing to train\n", loaded, t->train_iters);
+    }
     mt_barrier(&r->world);
-    for (int it = 1; it <= t->train_iters; it++) {
+    int last_saved = 0, last_iteration = t->train_iters;
+    for (int it = first_iteration; it <= t->train_iters; it++) {
         double t0 = mt_time_seconds();
         mt_step_result res = mt_train_step(r, mt__data_batch, &ctx, it);
         double dt = mt_time_seconds() - t0;
@@ -5286,12 +5635,29 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
             float loss = mt__evaluate(r, &ctx, 1, it);
             mt__print_eval(r, what, loss);
         }
+        int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
+        if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
+            mt_barrier(&r->world);   // the valid iterator position is final for this iteration
+            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
+            last_saved = it;
+        }
+        if (exiting) {
+            if (is_logger) { printf("exiting program at iteration %d (--exit-interval %d)\n", it, t->exit_interval); fflush(stdout); }
+            last_iteration = it;
+            break;
+        }
     }
-    if (job->data->has_split[1] && t->eval_iters > 0) {
+    // Megatron saves once more at the end when the last iteration was not a save point
+    if (t->save[0] && last_saved != last_iteration && first_iteration <= last_iteration) {
+        mt_barrier(&r->world);
+        mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
+    }
+    int finished = last_iteration == t->train_iters;   // not stopped by --exit-interval
+    if (finished && job->data->has_split[1] && t->eval_iters > 0) {
         float loss = mt__evaluate(r, &ctx, 1, t->train_iters);
         mt__print_eval(r, "the end of training for val data", loss);
     }
-    if (job->data->has_split[2] && t->eval_iters > 0) {
+    if (finished && job->data->has_split[2] && t->eval_iters > 0) {
         float loss = mt__evaluate(r, &ctx, 2, t->train_iters);
         mt__print_eval(r, "the end of training for test data", loss);
     }
@@ -5312,8 +5678,8 @@ int mt_pretrain(mt_config *cfg) {
     if (cfg->parallel.print_layout) { mt_print_layout(cfg, stdout); return 0; }
     if (cfg->parallel.print_schedule) { mt_print_schedule(cfg, stdout); return 0; }
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
-    if (cfg->train.save[0] || cfg->train.load[0])
-        mt_fatal("--save/--load: checkpointing is not implemented yet in this build\nhint: drop --save/--load/--save-interval for now");
+    if (cfg->train.save_interval > 0 && !cfg->train.save[0])
+        mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)", cfg->train.save_interval);
 #ifdef __CUDACC__
     if (cfg->train.fp16)
         mt_fatal("--fp16 needs dynamic loss scaling, which this build does not have yet\nhint: use --bf16 (same speed here, no loss scaling needed) or --fp32");
