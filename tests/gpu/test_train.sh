@@ -34,5 +34,13 @@ for c in "$@"; do
   ./train_gpt_cuda $M $gpu > build/gpu_$label.log 2>&1 || { echo "GPU run $label failed"; tail -5 build/gpu_$label.log; failed=$((failed + 1)); continue; }
   if ./tests/gpu/compare_logs build/cpu_$label.log build/gpu_$label.log $rtol $label; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
+# a checkpoint on the GPU build: 10 steps, save, exit; a new process loads and does 10 more.
+# The losses must be the straight run's bit for bit (tolerance 0: the same kernels in the same order).
+rm -rf build/gpu_ckpt
+./train_gpt_cuda $M --fp32 --save build/gpu_ckpt --exit-interval 10 > build/gpu_resume_a.log 2>&1 &&
+./train_gpt_cuda $M --fp32 --load build/gpu_ckpt > build/gpu_resume_b.log 2>&1 &&
+cat build/gpu_resume_a.log build/gpu_resume_b.log > build/gpu_resume.log &&
+./tests/gpu/compare_logs build/gpu_1gpu_fp32.log build/gpu_resume.log 0 resume_fp32 && passed=$((passed + 1)) || {
+  echo "GPU checkpoint resume differs or failed"; tail -3 build/gpu_resume_b.log; failed=$((failed + 1)); }
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

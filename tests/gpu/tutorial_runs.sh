@@ -31,7 +31,12 @@ run() {   # tag, label, gpus, iters, flags
   mfu=$(awk -v t="$tps" -v g="$gpus" 'BEGIN { printf "%.1f", 100 * t * 860.1e6 / (989.4e12 * g) }')
   printf "%-24s %5s %6s %10s %10s %6s%% %9s %10s %10s\n" "$label" "$gpus" "$iters" "$ms" "$tps" "$mfu" "$mem" "$loss" "$val" >> build/tutorial_table.txt
 }
-run tp2 "TP=2 (DP=1)" 2 $ITERS --tensor-model-parallel-size 2 --nproc-per-node 2
+# the tutorial's checkpointing: save every 100, stop at ITERS, then a new process resumes for 100 more
+rm -rf build/ckpt_tp2
+run tp2 "TP=2 (DP=1)" 2 $((ITERS + 100)) --tensor-model-parallel-size 2 --nproc-per-node 2 \
+  --save build/ckpt_tp2 --save-interval 100 --exit-interval $ITERS
+run tp2_resume "TP=2 resumed" 2 $((ITERS + 100)) --tensor-model-parallel-size 2 --nproc-per-node 2 \
+  --load build/ckpt_tp2 --save build/ckpt_tp2 --save-interval 100
 run dp2 "DP=2 (TP=1)" 2 $ITERS --nproc-per-node 2
 run 1gpu "1 GPU" 1 $SHORT_ITERS
 run pp2 "PP=2 (TP=1, DP=1)" 2 $SHORT_ITERS --pipeline-model-parallel-size 2 --nproc-per-node 2
