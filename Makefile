@@ -6,6 +6,7 @@
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
+#   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
 #   make debug      -O0 -g builds for stepping through in gdb (every rank is a thread: `info threads`)
 #   make clean
 #
@@ -30,7 +31,7 @@ endif
 
 TESTS = tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
 
-.PHONY: all run test test-ref test-gpu bench cuda-check debug clean
+.PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -105,6 +106,10 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/c
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda
 	@sh tests/gpu/bench.sh
+
+# the tokenizer against OpenAI's tiktoken on the bundled corpus: MB/s and tokens/s, 1 and 2 threads
+bench-tokenizer: $(VENV)/.ready preprocess
+	$(VENV)/bin/python tests/bench_tokenizer.py
 
 # -O0 -g: for gdb (`thread 3` is rank 2, threads are named "r2 tp0 dp1 pp0")
 debug:

@@ -1402,7 +1402,7 @@ void mt__abort_world_from_rank(const char *msg) {
     mt_world *w = self->world;
     pthread_mutex_lock(&w->mu);
     if (!w->aborted) {
-        snprintf(w->error, sizeof w->error, "%s", msg);
+        snprintf(w->error, sizeof w->error, "rank %d: %s", self->rank, msg);   // which rank failed
         w->error_rank = self->rank;
         w->aborted = 1;
         for (mt__group *g = w->groups; g; g = g->next) {

@@ -546,10 +546,11 @@ MT_TEST(fatal_in_one_rank_stops_all) {
     fprintf(stderr, "  (the \"error:\" lines below are expected)\n");
     fail_test t;
     const char *e = run_failing(0, 4, &t);
-    mt_expect(strcmp(e, "rank 2 failed on purpose\nhint: nothing to fix, this is a test") == 0, "error recorded: '%s'", e);
+    // the recorded message names the rank that failed, then mt_fatal's text
+    mt_expect(strcmp(e, "rank 2: rank 2 failed on purpose\nhint: nothing to fix, this is a test") == 0, "error recorded: '%s'", e);
     for (int r = 0; r < 4; r++) mt_expect(t.after[r] == 0, "rank %d went on after the abort", r);
     e = run_failing(1, 4, &t);
-    mt_expect(strcmp(e, "rank 2 failed on purpose") == 0, "error recorded: '%s'", e);
+    mt_expect(strcmp(e, "rank 2: rank 2 failed on purpose") == 0, "error recorded: '%s'", e);
     for (int r = 0; r < 4; r++) mt_expect(t.after[r] == 0, "rank %d went on after the abort", r);
 }
 MT_TEST(errors_instead_of_hangs) {
