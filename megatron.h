@@ -807,6 +807,39 @@ static const mt__flag mt__flags[] = {
     {"--attention-softmax-in-fp32", MT__IGNORED, 0, 0, "ignored", "softmax always accumulates in fp32"},
     {"--use-flash-attn", MT__IGNORED, 0, 0, "ignored", "attention never stores the T x T matrix on the GPU"},
     {"--position-embedding-type", MT__IGNORED, 0, 1, "ignored", "GPT-2's learned absolute positions"},
+    {"--log-throughput", MT__IGNORED, 0, 0, "ignored", "the iteration line always shows TFLOP/s per GPU and tokens/s"},
+    {"--num-workers", MT__IGNORED, 0, 1, "ignored", "samples are read from the memory-mapped dataset directly"},
+    {"--no-gradient-accumulation-fusion", MT__IGNORED, 0, 0, "ignored", "weight gradients always accumulate in place"},
+    {"--use-mcore-models", MT__IGNORED, 0, 0, "ignored", "there is one GPT implementation"},
+    {"--use-cpu-initialization", MT__IGNORED, 0, 0, "ignored", "weights are always initialised on the host, layout-independently"},
+    {"--no-async-tensor-model-parallel-allreduce", MT__IGNORED, 0, 0, "ignored", "tensor-parallel all-reduces run in order on the rank's stream"},
+    {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
+};
+// Megatron flags that this build knows but does not implement yet: an error that says so
+// (instead of "unknown flag"), so a tutorial's user knows what to drop.
+static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
+    {"--sequence-parallel", "sequence parallelism"},
+    {"--use-distributed-optimizer", "the distributed optimizer (ZeRO-1)"},
+    {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
+    {"--recompute-activations", "activation recompute"},
+    {"--recompute-granularity", "activation recompute"},
+    {"--recompute-method", "activation recompute"},
+    {"--recompute-num-layers", "activation recompute"},
+    {"--loss-scale", "fp16 loss scaling"},
+    {"--initial-loss-scale", "fp16 loss scaling"},
+    {"--min-loss-scale", "fp16 loss scaling"},
+    {"--loss-scale-window", "fp16 loss scaling"},
+    {"--hysteresis", "fp16 loss scaling"},
+    {"--tensorboard-dir", "TensorBoard logging"},
+    {"--log-timers-to-tensorboard", "TensorBoard logging"},
+    {"--log-validation-ppl-to-tensorboard", "TensorBoard logging"},
+    {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)"},
+    {"--eod-mask-loss", "masking the loss at end-of-document tokens"},
+    {"--reset-position-ids", "resetting positions at document boundaries"},
+    {"--reset-attention-mask", "attention masks at document boundaries"},
+    {"--swiglu", "SwiGLU MLPs (GPT-2 uses GELU)"},
+    {"--normalization", "RMSNorm (GPT-2 uses LayerNorm)"},
+    {"--disable-bias-linear", "linear layers without biases"},
 };
 static const struct { const char *old_name, *hint; } mt__old_flags[] = {
     {"--model-parallel-size", "--tensor-model-parallel-size"},
@@ -842,6 +875,10 @@ static const mt__flag *mt__find_flag(const char *name) {
 }
 
 static void mt__unknown_flag(const char *name) {
+    for (size_t i = 0; i < sizeof mt__unimplemented_flags / sizeof mt__unimplemented_flags[0]; i++)
+        if (strcmp(mt__unimplemented_flags[i].name, name) == 0)
+            mt_fatal("%s (%s) is a Megatron flag that megatron.h does not implement yet\nhint: drop it; ./train_gpt --help lists what is here",
+                     name, mt__unimplemented_flags[i].what);
     for (size_t i = 0; i < sizeof mt__old_flags / sizeof mt__old_flags[0]; i++)
         if (strcmp(mt__old_flags[i].old_name, name) == 0)
             mt_fatal("flag %s is from an older Megatron and no longer exists\nhint: use %s", name, mt__old_flags[i].hint);
