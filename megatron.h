@@ -3548,8 +3548,10 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
         }
         double idle = 1.0 - (double)busy_total / ((double)makespan * pp);
         if (pass == 1) {
-            double bubble = (double)(pp - 1) / (double)(m * vp + pp - 1) * (vp > 1 ? 1.0 : 1.0);
-            if (vp > 1) bubble = (double)(pp - 1) / (double)vp / ((double)m + (double)(pp - 1) / vp);
+            // the bubble's share of the step: (p-1)/(m+p-1); interleaving divides the fill and
+            // drain by v: ((p-1)/v) / (m + (p-1)/v), which is the same formula when v = 1
+            double fill = (double)(pp - 1) / (double)vp;
+            double bubble = fill / ((double)m + fill);
             fprintf(f, "bubble: (p-1)/(m+p-1)%s = %.3f of the time; idle share of this time line: %.3f\n",
                     vp > 1 ? " with (p-1)/v for the interleaved schedule" : "", bubble, idle);
         }
