@@ -428,9 +428,10 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
 float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
 float mt_learning_rate(const mt_config *cfg, int iteration);
-/* copies this rank's shards into (dir=0) / out of (dir=1) a full, unsharded tensor `global`
-   of the given spec, laid out (grows, gcols) per layer for the layers of this rank */
-void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int global_layers, int dir);
+/* copies this rank's shards into (dir=0) / out of (dir=1) a full, unsharded tensor: for a
+   per-layer tensor (L, grows, gcols) with L = all layers of the model, else (grows, gcols).
+   CPU build (the parameters must be in host memory). */
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int dir);
 
 // ---------------------------------------------------------------------------------------------
 // DATA: Megatron's indexed dataset (PREFIX.bin + PREFIX.idx), GPT samples, blending
@@ -2801,8 +2802,7 @@ static void mt__gpu_nccl_join(mt_rank *r, mt_comm *c) {
     c->nccl = (void *)comm;
     c->stream = r->stream;
 }
-static void mt__gpu_comms_setup(mt_rank *r, mt_world *w) {
-    (void)w;
+static void mt__gpu_comms_setup(mt_rank *r) {
     // every rank joins its groups in the same order (tp, dp, embd), so no two wait on each other
     if (r->tp.size > 1) mt__gpu_nccl_join(r, &r->tp);
     if (r->dp.size > 1) mt__gpu_nccl_join(r, &r->dp);
@@ -3014,11 +3014,10 @@ static int mt__global_coords(const mt_rank *r, const mt_param_spec *s, int row, 
     return 1;
 }
 
-void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int global_layers, int dir) {
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int dir) {
     const float *base = r->params_memory + s->offset;
     int nl = s->layers ? s->layers : 1;
     size_t gsize = (size_t)s->grows * s->gcols;
-    (void)global_layers;
     for (int l = 0; l < nl; l++) {
         int gl = s->layers ? mt_local_to_global_layer(r, l) : 0;
         for (int row = 0; row < s->rows; row++)
@@ -3736,7 +3735,7 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     }
     free(members);
 #ifdef __CUDACC__
-    mt__gpu_comms_setup(r, w);   // NCCL communicators for the groups that move device data
+    mt__gpu_comms_setup(r);   // NCCL communicators for the groups that move device data
 #endif
     // local sizes
     r->B = cfg->train.micro_batch_size;
