@@ -121,7 +121,9 @@ typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
     void *nccl;                    // GPU build: the ncclComm_t that moves this group's device
                                    // buffers (all-reduce, all-gather, reduce-scatter, broadcast);
                                    // NULL: the threads backend (host memory) does everything
-    void *stream;                  // GPU build: the cudaStream_t those NCCL calls run on
+    void *stream;                  // GPU build: the group's own cudaStream_t for those NCCL calls
+    void *compute_stream;          // GPU build: the rank's kernel stream, ordered with `stream`
+    void *events[2];               // GPU build: cudaEvent_t: compute -> comm, comm -> compute
 } mt_comm;
 
 /* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
@@ -1236,6 +1238,8 @@ static void mt__nccl_check(ncclResult_t res, const char *call, const char *file,
              call, ncclGetErrorString(res), file, line);
 }
 #define MT_NCCL_CHECK(x) mt__nccl_check((x), #x, __FILE__, __LINE__)
+static void mt__nccl_begin(mt_comm *c);   // §2, GPU build: order the comm stream after the kernels
+static void mt__nccl_end(mt_comm *c);     // and the kernels after the comm stream
 #endif
 // =============================================================================================
 // 2. RANKS, GROUPS, COMMUNICATORS
@@ -1774,8 +1778,10 @@ static void mt__check_op(const mt_comm *c, const char *what, mt_reduce_op op) {
 void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
 #ifdef __CUDACC__
     if (c->nccl) {   // device buffers: NCCL on the rank's stream
+        mt__nccl_begin(c);
         MT_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, op == MT_SUM ? ncclSum : ncclMax, (ncclComm_t)c->nccl,
                                     (cudaStream_t)c->stream));
+        mt__nccl_end(c);
         return;
     }
 #endif
@@ -1829,8 +1835,10 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
 void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
 #ifdef __CUDACC__
     if (c->nccl) {
+        mt__nccl_begin(c);
         MT_NCCL_CHECK(ncclReduceScatter(send, recv, n_per_rank, ncclFloat, op == MT_SUM ? ncclSum : ncclMax,
                                         (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        mt__nccl_end(c);
         return;
     }
 #endif
@@ -1860,7 +1868,9 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
 void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
 #ifdef __CUDACC__
     if (c->nccl) {
+        mt__nccl_begin(c);
         MT_NCCL_CHECK(ncclAllGather(send, recv, n_per_rank, ncclFloat, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        mt__nccl_end(c);
         return;
     }
 #endif
@@ -1885,7 +1895,9 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
 #ifdef __CUDACC__
     if (c->nccl) {
+        mt__nccl_begin(c);
         MT_NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
+        mt__nccl_end(c);
         return;
     }
 #endif
@@ -2770,7 +2782,8 @@ double mt_buffer_sum_squares(mt_rank *r, const float *x, size_t n) {
 // Every rank is still a thread of this one process (as on the CPU); rank r drives GPU r. The
 // threads backend stays in charge of host values (losses, norms, barriers, the NCCL ids), and
 // NCCL moves device buffers: the TP group's activations, the DP group's gradients, the tied
-// embedding's gradients. One stream per rank runs its kernels and its NCCL calls in order.
+// embedding's gradients. One stream per rank runs its kernels; each NCCL group has its own
+// stream, ordered after the kernels before it and before the kernels after it (events).
 static void mt__gpu_rank_setup(mt_rank *r) {
     int devices = 0;
     cudaError_t err = cudaGetDeviceCount(&devices);
@@ -2800,7 +2813,27 @@ static void mt__gpu_nccl_join(mt_rank *r, mt_comm *c) {
     ncclComm_t comm;
     MT_NCCL_CHECK(ncclCommInitRank(&comm, c->size, id, c->rank));
     c->nccl = (void *)comm;
-    c->stream = r->stream;
+    // the group's own stream, so that its communication can overlap the rank's kernels later
+    // (bucketed DP all-reduce during the backward). For now every call is ordered both ways.
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    c->stream = (void *)stream;
+    c->compute_stream = r->stream;
+    for (int k = 0; k < 2; k++) {
+        cudaEvent_t ev;
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        c->events[k] = (void *)ev;
+    }
+}
+// a collective on the group's stream, in program order with the kernels around it:
+//   kernels ... -> record(ev0) -> comm stream waits ev0 -> NCCL -> record(ev1) -> kernels wait ev1
+static void mt__nccl_begin(mt_comm *c) {
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[0], (cudaStream_t)c->compute_stream));
+    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->stream, (cudaEvent_t)c->events[0], 0));
+}
+static void mt__nccl_end(mt_comm *c) {
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[1], (cudaStream_t)c->stream));
+    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->compute_stream, (cudaEvent_t)c->events[1], 0));
 }
 static void mt__gpu_comms_setup(mt_rank *r) {
     // every rank joins its groups in the same order (tp, dp, embd), so no two wait on each other
@@ -2811,7 +2844,13 @@ static void mt__gpu_comms_setup(mt_rank *r) {
 static void mt__gpu_rank_teardown(mt_rank *r) {
     mt_comm *comms[3] = {&r->tp, &r->dp, &r->embd};
     for (int i = 0; i < 3; i++)
-        if (comms[i]->nccl) { MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)comms[i]->nccl)); comms[i]->nccl = NULL; }
+        if (comms[i]->nccl) {
+            MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)comms[i]->stream));
+            MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)comms[i]->nccl));
+            for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)comms[i]->events[k]));
+            MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)comms[i]->stream));
+            comms[i]->nccl = NULL;
+        }
     if (r->stream) MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)r->stream));
     r->stream = NULL;
 }
