@@ -46,12 +46,13 @@ train_gpt: train_gpt.c $(HEADERS)
 preprocess: preprocess.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ preprocess.c $(LDLIBS)
 
-# megatron.h and preprocess.c must also compile as CUDA C++ (compile only; train_gpt_cuda links too)
+# megatron.h, preprocess.c and the GPU tests must compile as CUDA C++ (CI: compile only, no GPU there)
 cuda-check: build/.cuda-check
-build/.cuda-check: train_gpt.c preprocess.c $(HEADERS)
+build/.cuda-check: train_gpt.c preprocess.c kernels.cuh tests/gpu/test_kernels.cu $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o build/train_gpt_cuda_check.o
 	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o build/preprocess_cuda_check.o
+	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c tests/gpu/test_kernels.cu -o build/test_kernels_check.o
 	@touch $@
 
 # make run: the tutorial's flow on the bundled corpus (Jane Austen, 914k GPT-2 tokens):
