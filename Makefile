@@ -70,7 +70,7 @@ run: train_gpt preprocess
 	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt
 
 # the tests: each binary prints "N passed, N failed"; tests/run.sh adds them up
-tests/test_%: tests/test_%.c tests/harness.h $(HEADERS)
+tests/test_%: tests/test_%.c tests/harness.h tests/synthetic.h $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 tests/tok_ids: tests/tok_ids.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)

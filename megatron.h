@@ -424,6 +424,10 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
 void mt_rank_free(mt_rank *r);
 /* the global layer index of local layer l (0..L_local-1) on this rank */
 int mt_local_to_global_layer(const mt_rank *r, int l);
+/* where sample b of this rank's micro-batch mb sits in the global batch (Megatron's sampler:
+   each micro-batch step takes B x DP consecutive samples, DP rank d the d-th B of them):
+   mb * B * DP + dp_rank * B + b */
+int64_t mt_sample_in_batch(const mt_rank *r, int mb, int b);
 /* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
 mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
@@ -2981,6 +2985,10 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
 //   per layer:  x = x + dropout(proj(attn(ln1(x))));  x = x + dropout(fcproj(gelu(fc(ln2(x)))))
 //   loss = cross_entropy(ln_f(x) @ wte^T, targets)              (last stage; wte is tied)
 
+int64_t mt_sample_in_batch(const mt_rank *r, int mb, int b) {
+    return (int64_t)mb * r->B * r->ps.dp_size + (int64_t)r->ps.dp_rank * r->B + b;
+}
+
 int mt_local_to_global_layer(const mt_rank *r, int l) {
     // interleaved: chunk c of stage s holds layers (c*PP + s)*lpc .. (megatron's get_transformer_layer_offset)
     int lpc = r->layers_per_chunk;
@@ -3644,7 +3652,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         int first_on_rank = st.chunk == 0;
         mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);
         if (first_on_rank) {
-            a->sample_offset = st.mb * r->B * r->ps.dp_size + r->ps.dp_rank * r->B;
+            a->sample_offset = (int)mt_sample_in_batch(r, st.mb, 0);
             batch(r, ctx, r->iteration, st.mb, r->host_tokens, r->host_targets);
             size_t bytes = (size_t)r->B * r->T * sizeof(int);
             mt_buffer_upload(r, a->tokens, r->host_tokens, bytes);
@@ -5586,13 +5594,13 @@ typedef struct {
     int32_t *sample;           // (T+1) scratch, one per rank
 } mt__batch_ctx;
 
-// fills micro-batch mb of this rank: global batch sample = base + mb*B*DP + dp_rank*B + b
+// fills micro-batch mb of this rank: sample base + mt_sample_in_batch(r, mb, b) of the split
 static void mt__data_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
     mt__batch_ctx *ctx = (mt__batch_ctx *)vctx;
     int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
     int64_t base = ctx->split == 0 ? (int64_t)(iteration - 1) * r->cfg->train.global_batch_size : ctx->eval_base;
     for (int b = 0; b < B; b++) {
-        int64_t i = base + (int64_t)mb * B * r->ps.dp_size + (int64_t)r->ps.dp_rank * B + b;
+        int64_t i = base + mt_sample_in_batch(r, mb, b);
         mt_blended_sample(&ctx->data->split[ctx->split], i, ctx->sample);
         for (int t = 0; t <= T; t++)
             if (ctx->sample[t] < 0 || ctx->sample[t] >= V)

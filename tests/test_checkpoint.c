@@ -9,6 +9,7 @@
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
 #include "harness.h"
+#include "synthetic.h"
 #include <sys/wait.h>
 
 #define STEPS 6
@@ -24,20 +25,6 @@ typedef struct {
     size_t num_params;
     int loaded_iteration;
 } run_spec;
-
-static void synthetic_batch(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets) {
-    (void)ctx;
-    int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
-    for (int b = 0; b < B; b++) {
-        int64_t sample = (int64_t)(iteration - 1) * r->cfg->train.global_batch_size + (int64_t)mb * B * r->ps.dp_size +
-                         (int64_t)r->ps.dp_rank * B + b;
-        int start = (int)(mt_hash64((uint64_t)sample) % (uint64_t)V), step = 1 + (int)(mt_hash64((uint64_t)sample + 7) % 3);
-        for (int t = 0; t < T; t++) {
-            tokens[b * T + t] = (start + step * t) % V;
-            targets[b * T + t] = (start + step * (t + 1)) % V;
-        }
-    }
-}
 
 static void rank_main(mt_world *w, int rank, void *arg) {
     run_spec *run = (run_spec *)arg;

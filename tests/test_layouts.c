@@ -13,6 +13,7 @@
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
 #include "harness.h"
+#include "synthetic.h"
 
 #define STEPS 10
 #define MAX_PARAMS 400000
@@ -24,22 +25,6 @@ typedef struct {
     float *global_params;     // every tensor, unsharded, in carve order: see global_offsets
     size_t global_offsets[MT_NUM_PARAM_TENSORS + 1];
 } layout_run;
-
-// synthetic data: token ids depend only on the global sample index and position, so every
-// layout sees the same global batch; a learnable pattern (next = prev + step) so loss falls
-static void synthetic_batch(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets) {
-    (void)ctx;
-    int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
-    for (int b = 0; b < B; b++) {
-        int64_t sample = (int64_t)(iteration - 1) * r->cfg->train.global_batch_size + (int64_t)mb * B * r->ps.dp_size +
-                         (int64_t)r->ps.dp_rank * B + b;
-        int start = (int)(mt_hash64((uint64_t)sample) % (uint64_t)V), step = 1 + (int)(mt_hash64((uint64_t)sample + 77) % 3);
-        for (int t = 0; t < T; t++) {
-            tokens[b * T + t] = (start + step * t) % V;
-            targets[b * T + t] = (start + step * (t + 1)) % V;
-        }
-    }
-}
 
 static void global_layout(const mt_config *cfg, size_t *offsets) {
     // global sizes of each tensor (grows x gcols x layers), from a 1x1x1 rank's specs
