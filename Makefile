@@ -114,7 +114,7 @@ bench-tokenizer: $(VENV)/.ready preprocess
 
 # -O0 -g: for gdb (`thread 3` is rank 2, threads are named "r2 tp0 dp1 pp0")
 debug:
-	$(MAKE) CFLAGS="-O0 -g" train_gpt preprocess
+	$(MAKE) -B CFLAGS="-O0 -g" train_gpt preprocess
 
 clean:
 	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/compare_logs
