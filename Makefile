@@ -14,7 +14,7 @@
 
 CC ?= cc
 CFLAGS ?= -O3 -march=native
-CFLAGS += -std=c11 -Wall -Wextra -pedantic -I.
+override CFLAGS += -std=c11 -Wall -Wextra -pedantic -I.
 LDLIBS = -lm -pthread
 NVCC ?= nvcc
 NVCC_FOUND := $(shell command -v $(NVCC) 2> /dev/null)
