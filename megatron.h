@@ -3613,9 +3613,20 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
 // activations, wrapping around to the next chunk, and gradients).
 static int mt__p2p_tag(int kind, int mb, int chunk) { return (kind * 65536 + mb) * 64 + chunk; }
 
+// MT_TRACE=1: one line per pipeline message in picotron's style, "pp 0 -> 1 send_forward mb 3"
+static void mt__p2p_trace(const mt_rank *r, const char *what, int peer_stage, int tag) {
+    int kind = tag / 64 / 65536, mb = tag / 64 % 65536, chunk = tag % 64;
+    int from = what[0] == 's' ? r->ps.pp_rank : peer_stage, to = what[0] == 's' ? peer_stage : r->ps.pp_rank;
+    if (r->ps.vp_size > 1)
+        mt__trace(&r->pp, "pp %d -> %d %s_%s mb %d chunk %d", from, to, what, kind ? "backward" : "forward", mb, chunk);
+    else
+        mt__trace(&r->pp, "pp %d -> %d %s_%s mb %d", from, to, what, kind ? "backward" : "forward", mb);
+}
+
 // The GPU build passes pipeline messages through host memory for now (device -> host, the
 // threads mailbox, host -> device): correct and simple; NCCL send/recv is the faster way.
 static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) {
+    mt__p2p_trace(r, "recv", peer_stage, tag);
     double t0 = mt_time_seconds();
 #ifdef __CUDACC__
     mt_recv(&r->pp, r->host_p2p, n, peer_stage, tag);
@@ -3627,6 +3638,7 @@ static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) 
 #endif
 }
 static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
+    mt__p2p_trace(r, "send", peer_stage, tag);
 #ifdef __CUDACC__
     mt_buffer_download(r, r->host_p2p, buf, n * sizeof(float));
     mt_send(&r->pp, r->host_p2p, n, peer_stage, tag);
