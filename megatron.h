@@ -305,6 +305,12 @@ typedef struct {
     float *lnfb;      // (C)                   last stage
 } mt_params;
 #define MT_NUM_PARAM_TENSORS 16
+/* adding a tensor means adding a pointer above and a row to the carve table (mt__carve_params) */
+#ifdef __cplusplus
+static_assert(sizeof(mt_params) == MT_NUM_PARAM_TENSORS * sizeof(float *), "mt_params has one pointer per tensor");
+#else
+_Static_assert(sizeof(mt_params) == MT_NUM_PARAM_TENSORS * sizeof(float *), "mt_params has one pointer per tensor");
+#endif
 
 /* how a tensor is split over TP ranks (used by init, gather and checkpoint conversion) */
 typedef enum {
@@ -5668,6 +5674,20 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
     mt_thread_set_name(name);
     int is_logger = rank == cfg->world_size - 1;
+    // rank 0's tensors as carved: name, local shape (layers x rows x cols), offset in the buffer
+    if (rank == 0) {
+        printf("rank 0 parameters (carve order = checkpoint order):");
+        const char *sep = " ";
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+            const mt_param_spec *s = &r->specs[i];
+            if (!s->present) continue;
+            if (s->layers) printf("%s%s %dx%dx%d @%zu", sep, s->name, s->layers, s->rows, s->cols, s->offset);
+            else printf("%s%s %dx%d @%zu", sep, s->name, s->rows, s->cols, s->offset);
+            sep = ", ";
+        }
+        printf("\n");
+        fflush(stdout);
+    }
     // one line per rank: what it holds, in the order the buffers were allocated
     for (int k = 0; k < cfg->world_size; k++) {
         if (k == rank) {
