@@ -20,7 +20,7 @@ NVCC ?= nvcc
 NVCC_FOUND := $(shell command -v $(NVCC) 2> /dev/null)
 # the GPU's architecture when nvidia-smi can tell (9.0 -> sm_90), else Hopper's (sm_90);
 # the kernels need sm_80 or newer (bf16 mma.sync)
-GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | tr -d .)
+GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | tr -d . | grep -E '^[0-9]+$$')
 NVCCFLAGS ?= -O3 -arch=sm_$(if $(GPU_ARCH),$(GPU_ARCH),90)
 PYTHON ?= python3
 VENV = .venv
