@@ -86,7 +86,7 @@ test: train_gpt preprocess $(TESTS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
-# safetensors reads our checkpoints
+# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2
 $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors

@@ -217,6 +217,10 @@ typedef struct {
     int exit_interval;         // --exit-interval: stop (after saving, with --save) at an iteration divisible by it
     char save[MT_PATH_MAX];    // --save DIR
     char load[MT_PATH_MAX];    // --load DIR
+    int convert_checkpoint;    // --convert-checkpoint: rewrite --load for the --target-* layout into --save, then exit
+    int target_tp, target_pp;  // --target-tensor-parallel-size, --target-pipeline-parallel-size (default 1)
+    int target_vp_layers;      // --target-num-layers-per-virtual-pipeline-stage (default 0: not interleaved)
+    char export_hf[MT_PATH_MAX];   // --export-hf DIR: write --load as Hugging Face GPT-2, then exit
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
     char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
     double data_weight[MT_MAX_DATA_PATHS];               // blend weights (normalised), 0 if not given
@@ -440,10 +444,11 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
 float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
 float mt_learning_rate(const mt_config *cfg, int iteration);
-/* copies this rank's shards into (dir=0) / out of (dir=1) a full, unsharded tensor: for a
-   per-layer tensor (L, grows, gcols) with L = all layers of the model, else (grows, gcols).
-   CPU build (the parameters must be in host memory). */
-void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int dir);
+/* copies this rank's shard of tensor s, found at s->offset in local_buffer (a host buffer
+   carved like the parameters: parameters, gradients or AdamW moments), into (dir=0) / out of
+   (dir=1) the full, unsharded tensor: (L, grows, gcols) for a per-layer tensor with L = all
+   layers of the model, else (grows, gcols). */
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer, float *global_tensor, int dir);
 
 // ---------------------------------------------------------------------------------------------
 // DATA: Megatron's indexed dataset (PREFIX.bin + PREFIX.idx), GPT samples, blending
@@ -524,6 +529,11 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
 /* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
    when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
 int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
+/* rewrites the latest checkpoint of src (any TP x PP) for another layout into dst (parameters and
+   AdamW state; then --load dst trains on in the new layout); returns its iteration */
+int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
+/* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
+int mt_checkpoint_export_hf(const char *src, const char *out_dir);
 /* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
 void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
 
@@ -744,6 +754,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.eval_iters = 100;
     strcpy(cfg->train.split, "969,30,1");
     strcpy(cfg->train.tokenizer_type, "GPT2BPETokenizer");
+    cfg->train.target_tp = 1;
+    cfg->train.target_pp = 1;
 }
 
 typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
@@ -804,6 +816,11 @@ static const mt__flag mt__flags[] = {
     {"--exit-interval", MT__INT, MT__OFF(train.exit_interval), 0, "checkpointing", "stop after an iteration divisible by this (saving first, with --save)"},
     {"--save", MT__STR, MT__OFF(train.save), MT_PATH_MAX, "checkpointing", "checkpoint directory to write"},
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
+    {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing", "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
+    {"--target-tensor-parallel-size", MT__INT, MT__OFF(train.target_tp), 0, "checkpointing", "TP of the converted checkpoint"},
+    {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing", "PP of the converted checkpoint"},
+    {"--target-num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(train.target_vp_layers), 0, "checkpointing", "interleaved chunks of the converted checkpoint"},
+    {"--export-hf", MT__STR, MT__OFF(train.export_hf), MT_PATH_MAX, "checkpointing", "write the --load checkpoint as Hugging Face GPT-2 (model.safetensors, config.json) into this directory, then exit"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
     {"--split", MT__STR, MT__OFF(train.split), 64, "data", "train,valid,test proportions of the documents, e.g. 949,50,1"},
     {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
@@ -3067,8 +3084,8 @@ static int mt__global_coords(const mt_rank *r, const mt_param_spec *s, int row, 
     return 1;
 }
 
-void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tensor, int dir) {
-    const float *base = r->params_memory + s->offset;
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer, float *global_tensor, int dir) {
+    float *base = local_buffer + s->offset;
     int nl = s->layers ? s->layers : 1;
     size_t gsize = (size_t)s->grows * s->gcols;
     for (int l = 0; l < nl; l++) {
@@ -3080,7 +3097,7 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *global_tenso
                 if (!mt__global_coords(r, s, row, col, &grow, &gcol)) continue;
                 float *g = global_tensor + (size_t)gl * gsize + (size_t)grow * s->gcols + gcol;
                 if (dir == 0) *g = base[li];
-                else ((float *)base)[li] = *g;
+                else base[li] = *g;
             }
     }
 }
@@ -3770,6 +3787,22 @@ static void mt__comm_named(mt_comm *c, mt_world *w, int rank, const int *members
     c->name = name;
 }
 
+// a rank's local sizes, from the config and its place in the grid
+static void mt__rank_sizes(mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    int TP = r->ps.tp_size, PP = r->ps.pp_size;
+    r->B = cfg->train.micro_batch_size;
+    r->T = cfg->model.seq_length;
+    r->C = cfg->model.hidden_size;
+    r->NH_tp = cfg->model.num_attention_heads / TP;
+    r->C_tp = r->C / TP;
+    r->F_tp = cfg->model.ffn_hidden_size / TP;
+    r->Vp_tp = cfg->padded_vocab_size / TP;
+    r->vocab_start = r->ps.tp_rank * r->Vp_tp;
+    r->L_local = cfg->model.num_layers / PP;
+    r->layers_per_chunk = r->L_local / r->ps.vp_size;
+}
+
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -3802,17 +3835,7 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
 #ifdef __CUDACC__
     mt__gpu_comms_setup(r);   // NCCL communicators for the groups that move device data
 #endif
-    // local sizes
-    r->B = cfg->train.micro_batch_size;
-    r->T = cfg->model.seq_length;
-    r->C = cfg->model.hidden_size;
-    r->NH_tp = cfg->model.num_attention_heads / TP;
-    r->C_tp = r->C / TP;
-    r->F_tp = cfg->model.ffn_hidden_size / TP;
-    r->Vp_tp = cfg->padded_vocab_size / TP;
-    r->vocab_start = ps->tp_rank * r->Vp_tp;
-    r->L_local = cfg->model.num_layers / PP;
-    r->layers_per_chunk = r->L_local / ps->vp_size;
+    mt__rank_sizes(r);
 #ifdef __CUDACC__
     r->att_row = 1;
 #else
@@ -5348,6 +5371,7 @@ static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_cons
         {"num_attention_heads", cfg->model.num_attention_heads}, {"ffn_hidden_size", cfg->model.ffn_hidden_size},
         {"max_position_embeddings", cfg->model.max_position_embeddings}, {"vocab_size", cfg->model.vocab_size},
         {"padded_vocab_size", cfg->padded_vocab_size},
+        {"make_vocab_size_divisible_by", cfg->model.make_vocab_size_divisible_by},
     };
     int n = (int)(sizeof all / sizeof all[0]);
     for (int i = 0; i < n; i++) m[i] = all[i];
@@ -5355,19 +5379,62 @@ static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_cons
 }
 #define MT__CKPT_LAYOUT_KEYS 12   /* metadata from index 4 on must match on load (layout and model) */
 
+// one rank's file: the safetensors header (metadata and the tensor table), then the tensors'
+// bytes in carve order: parameters, exp_avg, exp_avg_sq. host[k] are whole host buffers.
+static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const host[3], int iteration, int64_t valid_consumed) {
+    char dirpath[MT_PATH_MAX + 128], tmp[MT_PATH_MAX + 160];
+    snprintf(dirpath, sizeof dirpath, "%s", path);
+    char *slash = strrchr(dirpath, '/');
+    if (slash) { *slash = 0; mt__mkdir_p(dirpath); }
+    mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
+    int nt = mt__ckpt_tensors(r, tensors);
+    size_t cap = 4096 + (size_t)nt * 160, len = 0;
+    char *json = (char *)mt_malloc(cap, "checkpoint header");
+    mt__ckpt_meta meta[32];
+    int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
+    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
+    for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key, meta[i].value);
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    size_t offset = 0;
+    for (int i = 0; i < nt; i++) {
+        size_t shape[3], bytes = mt__spec_numel(tensors[i].spec) * sizeof(float);
+        int nd = mt__ckpt_shape(tensors[i].spec, shape);
+        len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", tensors[i].name);
+        for (int d = 0; d < nd; d++) len += (size_t)snprintf(json + len, cap - len, "%s%zu", d ? "," : "", shape[d]);
+        len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+        offset += bytes;
+    }
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    while (len % 8) json[len++] = ' ';   // the data starts 8-byte aligned (trailing spaces are allowed)
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    uint64_t header_len = len;
+    int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
+    for (int i = 0; i < nt && ok; i++) {
+        const float *src = host[tensors[i].which] + tensors[i].spec->offset;
+        size_t n = mt__spec_numel(tensors[i].spec);
+        ok = fwrite(src, sizeof(float), n, f) == n;
+    }
+    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
+    mt_atomic_commit(f, tmp, path);
+    free(json);
+}
+
+static void mt__ckpt_write_tracker(const char *dir, int iteration) {
+    char path[MT_PATH_MAX + 64], tmp[MT_PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    fprintf(f, "%d", iteration);
+    mt_atomic_commit(f, tmp, path);
+}
+
 void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed) {
     const mt_config *cfg = r->cfg;
-    int is_writer = r->ps.dp_rank == 0;
     int is_logger = r->ps.rank == cfg->world_size - 1;
     if (is_logger) { printf("saving checkpoint at iteration %7d to %s\n", iteration, dir); fflush(stdout); }
     double t0 = mt_time_seconds();
-    if (is_writer) {
-        char path[MT_PATH_MAX + 128], tmp[MT_PATH_MAX + 160];
+    if (r->ps.dp_rank == 0) {   // DP replicas are identical: one writes
+        char path[MT_PATH_MAX + 128];
         mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
-        char *slash = strrchr(path, '/');
-        *slash = 0;
-        mt__mkdir_p(path);
-        *slash = '/';
         // the values, on the host (the GPU build copies them down first)
         float *host[3];
         const float *dev[3] = {r->params_memory, r->m_memory, r->v_memory};
@@ -5375,49 +5442,12 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
             host[k] = (float *)mt_malloc(r->num_params * sizeof(float) + 1, "checkpoint");
             mt_buffer_download(r, host[k], dev[k], r->num_params * sizeof(float));
         }
-        // the JSON header
-        mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
-        int nt = mt__ckpt_tensors(r, tensors);
-        size_t cap = 4096 + (size_t)nt * 160, len = 0;
-        char *json = (char *)mt_malloc(cap, "checkpoint header");
-        mt__ckpt_meta meta[32];
-        int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
-        len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
-        for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key, meta[i].value);
-        len += (size_t)snprintf(json + len, cap - len, "}");
-        size_t offset = 0;
-        for (int i = 0; i < nt; i++) {
-            size_t shape[3], bytes = mt__spec_numel(tensors[i].spec) * sizeof(float);
-            int nd = mt__ckpt_shape(tensors[i].spec, shape);
-            len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", tensors[i].name);
-            for (int d = 0; d < nd; d++) len += (size_t)snprintf(json + len, cap - len, "%s%zu", d ? "," : "", shape[d]);
-            len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
-            offset += bytes;
-        }
-        len += (size_t)snprintf(json + len, cap - len, "}");
-        while (len % 8) json[len++] = ' ';   // the data starts 8-byte aligned (trailing spaces are allowed)
-        FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
-        uint64_t header_len = len;
-        int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
-        for (int i = 0; i < nt && ok; i++) {
-            const float *src = host[tensors[i].which] + tensors[i].spec->offset;
-            size_t n = mt__spec_numel(tensors[i].spec);
-            ok = fwrite(src, sizeof(float), n, f) == n;
-        }
-        if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
-        mt_atomic_commit(f, tmp, path);
-        free(json);
+        mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
         for (int k = 0; k < 3; k++) free(host[k]);
     }
     // the tracker file last, once every rank's file is complete
     mt_barrier(&r->world);
-    if (r->ps.rank == 0) {
-        char path[MT_PATH_MAX + 64], tmp[MT_PATH_MAX + 96];
-        snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
-        FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
-        fprintf(f, "%d", iteration);
-        mt_atomic_commit(f, tmp, path);
-    }
+    if (r->ps.rank == 0) mt__ckpt_write_tracker(dir, iteration);
     mt_barrier(&r->world);
     if (is_logger) {
         printf("  successfully saved checkpoint at iteration %7d to %s (%.2f s)\n", iteration, dir, mt_time_seconds() - t0);
@@ -5499,91 +5529,333 @@ static int mt__sj_ints(const char *p, const char *end, long long *out, int cap) 
     return p < end ? n : -1;
 }
 
-int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
-    const mt_config *cfg = r->cfg;
-    int is_logger = r->ps.rank == cfg->world_size - 1;
-    char path[MT_PATH_MAX + 128];
+// the iteration in DIR/latest_checkpointed_iteration.txt; 0 when there is none
+static int mt__ckpt_latest(const char *dir) {
+    char path[MT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
     FILE *f = fopen(path, "r");
-    if (!f) {
-        if (is_logger) printf("WARNING: could not find the metadata file %s\n    will not load any checkpoints and will start from random\n", path);
-        return 0;
-    }
+    if (!f) return 0;
     int iteration = 0;
     int got = fscanf(f, "%d", &iteration);
     fclose(f);
     if (got != 1 || iteration <= 0) mt_fatal("%s does not hold an iteration number\nhint: the checkpoint directory is damaged; point --load at a good one", path);
-    mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
-    if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
-    f = fopen(path, "rb");
-    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete", path, strerror(errno));
+    return iteration;
+}
+
+// a file's JSON header (NUL-terminated, to free); fatal if the file is not safetensors
+static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, long *file_size) {
     fseek(f, 0, SEEK_END);
-    long file_size = ftell(f);
+    *file_size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    uint64_t header_len = 0;
-    if (file_size < 8 || fread(&header_len, 8, 1, f) != 1 || header_len > (uint64_t)file_size - 8)
-        mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\nhint: the save was interrupted; load an earlier iteration", path, file_size);
-    char *json = (char *)mt_malloc(header_len + 1, "checkpoint header");
-    if (fread(json, 1, header_len, f) != header_len) mt_fatal("%s: cannot read its header", path);
-    json[header_len] = 0;
-    const char *end = json + header_len, *ve;
-    if (!mt__sj_skip(json, end)) mt_fatal("%s: the safetensors header is not valid JSON\nhint: the file is damaged", path);
-    // the layout and the model must be this run's
+    if (*file_size < 8 || fread(header_len, 8, 1, f) != 1 || *header_len > (uint64_t)*file_size - 8)
+        mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\nhint: the save was interrupted; load an earlier iteration", path, *file_size);
+    char *json = (char *)mt_malloc(*header_len + 1, "checkpoint header");
+    if (fread(json, 1, *header_len, f) != *header_len) mt_fatal("%s: cannot read its header", path);
+    json[*header_len] = 0;
+    if (!mt__sj_skip(json, json + *header_len)) mt_fatal("%s: the safetensors header is not valid JSON\nhint: the file is damaged", path);
+    return json;
+}
+// metadata value `key` as a number; `fallback` when absent (required: fatal when absent)
+static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, const char *path, const char *key, int required, long long fallback) {
+    const char *end = json + header_len, *ve, *ve2;
     const char *md = mt__sj_member(json, end, "__metadata__", &ve);
     if (!md) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
+    const char *v = mt__sj_member(md, ve, key, &ve2);
+    if (!v || *v != '"') {
+        if (required) mt_fatal("%s: metadata \"%s\" is missing", path, key);
+        return fallback;
+    }
+    return strtoll(v + 1, NULL, 10);
+}
+
+// reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
+// checking that its layout and model are r's; saved[] receives the metadata values
+static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete", path, strerror(errno));
+    uint64_t header_len = 0;
+    long file_size = 0;
+    char *json = mt__ckpt_header(f, path, &header_len, &file_size);
+    const char *ve;
+    // the layout and the model must be this run's
     mt__ckpt_meta mine[32];
-    int nm = mt__ckpt_metadata(r, iteration, 0, mine);
-    long long saved[32];
+    int nm = mt__ckpt_metadata(r, 0, 0, mine);
     for (int i = 0; i < nm; i++) {
-        const char *v = mt__sj_member(md, ve, mine[i].key, &end);
-        end = json + header_len;
-        if (!v || *v != '"') mt_fatal("%s: metadata \"%s\" is missing", path, mine[i].key);
-        saved[i] = strtoll(v + 1, NULL, 10);
+        saved[i] = mt__ckpt_meta_value(json, header_len, path, mine[i].key, 1, 0);
         if (i >= 4 && saved[i] != mine[i].value)
-            mt_fatal("%s was saved with %s = %lld, this run has %lld\nhint: resume with the checkpoint's layout and model sizes (converting between layouts is not in this build yet)",
+            mt_fatal("%s was saved with %s = %lld, this run has %lld\nhint: resume with the checkpoint's layout and model sizes, or convert it: ./train_gpt --convert-checkpoint --load SRC --save DST --target-tensor-parallel-size N --target-pipeline-parallel-size N",
                      path, mine[i].key, saved[i], mine[i].value);
     }
     // the tensors, each checked against this rank's shapes and the file's size
     uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
-    float *host = (float *)mt_malloc(r->num_params * sizeof(float) + 1, "checkpoint");
-    float *dest[3] = {r->params_memory, r->m_memory, r->v_memory};
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
     int nt = mt__ckpt_tensors(r, tensors);
-    for (int which = 0; which < 3; which++) {
-        for (int i = 0; i < nt; i++) {
-            if (tensors[i].which != which) continue;
-            const mt_param_spec *s = tensors[i].spec;
-            const char *t = mt__sj_member(json, json + header_len, tensors[i].name, &ve);
-            if (!t) mt_fatal("%s has no tensor %s", path, tensors[i].name);
-            const char *ve2;
-            const char *dtype = mt__sj_member(t, ve, "dtype", &ve2);
-            if (!dtype || strncmp(dtype, "\"F32\"", 5) != 0) mt_fatal("%s: tensor %s is not F32", path, tensors[i].name);
-            long long shape[8], offs[2];
-            size_t want_shape[3];
-            int nd = mt__ckpt_shape(s, want_shape);
-            const char *sh = mt__sj_member(t, ve, "shape", &ve2);
-            int got_nd = sh ? mt__sj_ints(sh, ve2, shape, 8) : -1;
-            int same = got_nd == nd;
-            for (int d = 0; d < nd && same; d++) same = shape[d] == (long long)want_shape[d];
-            if (!same) mt_fatal("%s: tensor %s has another shape than this run's\nhint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
-            const char *of = mt__sj_member(t, ve, "data_offsets", &ve2);
-            size_t bytes = mt__spec_numel(s) * sizeof(float);
-            if (!of || mt__sj_ints(of, ve2, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
-                mt_fatal("%s: tensor %s has bad data offsets", path, tensors[i].name);
-            if ((uint64_t)offs[1] > data_size)
-                mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\nhint: the save was interrupted; load an earlier iteration",
-                         path, tensors[i].name, offs[1], (unsigned long long)data_size);
-            fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
-            if (fread(host + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path, tensors[i].name);
-        }
-        mt_buffer_upload(r, dest[which], host, r->num_params * sizeof(float));
+    for (int i = 0; i < nt; i++) {
+        const mt_param_spec *s = tensors[i].spec;
+        const char *t = mt__sj_member(json, json + header_len, tensors[i].name, &ve);
+        if (!t) mt_fatal("%s has no tensor %s", path, tensors[i].name);
+        const char *ve2;
+        const char *dtype = mt__sj_member(t, ve, "dtype", &ve2);
+        if (!dtype || strncmp(dtype, "\"F32\"", 5) != 0) mt_fatal("%s: tensor %s is not F32", path, tensors[i].name);
+        long long shape[8], offs[2];
+        size_t want_shape[3];
+        int nd = mt__ckpt_shape(s, want_shape);
+        const char *sh = mt__sj_member(t, ve, "shape", &ve2);
+        int got_nd = sh ? mt__sj_ints(sh, ve2, shape, 8) : -1;
+        int same = got_nd == nd;
+        for (int d = 0; d < nd && same; d++) same = shape[d] == (long long)want_shape[d];
+        if (!same) mt_fatal("%s: tensor %s has another shape than this run's\nhint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
+        const char *of = mt__sj_member(t, ve, "data_offsets", &ve2);
+        size_t bytes = mt__spec_numel(s) * sizeof(float);
+        if (!of || mt__sj_ints(of, ve2, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
+            mt_fatal("%s: tensor %s has bad data offsets", path, tensors[i].name);
+        if ((uint64_t)offs[1] > data_size)
+            mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\nhint: the save was interrupted; load an earlier iteration",
+                     path, tensors[i].name, offs[1], (unsigned long long)data_size);
+        fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
+        if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path, tensors[i].name);
     }
     fclose(f);
-    free(host);
     free(json);
+}
+
+int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
+    const mt_config *cfg = r->cfg;
+    int is_logger = r->ps.rank == cfg->world_size - 1;
+    int iteration = mt__ckpt_latest(dir);
+    if (iteration == 0) {
+        if (is_logger) printf("WARNING: could not find the metadata file %s/latest_checkpointed_iteration.txt\n    will not load any checkpoints and will start from random\n", dir);
+        return 0;
+    }
+    char path[MT_PATH_MAX + 128];
+    mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
+    if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
+    float *host[3];
+    for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->num_params + 1, sizeof(float), "checkpoint");
+    long long saved[32];
+    mt__ckpt_read_file(r, path, host, saved);
+    float *dest[3] = {r->params_memory, r->m_memory, r->v_memory};
+    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k], r->num_params * sizeof(float)); free(host[k]); }
     r->step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
+    return iteration;
+}
+
+// ---------------------------------------------------------------------------------------------
+// converting between layouts (Megatron's tools/checkpoint/convert.py) and to Hugging Face
+// ---------------------------------------------------------------------------------------------
+// Every (TP, PP) file of the source is read into full, unsharded tensors (mt_shard_copy, the
+// same mapping that initialises and gathers parameters), then cut again for the target layout.
+// AdamW's moments go through the same mapping, so training resumes in the new layout as if it
+// had always been there. A "shape rank" is an mt_rank with sizes and a carve but no buffers,
+// communicators or threads: enough to know which slice of each tensor a rank holds.
+static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp_rank) {
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    mt_parallel_state_init(&r->ps, cfg, mt_global_rank(cfg, tp_rank, 0, pp_rank));
+    mt__rank_sizes(r);
+    r->num_params = mt__carve_params(r, &r->params, NULL, 1);
+}
+
+// the model and layout a checkpoint file was saved with, as a config (DP = 1)
+static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *step, long long *valid_consumed) {
+    FILE *f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path, strerror(errno));
+    uint64_t header_len = 0;
+    long file_size = 0;
+    char *json = mt__ckpt_header(f, path, &header_len, &file_size);
+    fclose(f);
+    mt_config_defaults(cfg);
+    cfg->model.num_layers = (int)mt__ckpt_meta_value(json, header_len, path, "num_layers", 1, 0);
+    cfg->model.hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "hidden_size", 1, 0);
+    cfg->model.num_attention_heads = (int)mt__ckpt_meta_value(json, header_len, path, "num_attention_heads", 1, 0);
+    cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "ffn_hidden_size", 1, 0);
+    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_value(json, header_len, path, "max_position_embeddings", 1, 0);
+    cfg->model.seq_length = cfg->model.max_position_embeddings;
+    cfg->model.vocab_size = (int)mt__ckpt_meta_value(json, header_len, path, "vocab_size", 1, 0);
+    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_value(json, header_len, path, "make_vocab_size_divisible_by", 1, 128);
+    int tp = (int)mt__ckpt_meta_value(json, header_len, path, "tensor_model_parallel_size", 1, 0);
+    int pp = (int)mt__ckpt_meta_value(json, header_len, path, "pipeline_model_parallel_size", 1, 0);
+    int vp = (int)mt__ckpt_meta_value(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 1);
+    cfg->parallel.tensor_model_parallel_size = tp;
+    cfg->parallel.pipeline_model_parallel_size = pp;
+    cfg->parallel.nproc_per_node = tp * pp;
+    if (vp > 1) cfg->parallel.num_layers_per_virtual_pipeline_stage = cfg->model.num_layers / pp / vp;
+    cfg->train.global_batch_size = vp > 1 ? pp : 1;   // any valid batch: no training happens
+    cfg->train.train_iters = 1;
+    *step = mt__ckpt_meta_value(json, header_len, path, "optimizer_step", 1, 0);
+    *valid_consumed = mt__ckpt_meta_value(json, header_len, path, "consumed_valid_samples", 1, 0);
+    free(json);
+    mt_config_derive(cfg);
+}
+
+// the full tensors of a checkpoint: global[k][i] for k = parameters, exp_avg, exp_avg_sq and
+// tensor i, laid out (L, grows, gcols) or (grows, gcols); wte has the V real rows only
+typedef struct {
+    mt_config cfg;
+    int iteration;
+    long long step, valid_consumed;
+    float *global[3][MT_NUM_PARAM_TENSORS];
+    size_t count[MT_NUM_PARAM_TENSORS];
+} mt__full_checkpoint;
+
+static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
+    memset(full, 0, sizeof *full);
+    full->iteration = mt__ckpt_latest(dir);
+    if (full->iteration == 0) mt_fatal("%s has no latest_checkpointed_iteration.txt\nhint: --load must be a checkpoint directory written by --save", dir);
+    char path[MT_PATH_MAX + 128];
+    mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 1);
+    FILE *probe = fopen(path, "rb");   // PP = 1 names its files mp_rank_TT, else mp_rank_TT_PPP
+    if (probe) fclose(probe);
+    else mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 2);
+    mt__ckpt_source_config(path, &full->cfg, &full->step, &full->valid_consumed);
+    const mt_config *cfg = &full->cfg;
+    int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
+    for (int tp = 0; tp < TP; tp++)
+        for (int pp = 0; pp < PP; pp++) {
+            mt_rank r;
+            mt__shape_rank(&r, cfg, tp, pp);
+            if (tp == 0 && pp == 0)
+                for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+                    const mt_param_spec *s = &r.specs[i];
+                    full->count[i] = (size_t)(s->layers ? cfg->model.num_layers : 1) * s->grows * s->gcols;
+                    for (int k = 0; k < 3; k++) full->global[k][i] = (float *)mt_calloc(full->count[i] + 1, sizeof(float), "full checkpoint");
+                }
+            float *host[3];
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.num_params + 1, sizeof(float), "checkpoint");
+            long long saved[32];
+            mt_checkpoint_path(path, sizeof path, dir, full->iteration, tp, pp, PP);
+            mt__ckpt_read_file(&r, path, host, saved);
+            for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
+                if (r.specs[i].present)
+                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.specs[i], host[k], full->global[k][i], 0);
+            for (int k = 0; k < 3; k++) free(host[k]);
+        }
+}
+static void mt__ckpt_free_full(mt__full_checkpoint *full) {
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) free(full->global[k][i]);
+}
+
+int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual) {
+    mt__full_checkpoint full;
+    mt__ckpt_read_full(src, &full);
+    mt_config target = full.cfg;
+    target.parallel.tensor_model_parallel_size = tp;
+    target.parallel.pipeline_model_parallel_size = pp;
+    target.parallel.nproc_per_node = tp * pp;
+    target.parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
+    target.train.global_batch_size = layers_per_virtual > 0 ? pp : 1;
+    mt_config_derive(&target);   // checks that the model splits this way (heads, layers, ffn)
+    for (int t = 0; t < tp; t++)
+        for (int p = 0; p < pp; p++) {
+            mt_rank r;
+            mt__shape_rank(&r, &target, t, p);
+            r.step = (int)full.step;
+            float *host[3];
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.num_params + 1, sizeof(float), "checkpoint");
+            for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
+                if (r.specs[i].present)
+                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.specs[i], host[k], full.global[k][i], 1);
+            char path[MT_PATH_MAX + 128];
+            mt_checkpoint_path(path, sizeof path, dst, full.iteration, t, p, pp);
+            mt__ckpt_write_file(&r, path, host, full.iteration, full.valid_consumed);
+            for (int k = 0; k < 3; k++) free(host[k]);
+        }
+    mt__ckpt_write_tracker(dst, full.iteration);
+    printf("converted %s (TP=%d, PP=%d) to %s (TP=%d, PP=%d%s) at iteration %d\n", src,
+           full.cfg.parallel.tensor_model_parallel_size, full.cfg.parallel.pipeline_model_parallel_size, dst, tp, pp,
+           layers_per_virtual > 0 ? ", interleaved" : "", full.iteration);
+    int iteration = full.iteration;
+    mt__ckpt_free_full(&full);
+    return iteration;
+}
+
+// Hugging Face GPT-2 (transformers' GPT2LMHeadModel): DIR/model.safetensors and DIR/config.json.
+// Names as in the published gpt2 checkpoint (wte.weight, h.0.attn.c_attn.weight, ...). GPT-2's
+// Conv1D layers store their weights as (in, out), the transpose of ours (out, in), so every
+// linear weight is transposed on the way out. The vocabulary is the real V rows (no padding);
+// the LM head is tied to wte, so it has no tensor of its own.
+int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
+    mt__full_checkpoint full;
+    mt__ckpt_read_full(src, &full);
+    const mt_config *cfg = &full.cfg;
+    int L = cfg->model.num_layers, C = cfg->model.hidden_size, F = cfg->model.ffn_hidden_size;
+    int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings;
+    mt__mkdir_p(out_dir);
+    // the tensors in file order: (name, source tensor index, layer or -1, rows, cols, transpose)
+    typedef struct { char name[64]; int tensor, layer, rows, cols, transpose; } hf_tensor;
+    int n = 0, cap = 4 + 12 * L;
+    hf_tensor *list = (hf_tensor *)mt_calloc((size_t)cap, sizeof(hf_tensor), "export");
+    // carve order: 0 wte 1 wpe 2 ln1w 3 ln1b 4 qkvw 5 qkvb 6 attprojw 7 attprojb 8 ln2w 9 ln2b
+    //              10 fcw 11 fcb 12 fcprojw 13 fcprojb 14 lnfw 15 lnfb
+    snprintf(list[n].name, 64, "wte.weight"); list[n].tensor = 0; list[n].layer = -1; list[n].rows = V; list[n].cols = C; n++;
+    snprintf(list[n].name, 64, "wpe.weight"); list[n].tensor = 1; list[n].layer = -1; list[n].rows = maxT; list[n].cols = C; n++;
+    for (int l = 0; l < L; l++) {
+        struct { const char *suffix; int tensor, rows, cols, transpose; } per_layer[12] = {
+            {"ln_1.weight", 2, 1, C, 0}, {"ln_1.bias", 3, 1, C, 0},
+            {"attn.c_attn.weight", 4, 3 * C, C, 1}, {"attn.c_attn.bias", 5, 1, 3 * C, 0},
+            {"attn.c_proj.weight", 6, C, C, 1}, {"attn.c_proj.bias", 7, 1, C, 0},
+            {"ln_2.weight", 8, 1, C, 0}, {"ln_2.bias", 9, 1, C, 0},
+            {"mlp.c_fc.weight", 10, F, C, 1}, {"mlp.c_fc.bias", 11, 1, F, 0},
+            {"mlp.c_proj.weight", 12, C, F, 1}, {"mlp.c_proj.bias", 13, 1, C, 0},
+        };
+        for (int k = 0; k < 12; k++) {
+            snprintf(list[n].name, 64, "h.%d.%s", l, per_layer[k].suffix);
+            list[n].tensor = per_layer[k].tensor; list[n].layer = l;
+            list[n].rows = per_layer[k].rows; list[n].cols = per_layer[k].cols; list[n].transpose = per_layer[k].transpose;
+            n++;
+        }
+    }
+    snprintf(list[n].name, 64, "ln_f.weight"); list[n].tensor = 14; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
+    snprintf(list[n].name, 64, "ln_f.bias"); list[n].tensor = 15; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
+    // header: transformers wants metadata {"format": "pt"}
+    size_t hcap = 256 + (size_t)n * 128, len = 0, offset = 0;
+    char *json = (char *)mt_malloc(hcap, "export header");
+    len += (size_t)snprintf(json + len, hcap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)list[i].rows * list[i].cols * sizeof(float);
+        if (list[i].rows == 1) len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", list[i].name, list[i].cols);
+        else if (list[i].transpose) len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", list[i].name, list[i].cols, list[i].rows);
+        else len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", list[i].name, list[i].rows, list[i].cols);
+        len += (size_t)snprintf(json + len, hcap - len, "\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+        offset += bytes;
+    }
+    len += (size_t)snprintf(json + len, hcap - len, "}");
+    while (len % 8) json[len++] = ' ';
+    char path[MT_PATH_MAX + 64], tmp[MT_PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    uint64_t header_len = len;
+    int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
+    float *buf = (float *)mt_malloc((size_t)(F > V ? F : V) * (size_t)(C > F ? C : F) * sizeof(float) * 3 + 16, "export");
+    for (int i = 0; i < n && ok; i++) {
+        const hf_tensor *t = &list[i];
+        size_t per = (size_t)t->rows * t->cols;
+        const float *src = full.global[0][t->tensor] + (t->layer >= 0 ? (size_t)t->layer * per : 0);
+        if (t->transpose)   // ours (rows = out, cols = in) -> Conv1D's (in, out)
+            for (int a = 0; a < t->rows; a++)
+                for (int b = 0; b < t->cols; b++) buf[(size_t)b * t->rows + a] = src[(size_t)a * t->cols + b];
+        else memcpy(buf, src, per * sizeof(float));
+        ok = fwrite(buf, sizeof(float), per, f) == per;
+    }
+    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
+    mt_atomic_commit(f, tmp, path);
+    free(buf); free(json); free(list);
+    // config.json: GPT2Config with our sizes; gelu_new is GPT-2's tanh GELU, as ours
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    f = mt_atomic_open(path, tmp, sizeof tmp);
+    fprintf(f, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": %d,\n"
+               "  \"n_positions\": %d,\n  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": %d,\n"
+               "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n  \"resid_pdrop\": 0.0,\n"
+               "  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n"
+               "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+            V, maxT, C, L, cfg->model.num_attention_heads, F);
+    mt_atomic_commit(f, tmp, path);
+    printf("exported %s (iteration %d) as Hugging Face GPT-2 to %s/model.safetensors and config.json\n", src, full.iteration, out_dir);
+    int iteration = full.iteration;
+    mt__ckpt_free_full(&full);
     return iteration;
 }
 
@@ -5792,6 +6064,17 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
 }
 
 int mt_pretrain(mt_config *cfg) {
+    // checkpoint tools (modes of the trainer, as DESIGN allows): no training
+    if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
+        if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to read)");
+        if (cfg->train.convert_checkpoint) {
+            if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint goes)");
+            if (strcmp(cfg->train.save, cfg->train.load) == 0) mt_fatal("--convert-checkpoint: --save and --load are the same directory\nhint: write the converted checkpoint somewhere else");
+            mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp, cfg->train.target_vp_layers);
+        }
+        if (cfg->train.export_hf[0]) mt_checkpoint_export_hf(cfg->train.load, cfg->train.export_hf);
+        return 0;
+    }
     if (cfg->parallel.print_layout) { mt_print_layout(cfg, stdout); return 0; }
     if (cfg->parallel.print_schedule) { mt_print_schedule(cfg, stdout); return 0; }
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");

@@ -14,7 +14,8 @@ run() {
 ./tests/test_ref build/ref_case.bin > /dev/null || { echo "tests/test_ref failed"; echo "0 passed, 1 failed"; exit 1; }
 run .venv/bin/python tests/ref_gpt2_jax.py build/ref_case.bin
 run .venv/bin/python tests/tiktoken_fuzz.py
-[ -f build/ckpt_ref/rank0_params.f32 ] || ./tests/test_checkpoint > /dev/null 2>&1
+[ -f build/ckpt_ref/rank0_params.f32 ] && [ -f build/hf_ref/ours_logits.bin ] || ./tests/test_checkpoint > /dev/null 2>&1
 run .venv/bin/python tests/check_safetensors.py
+run .venv/bin/python tests/check_hf_export.py
 echo "$passed passed, $failed failed"
 exit $status

@@ -189,6 +189,90 @@ MT_TEST(write_reference_for_safetensors) {
     free(reload.params);
 }
 
+// converting a layout: train 3 steps as TP=2 x PP=2, convert, train 3 more in the new layout;
+// the losses must be the straight run's (1e-5: other layouts round sums in another order)
+static void convert_and_resume(int tp, int pp, int layers_per_virtual, const run_spec *straight) {
+    char dst[128];
+    snprintf(dst, sizeof dst, CKPT_DIR "_to_%d_%d_%d", tp, pp, layers_per_virtual);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    (void)system(cmd);
+    mt_checkpoint_convert(CKPT_DIR, dst, tp, pp, layers_per_virtual);
+    run_spec resumed;
+    setup(&resumed, tp, pp, 1, 0, 1, dst);
+    resumed.cfg.parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
+    mt_config_derive(&resumed.cfg);
+    mt_expect(run_world(&resumed) == 0, "resume after converting to TP=%d PP=%d failed", tp, pp);
+    char label[128];
+    snprintf(label, sizeof label, "losses after converting TP=2 PP=2 -> TP=%d PP=%d%s", tp, pp, layers_per_virtual ? " interleaved" : "");
+    mt_check_tensor(label, resumed.losses + 4, straight->losses + 4, 3, 1e-5);
+    free(resumed.params);
+}
+
+MT_TEST(convert_between_layouts) {
+    (void)system("rm -rf " CKPT_DIR);
+    run_spec straight, first_half;
+    setup(&straight, 2, 2, 1, 0, 0, CKPT_DIR);
+    setup(&first_half, 2, 2, 1, 3, 0, CKPT_DIR);
+    mt_expect(run_world(&straight) == 0 && run_world(&first_half) == 0, "training failed");
+    convert_and_resume(1, 1, 0, &straight);
+    convert_and_resume(4, 1, 0, &straight);
+    convert_and_resume(1, 4, 0, &straight);
+    convert_and_resume(2, 2, 1, &straight);   // interleaved: 2 chunks of 1 layer per stage
+    // there and back again: TP=2 PP=2 -> TP=1 PP=1 -> TP=2 PP=2 gives the original files' values
+    (void)system("rm -rf " CKPT_DIR "_back");
+    mt_checkpoint_convert(CKPT_DIR "_to_1_1_0", CKPT_DIR "_back", 2, 2, 0);
+    for (int tp = 0; tp < 2; tp++)
+        for (int pp = 0; pp < 2; pp++) {
+            mt_rank r;
+            mt__shape_rank(&r, &first_half.cfg, tp, pp);
+            float *a[3], *b[3];
+            for (int k = 0; k < 3; k++) { a[k] = (float *)calloc(r.num_params + 1, 4); b[k] = (float *)calloc(r.num_params + 1, 4); }
+            long long meta[32];
+            char path[MT_PATH_MAX + 128];
+            mt_checkpoint_path(path, sizeof path, CKPT_DIR, 3, tp, pp, 2);
+            mt__ckpt_read_file(&r, path, a, meta);
+            mt_checkpoint_path(path, sizeof path, CKPT_DIR "_back", 3, tp, pp, 2);
+            mt__ckpt_read_file(&r, path, b, meta);
+            for (int k = 0; k < 3; k++)
+                mt_expect(memcmp(a[k], b[k], r.num_params * sizeof(float)) == 0, "tp %d pp %d buffer %d changed in the round trip", tp, pp, k);
+            for (int k = 0; k < 3; k++) { free(a[k]); free(b[k]); }
+        }
+    free(straight.params); free(first_half.params);
+}
+
+// Hugging Face export: build/hf_ref/model.safetensors and config.json from the TP=2 reference
+// checkpoint, and our logits on a token sequence (from the same weights on one rank) for
+// tests/check_hf_export.py, which runs GPT-2 the way transformers does on the exported file
+MT_TEST(export_hugging_face) {
+    (void)system("rm -rf build/hf_ref build/ckpt_ref_tp1");
+    if (mt__ckpt_latest("build/ckpt_ref") == 0) { mt_expect(0, "build/ckpt_ref is missing (write_reference_for_safetensors runs first)"); return; }
+    mt_checkpoint_export_hf("build/ckpt_ref", "build/hf_ref");
+    mt_checkpoint_convert("build/ckpt_ref", "build/ckpt_ref_tp1", 1, 1, 0);
+    run_spec spec;
+    setup(&spec, 1, 1, 1, 0, 1, "build/ckpt_ref_tp1");
+    mt_world *w = mt_world_create(1);
+    mt_rank r;
+    mt_rank_init(&r, &spec.cfg, w, 0);
+    int64_t valid = 0;
+    mt_expect(mt_checkpoint_load(&r, "build/ckpt_ref_tp1", &valid) == 2, "the converted checkpoint is not at iteration 2");
+    int B = r.B, T = r.T, V = spec.cfg.model.vocab_size, Vp = spec.cfg.padded_vocab_size;
+    mt_activations *a = &r.slots[0];
+    a->mb = 0;
+    a->sample_offset = 0;
+    for (int i = 0; i < B * T; i++) { a->tokens[i] = (int)(mt_hash64(300 + (uint64_t)i) % (uint64_t)V); a->targets[i] = 0; }
+    r.training = 0;
+    mt__forward_chunk(&r, a, 0);
+    FILE *f = fopen("build/hf_ref/ours_logits.bin", "wb");
+    int32_t dims[3] = {B, T, V};
+    int ok = f && fwrite(dims, 4, 3, f) == 3 && fwrite(a->tokens, 4, (size_t)B * T, f) == (size_t)B * T;
+    for (int i = 0; i < B * T && ok; i++) ok = fwrite(a->logits + (size_t)i * Vp, 4, (size_t)V, f) == (size_t)V;
+    if (f) fclose(f);
+    mt_expect(ok, "writing build/hf_ref/ours_logits.bin failed");
+    mt_rank_free(&r);
+    mt_world_destroy(w);
+}
+
 int main(void) {
     alarm(300);
     mt_run_test(resume_is_bit_exact);
@@ -196,5 +280,7 @@ int main(void) {
     mt_run_test(no_checkpoint_starts_from_scratch);
     mt_run_test(damaged_checkpoints_are_clear_errors);
     mt_run_test(write_reference_for_safetensors);
+    mt_run_test(convert_between_layouts);
+    mt_run_test(export_hugging_face);
     return mt_test_summary();
 }

@@ -54,7 +54,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
             if (!s->present) continue;
             if (s->split == MT_SPLIT_NONE && r->ps.tp_rank != 0) continue;
             if (i == 0 && !r->ps.is_first_stage) continue;
-            mt_shard_copy(r, s, run->global_params + run->global_offsets[i], 0);
+            mt_shard_copy(r, s, r->params_memory, run->global_params + run->global_offsets[i], 0);
         }
     mt_rank_free(r);
     free(r);
