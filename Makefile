@@ -60,7 +60,7 @@ build/.cuda-check: train_gpt.c preprocess.c kernels.cuh tests/gpu/test_kernels.c
 
 # make run: the tutorial's flow on the bundled corpus (Jane Austen, 914k GPT-2 tokens):
 # ./preprocess (Megatron's tools/preprocess_data.py flags), then ./train_gpt with a small GPT
-# on 2 simulated data-parallel ranks (threads), then the validation loss.
+# on 2 simulated data-parallel ranks (threads), then the validation loss and a few generated lines.
 RUN_PREFIX = data/austen
 run: train_gpt preprocess
 	@if [ ! -f $(RUN_PREFIX)_text_document.idx ]; then \
@@ -70,7 +70,8 @@ run: train_gpt preprocess
 	  --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --nproc-per-node 2 \
 	  --train-iters 150 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 \
 	  --clip-grad 1.0 --log-interval 10 --eval-interval 50 --eval-iters 4 --split 949,50,1 \
-	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt
+	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt \
+	  --tokens-to-generate 40 --temperature 0.8 --top-k 40 --prompt "It is a truth universally acknowledged" 
 
 # the tests: each binary prints "N passed, N failed"; tests/run.sh adds them up
 tests/test_%: tests/test_%.c tests/harness.h tests/synthetic.h $(HEADERS)

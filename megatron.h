@@ -31,7 +31,7 @@
      10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
      12. TRAINING LOOP                pretrain(): train, evaluate, Megatron's log lines
      10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
-     (11. TensorBoard & timeline, 13. generation: later issues)
+     11. GENERATION                  sampling with the training forward (no KV cache yet)
 
    COMPILE-TIME OPTIONS
      MEGATRON_IMPLEMENTATION   define in one translation unit only (see USAGE)
@@ -221,6 +221,10 @@ typedef struct {
     int target_tp, target_pp;  // --target-tensor-parallel-size, --target-pipeline-parallel-size (default 1)
     int target_vp_layers;      // --target-num-layers-per-virtual-pipeline-stage (default 0: not interleaved)
     char export_hf[MT_PATH_MAX];   // --export-hf DIR: write --load as Hugging Face GPT-2, then exit
+    int tokens_to_generate;    // --tokens-to-generate N: after training, continue --prompt by N tokens
+    char prompt[1024];         // --prompt TEXT (default: start from <|endoftext|>)
+    float temperature;         // --temperature, default 1.0 (0 = greedy)
+    int top_k;                 // --top-k, default 0 (all tokens)
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
     char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
     double data_weight[MT_MAX_DATA_PATHS];               // blend weights (normalised), 0 if not given
@@ -544,6 +548,10 @@ void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, i
 size_t mt_model_num_parameters(const mt_config *cfg);
 /* model FLOPs per token, Megatron's convention: 6N + 12 L C T */
 double mt_flops_per_token(const mt_config *cfg);
+/* GENERATION: continues ids[0..n) (capacity cap) by `count` tokens, sampled with temperature
+   and top_k (0: greedy / all) from the counter-based RNG keyed on seed; collective over all
+   ranks (every rank gets the tokens). Returns the new length. */
+int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed);
 /* runs the whole job: ranks as threads, training, validation, test; returns the exit code */
 int mt_pretrain(mt_config *cfg);
 
@@ -756,6 +764,7 @@ void mt_config_defaults(mt_config *cfg) {
     strcpy(cfg->train.tokenizer_type, "GPT2BPETokenizer");
     cfg->train.target_tp = 1;
     cfg->train.target_pp = 1;
+    cfg->train.temperature = 1.0f;
 }
 
 typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
@@ -821,6 +830,10 @@ static const mt__flag mt__flags[] = {
     {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing", "PP of the converted checkpoint"},
     {"--target-num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(train.target_vp_layers), 0, "checkpointing", "interleaved chunks of the converted checkpoint"},
     {"--export-hf", MT__STR, MT__OFF(train.export_hf), MT_PATH_MAX, "checkpointing", "write the --load checkpoint as Hugging Face GPT-2 (model.safetensors, config.json) into this directory, then exit"},
+    {"--tokens-to-generate", MT__INT, MT__OFF(train.tokens_to_generate), 0, "generation", "after training, continue --prompt by this many tokens"},
+    {"--prompt", MT__STR, MT__OFF(train.prompt), 1024, "generation", "the text to continue (default: a new document)"},
+    {"--temperature", MT__FLOAT, MT__OFF(train.temperature), 0, "generation", "sampling temperature (0 = greedy)"},
+    {"--top-k", MT__INT, MT__OFF(train.top_k), 0, "generation", "sample among the k most likely tokens (0 = all)"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
     {"--split", MT__STR, MT__OFF(train.split), 64, "data", "train,valid,test proportions of the documents, e.g. 949,50,1"},
     {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
@@ -1121,7 +1134,7 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
 
 void mt_print_help(FILE *f) {
     fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
-    const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "ignored"};
+    const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation", "ignored"};
     mt_config d;
     mt_config_defaults(&d);
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
@@ -5860,6 +5873,90 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
 }
 
 // =============================================================================================
+// 11. GENERATION
+// =============================================================================================
+// Sampling text from the model with the training forward (llm.c's way: the whole window is
+// run again for every new token; no KV cache yet). A sequence of n tokens fills positions
+// 0..n-1 of every sample of one micro-batch (the rest is padding the causal mask never lets
+// position n-1 see); the last stage reads the logits at position n-1, the TP ranks gather their
+// vocabulary slices, every one of them samples the same token (same numbers, same counter-based
+// random number), and the pipeline's last stage tells the others.
+typedef struct { const int32_t *ids; int n; } mt__gen_window;
+
+static void mt__gen_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
+    (void)iteration; (void)mb;
+    const mt__gen_window *w = (const mt__gen_window *)vctx;
+    for (int b = 0; b < r->B; b++)
+        for (int t = 0; t < r->T; t++) {
+            tokens[b * r->T + t] = t < w->n ? w->ids[t] : 0;
+            targets[b * r->T + t] = 0;
+        }
+}
+
+// the next token from a full row of logits (Vp floats, the first V real)
+static int mt__sample_token(const float *logits, int V, float temperature, int top_k, uint64_t seed, uint64_t step) {
+    int best = 0;
+    for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0.0f) return best;   // greedy
+    // keep the top_k largest (all if top_k is 0): a threshold from a partial selection
+    float threshold = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        float *sorted = (float *)mt_malloc(sizeof(float) * (size_t)V, "sampling");
+        memcpy(sorted, logits, sizeof(float) * (size_t)V);
+        for (int i = 0; i < top_k; i++) {   // top_k is small: selection sort of the first top_k
+            int m = i;
+            for (int j = i + 1; j < V; j++) if (sorted[j] > sorted[m]) m = j;
+            float tmp = sorted[i]; sorted[i] = sorted[m]; sorted[m] = tmp;
+        }
+        threshold = sorted[top_k - 1];
+        free(sorted);
+    }
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) if (logits[v] >= threshold) sum += exp((double)(logits[v] - logits[best]) / temperature);
+    double u = (double)mt_rand_uniform(seed, 0x6e657874, step, 0, 0) * sum, acc = 0.0;
+    for (int v = 0; v < V; v++) {
+        if (logits[v] < threshold) continue;
+        acc += exp((double)(logits[v] - logits[best]) / temperature);
+        if (acc > u) return v;
+    }
+    return best;
+}
+
+int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed) {
+    const mt_config *cfg = r->cfg;
+    int V = cfg->model.vocab_size, Vp = cfg->padded_vocab_size, T = r->T;
+    float *row = (float *)mt_malloc(sizeof(float) * (size_t)Vp, "logits row");
+    float *gathered = NULL;   // the TP ranks' slices side by side, in the buffers' memory
+    if (r->ps.is_last_stage && r->ps.tp_size > 1) gathered = mt_buffer_alloc(r, (size_t)Vp, "logits row");
+    mt_sched_step list[64];
+    int steps = mt_schedule_forward_only(1, r->ps.vp_size, list);
+    r->training = 0;
+    for (int k = 0; k < count && n < cap; k++) {
+        // the window: the last T tokens at most
+        mt__gen_window w = {ids + (n > T ? n - T : 0), n > T ? T : n};
+        for (int i = 0; i < steps; i++) mt__run_step(r, list[i], mt__gen_batch, &w, 0);
+        mt_activations *a = mt__slot_for(r, 0, 0);
+        float next = 0.0f;
+        if (r->ps.is_last_stage) {
+            const float *mine = a->logits + (size_t)(w.n - 1) * r->Vp_tp;   // sample 0, position n-1
+            if (gathered) {
+                mt_all_gather(&r->tp, mine, gathered, (size_t)r->Vp_tp);
+                mt_buffer_download(r, row, gathered, sizeof(float) * (size_t)Vp);
+            } else {
+                mt_buffer_download(r, row, mine, sizeof(float) * (size_t)Vp);
+            }
+            next = (float)mt__sample_token(row, V, temperature, top_k, seed, (uint64_t)n);
+        }
+        a->mb = -1;
+        if (r->ps.pp_size > 1) mt_broadcast(&r->pp, &next, 1, r->ps.pp_size - 1);   // host value, threads
+        ids[n++] = (int32_t)next;
+    }
+    free(row);
+    if (gathered) mt_buffer_free(gathered);
+    return n;
+}
+
+// =============================================================================================
 // 12. TRAINING LOOP
 // =============================================================================================
 // Mirrors megatron/training/training.py: pretrain() -> train() with train_step(),
@@ -5905,6 +6002,9 @@ static void mt__data_batch(mt_rank *r, void *vctx, int iteration, int mb, int *t
 typedef struct {
     mt_config *cfg;
     mt_data *data;
+    const mt_tokenizer *tokenizer;   // for --prompt and printing generated text; NULL: ids only
+    int32_t *prompt;                 // the prompt's ids (at least one: <|endoftext|> for none)
+    int prompt_len;
 } mt__job;
 
 static void mt__print_eval(mt_rank *r, const char *what, float loss) {
@@ -6050,6 +6150,27 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
         float loss = mt__evaluate(r, &ctx, 2, t->train_iters);
         mt__print_eval(r, "the end of training for test data", loss);
     }
+    // --tokens-to-generate: a sample of what the model learned
+    if (t->tokens_to_generate > 0) {
+        int cap = job->prompt_len + t->tokens_to_generate;
+        int32_t *ids = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)cap, "generation");
+        memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
+        int n = mt_generate(r, ids, job->prompt_len, cap, t->tokens_to_generate, t->temperature, t->top_k, t->seed);
+        if (is_logger) {
+            printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature, t->top_k);
+            if (job->tokenizer) {
+                size_t len = mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, NULL, 0);
+                char *text = (char *)mt_malloc(len + 1, "generated text");
+                mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, text, len + 1);
+                printf("%s\n", text);
+                free(text);
+            } else {
+                for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
+            }
+            fflush(stdout);
+        }
+        free(ids);
+    }
 #ifdef __CUDACC__
     size_t free_b = 0, total_b = 0;
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -6099,9 +6220,29 @@ int mt_pretrain(mt_config *cfg) {
            cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
     fflush(stdout);
     mt_world *w = mt_world_create(cfg->world_size);
-    mt__job job = {cfg, &data};
+    mt__job job = {cfg, &data, NULL, NULL, 0};
+    // generation needs the tokenizer for the prompt and for printing text
+    mt_tokenizer tokenizer;
+    int32_t eod = cfg->model.vocab_size - 1;   // GPT-2's <|endoftext|> is its last id
+    mt_int_list prompt = {NULL, 0, 0};
+    if (cfg->train.tokens_to_generate > 0) {
+        if (cfg->train.vocab_file[0] && cfg->train.merge_file[0]) {
+            mt_tokenizer_load(&tokenizer, cfg->train.vocab_file, cfg->train.merge_file);
+            job.tokenizer = &tokenizer;
+            if (tokenizer.eod_id >= 0) eod = tokenizer.eod_id;
+            mt_tokenizer_encode(&tokenizer, NULL, cfg->train.prompt, strlen(cfg->train.prompt), &prompt);
+        } else if (cfg->train.prompt[0]) {
+            mt_fatal("--prompt needs --vocab-file and --merge-file to turn the text into tokens");
+        }
+        if (prompt.len == 0) mt_int_list_push(&prompt, eod);   // no prompt: a new document
+        if ((int)prompt.len >= cfg->model.seq_length * 4) mt_fatal("--prompt is %zu tokens; keep it shorter than a few --seq-length", prompt.len);
+        job.prompt = prompt.data;
+        job.prompt_len = (int)prompt.len;
+    }
     int rc = mt_world_run(w, mt__rank_main, &job);
     mt_world_destroy(w);
+    if (job.tokenizer) mt_tokenizer_free(&tokenizer);
+    mt_int_list_free(&prompt);
     mt_data_free(&data);
     return rc;
 }

@@ -135,9 +135,41 @@ MT_TEST(trainer_errors_are_one_clear_line) {
     }
 }
 
+// generation (§11): the same tokens in every layout (sampled with temperature and top-k, and
+// past the window of --seq-length), from the trainer as a user runs it
+static int last_line(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return 0;
+    char line[4096];
+    out[0] = 0;
+    while (fgets(line, sizeof line, p)) snprintf(out, cap, "%s", line);
+    return pclose(p) == 0;
+}
+MT_TEST(generation_is_the_same_in_every_layout) {
+    write_dataset(TEST_PREFIX, 101, 60);
+    const char *base = "./train_gpt --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                       "--micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 3e-3 --vocab-size 101 "
+                       "--data-path " TEST_PREFIX " --split 949,50,1 --log-interval 30 --eval-iters 0 "
+                       "--tokens-to-generate 40 --temperature 0.8 --top-k 10";
+    const char *layouts[] = {"", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --nproc-per-node 8",
+                             "--pipeline-model-parallel-size 2 --nproc-per-node 2 --num-layers-per-virtual-pipeline-stage 1"};
+    char want[4096], got[4096], cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s 2>&1", base);
+    mt_expect(last_line(cmd, want, sizeof want), "generation on one rank failed");
+    int count = 0;
+    for (char *p = want; *p; p++) if (*p == ' ') count++;
+    mt_expect(count == 40, "want the prompt and 40 generated ids, got: %s", want);   // 41 ids, 40 spaces
+    for (size_t k = 1; k < sizeof layouts / sizeof layouts[0]; k++) {
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", base, layouts[k]);
+        mt_expect(last_line(cmd, got, sizeof got), "generation failed with %s", layouts[k]);
+        mt_expect(strcmp(got, want) == 0, "generation with %s differs:\n%s%s", layouts[k], got, want);
+    }
+}
+
 int main(void) {
     mt_run_test(loss_falls_on_a_small_dataset);
     mt_run_test(trainer_prints_megatron_lines);
     mt_run_test(trainer_errors_are_one_clear_line);
+    mt_run_test(generation_is_the_same_in_every_layout);
     return mt_test_summary();
 }
