@@ -28,14 +28,20 @@
       8. PIPELINE SCHEDULES & STEP    no pipelining, AFAB, 1F1B, interleaved 1F1B; the train step
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
                                       blending; GPT-2 byte-level BPE
-     10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
-     12. TRAINING LOOP                pretrain(): train, evaluate, Megatron's log lines
-     10. CHECKPOINTS                 Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout, safetensors files
-     11. GENERATION                  sampling with the training forward (no KV cache yet)
+     10. CHECKPOINTS                  Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout in safetensors;
+                                      converting between layouts; Hugging Face GPT-2 export
+     11. GENERATION                   sampling with the training forward (no KV cache yet)
+     12. TRAINING LOOP                pretrain(): train, evaluate, save, Megatron's log lines
+     (TensorBoard logs and a timeline of every rank: a later issue)
+
+     The GPU build adds kernels.cuh (the CUDA kernels, numbered as the sections above, each next
+     to the CPU function it must match) and an NCCL path in section 2.
 
    COMPILE-TIME OPTIONS
      MEGATRON_IMPLEMENTATION   define in one translation unit only (see USAGE)
-     Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message.
+     __CUDACC__                (set by nvcc) the GPU build: buffers on the devices, kernels.cuh, NCCL
+     Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
+     MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op.
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
