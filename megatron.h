@@ -868,6 +868,10 @@ static const mt__flag mt__flags[] = {
 // (instead of "unknown flag"), so a tutorial's user knows what to drop.
 static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--sequence-parallel", "sequence parallelism"},
+    {"--train-samples", "sample-based training: use --train-iters = samples / global batch size"},
+    {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters"},
+    {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction"},
+    {"--rampup-batch-size", "batch-size ramp-up"},
     {"--use-distributed-optimizer", "the distributed optimizer (ZeRO-1)"},
     {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
     {"--recompute-activations", "activation recompute"},
@@ -894,10 +898,8 @@ static const struct { const char *old_name, *hint; } mt__old_flags[] = {
     {"--model-parallel-size", "--tensor-model-parallel-size"},
     {"--batch-size", "--micro-batch-size (per rank) and --global-batch-size"},
     {"--warmup", "--lr-warmup-fraction"},
-    {"--lr-warmup-samples", "--lr-warmup-iters (iterations; sample-based schedules are not supported)"},
     {"--checkpoint-activations", "--recompute-granularity full --recompute-method uniform"},
     {"--DDP-impl", "nothing: there is one data-parallel implementation"},
-    {"--train-samples", "--train-iters (iterations = samples / global batch size)"},
     {"--num-gpus", "--nproc-per-node"},
 };
 
