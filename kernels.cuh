@@ -48,15 +48,7 @@
 // Every CUDA runtime call goes through MT_CUDA_CHECK; every launcher ends with mt__launch_check.
 // Both end in mt_fatal (megatron.h, 1.), so one breakpoint catches every GPU error too.
 
-void mt__cuda_check(cudaError_t err, const char *call, const char *file, int line) {
-    if (err == cudaSuccess) return;
-    const char *hint = err == cudaErrorMemoryAllocation
-                           ? "use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism"
-                           : "run again with MT_SYNC_DEBUG=1 to stop at the op that caused it";
-    mt_fatal("CUDA call %s failed: %s (%s) at %s:%d\nhint: %s", call, cudaGetErrorName(err), cudaGetErrorString(err),
-             file, line, hint);
-}
-#define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
+// (MT_CUDA_CHECK itself is megatron.h's, section 1: the GPU build's errors.)
 
 // MT_SYNC_DEBUG=1: read once (a function-local static is initialised once, thread-safely)
 static int mt__sync_debug(void) {
@@ -966,13 +958,12 @@ void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t
 
 // ---------------------------------------------------------------------------------------------
 // causal self-attention: FlashAttention-2 (Dao, 2023)
-// matches mt_attention_forward_cpu / mt_attention_backward_cpu (megatron.h, 3. OPS), with one
-// difference in what is kept for the backward: the CPU stores the probabilities att (B,NH,T,T);
-// the GPU never forms the T x T matrix and stores only the log-sum-exp of each row,
+// matches mt_attention_forward_cpu / mt_attention_backward_cpu (megatron.h, 3. OPS), the same
+// arguments and the same saved statistic: no T x T matrix is ever formed, only the log-sum-exp
+// of each row is kept,
 //   lse[b,h,t] = log sum_{t2<=t} exp(s[t,t2]),  s[t,t2] = q_t . k_t2 / sqrt(hs),
-// from which the backward recomputes p[t,t2] = exp(s[t,t2] - lse[t]) tile by tile. So:
-//   mt_attention_forward_gpu (out, lse, qkv, ...)       instead of (out, att, qkv, ...)
-//   mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, ...)  instead of (dqkv, dout, qkv, att, ..., dp_row)
+// from which the backward recomputes p[t,t2] = exp(s[t,t2] - lse[t]) tile by tile (the CPU
+// recomputes it row by row).
 // Shapes as the CPU: qkv (B,T,3*C_local) = [Q | K | V], head h in columns [h*hs, (h+1)*hs) of
 // each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), added into.
 // Dropout on the probabilities: p' = p * mask / (1-p_drop) with the CPU's mask, element (t, t2)
@@ -1957,6 +1948,185 @@ void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
     if (n == 0) return;
     mt_scale_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, s, n);
     mt__launch_check("mt_scale_kernel", stream);
+}
+
+// =============================================================================================
+// THE BACKEND SEAM, GPU HALF (megatron.h §3 "the backend seam" has the CPU half)
+// =============================================================================================
+// The same functions as the CPU half, with the same arguments and meaning: every op runs its
+// kernel on the rank's stream; buffers are device memory on the rank's GPU; the device facts
+// (which GPU, its stream, the GEMM rung, the memory in use) come from the CUDA runtime.
+static cudaStream_t mt__stream(const mt_rank *r) { return (cudaStream_t)r->dev.stream; }
+
+void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
+                          int vocab_start, int V_local) {
+    mt_embedding_forward_gpu(out, tokens, wte, B, T, C, vocab_start, V_local, mt__stream(r));
+}
+void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
+                           int vocab_start, int V_local) {
+    mt_embedding_backward_gpu(dwte, dout, tokens, B, T, C, vocab_start, V_local, mt__stream(r));
+}
+void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
+    mt_position_embedding_forward_gpu(out, wpe, B, T, C, mt__stream(r));
+}
+void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
+    mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, mt__stream(r));
+}
+void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                          const float *bias, int B, int T, int C) {
+    mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
+}
+void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+    mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, mt__stream(r));
+}
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                       int OC) {
+    mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, mt__stream(r));
+}
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int BT, int C, int OC) {
+    mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                           mt__stream(r));
+}
+void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
+    mt_bias_add_gpu(out, bias, BT, OC, mt__stream(r));
+}
+void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
+    mt_dropout_forward_gpu(x, d, B, mt__stream(r));
+}
+void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
+    mt_dropout_backward_gpu(dx, d, B, mt__stream(r));
+}
+void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
+                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    mt_attention_forward_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.bf16,
+                             mt__stream(r));
+}
+void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                           int head_offset, int NH_global) {
+    mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                              r->dev.bf16, mt__stream(r));
+}
+void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
+    mt_gelu_forward_gpu(out, inp, N, mt__stream(r));
+}
+void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
+    mt_gelu_backward_gpu(dinp, inp, dout, N, mt__stream(r));
+}
+void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
+    mt_residual_forward_gpu(out, a, b, N, mt__stream(r));
+}
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
+                                int V) {
+    mt_cross_entropy_local_max_gpu(maxv, logits, BT, V_local, vocab_start, V, mt__stream(r));
+}
+void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
+                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
+    mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V,
+                                    mt__stream(r));
+}
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                             int V, float dloss) {
+    mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
+                                dloss, mt__stream(r));
+}
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, int step) {
+    mt_adamw_gpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, mt__stream(r));
+}
+void mt_scale(mt_rank *r, float *x, float s, size_t n) {
+    mt_scale_gpu(x, s, n, mt__stream(r));
+}
+// the sum lands in device memory; one synchronisation brings it to the host
+double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
+    double *sumsq, result = 0.0;
+    cudaStream_t stream = mt__stream(r);
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), stream));
+    MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), stream));
+    mt_sum_squares_gpu(sumsq, x, n, stream);
+    MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(sumsq, stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return result;
+}
+
+// buffers: device memory on the rank's GPU, zeroed
+static void *mt__device_alloc(mt_rank *r, size_t bytes, const char *what) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess)
+        mt_fatal("out of GPU memory allocating %.1f MB for %s on rank %d (%s)\n"
+                 "hint: use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism",
+                 (double)bytes / 1e6, what, r->ps.rank, cudaGetErrorString(err));
+    MT_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    return p;
+}
+float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
+    return (float *)mt__device_alloc(r, n * sizeof(float), what);
+}
+int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what) {
+    return (int *)mt__device_alloc(r, n * sizeof(int), what);
+}
+void mt_buffer_free(void *p) {
+    if (p) MT_CUDA_CHECK(cudaFree(p));
+}
+void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
+    MT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), mt__stream(r)));
+}
+void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, mt__stream(r)));
+}
+// host <-> device, synchronous: for small things (token ids, losses, norms, pipeline messages)
+void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, mt__stream(r)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+}
+void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, mt__stream(r)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+}
+
+// device facts. One thread per GPU: rank r drives GPU r (every rank is still a thread of this
+// one process, as on the CPU), with one stream for all its kernels.
+void mt_device_init(mt_rank *r) {
+    int devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0)
+        mt_fatal("no CUDA device found (%s)\nhint: train_gpt_cuda needs NVIDIA GPUs; ./train_gpt trains on the CPU",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    if (r->ps.world_size > devices)
+        mt_fatal("%d ranks need %d GPUs, this machine has %d\nhint: lower --nproc-per-node (ranks = TP x PP x DP)",
+                 r->ps.world_size, r->ps.world_size, devices);
+    r->dev.device = r->ps.rank;
+    MT_CUDA_CHECK(cudaSetDevice(r->dev.device));
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    r->dev.stream = (void *)stream;
+    const mt_config *cfg = r->cfg;
+    r->dev.bf16 = cfg->train.bf16;
+    r->dev.gemm_impl = cfg->train.gemm[0] ? (int)mt_gemm_impl_parse(cfg->train.gemm)
+                                          : (int)mt_gemm_impl_for_precision(r->dev.bf16);
+}
+void mt_device_free(mt_rank *r) {
+    if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
+    r->dev.stream = NULL;
+}
+// bytes in use on this rank's GPU (CUDA context included), as cudaMemGetInfo sees them
+int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
+    (void)r;
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    *used_gib = (double)(total_b - free_b) / (1 << 30);
+    *total_gib = (double)total_b / (1 << 30);
+    return 1;
+}
+void mt_device_check_precision(const mt_config *cfg) {
+    if (cfg->train.fp16)
+        mt_fatal("--fp16 needs dynamic loss scaling, which this build does not have yet\n"
+                 "hint: use --bf16 (same speed here, no loss scaling needed) or --fp32");
 }
 
 #endif /* MT_KERNELS_CUH */

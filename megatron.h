@@ -14,32 +14,44 @@
         preprocess.c   text / loose JSON -> .bin/.idx                   ./preprocess --help
      It compiles as C11 (gcc, clang) and as CUDA C++ (nvcc -x cu).
 
-   TABLE OF CONTENTS  (grep -n '^// [0-9]*\. ' megatron.h prints it with line numbers)
-      1. UTILITIES, ERRORS & CONFIG   mt_fatal, atomic files, flags, JSON config, counter-based RNG
-      2. RANKS, GROUPS, COMMUNICATORS threads backend with NCCL's shape; the TP/PP/DP rank layout
-      3. OPS: CPU REFERENCE           forward/backward pairs: embedding, layernorm, matmul,
-                                      attention, GELU, dropout, cross-entropy, AdamW
+   TABLE OF CONTENTS  (grep -n '^// [0-9]*\. ' megatron.h prints it with line numbers; docs/map.md
+   is the map: what each section defines and the path of one training step through them)
+      1. UTILITIES, ERRORS & CONFIG   mt_fatal, allocation, atomic files, UTF-8, the JSON reader,
+                                      Megatron's flags and the JSON config, the counter-based RNG;
+                                      the GPU build's CUDA and NCCL error checks
+      2. RANKS, GROUPS, COMMUNICATORS  the threads backend with NCCL's shape, the NCCL path (GPU
+                                      build), the TP/PP/DP rank layout, a rank's groups
+      3. OPS: CPU REFERENCE & THE BACKEND SEAM  forward/backward pairs (embedding, layernorm,
+                                      matmul, attention, GELU, dropout, cross-entropy, AdamW's
+                                      update), and the seam: each op on the rank's device, buffers
       4. TENSOR-PARALLEL LAYERS       f/g, column- and row-parallel linear, vocab-parallel
                                       embedding and cross-entropy
       5. GPT MODEL                    parameters and activations carved from one buffer each,
                                       layer forward/backward, embedding, head
-      6. OPTIMIZER, CLIPPING, LR      Megatron's learning-rate schedule, global grad norm, AdamW
+      6. OPTIMIZER, CLIPPING, LEARNING RATE  AdamW's state and step, the global grad norm,
+                                      Megatron's learning-rate schedule
       7. DATA PARALLEL                bucketed gradient all-reduce, tied-embedding all-reduce
-      8. PIPELINE SCHEDULES & STEP    no pipelining, AFAB, 1F1B, interleaved 1F1B; the train step
+      8. PIPELINE SCHEDULES & TRAIN STEP  no pipelining, AFAB, 1F1B, interleaved 1F1B; the rank
+                                      put together; the train and eval steps
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
                                       blending; GPT-2 byte-level BPE
      10. CHECKPOINTS                  Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout in safetensors;
                                       converting between layouts; Hugging Face GPT-2 export
      11. GENERATION                   sampling with the training forward (no KV cache yet)
-     12. TRAINING LOOP                pretrain(): train, evaluate, save, Megatron's log lines
+     12. TRAINING LOOP                pretrain(): the tokenizer, train, evaluate, save, Megatron's
+                                      log lines
      (TensorBoard logs and a timeline of every rank: a later issue)
 
-     The GPU build adds kernels.cuh (the CUDA kernels, numbered as the sections above, each next
-     to the CPU function it must match) and an NCCL path in section 2.
+     The GPU build adds kernels.cuh: the CUDA kernels (numbered as the sections above, each next
+     to the CPU function it must match) and, in its last section, the GPU half of the backend seam.
 
    COMPILE-TIME OPTIONS
      MEGATRON_IMPLEMENTATION   define in one translation unit only (see USAGE)
-     __CUDACC__                (set by nvcc) the GPU build: buffers on the devices, kernels.cuh, NCCL
+     __CUDACC__                (set by nvcc) the GPU build: buffers on the devices, kernels.cuh, NCCL.
+                               megatron.h tests it in 3 places, each marked "(k of 3)": the CUDA and
+                               NCCL error checks (section 1), the NCCL path of the communicators
+                               (section 2), the backend seam (section 3). The model, the schedules,
+                               the optimizer and the loop are the same code in both builds.
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op.
 
@@ -68,9 +80,8 @@ int main(int argc, char **argv) {           // this is train_gpt.c, in short
     mt_config cfg;
     mt_config_defaults(&cfg);
     mt_config_parse(&cfg, argc, argv);      // --num-layers 12 --tensor-model-parallel-size 2 ...
-    mt_config_derive(&cfg);                 // checks the layout, pads the vocabulary
-    return mt_pretrain(&cfg);               // ranks as threads: train, evaluate, log
-}
+    return mt_pretrain(&cfg);               // tokenizer (V), checks and derives the layout, then
+}                                           // the ranks as threads: train, evaluate, save, log
 #endif
 
 /* feature macros must come before any system header: clock_gettime, fsync, pthread_setname_np, mmap */
@@ -79,6 +90,9 @@ int main(int argc, char **argv) {           // this is train_gpt.c, in short
 #endif
 #ifndef MEGATRON_H
 #define MEGATRON_H
+/* THE INTERFACE: every type and every non-static function, in the order of the sections of the
+ * implementation below (the same numbers, the same banners), each section opening with what it
+ * defines. A reader who reads only this part learns the whole API in the table's order. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -90,7 +104,14 @@ int main(int argc, char **argv) {           // this is train_gpt.c, in short
 #define MT_THREAD_LOCAL _Thread_local
 #endif
 
-/* 1. UTILITIES & ERRORS ---------------------------------------------------------------- */
+/* struct mt_rank: one rank's whole state (section 8 puts it together); nearly every function
+ * takes it. Declared here so that every section can name it. */
+typedef struct mt_rank mt_rank;
+
+/* ============================================================================================= */
+/* 1. UTILITIES, ERRORS & CONFIG
+ * defines: mt_fatal and allocation, atomic files, UTF-8, the JSON reader,
+ *          edit distance, mt_config (Megatron's flags, the JSON config file), the counter-based RNG */
 /* mt_fatal: the single exit for every error. Prints "error: <cause>" and, when the message
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
  * run it aborts the whole world (every rank stops with this message) instead of exiting. */
@@ -105,69 +126,43 @@ FILE *mt_atomic_open(const char *path, char *tmp_path_out, size_t tmp_cap);
 void mt_atomic_commit(FILE *f, const char *tmp_path, const char *path);
 void mt_atomic_abort(FILE *f, const char *tmp_path);
 
-/* 2. RANKS, GROUPS, COMMUNICATORS ----------------------------------------------------- */
 // ---------------------------------------------------------------------------------------------
-// COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
-// same collectives in the same order. CPU build: every rank is a thread of this process.
+// UTF-8 and JSON: one reader for every file we parse (config, vocab.json, safetensors headers,
+// loose-JSON input lines); strict as Python's json, comments allowed where the caller says.
 // ---------------------------------------------------------------------------------------------
-typedef enum { MT_SUM = 0, MT_MAX = 1 } mt_reduce_op;   // MT_MAX propagates NaN (like torch.max)
-
-typedef struct mt_world mt_world;   // everything the rank threads of one process share
-
-typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
-    mt_world *world;
-    int size;                      // ranks in the group
-    int rank;                      // my index in the group, 0..size-1
-    int global_rank;               // my rank in the world
-    const int *members;            // (size,) global ranks of the group, in group-rank order
-                                   // (owned by the shared group state, lives as long as the world)
-    const char *name;              // "tp", "dp", "pp", "world", "embd": for MT_TRACE and messages;
-                                   // mt_comm_init sets "group", the caller overwrites
-    void *group;                   // private: the group's shared state (mt__group)
-    void *nccl;                    // GPU build: the ncclComm_t that moves this group's device
-                                   // buffers (all-reduce, all-gather, reduce-scatter, broadcast);
-                                   // NULL: the threads backend (host memory) does everything
-    void *stream;                  // GPU build: the group's own cudaStream_t for those NCCL calls
-    void *compute_stream;          // GPU build: the rank's kernel stream, ordered with `stream`
-    void *events[2];               // GPU build: cudaEvent_t: compute -> comm, comm -> compute
-} mt_comm;
-
-/* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
-mt_world *mt_world_create(int world_size);
-void mt_world_destroy(mt_world *w);     /* after mt_world_run returned; frees groups and mailboxes */
-int mt_world_size(const mt_world *w);
-/* the message of the mt_fatal that aborted the world, or NULL if it was not aborted */
-const char *mt_world_error(mt_world *w);
-
-/* every member calls it with the same members list (global ranks, in group-rank order).
- * Like ncclCommInitRank, each call makes a new communicator: the k-th init of a member list
- * on one rank pairs with the k-th init of the same list on the others, so "world" and "dp"
- * with equal members are still two independent groups. */
-void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *members, int size);
-
-/* collectives: blocking, deterministic (bit-identical on every rank, every run; see §2) */
-void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op);            /* in place */
-void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op);    /* norms, loss sums */
-/* recv (size*n_per_rank) = [rank 0's n | rank 1's n | ...]; send may be recv + rank*n_per_rank */
-void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank);
-/* send (size*n_per_rank); rank r gets the reduced r-th chunk; recv may be send + rank*n_per_rank */
-void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op);
-void mt_broadcast(mt_comm *c, float *buf, size_t n, int root);                    /* root: group rank */
-void mt_barrier(mt_comm *c);
-
-/* point-to-point; peer is a GROUP rank. send is buffered: it copies and returns at once.
- * recv blocks until a message from peer with this tag arrives (FIFO among equal tags);
- * its count must equal n (else mt_fatal naming both). */
-void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag);
-void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag);
-
-/* launcher: runs fn(w, rank, arg) on world_size threads named "r<rank>", joins them. Returns 0,
- * or 1 if a rank called mt_fatal (the world was aborted): then it has printed
- * "error: <message>" once, as mt_fatal would, and the caller should exit(1). */
-typedef void (*mt_rank_fn)(mt_world *w, int global_rank, void *arg);
-int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg);
-int mt_thread_rank(void);                 /* global rank of the calling rank thread, -1 elsewhere */
-void mt_thread_set_name(const char *name);/* names the calling thread (debuggers), max 15 chars */
+/* one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or 0 if the bytes
+ * there are not valid UTF-8 (stray continuation byte, truncated, overlong, surrogate, > U+10FFFF) */
+int mt_utf8_decode(const char *text, size_t n, uint32_t *cp);
+/* JSON string literal -> UTF-8 (used for vocab.json, loose-JSON input and tests). *p points at
+ * the opening quote; on success *p moves past the closing quote, out[0..*out_len) holds the
+ * bytes and the result is NULL. out needs room for (end - *p) bytes and may be *p itself (the
+ * decoded text is never longer than its literal). On error returns a message, *p at the fault.
+ * Strict as Python's json: raw control characters, invalid UTF-8 and lone surrogates are errors. */
+const char *mt_json_string(const char **p, const char *end, char *out, size_t *out_len);
+typedef enum { MT_JSON_STRING, MT_JSON_NUMBER, MT_JSON_OBJECT, MT_JSON_ARRAY, MT_JSON_TRUE, MT_JSON_FALSE, MT_JSON_NULL } mt_json_type;
+#define MT_JSON_MAX_DEPTH 512   /* deeper nesting is an error, not a stack overflow */
+typedef struct {
+    const char *start, *p, *end;   /* the text, the cursor, its end */
+    int allow_comments;            /* // and slash-star comments count as white space (config files) */
+    const char *err;               /* the first error (NULL while none) ... */
+    const char *err_at;            /* ... and where it is */
+} mt_json;
+void mt_json_init(mt_json *j, const char *text, size_t len, int allow_comments);
+void mt_json_fail(mt_json *j, const char *msg);       /* records the first error, at the cursor */
+void mt_json_ws(mt_json *j);                          /* skips white space (and comments if allowed) */
+int mt_json_eat(mt_json *j, char c);                  /* after white space: 1 and past c if c is next */
+int mt_json_expect(mt_json *j, char c, const char *msg);   /* mt_json_eat, or records msg */
+int mt_json_line(const mt_json *j);                   /* 1-based line of the error (or the cursor) */
+/* checks and skips a string; *lone: it has a lone UTF-16 surrogate (valid JSON, no UTF-8 form) */
+int mt_json_scan_string(mt_json *j, int *lone);
+int mt_json_string_at(mt_json *j, char *out, size_t *out_len);   /* decodes the string at the cursor */
+int mt_json_key(mt_json *j, char *key, size_t cap);   /* "key" : -> key, NUL-terminated */
+int mt_json_number(mt_json *j, double *v);
+mt_json_type mt_json_skip(mt_json *j);                /* checks and skips any value, returns its type */
+int mt_json_find(mt_json *j, const char *key);        /* at an object: moves to member key's value */
+int mt_json_ints(mt_json *j, long long *out, int cap);/* [1, 2, 3] -> count, or -1 */
+/* Levenshtein distance of two short strings (flag suggestions); 99 past 63 characters */
+int mt_edit_distance(const char *a, const char *b);
 
 // ---------------------------------------------------------------------------------------------
 // CONFIG: one struct, three parts (model, parallel, training), each field names its flag.
@@ -244,6 +239,8 @@ typedef struct {
     char gemm[16];             // --gemm naive|tiled|mma (GPU build): the GEMM kernel; default by precision
 } mt_train_config;
 
+typedef enum { MT_LR_CONSTANT = 0, MT_LR_LINEAR = 1, MT_LR_COSINE = 2 } mt_lr_decay_style;
+
 typedef struct {
     mt_model_config model;
     mt_parallel_config parallel;
@@ -257,6 +254,7 @@ typedef struct {
     int virtual_pipeline_size; // vp: model chunks per pipeline rank (1 if not interleaved)
     double lr_warmup_steps;    // in iterations (a real number when set by --lr-warmup-fraction)
     int lr_decay_steps;        // in iterations
+    mt_lr_decay_style lr_decay;   // --lr-decay-style as an enum (the schedule asks every step)
 } mt_config;
 
 void mt_config_defaults(mt_config *cfg);
@@ -277,8 +275,75 @@ uint64_t mt_hash64(uint64_t x);
 float mt_rand_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
 float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
 
+/* ============================================================================================= */
+/* 2. RANKS, GROUPS, COMMUNICATORS
+ * defines: mt_world and its rank threads, mt_comm and the collectives (threads
+ *          backend; NCCL on the GPU build), mt_parallel_state (the TP/PP/DP grid), mt_groups */
 // ---------------------------------------------------------------------------------------------
-// PARALLEL STATE: a rank's place in the TP x PP x DP grid and its communicators
+// COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
+// same collectives in the same order. CPU build: every rank is a thread of this process.
+// ---------------------------------------------------------------------------------------------
+typedef enum { MT_SUM = 0, MT_MAX = 1 } mt_reduce_op;   // MT_MAX propagates NaN (like torch.max)
+
+typedef struct mt_world mt_world;   // everything the rank threads of one process share
+
+typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
+    mt_world *world;
+    int size;                      // ranks in the group
+    int rank;                      // my index in the group, 0..size-1
+    int global_rank;               // my rank in the world
+    const int *members;            // (size,) global ranks of the group, in group-rank order
+                                   // (owned by the shared group state, lives as long as the world)
+    const char *name;              // "tp", "dp", "pp", "world", "embd": for MT_TRACE and messages;
+                                   // mt_comm_init sets "group", the caller overwrites
+    void *group;                   // private: the group's shared state (mt__group)
+    void *nccl;                    // GPU build: the ncclComm_t that moves this group's device
+                                   // buffers (all-reduce, all-gather, reduce-scatter, broadcast);
+                                   // NULL: the threads backend (host memory) does everything
+    void *stream;                  // GPU build: the group's own cudaStream_t for those NCCL calls
+    void *compute_stream;          // GPU build: the rank's kernel stream, ordered with `stream`
+    void *events[2];               // GPU build: cudaEvent_t: compute -> comm, comm -> compute
+} mt_comm;
+
+/* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
+mt_world *mt_world_create(int world_size);
+void mt_world_destroy(mt_world *w);     /* after mt_world_run returned; frees groups and mailboxes */
+int mt_world_size(const mt_world *w);
+/* the message of the mt_fatal that aborted the world, or NULL if it was not aborted */
+const char *mt_world_error(mt_world *w);
+
+/* every member calls it with the same members list (global ranks, in group-rank order).
+ * Like ncclCommInitRank, each call makes a new communicator: the k-th init of a member list
+ * on one rank pairs with the k-th init of the same list on the others, so "world" and "dp"
+ * with equal members are still two independent groups. */
+void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *members, int size);
+
+/* collectives: blocking, deterministic (bit-identical on every rank, every run; see §2) */
+void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op);            /* in place */
+void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op);    /* norms, loss sums */
+/* recv (size*n_per_rank) = [rank 0's n | rank 1's n | ...]; send may be recv + rank*n_per_rank */
+void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank);
+/* send (size*n_per_rank); rank r gets the reduced r-th chunk; recv may be send + rank*n_per_rank */
+void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op);
+void mt_broadcast(mt_comm *c, float *buf, size_t n, int root);                    /* root: group rank */
+void mt_barrier(mt_comm *c);
+
+/* point-to-point; peer is a GROUP rank. send is buffered: it copies and returns at once.
+ * recv blocks until a message from peer with this tag arrives (FIFO among equal tags);
+ * its count must equal n (else mt_fatal naming both). */
+void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag);
+void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag);
+
+/* launcher: runs fn(w, rank, arg) on world_size threads named "r<rank>", joins them. Returns 0,
+ * or 1 if a rank called mt_fatal (the world was aborted): then it has printed
+ * "error: <message>" once, as mt_fatal would, and the caller should exit(1). */
+typedef void (*mt_rank_fn)(mt_world *w, int global_rank, void *arg);
+int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg);
+int mt_thread_rank(void);                 /* global rank of the calling rank thread, -1 elsewhere */
+void mt_thread_set_name(const char *name);/* names the calling thread (debuggers), max 15 chars */
+
+// ---------------------------------------------------------------------------------------------
+// PARALLEL STATE: a rank's place in the TP x PP x DP grid, and the groups it belongs to
 // ---------------------------------------------------------------------------------------------
 typedef struct {
     int rank, world_size;
@@ -296,8 +361,149 @@ void mt_parallel_state_init(mt_parallel_state *ps, const mt_config *cfg, int ran
 int mt_global_rank(const mt_config *cfg, int tp_rank, int dp_rank, int pp_rank);
 void mt_print_layout(const mt_config *cfg, FILE *f);
 
+typedef struct {
+    mt_comm world, tp, pp, dp;  // Megatron's groups: all ranks, my TP / PP / DP group
+    mt_comm mp;                 // model-parallel group: the TP x PP ranks of my replica (grad norm)
+    mt_comm embd;               // first and last stage's copies of wte (PP > 1 only)
+} mt_groups;
+/* every rank creates the groups it belongs to; compute_stream (GPU build: the rank's kernel
+   stream) makes the groups that move device buffers (tp, dp, embd) join NCCL; NULL on the CPU */
+void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_parallel_state *ps,
+                    void *compute_stream);
+void mt_groups_free(mt_groups *g);
+
+/* ============================================================================================= */
+/* 3. OPS: CPU REFERENCE & THE BACKEND SEAM
+ * defines: every op's definition mt_<op>_cpu (forward/backward pairs), and
+ *          the seam: mt_<op>(r, ...), mt_buffer_*, mt_device_* (CPU here, GPU in kernels.cuh) */
+// the reference ops: plain loops; every backward ADDS into its d-buffers (the caller zeroes)
+/* a dropout site: keep element e iff uniform(seed, iteration, site, global index of e) >= p */
+typedef struct {
+    uint64_t seed, iteration, site;   // site = layer * 8 + which (embedding, attention, attn out, mlp out)
+    float p;                          // drop probability; 0 = dropout off
+    int sample_offset;                // global sample index of local b = 0 (within the iteration)
+    int T, C;                         // for hidden dropout (B,T,C): global index = ((sample*T + t)*C + c)
+} mt_dropout;
+void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, int B, int T, int C,
+                              int vocab_start, int V_local);
+void mt_embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C,
+                               int vocab_start, int V_local);
+void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int T, int C);
+void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C);
+void mt_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                              const float *bias, int B, int T, int C);
+void mt_layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int B, int T, int C);
+void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC);
+void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int BT, int C, int OC);
+void mt_dropout_forward_cpu(float *x, const mt_dropout *d, int B);
+void mt_dropout_backward_cpu(float *dx, const mt_dropout *d, int B);
+void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
+                              const mt_dropout *drop, int head_offset, int NH_global);
+void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                               int NH_global);
+void mt_gelu_forward_cpu(float *out, const float *inp, size_t N);
+void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N);
+void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t N);
+void mt_bias_add_cpu(float *out, const float *bias, int BT, int OC);
+void mt_cross_entropy_local_max_cpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V);
+void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V);
+void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                                 const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                                 int V, float dloss);
+void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int step);
+void mt_scale_cpu(float *x, float s, size_t n);
+double mt_sum_squares_cpu(const float *x, size_t n);
+
+// THE BACKEND SEAM: the ops as the model calls them, on the rank's device (same arguments as
+// the _cpu functions, plus the rank); the memory they work on; the device's facts
+typedef struct {
+    int device;                 // CUDA device, -1 on the CPU build
+    void *stream;               // cudaStream_t of every kernel of this rank (NULL on the CPU build)
+    int gemm_impl;              // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
+    int bf16;                   // --bf16: GEMM and attention compute in bf16, accumulate in fp32
+} mt_device;
+void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
+                          int vocab_start, int V_local);
+void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
+                           int vocab_start, int V_local);
+void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C);
+void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C);
+void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                          const float *bias, int B, int T, int C);
+void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B, int T, int C);
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                       int OC);
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int BT, int C, int OC);
+void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
+void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
+void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
+void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
+                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
+void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                           int head_offset, int NH_global);
+void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
+void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
+void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
+                                int V);
+void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
+                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V);
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                             int V, float dloss);
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, int step);
+void mt_scale(mt_rank *r, float *x, float s, size_t n);
+double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the result on the host */
+/* buffers: host memory (CPU build) or the rank's device memory (GPU build), zeroed */
+float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what);
+int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what);
+void mt_buffer_free(void *p);
+void mt_buffer_zero(mt_rank *r, float *p, size_t n);
+void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n);
+/* host <-> buffer (bytes); synchronous, for small things: token ids, losses, pipeline messages */
+void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes);
+void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes);
+/* the device: set-up (which GPU, its stream, the GEMM rung) and tear-down; the memory in use
+   (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
+void mt_device_init(mt_rank *r);
+void mt_device_free(mt_rank *r);
+int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
+void mt_device_check_precision(const mt_config *cfg);
+
+/* ============================================================================================= */
+/* 4. TENSOR-PARALLEL LAYERS
+ * defines: f and g (mt_copy_to_tp_region, mt_reduce_from_tp_region), column- and
+ *          row-parallel linear, vocab-parallel embedding and cross-entropy */
+void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n);   /* g forward: all-reduce */
+void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n);      /* f backward: all-reduce */
+void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                       const float *bias, int BT, int K, int OC_tp);
+void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *weight, int BT, int K, int OC_tp);
+void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                    const float *bias, int BT, int K_tp, int OC);
+void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *weight, int BT, int K_tp, int OC);
+void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe);
+void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens);
+void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
+                                             int want_grad);
+
+/* ============================================================================================= */
+/* 5. GPT MODEL
+ * defines: the parameter table (mt_params, mt_param_spec), activations and scratch,
+ *          the rank's sizes and buffers (mt_dims, mt_model, mt_activation_slots), their set-up */
 // ---------------------------------------------------------------------------------------------
-// GPT MODEL: parameters (this rank's shards), activations, the rank context
+// PARAMETERS: this rank's shards, one buffer, carved by one table
 // ---------------------------------------------------------------------------------------------
 // local sizes: C_tp = C/TP, NH_tp = NH/TP, F_tp = F/TP, Vp_tp = Vp/TP, L_local = layers on this rank
 typedef struct {
@@ -335,6 +541,14 @@ typedef enum {
     MT_SPLIT_VOCAB    // global (V, K) real rows; rank r holds padded rows [r*Vp_tp, (r+1)*Vp_tp)
 } mt_split;
 
+/* how a tensor starts (Megatron's init): see mt__init_params */
+typedef enum {
+    MT_INIT_NORMAL,        // normal(0, init_method_std)
+    MT_INIT_SCALED_NORMAL, // normal(0, init_method_std / sqrt(2 L)): the two output projections (GPT-2)
+    MT_INIT_ONES,          // layernorm weights
+    MT_INIT_ZEROS          // biases
+} mt_param_init;
+
 typedef struct {
     const char *name;
     float **ptr;           // where the carve stores the pointer (into an mt_params)
@@ -346,6 +560,8 @@ typedef struct {
     int no_decay;          // biases and layernorm weights: no weight decay (Megatron's rule)
     int tp_replicated;     // identical on every TP rank: counts once in the grad norm
     int present;           // does this rank hold it (stage-dependent)
+    mt_param_init init;    // how mt__init_params fills it
+    int tied_copy;         // 1: a copy that another rank counts in the grad norm (wte on the last stage, PP > 1)
 } mt_param_spec;
 
 typedef struct {
@@ -358,7 +574,7 @@ typedef struct {
     float *ln1_rstd;  // (L_local, B,T)
     float *qkv;       // (L_local, B,T,3*C_tp)
     float *atty;      // (L_local, B,T,C_tp)
-    float *att;       // (L_local, B,NH_tp,T,T) probabilities; GPU build: (L_local, B,NH_tp,T) logsumexp
+    float *lse;       // (L_local, B,NH_tp,T) logsumexp of each attention score row
     float *residual2; // (L_local, B,T,C)
     float *ln2;       // (L_local, B,T,C)
     float *ln2_mean;  // (L_local, B,T)
@@ -383,14 +599,109 @@ typedef struct {
     float *datty;     // (B,T,C_tp)
     float *dfch;      // (B,T,F_tp)
     float *dfch_gelu; // (B,T,F_tp)
-    float *dp_row;    // (T)
     float *ce_max;    // (B,T)  cross-entropy all-reduced values
     float *ce_sum;    // (B,T)
     float *ce_target; // (B,T)
+    float *memory;    // the one buffer the pointers above are carved from
 } mt_scratch;
 
-struct mt_rank;
-typedef struct mt_rank mt_rank;
+// The rank's state, one struct per owner (llama2.c's Config / TransformerWeights / RunState):
+//   cfg, ps       the configuration and my place in the grid                  (§1, §2)
+//   groups        my communicators                                            (§2)
+//   dev           my device and the compute choices made for it (the seam)   (§3)
+//   dims          my local sizes                                              (§5)
+//   model         parameters and gradients: one buffer each, the same carve   (§5)
+//   acts          the saved activations of the micro-batches in flight        (§5)
+//   scratch       per-layer working buffers, reused by every layer            (§5)
+//   host          host-side staging of token ids, losses, pipeline messages   (§5)
+//   optim         AdamW's moments and step count                              (§6)
+//   state         the iteration in progress                                   (§8)
+// Each is allocated and freed in pairs by the section that owns it; mt_rank_init (§8) calls them.
+typedef struct {
+    int B, T, C;                // micro-batch, sequence length, hidden size
+    int NH_tp, C_tp, F_tp;      // my heads, my share of C (NH_tp * hs), my share of the MLP's F
+    int Vp_tp, vocab_start;     // my vocabulary rows [vocab_start, vocab_start + Vp_tp)
+    int L_local;                // layers on this pipeline rank (all its chunks)
+    int layers_per_chunk;       // L_local / vp
+} mt_dims;
+
+typedef struct {
+    mt_param_spec specs[MT_NUM_PARAM_TENSORS];   // the carve table: name, shape, offset, split, flags
+    size_t num_params;          // floats on this rank
+    float *params_memory;       // (num_params) parameters, carved into `params`
+    float *grads_memory;        // (num_params) gradients, carved alike into `grads`
+    mt_params params, grads;
+} mt_model;
+
+typedef struct {
+    int num_slots;              // micro-batches whose activations are alive at once on this stage
+    mt_activations *slots;      // (num_slots)
+    float *memory;              // (num_slots * per-slot floats) every slot's floats
+    int *ids_memory;            // (num_slots, 2, B, T) every slot's tokens and targets
+} mt_activation_slots;
+
+typedef struct {
+    int *tokens, *targets;      // (B,T) a micro-batch's ids as the data loader made them
+    float *losses;              // (B,T) per-position losses of the last micro-batch
+    float *p2p;                 // (B,T,C) pipeline messages pass through here (a host mailbox)
+} mt_host_staging;
+
+void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps);
+void mt_model_init(mt_rank *r);          /* carves, initialises (Megatron's init) and uploads the parameters */
+void mt_model_free(mt_rank *r);
+void mt_activations_init(mt_rank *r, int num_slots);
+void mt_activations_free(mt_rank *r);
+/* the global layer index of local layer l (0..L_local-1) on this rank */
+int mt_local_to_global_layer(const mt_rank *r, int l);
+/* where sample b of this rank's micro-batch mb sits in the global batch (Megatron's sampler:
+   each micro-batch step takes B x DP consecutive samples, DP rank d the d-th B of them):
+   mb * B * DP + dp_rank * B + b */
+int64_t mt_sample_in_batch(const mt_rank *r, int mb, int b);
+/* copies this rank's shard of tensor s, found at s->offset in local_buffer (a host buffer
+   carved like the parameters: parameters, gradients or AdamW moments), into (dir=0) / out of
+   (dir=1) the full, unsharded tensor: (L, grows, gcols) for a per-layer tensor with L = all
+   layers of the model, else (grows, gcols). */
+void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer, float *global_tensor, int dir);
+
+/* ============================================================================================= */
+/* 6. OPTIMIZER, CLIPPING, LEARNING RATE
+ * defines: mt_optimizer (AdamW's state), the global gradient norm and clipping,
+ *          the AdamW step over the parameter table, Megatron's learning-rate schedule */
+typedef struct {
+    float *m_memory, *v_memory; // (num_params) AdamW's first and second moments, carved as params
+    int step;                   // optimizer steps taken (AdamW's bias correction)
+} mt_optimizer;
+void mt_optimizer_init(mt_rank *r);
+void mt_optimizer_free(mt_rank *r);
+/* norm, clip, AdamW; returns the norm before clipping, *skipped = 1 if it was not finite */
+double mt_optimizer_step(mt_rank *r, int iteration, int *skipped);
+/* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
+float mt_learning_rate(const mt_config *cfg, int iteration);
+
+/* ============================================================================================= */
+/* 7. DATA PARALLEL
+ * defines: the bucketed gradient all-reduce over DP and the tied-embedding all-reduce */
+void mt_finish_grad_sync(mt_rank *r);   /* after the last micro-batch's backward */
+
+/* ============================================================================================= */
+/* 8. PIPELINE SCHEDULES & TRAIN STEP
+ * defines: the schedules as lists of steps, their simulation and drawing, the
+ *          rank (struct mt_rank, mt_rank_init), the train and eval steps */
+typedef enum { MT_STEP_FORWARD = 0, MT_STEP_BACKWARD = 1 } mt_step_kind;
+typedef struct { mt_step_kind kind; int mb; int chunk; } mt_sched_step;   /* F(mb, chunk) or B(mb, chunk) */
+/* each writes one stage's steps into out (room for 2 * m * vp) and returns how many */
+int mt_schedule_no_pipelining(int m, mt_sched_step *out);
+int mt_schedule_afab(int m, mt_sched_step *out);
+int mt_schedule_1f1b(int m, int pp_size, int pp_rank, mt_sched_step *out);
+int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sched_step *out);
+int mt_schedule_forward_only(int m, int vp, mt_sched_step *out);
+int mt_schedule_for(const mt_config *cfg, int pp_rank, mt_sched_step *out);   /* Megatron's choice */
+/* the time line of every stage (F costs f_cost slots, B b_cost): start_out[stage][i]; returns
+   the makespan, -1 if the lists deadlock */
+int mt_schedule_simulate(const mt_config *cfg, int f_cost, int b_cost, int **start_out, int *count_out);
+void mt_print_schedule(const mt_config *cfg, FILE *f);
+int mt_schedule_max_alive(const mt_config *cfg, int pp_rank);   /* micro-batches alive at once */
+
 /* fills tokens (B,T) and targets (B,T) of micro-batch `mb` of the current iteration for this rank */
 typedef void (*mt_batch_fn)(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets);
 
@@ -402,64 +713,43 @@ typedef struct {
     double idle_seconds;   // time this rank waited for pipeline messages
 } mt_step_result;
 
+typedef struct {
+    int iteration;              // current iteration (1-based during a step)
+    int training;               // 1 in a training step (dropout on, gradients), 0 in eval
+    double loss_sum;            // sum of micro-batch mean losses (last stage)
+    double idle_seconds;        // time spent waiting for pipeline messages
+} mt_step_state;
+
+typedef struct {                // bytes of each buffer of this rank (printed at start)
+    size_t params, grads, optimizer, activations, scratch;
+} mt_memory_report;
+
 struct mt_rank {
     const mt_config *cfg;
     mt_parallel_state ps;
-    mt_comm world, tp, pp, dp, mp, embd;   // mp = TP x PP ranks of my replica (for the grad norm)
-    // derived local sizes
-    int B, T, C, NH_tp, C_tp, F_tp, Vp_tp, vocab_start, L_local, layers_per_chunk;
-    int att_row;           // floats saved per attention score row: T (CPU), 1 (GPU: the logsumexp)
-    // parameters, gradients, AdamW moments: one buffer each, same carve
-    mt_param_spec specs[MT_NUM_PARAM_TENSORS];
-    size_t num_params;     // floats on this rank
-    float *params_memory, *grads_memory, *m_memory, *v_memory;
-    mt_params params, grads;
-    // activations: num_slots micro-batches in flight at most (1 without pipelining)
-    int num_slots;
-    mt_activations *slots;
-    float *acts_memory;
+    mt_groups groups;
+    mt_device dev;
+    mt_dims dims;
+    mt_model model;
+    mt_activation_slots acts;
     mt_scratch scratch;
-    float *scratch_memory;
-    // host staging (the GPU build moves these few numbers between host and device)
-    int *host_tokens, *host_targets;   // (B,T) a micro-batch's ids as the data loader made them
-    float *host_losses;    // (B,T) per-position losses of the last micro-batch
-    float *host_p2p;       // (B,T,C) pipeline messages pass through here on the GPU build
-    // GPU build: this rank's device and stream, and the compute choices
-    int device;            // CUDA device (-1 on the CPU build)
-    void *stream;          // cudaStream_t of every kernel and NCCL call of this rank
-    int gemm_impl;         // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
-    int bf16;              // --bf16: GEMM and attention compute in bf16, accumulate in fp32
-    struct {               // bytes of each buffer of this rank (printed at start)
-        size_t params, grads, optimizer, activations, scratch;
-    } memory;
-    int step;              // optimizer steps taken
-    int iteration;         // current iteration (1-based during a step)
-    // per-step bookkeeping
-    double loss_sum;       // sum of micro-batch mean losses (last stage)
-    double idle_seconds;
-    int training;          // 1 in a training step (dropout on, gradients), 0 in eval
+    mt_host_staging host;
+    mt_optimizer optim;
+    mt_step_state state;
+    mt_memory_report memory;
 };
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
 void mt_rank_free(mt_rank *r);
-/* the global layer index of local layer l (0..L_local-1) on this rank */
-int mt_local_to_global_layer(const mt_rank *r, int l);
-/* where sample b of this rank's micro-batch mb sits in the global batch (Megatron's sampler:
-   each micro-batch step takes B x DP consecutive samples, DP rank d the d-th B of them):
-   mb * B * DP + dp_rank * B + b */
-int64_t mt_sample_in_batch(const mt_rank *r, int mb, int b);
 /* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
 mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
 float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
-/* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
-float mt_learning_rate(const mt_config *cfg, int iteration);
-/* copies this rank's shard of tensor s, found at s->offset in local_buffer (a host buffer
-   carved like the parameters: parameters, gradients or AdamW moments), into (dir=0) / out of
-   (dir=1) the full, unsharded tensor: (L, grows, gcols) for a per-layer tensor with L = all
-   layers of the model, else (grows, gcols). */
-void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer, float *global_tensor, int dir);
 
+/* ============================================================================================= */
+/* 9. DATA & TOKENIZER
+ * defines: Megatron's indexed dataset (reader, builder), GPT samples, splits and
+ *          blending (mt_data), the GPT-2 byte-level BPE tokenizer */
 // ---------------------------------------------------------------------------------------------
 // DATA: Megatron's indexed dataset (PREFIX.bin + PREFIX.idx), GPT samples, blending
 // ---------------------------------------------------------------------------------------------
@@ -531,37 +821,8 @@ void mt_data_free(mt_data *d);
 void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out);
 
 // ---------------------------------------------------------------------------------------------
-// CHECKPOINTS: Megatron's directory layout, safetensors files
+// TOKENIZER: GPT-2's byte-level BPE
 // ---------------------------------------------------------------------------------------------
-/* SAVE/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.safetensors, and SAVE/latest_checkpointed_iteration.txt.
-   Every rank calls it (collective over the world); DP rank 0 of each (TP, PP) position writes. */
-void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed);
-/* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
-   when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
-int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
-/* rewrites the latest checkpoint of src (any TP x PP) for another layout into dst (parameters and
-   AdamW state; then --load dst trains on in the new layout); returns its iteration */
-int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
-/* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
-int mt_checkpoint_export_hf(const char *src, const char *out_dir);
-/* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
-void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
-
-// ---------------------------------------------------------------------------------------------
-// TRAINING LOOP (Megatron's pretrain(): train, evaluate, log)
-// ---------------------------------------------------------------------------------------------
-/* number of parameters of the whole model (padded vocabulary, tied embedding counted once) */
-size_t mt_model_num_parameters(const mt_config *cfg);
-/* model FLOPs per token, Megatron's convention: 6N + 12 L C T */
-double mt_flops_per_token(const mt_config *cfg);
-/* GENERATION: continues ids[0..n) (capacity cap) by `count` tokens, sampled with temperature
-   and top_k (0: greedy / all) from the counter-based RNG keyed on seed; collective over all
-   ranks (every rank gets the tokens). Returns the new length. */
-int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed);
-/* runs the whole job: ranks as threads, training, validation, test; returns the exit code */
-int mt_pretrain(mt_config *cfg);
-
-/* 9. DATA & TOKENIZER: the GPT-2 tokenizer ---------------------------------------------- */
 /* GPT-2's byte-level BPE, id for id what OpenAI's tiktoken ("gpt2" encoding, encode_ordinary)
  * gives, from --vocab-file (vocab.json, a.k.a. encoder.json) and --merge-file (merges.txt).
  *
@@ -637,17 +898,45 @@ int32_t mt_tokenizer_token_id(const mt_tokenizer *t, const char *bytes, size_t l
  * text[0..len). Encoding splits text into pieces with this, then runs BPE on each piece. */
 size_t mt_gpt2_next_piece(const char *text, size_t len, size_t pos);
 
-/* one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or 0 if the bytes
- * there are not valid UTF-8 (stray continuation byte, truncated, overlong, surrogate, > U+10FFFF) */
-int mt_utf8_decode(const char *text, size_t n, uint32_t *cp);
+/* ============================================================================================= */
+/* 10. CHECKPOINTS
+ * defines: save and load in Megatron's layout (safetensors files), convert between
+ *          layouts, export Hugging Face GPT-2 */
+/* SAVE/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.safetensors, and SAVE/latest_checkpointed_iteration.txt.
+   Every rank calls it (collective over the world); DP rank 0 of each (TP, PP) position writes. */
+void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed);
+/* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
+   when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
+int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
+/* rewrites the latest checkpoint of src (any TP x PP) for another layout into dst (parameters and
+   AdamW state; then --load dst trains on in the new layout); returns its iteration */
+int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
+/* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
+int mt_checkpoint_export_hf(const char *src, const char *out_dir);
+/* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
+void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
 
-/* JSON string literal -> UTF-8 (used for vocab.json, loose-JSON input and tests). *p points at
- * the opening quote; on success *p moves past the closing quote, out[0..*out_len) holds the
- * bytes and the result is NULL. out needs room for (end - *p) bytes and may be *p itself (the
- * decoded text is never longer than its literal). On error returns a message, *p at the fault.
- * Strict as Python's json: raw control characters, invalid UTF-8 and lone surrogates are errors. */
-const char *mt_json_string(const char **p, const char *end, char *out, size_t *out_len);
+/* ============================================================================================= */
+/* 11. GENERATION
+ * defines: mt_generate: sampling with the training forward, collective over the ranks */
+/* continues ids[0..n) (capacity cap) by `count` tokens, sampled with temperature and top_k
+   (0: greedy / all) from the counter-based RNG keyed on seed; collective over all ranks (every
+   rank gets the tokens). Returns the new length. */
+int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed);
 
+/* ============================================================================================= */
+/* 12. TRAINING LOOP
+ * defines: mt_pretrain (Megatron's pretrain(): the tokenizer, the ranks as threads,
+ *          train, evaluate, save, log), the model's parameter count and FLOPs per token */
+/* number of parameters of the whole model (padded vocabulary, tied embedding counted once) */
+size_t mt_model_num_parameters(const mt_config *cfg);
+/* model FLOPs per token, Megatron's convention: 6N + 12 L C T */
+double mt_flops_per_token(const mt_config *cfg);
+/* runs the whole job: loads the tokenizer (the vocabulary size), derives the config, then the
+   checkpoint tools or the ranks as threads: training, validation, test; returns the exit code */
+int mt_pretrain(mt_config *cfg);
+
+/* ==================================== end of interface ==================================== */
 #endif /* MEGATRON_H */
 
 #ifdef MEGATRON_IMPLEMENTATION
@@ -671,7 +960,7 @@ const char *mt_json_string(const char **p, const char *end, char *out, size_t *o
 // NULL, files written to a temporary name, fsync'd and renamed; the configuration with
 // Megatron's flag names (megatron/training/arguments.py) and the JSON config file; the
 // counter-based random numbers that make every layout initialise and drop out alike.
-void mt__abort_world_from_rank(const char *msg);   /* §2: returns only if not in a rank thread */
+static void mt__abort_world_from_rank(const char *msg);   /* §2: returns only if not in a rank thread */
 
 void mt_fatal(const char *fmt, ...) {
     char msg[2048];
@@ -727,6 +1016,367 @@ void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
 void mt_atomic_abort(FILE *f, const char *tmp) {
     if (f) fclose(f);
     remove(tmp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON: one reader for every file we parse (config files, vocab.json, safetensors headers,
+// preprocess's loose-JSON lines, the tests' cases). Strict as Python's json module, which wrote
+// most of these files, plus // and /* */ comments where the caller allows them (config files).
+// ---------------------------------------------------------------------------------------------
+// A cursor over the text and the first error. The functions never stop the program: they
+// record what went wrong where (j->err, j->err_at) and return, so each caller writes the
+// message its user needs ("config.json:3: ...", "line 12: ... at column 7").
+//   mt_json j;
+//   mt_json_init(&j, text, len, 0);
+//   if (mt_json_eat(&j, '{') && !mt_json_eat(&j, '}')) do {
+//       size_t n; char key[64];
+//       mt_json_key(&j, key, sizeof key);        // "name" :
+//       ... read the value: mt_json_string_at, mt_json_number, mt_json_skip ...
+//   } while (mt_json_eat(&j, ','));             // and then mt_json_expect(&j, '}', ...)
+// one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or returns 0 if the bytes
+// there are not valid UTF-8 (a stray continuation byte, a truncated sequence, an overlong
+// encoding, a surrogate, or a value above U+10FFFF)
+int mt_utf8_decode(const char *text, size_t n, uint32_t *cp) {
+    const unsigned char *s = (const unsigned char *)text;
+    unsigned char b = s[0];
+    if (b < 0x80) { *cp = b; return 1; }
+    int len;
+    uint32_t c;
+    if (b >= 0xC2 && b <= 0xDF) { len = 2; c = b & 0x1Fu; }       // C0, C1 would be overlong
+    else if (b >= 0xE0 && b <= 0xEF) { len = 3; c = b & 0x0Fu; }
+    else if (b >= 0xF0 && b <= 0xF4) { len = 4; c = b & 0x07u; }  // F5.. would pass U+10FFFF
+    else return 0;
+    if ((size_t)len > n) return 0;
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        c = (c << 6) | (s[i] & 0x3Fu);
+    }
+    if (len == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) return 0;
+    if (len == 4 && (c < 0x10000 || c > 0x10FFFF)) return 0;
+    *cp = c;
+    return len;
+}
+static int mt__utf8_encode(uint32_t cp, char *out) {
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+// JSON strings: "..." with \" \\ \/ \b \f \n \r \t \uXXXX (and UTF-16 surrogate pairs for
+// code points above U+FFFF: "\ud83d\ude00" is U+1F600) -> UTF-8 bytes
+static int mt__hex4(const char *p, uint32_t *v) {
+    uint32_t x = 0;
+    for (int i = 0; i < 4; i++) {
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        x = x * 16 + (uint32_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
+const char *mt_json_string(const char **pp, const char *end, char *out, size_t *out_len) {
+    const char *p = *pp;
+    size_t o = 0;   // out is written strictly behind p, so out may be the input itself
+    if (p >= end || *p != '"') return "expected a string";
+    p++;
+    for (;;) {
+        if (p >= end) { *pp = p; return "unterminated string"; }
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"') { p++; break; }
+        if (ch < 0x20) { *pp = p; return "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"; }
+        if (ch >= 0x80) {   // raw UTF-8: check it, copy it
+            uint32_t cp;
+            int l = mt_utf8_decode(p, (size_t)(end - p), &cp);
+            if (l == 0) { *pp = p; return "invalid UTF-8 in a string"; }
+            for (int i = 0; i < l; i++) out[o++] = p[i];
+            p += l;
+            continue;
+        }
+        if (ch != '\\') { out[o++] = (char)ch; p++; continue; }
+        if (end - p < 2) { *pp = p; return "unterminated string"; }
+        char e = p[1];
+        p += 2;
+        switch (e) {
+        case '"': out[o++] = '"'; break;
+        case '\\': out[o++] = '\\'; break;
+        case '/': out[o++] = '/'; break;
+        case 'b': out[o++] = '\b'; break;
+        case 'f': out[o++] = '\f'; break;
+        case 'n': out[o++] = '\n'; break;
+        case 'r': out[o++] = '\r'; break;
+        case 't': out[o++] = '\t'; break;
+        case 'u': {
+            uint32_t u;
+            if (end - p < 4 || !mt__hex4(p, &u)) { *pp = p - 2; return "bad \\u escape (needs 4 hex digits)"; }
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {   // high surrogate: a low one must follow
+                uint32_t lo;
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !mt__hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
+                    *pp = p - 6;
+                    return "lone UTF-16 surrogate \\uD800..\\uDBFF (not encodable as UTF-8)";
+                }
+                p += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (u >= 0xDC00 && u <= 0xDFFF) {
+                *pp = p - 6;
+                return "lone UTF-16 surrogate \\uDC00..\\uDFFF (not encodable as UTF-8)";
+            }
+            o += (size_t)mt__utf8_encode(u, out + o);
+            break;
+        }
+        default: *pp = p - 2; return "invalid escape in a string";
+        }
+    }
+    *pp = p;
+    *out_len = o;
+    return NULL;
+}
+
+void mt_json_init(mt_json *j, const char *text, size_t len, int allow_comments) {
+    memset(j, 0, sizeof *j);
+    j->start = j->p = text;
+    j->end = text + len;
+    j->allow_comments = allow_comments;
+}
+void mt_json_fail(mt_json *j, const char *msg) {
+    if (!j->err) { j->err = msg; j->err_at = j->p; }
+}
+void mt_json_ws(mt_json *j) {
+    for (;;) {
+        while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n')) j->p++;
+        if (!j->allow_comments || j->end - j->p < 2 || j->p[0] != '/') return;
+        if (j->p[1] == '/') { while (j->p < j->end && *j->p != '\n') j->p++; continue; }
+        if (j->p[1] != '*') return;
+        const char *q = j->p + 2;
+        while (q + 1 < j->end && !(q[0] == '*' && q[1] == '/')) q++;
+        if (q + 1 >= j->end) { mt_json_fail(j, "unterminated /* comment"); j->p = j->end; return; }
+        j->p = q + 2;
+    }
+}
+int mt_json_eat(mt_json *j, char c) {
+    mt_json_ws(j);
+    if (j->err || j->p >= j->end || *j->p != c) return 0;
+    j->p++;
+    return 1;
+}
+int mt_json_expect(mt_json *j, char c, const char *msg) {
+    if (mt_json_eat(j, c)) return 1;
+    mt_json_fail(j, msg);
+    return 0;
+}
+// the 1-based line of the error (or of the cursor when there is none)
+int mt_json_line(const mt_json *j) {
+    const char *at = j->err ? j->err_at : j->p;
+    int line = 1;
+    for (const char *q = j->start; q < at; q++) line += *q == '\n';
+    return line;
+}
+// checks the string at the cursor as Python's json does and moves past it; 1 if valid. A lone
+// UTF-16 surrogate (\ud800 with no \udc00.. after it) is valid JSON to Python but has no UTF-8
+// form: *lone is set and the string still counts as valid (a caller that needs its bytes
+// rejects it; mt_json_string does).
+int mt_json_scan_string(mt_json *j, int *lone) {
+    const char *p = j->p, *e = j->end;
+    *lone = 0;
+    if (p >= e || *p != '"') { mt_json_fail(j, "expected a string"); return 0; }
+    for (p++; p < e;) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') { j->p = p + 1; return 1; }
+        if (c < 0x20) { j->p = p; mt_json_fail(j, "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"); return 0; }
+        if (c >= 0x80) {
+            uint32_t cp;
+            int l = mt_utf8_decode(p, (size_t)(e - p), &cp);
+            if (!l) { j->p = p; mt_json_fail(j, "invalid UTF-8 in a string"); return 0; }
+            p += l;
+            continue;
+        }
+        if (c != '\\') { p++; continue; }
+        if (e - p < 2) break;
+        char x = p[1];
+        if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r' || x == 't') { p += 2; continue; }
+        uint32_t u, lo;
+        if (x != 'u' || e - p < 6 || !mt__hex4(p + 2, &u)) { j->p = p; mt_json_fail(j, "invalid escape in a string"); return 0; }
+        p += 6;
+        if (u >= 0xD800 && u <= 0xDBFF && e - p >= 6 && p[0] == '\\' && p[1] == 'u' && mt__hex4(p + 2, &lo) &&
+            lo >= 0xDC00 && lo <= 0xDFFF) p += 6;   // a surrogate pair: one code point
+        else if (u >= 0xD800 && u <= 0xDFFF) *lone = 1;
+    }
+    j->p = e;
+    mt_json_fail(j, "unterminated string");
+    return 0;
+}
+// decodes the string at the cursor into out (room for its literal's length; out may be the
+// text itself: the decoded bytes are never longer). Returns 1, or 0 with the error recorded.
+int mt_json_string_at(mt_json *j, char *out, size_t *out_len) {
+    mt_json_ws(j);
+    if (j->err) return 0;
+    const char *p = j->p;
+    const char *e = mt_json_string(&p, j->end, out, out_len);
+    if (e) { j->p = p; mt_json_fail(j, e); return 0; }
+    j->p = p;
+    return 1;
+}
+// "key" :  -> key (NUL-terminated, cut at cap - 1 bytes). Returns 1, or 0 with the error recorded.
+int mt_json_key(mt_json *j, char *key, size_t cap) {
+    mt_json_ws(j);
+    if (j->err) return 0;
+    if (j->p >= j->end || *j->p != '"') { mt_json_fail(j, "expected a key string"); return 0; }
+    const char *start = j->p;
+    int lone;
+    if (!mt_json_scan_string(j, &lone)) return 0;
+    size_t lit = (size_t)(j->p - start);
+    char *tmp = (char *)mt_malloc(lit, "JSON key");
+    const char *q = start;
+    size_t n = 0;
+    const char *e = mt_json_string(&q, j->p, tmp, &n);
+    if (e) { free(tmp); j->p = start; mt_json_fail(j, e); return 0; }
+    if (n > cap - 1) n = cap - 1;
+    memcpy(key, tmp, n);
+    key[n] = 0;
+    free(tmp);
+    return mt_json_expect(j, ':', "expected ':' after a key");
+}
+// a number as Python's json writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, plus
+// NaN, Infinity and -Infinity (which Python accepts too). Returns 1 and *v, or 0.
+int mt_json_number(mt_json *j, double *v) {
+    mt_json_ws(j);
+    if (j->err) return 0;
+    const char *s = j->p, *e = j->end;
+    const char *lits[3] = {"NaN", "Infinity", "-Infinity"};
+    double vals[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(lits[i]);
+        if ((size_t)(e - s) >= n && memcmp(s, lits[i], n) == 0) { j->p = s + n; *v = vals[i]; return 1; }
+    }
+    if (s < e && *s == '-') s++;
+    if (s < e && *s == '0') s++;
+    else if (s < e && *s >= '1' && *s <= '9') while (s < e && *s >= '0' && *s <= '9') s++;
+    else { mt_json_fail(j, "invalid number"); return 0; }
+    if (s < e && *s == '.') {
+        s++;
+        if (!(s < e && *s >= '0' && *s <= '9')) { j->p = s; mt_json_fail(j, "invalid number"); return 0; }
+        while (s < e && *s >= '0' && *s <= '9') s++;
+    }
+    if (s < e && (*s == 'e' || *s == 'E')) {
+        s++;
+        if (s < e && (*s == '+' || *s == '-')) s++;
+        if (!(s < e && *s >= '0' && *s <= '9')) { j->p = s; mt_json_fail(j, "invalid number"); return 0; }
+        while (s < e && *s >= '0' && *s <= '9') s++;
+    }
+    char buf[64];
+    size_t n = (size_t)(s - j->p);
+    if (n >= sizeof buf) n = sizeof buf - 1;   // digits beyond a double's precision change nothing
+    memcpy(buf, j->p, n);
+    buf[n] = 0;
+    *v = strtod(buf, NULL);
+    j->p = s;
+    return 1;
+}
+static int mt__json_literal(mt_json *j, const char *lit) {
+    size_t n = strlen(lit);
+    if ((size_t)(j->end - j->p) >= n && memcmp(j->p, lit, n) == 0) { j->p += n; return 1; }
+    return 0;
+}
+// checks and skips one value of any type; returns its type. Nesting deeper than
+// MT_JSON_MAX_DEPTH is an error (a file nested 200k levels deep must not overflow the stack).
+static mt_json_type mt__json_skip(mt_json *j, int depth) {
+    mt_json_ws(j);
+    if (j->err) return MT_JSON_NULL;
+    if (j->p >= j->end) { mt_json_fail(j, "expected a value"); return MT_JSON_NULL; }
+    if (depth > MT_JSON_MAX_DEPTH) { mt_json_fail(j, "nested too deeply"); return MT_JSON_NULL; }
+    char c = *j->p;
+    int lone;
+    if (c == '"') { mt_json_scan_string(j, &lone); return MT_JSON_STRING; }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        mt_json_type type = c == '{' ? MT_JSON_OBJECT : MT_JSON_ARRAY;
+        j->p++;
+        if (mt_json_eat(j, close)) return type;
+        do {
+            if (c == '{') {
+                mt_json_ws(j);
+                if (j->p >= j->end || *j->p != '"') { mt_json_fail(j, "expected a key string"); return type; }
+                mt_json_scan_string(j, &lone);
+                if (!mt_json_expect(j, ':', "expected ':'")) return type;
+            }
+            mt__json_skip(j, depth + 1);
+            if (j->err) return type;
+        } while (mt_json_eat(j, ','));
+        mt_json_expect(j, close, c == '{' ? "expected ',' or '}'" : "expected ',' or ']'");
+        return type;
+    }
+    if (mt__json_literal(j, "true")) return MT_JSON_TRUE;
+    if (mt__json_literal(j, "false")) return MT_JSON_FALSE;
+    if (mt__json_literal(j, "null")) return MT_JSON_NULL;
+    double v;
+    if (c == '-' || c == 'N' || c == 'I' || (c >= '0' && c <= '9')) { mt_json_number(j, &v); return MT_JSON_NUMBER; }
+    mt_json_fail(j, "expected a value");
+    return MT_JSON_NULL;
+}
+mt_json_type mt_json_skip(mt_json *j) { return mt__json_skip(j, 0); }
+// at an object: moves the cursor to the value of member `key` and returns 1, or returns 0
+// (the key is missing, or the object is malformed: then j->err says so)
+int mt_json_find(mt_json *j, const char *key) {
+    if (!mt_json_expect(j, '{', "expected an object")) return 0;
+    if (mt_json_eat(j, '}')) return 0;
+    size_t klen = strlen(key);
+    do {
+        mt_json_ws(j);
+        const char *start = j->p;
+        int lone;
+        if (j->p >= j->end || *j->p != '"') { mt_json_fail(j, "expected a key string"); return 0; }
+        if (!mt_json_scan_string(j, &lone)) return 0;
+        // keys are compared as written: the keys we look for have no escapes
+        int match = (size_t)(j->p - start) == klen + 2 && memcmp(start + 1, key, klen) == 0;
+        if (!mt_json_expect(j, ':', "expected ':'")) return 0;
+        if (match) { mt_json_ws(j); return 1; }
+        mt_json_skip(j);
+        if (j->err) return 0;
+    } while (mt_json_eat(j, ','));
+    mt_json_expect(j, '}', "expected ',' or '}'");
+    return 0;
+}
+// an array of integers like [3, 64, 64] -> out[0..count); returns the count, or -1 (malformed,
+// not integers, or more than cap)
+int mt_json_ints(mt_json *j, long long *out, int cap) {
+    if (!mt_json_expect(j, '[', "expected '['")) return -1;
+    int n = 0;
+    if (mt_json_eat(j, ']')) return 0;
+    do {
+        double v;
+        if (!mt_json_number(j, &v)) return -1;
+        if (n >= cap || v != floor(v) || fabs(v) > 9.0e15) { mt_json_fail(j, "expected a small integer"); return -1; }
+        out[n++] = (long long)v;
+    } while (mt_json_eat(j, ','));
+    return mt_json_expect(j, ']', "expected ',' or ']'") ? n : -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// edit distance (Levenshtein): how flags are matched to the nearest known one in messages
+// ---------------------------------------------------------------------------------------------
+int mt_edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -903,22 +1553,6 @@ static const struct { const char *old_name, *hint; } mt__old_flags[] = {
     {"--num-gpus", "--nproc-per-node"},
 };
 
-static int mt__edit_distance(const char *a, const char *b) {
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int d[64][64];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
-            d[i][j] = best;
-        }
-    return d[la][lb];
-}
-
 static const mt__flag *mt__find_flag(const char *name) {
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++)
         if (strcmp(mt__flags[i].name, name) == 0) return &mt__flags[i];
@@ -936,7 +1570,7 @@ static void mt__unknown_flag(const char *name) {
     const char *best = NULL;
     int best_d = 1 << 30;
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
-        int d = mt__edit_distance(name, mt__flags[i].name);
+        int d = mt_edit_distance(name, mt__flags[i].name);
         if (d < best_d) { best_d = d; best = mt__flags[i].name; }
     }
     mt_fatal("unknown flag %s\nhint: did you mean %s? (--help lists every flag)", name, best);
@@ -1048,36 +1682,20 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// a small JSON reader for config files: one object of "key": number | string | bool,
-// with // and /* */ comments allowed (tutorial configs carry them)
+// the config file: one JSON object of "key": number | string | bool (or null: keep the
+// default), with // and /* */ comments allowed (tutorial configs carry them). Read with the
+// JSON reader above; a key is a flag's name with _ for - ("hidden_size" is --hidden-size).
 // ---------------------------------------------------------------------------------------------
-typedef struct { const char *s; const char *path; int line; } mt__json_cursor;
-
-static void mt__json_skip(mt__json_cursor *c) {
-    for (;;) {
-        while (*c->s == ' ' || *c->s == '\t' || *c->s == '\r' || *c->s == '\n') { if (*c->s == '\n') c->line++; c->s++; }
-        if (c->s[0] == '/' && c->s[1] == '/') { while (*c->s && *c->s != '\n') c->s++; continue; }
-        if (c->s[0] == '/' && c->s[1] == '*') {
-            c->s += 2;
-            while (*c->s && !(c->s[0] == '*' && c->s[1] == '/')) { if (*c->s == '\n') c->line++; c->s++; }
-            if (*c->s) c->s += 2;
-            continue;
-        }
-        return;
+// the nearest flag to an unknown key, spelled as a key
+static void mt__nearest_key(const char *flag, char *out, size_t cap) {
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
+        int d = mt_edit_distance(flag, mt__flags[i].name);
+        if (d < best_d) { best_d = d; best = mt__flags[i].name; }
     }
-}
-static void mt__json_string(mt__json_cursor *c, char *out, size_t cap) {
-    if (*c->s != '"') mt_fatal("%s:%d: expected a string\nhint: config files are JSON objects of \"key\": value", c->path, c->line);
-    c->s++;
-    size_t n = 0;
-    while (*c->s && *c->s != '"') {
-        char ch = *c->s++;
-        if (ch == '\\' && *c->s) ch = *c->s++;   // simple escapes are enough for keys and paths
-        if (n + 1 < cap) out[n++] = ch;
-    }
-    if (*c->s != '"') mt_fatal("%s:%d: unterminated string", c->path, c->line);
-    c->s++;
-    out[n] = 0;
+    snprintf(out, cap, "%s", best + 2);
+    for (char *q = out; *q; q++) if (*q == '-') *q = '_';
 }
 
 void mt_config_load_json(mt_config *cfg, const char *path) {
@@ -1086,57 +1704,58 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *text = (char *)mt_malloc((size_t)size + 1, "config file");
-    size_t got = fread(text, 1, (size_t)size, f);
+    char *text = (char *)mt_malloc((size_t)(size > 0 ? size : 0) + 1, "config file");
+    size_t got = fread(text, 1, (size_t)(size > 0 ? size : 0), f);
     fclose(f);
     text[got] = 0;
-    mt__json_cursor c = {text, path, 1};
-    mt__json_skip(&c);
-    if (*c.s != '{') mt_fatal("%s:%d: a config file is one JSON object { ... }", path, c.line);
-    c.s++;
-    for (;;) {
-        mt__json_skip(&c);
-        if (*c.s == '}') break;
+    mt_json j;
+    mt_json_init(&j, text, got, 1);
+    if (!mt_json_eat(&j, '{')) mt_fatal("%s:%d: a config file is one JSON object { ... }", path, mt_json_line(&j));
+    if (!mt_json_eat(&j, '}')) do {
         char key[128], value[MT_PATH_MAX];
-        mt__json_string(&c, key, sizeof key);
-        mt__json_skip(&c);
-        if (*c.s != ':') mt_fatal("%s:%d: expected ':' after \"%s\"", path, c.line, key);
-        c.s++;
-        mt__json_skip(&c);
-        int is_bool = 0, bool_value = 0;
-        if (*c.s == '"') mt__json_string(&c, value, sizeof value);
-        else {
-            size_t n = 0;
-            while (*c.s && *c.s != ',' && *c.s != '}' && *c.s != '\n' && *c.s != ' ' && *c.s != '/' && n + 1 < sizeof value) value[n++] = *c.s++;
+        if (!mt_json_key(&j, key, sizeof key)) break;
+        mt_json_ws(&j);
+        int is_null = 0, bool_value = 0, is_bool = 0;
+        if (j.p < j.end && *j.p == '"') {
+            size_t lit = 0;
+            const char *q = j.p;
+            int lone;
+            if (!mt_json_scan_string(&j, &lone)) break;
+            if ((size_t)(j.p - q) > sizeof value) { j.p = q; mt_json_fail(&j, "value too long"); break; }
+            j.p = q;
+            if (!mt_json_string_at(&j, value, &lit)) break;
+            value[lit] = 0;
+        } else {
+            const char *q = j.p;
+            mt_json_type type = mt_json_skip(&j);
+            if (j.err) break;
+            if (type == MT_JSON_OBJECT || type == MT_JSON_ARRAY) {
+                j.p = q;
+                mt_json_fail(&j, "a config value is a number, a string, true, false or null");
+                break;
+            }
+            size_t n = (size_t)(j.p - q) < sizeof value ? (size_t)(j.p - q) : sizeof value - 1;
+            memcpy(value, q, n);
             value[n] = 0;
-            if (strcmp(value, "true") == 0) is_bool = 1, bool_value = 1;
-            else if (strcmp(value, "false") == 0) is_bool = 1;
-            else if (strcmp(value, "null") == 0) is_bool = 1;
+            is_bool = type == MT_JSON_TRUE || type == MT_JSON_FALSE;
+            bool_value = type == MT_JSON_TRUE;
+            is_null = type == MT_JSON_NULL;
         }
         char flag[140] = "--";
         for (size_t i = 0; key[i] && i + 3 < sizeof flag; i++) { flag[i + 2] = key[i] == '_' ? '-' : key[i]; flag[i + 3] = 0; }
         const mt__flag *fl = mt__find_flag(flag);
         if (!fl) {
-            const char *best = NULL;
-            int best_d = 1 << 30;
-            for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
-                int d = mt__edit_distance(flag, mt__flags[i].name);
-                if (d < best_d) { best_d = d; best = mt__flags[i].name; }
-            }
             char suggestion[128];
-            snprintf(suggestion, sizeof suggestion, "%s", best + 2);
-            for (char *q = suggestion; *q; q++) if (*q == '-') *q = '_';   // keys are spelled with _
-            mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, c.line, key, suggestion);
+            mt__nearest_key(flag, suggestion, sizeof suggestion);
+            mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, mt_json_line(&j), key, suggestion);
         }
         if (fl->type == MT__BOOL) { if (bool_value) mt__set_flag(cfg, fl, NULL, 0); }
-        else if (is_bool) { /* null / false for a valued key: keep the default */ }
+        else if (is_bool || is_null) { /* null / false for a valued key: keep the default */ }
         else { const char *vp = value; mt__set_flag(cfg, fl, &vp, 1); }
-        mt__json_skip(&c);
-        if (*c.s == ',') { c.s++; continue; }
-        mt__json_skip(&c);
-        if (*c.s == '}') break;
-        mt_fatal("%s:%d: expected ',' or '}'", path, c.line);
-    }
+    } while (mt_json_eat(&j, ','));
+    if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}'");
+    if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
+    if (j.err) mt_fatal("%s:%d: %s\nhint: config files are JSON objects of \"key\": value", path, mt_json_line(&j), j.err);
     free(text);
 }
 
@@ -1222,13 +1841,15 @@ void mt_config_derive(mt_config *cfg) {
     cfg->num_microbatches = t->global_batch_size / (B * DP);
     if (cfg->virtual_pipeline_size > 1 && cfg->num_microbatches % PP)
         mt_fatal("the interleaved schedule needs the number of micro-batches (%d) to be a multiple of PP (%d)\nhint: change --global-batch-size", cfg->num_microbatches, PP);
-    if (strcmp(t->lr_decay_style, "constant") && strcmp(t->lr_decay_style, "linear") && strcmp(t->lr_decay_style, "cosine"))
-        mt_fatal("--lr-decay-style '%s' is not known\nhint: use constant, linear or cosine", t->lr_decay_style);
+    if (strcmp(t->lr_decay_style, "constant") == 0) cfg->lr_decay = MT_LR_CONSTANT;
+    else if (strcmp(t->lr_decay_style, "linear") == 0) cfg->lr_decay = MT_LR_LINEAR;
+    else if (strcmp(t->lr_decay_style, "cosine") == 0) cfg->lr_decay = MT_LR_COSINE;
+    else mt_fatal("--lr-decay-style '%s' is not known\nhint: use constant, linear or cosine", t->lr_decay_style);
     if (t->lr_decay_iters == 0) t->lr_decay_iters = t->train_iters;
     cfg->lr_decay_steps = t->lr_decay_iters;
     // Megatron keeps the warm-up length as a real number (fraction x decay steps)
     cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? t->lr_warmup_fraction * (double)t->lr_decay_iters : (double)t->lr_warmup_iters;
-    if (cfg->lr_warmup_steps > cfg->lr_decay_steps && strcmp(t->lr_decay_style, "constant"))
+    if (cfg->lr_warmup_steps > cfg->lr_decay_steps && cfg->lr_decay != MT_LR_CONSTANT)
         mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\nhint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
@@ -1276,19 +1897,30 @@ float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t
     double u2 = (double)(bits & 0xFFFFFFFFu) / 4294967296.0;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
-#ifdef __CUDACC__
+
+// ---------------------------------------------------------------------------------------------
+// the GPU build's errors: every CUDA and NCCL call is checked and ends in mt_fatal too
+// ---------------------------------------------------------------------------------------------
+#ifdef __CUDACC__   /* (1 of 3) only the GPU build links CUDA and NCCL */
 #include <cuda_runtime.h>
 #include <nccl.h>
-// every NCCL call is checked; the message names the call and the rank
+static void mt__cuda_check(cudaError_t err, const char *call, const char *file, int line) {
+    if (err == cudaSuccess) return;
+    const char *hint = err == cudaErrorMemoryAllocation
+                           ? "use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism"
+                           : "run again with MT_SYNC_DEBUG=1 to stop at the op that caused it";
+    mt_fatal("CUDA call %s failed: %s (%s) at %s:%d\nhint: %s", call, cudaGetErrorName(err), cudaGetErrorString(err),
+             file, line, hint);
+}
 static void mt__nccl_check(ncclResult_t res, const char *call, const char *file, int line) {
     if (res == ncclSuccess) return;
     mt_fatal("NCCL call %s failed: %s at %s:%d\nhint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
              call, ncclGetErrorString(res), file, line);
 }
+#define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
 #define MT_NCCL_CHECK(x) mt__nccl_check((x), #x, __FILE__, __LINE__)
-static void mt__nccl_begin(mt_comm *c);   // §2, GPU build: order the comm stream after the kernels
-static void mt__nccl_end(mt_comm *c);     // and the kernels after the comm stream
 #endif
+
 // =============================================================================================
 // 2. RANKS, GROUPS, COMMUNICATORS
 // =============================================================================================
@@ -1486,13 +2118,13 @@ int mt_thread_rank(void) { return mt__this_rank ? mt__this_rank->rank : -1; }
 // mailbox mutex never calls mt_fatal (it unlocks first), or this function would deadlock.
 static void mt__rank_exit(void) { pthread_exit(NULL); }
 
-void mt__abort_world_from_rank(const char *msg) {
+static void mt__abort_world_from_rank(const char *msg) {
     mt__rank_thread *self = mt__this_rank;
     if (!self || self->world->size <= 1) return;   // main program or one rank: mt_fatal exits
     mt_world *w = self->world;
     pthread_mutex_lock(&w->mu);
     if (!w->aborted) {
-        snprintf(w->error, sizeof w->error, "rank %d: %s", self->rank, msg);   // which rank failed
+        snprintf(w->error, sizeof w->error, "rank %d: %.2000s", self->rank, msg);   // which rank failed
         w->error_rank = self->rank;
         w->aborted = 1;
         for (mt__group *g = w->groups; g; g = g->next) {
@@ -1539,6 +2171,81 @@ static void mt__mark_rank_done(mt_world *w, int rank) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the NCCL path: device buffers on the GPU build
+// ---------------------------------------------------------------------------------------------
+// On the GPU build a communicator whose group moves device buffers (tp, dp, embd) also holds an
+// NCCL communicator (c->nccl), and each collective below hands those buffers to NCCL; the
+// threads backend keeps host values (losses, norms, barriers, the NCCL ids themselves). Each
+// NCCL group has its own stream, ordered after the rank's kernels before the call and before
+// the kernels after it (two events), so that its communication can later overlap the kernels.
+// On the CPU build c->nccl is always NULL and the functions below do nothing.
+#ifdef __CUDACC__   /* (2 of 3) NCCL exists only in the GPU build */
+// kernels ... -> record(ev0) -> comm stream waits ev0 -> NCCL -> record(ev1) -> kernels wait ev1
+static void mt__nccl_begin(mt_comm *c) {
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[0], (cudaStream_t)c->compute_stream));
+    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->stream, (cudaEvent_t)c->events[0], 0));
+}
+static void mt__nccl_end(mt_comm *c) {
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[1], (cudaStream_t)c->stream));
+    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->compute_stream, (cudaEvent_t)c->events[1], 0));
+}
+// one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
+static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
+    ncclComm_t comm = (ncclComm_t)c->nccl;
+    cudaStream_t stream = (cudaStream_t)c->stream;
+    ncclRedOp_t op = arg == MT_MAX ? ncclMax : ncclSum;
+    mt__nccl_begin(c);
+    switch (kind) {
+    case MT__COLL_ALL_REDUCE: MT_NCCL_CHECK(ncclAllReduce(send, recv, n, ncclFloat, op, comm, stream)); break;
+    case MT__COLL_REDUCE_SCATTER: MT_NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, op, comm, stream)); break;
+    case MT__COLL_ALL_GATHER: MT_NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, comm, stream)); break;
+    case MT__COLL_BROADCAST: MT_NCCL_CHECK(ncclBroadcast(send, recv, n, ncclFloat, arg, comm, stream)); break;
+    default: mt_fatal("internal: collective %d has no NCCL path", kind);
+    }
+    mt__nccl_end(c);
+}
+// an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
+// it to the others (host memory), and every member joins (ncclCommInitRank blocks until all have)
+static void mt__nccl_join(mt_comm *c, void *compute_stream) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
+    mt_broadcast(c, (float *)(void *)&id, sizeof id / sizeof(float), 0);
+    ncclComm_t comm;
+    MT_NCCL_CHECK(ncclCommInitRank(&comm, c->size, id, c->rank));
+    c->nccl = (void *)comm;
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    c->stream = (void *)stream;
+    c->compute_stream = compute_stream;
+    for (int k = 0; k < 2; k++) {
+        cudaEvent_t ev;
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        c->events[k] = (void *)ev;
+    }
+}
+static void mt__nccl_leave(mt_comm *c) {
+    if (!c->nccl) return;
+    MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
+    MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
+    for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->events[k]));
+    MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)c->stream));
+    c->nccl = NULL;
+}
+// NVLink SHARP (multicast) all-reduce is not used: NCCL_NVLS_ENABLE=0 unless the user says
+// otherwise. Set before any NCCL call, from the main thread (mt_world_run).
+static void mt__nccl_process_defaults(void) { setenv("NCCL_NVLS_ENABLE", "0", 0); }
+#else
+static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
+    (void)c; (void)kind; (void)send; (void)recv; (void)n; (void)arg;
+    mt_fatal("internal: an NCCL collective on the CPU build");
+}
+static void mt__nccl_join(mt_comm *c, void *compute_stream) { (void)c; (void)compute_stream; }
+static void mt__nccl_leave(mt_comm *c) { (void)c; }
+static void mt__nccl_process_defaults(void) {}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // launcher: one thread per rank (what torchrun does with processes)
 // ---------------------------------------------------------------------------------------------
 void mt_thread_set_name(const char *name) {
@@ -1577,6 +2284,7 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
         }
         memset(w->rank_done, 0, (size_t)w->size * sizeof(int));
         for (int r = 0; r < w->size; r++) memset(w->inbox[r].src_done, 0, (size_t)w->size * sizeof(int));
+        mt__nccl_process_defaults();   // before any rank thread can call NCCL
         mt__rank_thread *ranks = (mt__rank_thread *)mt_calloc((size_t)w->size, sizeof(mt__rank_thread), "rank threads");
         pthread_t *threads = (pthread_t *)mt_calloc((size_t)w->size, sizeof(pthread_t), "rank threads");
         for (int r = 0; r < w->size; r++) {
@@ -1644,6 +2352,7 @@ void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *member
     pthread_mutex_unlock(&w->mu);
     if (fresh) mt__group_free(fresh);
 
+    memset(c, 0, sizeof *c);   // no NCCL communicator: mt__nccl_join adds one (GPU build)
     c->world = w;
     c->size = size;
     c->rank = me;
@@ -1824,15 +2533,7 @@ static void mt__check_op(const mt_comm *c, const char *what, mt_reduce_op op) {
 }
 
 void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
-#ifdef __CUDACC__
-    if (c->nccl) {   // device buffers: NCCL on the rank's stream
-        mt__nccl_begin(c);
-        MT_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, op == MT_SUM ? ncclSum : ncclMax, (ncclComm_t)c->nccl,
-                                    (cudaStream_t)c->stream));
-        mt__nccl_end(c);
-        return;
-    }
-#endif
+    if (c->nccl) { mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op); return; }   // device buffers
     mt__trace(c, "all_reduce %s n=%zu", c->name, n);
     mt__check_op(c, "all_reduce", op);
     if (c->size == 1) return;
@@ -1881,15 +2582,7 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
 // Rank r is the only one that reads chunk r of any send buffer, so recv may alias it
 // (recv = send + r*n, "in place"). all_gather(reduce_scatter(x)) == all_reduce(x), bit for bit.
 void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
-#ifdef __CUDACC__
-    if (c->nccl) {
-        mt__nccl_begin(c);
-        MT_NCCL_CHECK(ncclReduceScatter(send, recv, n_per_rank, ncclFloat, op == MT_SUM ? ncclSum : ncclMax,
-                                        (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
-        mt__nccl_end(c);
-        return;
-    }
-#endif
+    if (c->nccl) { mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op); return; }
     mt__trace(c, "reduce_scatter %s n=%zu", c->name, n_per_rank);
     mt__check_op(c, "reduce_scatter", op);
     if (c->size == 1) {
@@ -1914,14 +2607,7 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
 // all-gather: recv = [send_0 | send_1 | ... ], each (n_per_rank); every rank copies all chunks
 // into its own recv (it writes only its own memory). send may be recv + rank*n ("in place").
 void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
-#ifdef __CUDACC__
-    if (c->nccl) {
-        mt__nccl_begin(c);
-        MT_NCCL_CHECK(ncclAllGather(send, recv, n_per_rank, ncclFloat, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
-        mt__nccl_end(c);
-        return;
-    }
-#endif
+    if (c->nccl) { mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0); return; }
     mt__trace(c, "all_gather %s n=%zu", c->name, n_per_rank);
     size_t bytes = n_per_rank * sizeof(float);
     if (c->size == 1) {
@@ -1941,14 +2627,7 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
 
 // broadcast: every rank's buf becomes root's buf (root is a group rank)
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
-#ifdef __CUDACC__
-    if (c->nccl) {
-        mt__nccl_begin(c);
-        MT_NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, (ncclComm_t)c->nccl, (cudaStream_t)c->stream));
-        mt__nccl_end(c);
-        return;
-    }
-#endif
+    if (c->nccl) { mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root); return; }
     mt__trace(c, "broadcast %s n=%zu root %d", c->name, n, root);
     if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name, root, c->size);
     if (c->size == 1) return;
@@ -2165,8 +2844,52 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// a rank's groups: every rank creates the groups it belongs to, members in group order
+// ---------------------------------------------------------------------------------------------
+static void mt__comm_named(mt_comm *c, mt_world *w, int rank, const int *members, int n, const char *name) {
+    mt_comm_init(c, w, rank, members, n);
+    c->name = name;
+}
+
+// compute_stream: the rank's kernel stream on the GPU build (the groups that move device
+// buffers join NCCL there), NULL on the CPU build
+void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_parallel_state *ps,
+                    void *compute_stream) {
+    int TP = ps->tp_size, PP = ps->pp_size, DP = ps->dp_size, rank = ps->rank;
+    memset(g, 0, sizeof *g);
+    int *members = (int *)mt_malloc(sizeof(int) * (size_t)cfg->world_size, "group");
+    for (int i = 0; i < cfg->world_size; i++) members[i] = i;
+    mt__comm_named(&g->world, w, rank, members, cfg->world_size, "world");
+    for (int t = 0; t < TP; t++) members[t] = mt_global_rank(cfg, t, ps->dp_rank, ps->pp_rank);
+    mt__comm_named(&g->tp, w, rank, members, TP, "tp");
+    for (int d = 0; d < DP; d++) members[d] = mt_global_rank(cfg, ps->tp_rank, d, ps->pp_rank);
+    mt__comm_named(&g->dp, w, rank, members, DP, "dp");
+    for (int p = 0; p < PP; p++) members[p] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, p);
+    mt__comm_named(&g->pp, w, rank, members, PP, "pp");
+    for (int p = 0; p < PP; p++)
+        for (int t = 0; t < TP; t++) members[p * TP + t] = mt_global_rank(cfg, t, ps->dp_rank, p);
+    mt__comm_named(&g->mp, w, rank, members, TP * PP, "mp");
+    if (ps->in_embedding_group) {
+        members[0] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, 0);
+        members[1] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, PP - 1);
+        mt__comm_named(&g->embd, w, rank, members, 2, "embd");
+    }
+    free(members);
+    // the groups that move device buffers (GPU build), joined in the same order on every rank
+    // (tp, dp, embd), so no two ranks wait on each other
+    if (compute_stream && g->tp.size > 1) mt__nccl_join(&g->tp, compute_stream);
+    if (compute_stream && g->dp.size > 1) mt__nccl_join(&g->dp, compute_stream);
+    if (compute_stream && ps->in_embedding_group) mt__nccl_join(&g->embd, compute_stream);
+}
+void mt_groups_free(mt_groups *g) {
+    mt__nccl_leave(&g->tp);
+    mt__nccl_leave(&g->dp);
+    mt__nccl_leave(&g->embd);
+}
+
 // =============================================================================================
-// 3. OPS: CPU REFERENCE (forward/backward pairs)
+// 3. OPS: CPU REFERENCE & THE BACKEND SEAM
 // =============================================================================================
 // The definition of every op, as plain loops over b and t (llm.c's train_gpt2.c is the model).
 // The GPU kernels in kernels.cuh must match these (tests/gpu compares them on random data).
@@ -2355,12 +3078,7 @@ void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
 // drops exactly the same elements and tests/test_layouts.c can demand identical losses.
 // `key` names the site (seed, iteration, layer, which dropout); `index_of` turns the local
 // position into the element's index in the *global* tensor (see mt_dropout_index below).
-typedef struct {
-    uint64_t seed, iteration, site;   // site = layer * 8 + which (embedding, attention, attn out, mlp out)
-    float p;                          // drop probability; 0 = dropout off
-    int sample_offset;                // global sample index of local b = 0 (within the iteration)
-    int T, C;                         // for hidden dropout (B,T,C): global index = ((sample*T + t)*C + c)
-} mt_dropout;
+// (mt_dropout, the site: seed, iteration, site, p, sample_offset, T, C, is in the interface, section 3)
 
 static inline int mt__dropout_keep(const mt_dropout *d, uint64_t global_index) {
     return mt_rand_uniform(d->seed, d->iteration, d->site, 0x0d0d, global_index) >= d->p;
@@ -2382,62 +3100,69 @@ void mt_dropout_backward_cpu(float *dx, const mt_dropout *d, int B) { mt_dropout
 
 // ---------------------------------------------------------------------------------------------
 // causal self-attention, NH_local heads of size hs
-// writes out and att with '='. qkv is (B,T,3*C_local) = [Q | K | V], each (B,T,C_local) with
-// head h in columns [h*hs, (h+1)*hs); out is (B,T,C_local); att (B,NH_local,T,T) keeps the
-// softmax probabilities (before dropout) for the backward pass.
+// writes out and lse with '='. qkv is (B,T,3*C_local) = [Q | K | V], each (B,T,C_local) with
+// head h in columns [h*hs, (h+1)*hs); out is (B,T,C_local); lse (B,NH_local,T) keeps the
+// logsumexp of each row of scores for the backward pass, which recomputes the probabilities
+// from it (FlashAttention's trick: no (T,T) matrix is stored, on the CPU as on the GPU).
 //   s[t,t2] = q_t . k_t2 / sqrt(hs)  for t2 <= t;  p = softmax(s);  out_t = sum_t2 p'[t,t2] v_t2
+//   lse[t] = log sum_t2 exp(s[t,t2]), so p[t,t2] = exp(s[t,t2] - lse[t])
 // where p' = dropout(p). `drop` has T, C unused here; head_offset/NH_global place the local heads
-// in the global (B, NH, T, T) tensor so masks do not depend on TP.
-void mt_attention_forward_cpu(float *out, float *att, const float *qkv, int B, int T, int C_local, int NH_local,
+// in the global (B, NH, T, T) tensor so masks do not depend on TP. row is (T) scratch.
+static float mt__attention_score(const float *q, const float *k, int hs, float scale) {
+    float s = 0.0f;
+    for (int i = 0; i < hs; i++) s += q[i] * k[i];
+    return s * scale;
+}
+void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
                               const mt_dropout *drop, int head_offset, int NH_global) {
     int hs = C_local / NH_local;
     int C3 = 3 * C_local;
     float scale = 1.0f / sqrtf((float)hs);
     float keep_scale = drop->p > 0 ? 1.0f / (1.0f - drop->p) : 1.0f;
+    float *row = (float *)mt_malloc(sizeof(float) * (size_t)T, "attention row");
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH_local; h++)
             for (int t = 0; t < T; t++) {
                 const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *att_bth = att + (((size_t)b * NH_local + h) * T + t) * T;
                 // pass 1: scores and their max (for a stable softmax)
                 float maxval = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float *k = qkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                    s *= scale;
-                    att_bth[t2] = s;
-                    if (s > maxval) maxval = s;
+                    row[t2] = mt__attention_score(q, k, hs, scale);
+                    if (row[t2] > maxval) maxval = row[t2];
                 }
                 // pass 2: exponentials and their sum
                 float sum = 0.0f;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    float e = expf(att_bth[t2] - maxval);
-                    att_bth[t2] = e;
+                    float e = expf(row[t2] - maxval);
+                    row[t2] = e;
                     sum += e;
                 }
                 float inv = 1.0f / sum;
-                for (int t2 = 0; t2 < T; t2++) att_bth[t2] = t2 <= t ? att_bth[t2] * inv : 0.0f;
+                lse[((size_t)b * NH_local + h) * T + t] = maxval + logf(sum);
                 // pass 3: weighted sum of values, with the (dropped-out) probabilities
                 float *o = out + ((size_t)b * T + t) * C_local + h * hs;
                 for (int i = 0; i < hs; i++) o[i] = 0.0f;
-                uint64_t row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
+                uint64_t drop_row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    float p = att_bth[t2];
-                    if (drop->p > 0) p = mt__dropout_keep(drop, row + t2) ? p * keep_scale : 0.0f;
+                    float p = row[t2] * inv;
+                    if (drop->p > 0) p = mt__dropout_keep(drop, drop_row + t2) ? p * keep_scale : 0.0f;
                     const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
                     for (int i = 0; i < hs; i++) o[i] += p * v[i];
                 }
             }
+    free(row);
 }
 // in the forward pass this was: out_t = sum_t2 p'[t,t2] v_t2, p' = dropout(p), p = softmax(s), s = q.k/sqrt(hs)
-// so now: dv_t2 += p'[t,t2] dout_t;  dp'[t,t2] = dout_t . v_t2;  dp = dp' * mask/(1-p_drop);
-//         ds[t,t2] = p[t,t2] (dp[t,t2] - sum_t3 p[t,t3] dp[t,t3])   (softmax backward)
+// so now, with p recomputed as exp(s - lse):
+//         dv_t2 += p'[t,t2] dout_t;  dp'[t,t2] = dout_t . v_t2;  dp = dp' * mask/(1-p_drop);
+//         ds[t,t2] = p[t,t2] (dp[t,t2] - D_t),  D_t = sum_t2 p[t,t2] dp[t,t2] = dout_t . out_t
 //         dq_t += sum_t2 ds[t,t2] k_t2 / sqrt(hs);  dk_t2 += ds[t,t2] q_t / sqrt(hs)
-// dqkv is (B,T,3*C_local); dp_row is scratch of T floats.
-void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *att, int B, int T,
-                               int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
-                               float *dp_row) {
+// (D_t = dout_t . out_t because out_t = sum_t2 p' v_t2: FlashAttention-2's rowsum(dO * O).)
+// dqkv is (B,T,3*C_local); out (B,T,C_local) and lse (B,NH_local,T) are the forward's.
+void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                               int NH_global) {
     int hs = C_local / NH_local;
     int C3 = 3 * C_local;
     float scale = 1.0f / sqrtf((float)hs);
@@ -2445,29 +3170,27 @@ void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv,
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH_local; h++)
             for (int t = 0; t < T; t++) {
-                const float *att_bth = att + (((size_t)b * NH_local + h) * T + t) * T;
                 const float *dout_t = dout + ((size_t)b * T + t) * C_local + h * hs;
+                const float *out_t = out + ((size_t)b * T + t) * C_local + h * hs;
                 const float *q = qkv + ((size_t)b * T + t) * C3 + h * hs;
                 float *dq = dqkv + ((size_t)b * T + t) * C3 + h * hs;
-                uint64_t row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
-                // backward through the value sum and the dropout
+                float lse_t = lse[((size_t)b * NH_local + h) * T + t];
+                uint64_t drop_row = (((uint64_t)(drop->sample_offset + b) * NH_global + head_offset + h) * T + t) * T;
+                float D = 0.0f;
+                for (int i = 0; i < hs; i++) D += dout_t[i] * out_t[i];
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
-                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
-                    float mask_scale = 1.0f;
-                    if (drop->p > 0) mask_scale = mt__dropout_keep(drop, row + t2) ? keep_scale : 0.0f;
-                    float pd = att_bth[t2] * mask_scale;
-                    float dpv = 0.0f;
-                    for (int i = 0; i < hs; i++) { dv[i] += pd * dout_t[i]; dpv += dout_t[i] * v[i]; }
-                    dp_row[t2] = dpv * mask_scale;
-                }
-                // backward through the softmax
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) dot += att_bth[t2] * dp_row[t2];
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float ds = att_bth[t2] * (dp_row[t2] - dot) * scale;
                     const float *k = qkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
+                    const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
                     float *dk = dqkv + ((size_t)b * T + t2) * C3 + C_local + h * hs;
+                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
+                    float p = expf(mt__attention_score(q, k, hs, scale) - lse_t);
+                    float mask_scale = 1.0f;
+                    if (drop->p > 0) mask_scale = mt__dropout_keep(drop, drop_row + t2) ? keep_scale : 0.0f;
+                    // backward through the value sum and the dropout
+                    float dpv = 0.0f;
+                    for (int i = 0; i < hs; i++) { dv[i] += p * mask_scale * dout_t[i]; dpv += dout_t[i] * v[i]; }
+                    // backward through the softmax
+                    float ds = p * (dpv * mask_scale - D) * scale;
                     for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; }
                 }
             }
@@ -2515,7 +3238,7 @@ void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t 
 //         and my logit of the target (0 if not mine) -> all-reduce SUM -> l_y
 // loss = log S + m - l_y = -log softmax(l)[y]
 // writes out with '=' in every function below.
-int mt__real_columns(int vocab_start, int V_local, int V) {
+static int mt__real_columns(int vocab_start, int V_local, int V) {
     int n = V - vocab_start;
     return n < 0 ? 0 : (n > V_local ? V_local : n);
 }
@@ -2577,332 +3300,166 @@ void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n,
         param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     }
 }
-#ifdef __CUDACC__
-#include "kernels.cuh"
-#endif
 // ---------------------------------------------------------------------------------------------
-// op dispatch: the model calls mt_<op>(r, ...); the CPU build runs the reference in §3, the
-// GPU build (nvcc, train_gpt_cuda) the kernel in kernels.cuh on the rank's stream. The model
-// code above the ops is the same in both builds; only these few lines differ.
-// Memory follows the build too: on the GPU build every buffer the model touches (parameters,
-// gradients, optimizer state, activations, scratch) lives on the rank's device.
-#ifdef __CUDACC__
-#define MT_STREAM(r) ((cudaStream_t)(r)->stream)
-#endif
-
-void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C, int vocab_start, int V_local) {
-#ifdef __CUDACC__
-    mt_embedding_forward_gpu(out, tokens, wte, B, T, C, vocab_start, V_local, MT_STREAM(r));
-#else
-    (void)r; mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
-#endif
-}
-void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C, int vocab_start, int V_local) {
-#ifdef __CUDACC__
-    mt_embedding_backward_gpu(dwte, dout, tokens, B, T, C, vocab_start, V_local, MT_STREAM(r));
-#else
-    (void)r; mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
-#endif
-}
-void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
-#ifdef __CUDACC__
-    mt_position_embedding_forward_gpu(out, wpe, B, T, C, MT_STREAM(r));
-#else
-    (void)r; mt_position_embedding_forward_cpu(out, wpe, B, T, C);
-#endif
-}
-void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
-#ifdef __CUDACC__
-    mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, MT_STREAM(r));
-#else
-    (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
-#endif
-}
-void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight, const float *bias, int B, int T, int C) {
-#ifdef __CUDACC__
-    mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, MT_STREAM(r));
-#else
-    (void)r; mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
-#endif
-}
-void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                           const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
-#ifdef __CUDACC__
-    mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, MT_STREAM(r));
-#else
-    (void)r; mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
-#endif
-}
-void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC) {
-#ifdef __CUDACC__
-    mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->gemm_impl, MT_STREAM(r));
-#else
-    (void)r; mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
-#endif
-}
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, int BT, int C, int OC) {
-#ifdef __CUDACC__
-    mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->gemm_impl, MT_STREAM(r));
-#else
-    (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
-#endif
-}
-/* out (BT, OC) += bias (OC): the bias of a row-parallel layer, added once after the all-reduce */
-void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
-#ifdef __CUDACC__
-    mt_bias_add_gpu(out, bias, BT, OC, MT_STREAM(r));
-#else
-    (void)r;
+// bias add: out (BT, OC) += bias (OC), the bias of a row-parallel layer, added once after the
+// all-reduce
+void mt_bias_add_cpu(float *out, const float *bias, int BT, int OC) {
     for (int i = 0; i < BT; i++)
         for (int o = 0; o < OC; o++) out[(size_t)i * OC + o] += bias[o];
-#endif
-}
-void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
-    if (d->p <= 0.0f) return;
-#ifdef __CUDACC__
-    mt_dropout_forward_gpu(x, d, B, MT_STREAM(r));
-#else
-    (void)r; mt_dropout_forward_cpu(x, d, B);
-#endif
-}
-void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) { mt_dropout_forward(r, dx, d, B); }
-// the GPU kernel keeps the logsumexp of each score row (B,NH_local,T) in `att` instead of the
-// (B,NH_local,T,T) probabilities, and the backward recomputes them (FlashAttention)
-void mt_attention_forward(mt_rank *r, float *out, float *att, const float *qkv, int B, int T, int C_local, int NH_local,
-                          const mt_dropout *drop, int head_offset, int NH_global) {
-#ifdef __CUDACC__
-    mt_attention_forward_gpu(out, att, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->bf16, MT_STREAM(r));
-#else
-    (void)r; mt_attention_forward_cpu(out, att, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global);
-#endif
-}
-void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out, const float *att,
-                           int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
-                           float *dp_row) {
-#ifdef __CUDACC__
-    (void)dp_row;
-    mt_attention_backward_gpu(dqkv, dout, qkv, out, att, B, T, C_local, NH_local, drop, head_offset, NH_global, r->bf16, MT_STREAM(r));
-#else
-    (void)r; (void)out;
-    mt_attention_backward_cpu(dqkv, dout, qkv, att, B, T, C_local, NH_local, drop, head_offset, NH_global, dp_row);
-#endif
-}
-void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
-#ifdef __CUDACC__
-    mt_gelu_forward_gpu(out, inp, N, MT_STREAM(r));
-#else
-    (void)r; mt_gelu_forward_cpu(out, inp, N);
-#endif
-}
-void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
-#ifdef __CUDACC__
-    mt_gelu_backward_gpu(dinp, inp, dout, N, MT_STREAM(r));
-#else
-    (void)r; mt_gelu_backward_cpu(dinp, inp, dout, N);
-#endif
-}
-void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
-#ifdef __CUDACC__
-    mt_residual_forward_gpu(out, a, b, N, MT_STREAM(r));
-#else
-    (void)r; mt_residual_forward_cpu(out, a, b, N);
-#endif
-}
-void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V) {
-#ifdef __CUDACC__
-    mt_cross_entropy_local_max_gpu(maxv, logits, BT, V_local, vocab_start, V, MT_STREAM(r));
-#else
-    (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
-#endif
-}
-void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits, const float *maxv,
-                                 const int *targets, int BT, int V_local, int vocab_start, int V) {
-#ifdef __CUDACC__
-    mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V, MT_STREAM(r));
-#else
-    (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
-#endif
-}
-void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
-                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start, int V, float dloss) {
-#ifdef __CUDACC__
-    mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V, dloss, MT_STREAM(r));
-#else
-    (void)r; mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V, dloss);
-#endif
-}
-void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
-              float eps, float weight_decay, int step) {
-#ifdef __CUDACC__
-    mt_adamw_gpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, MT_STREAM(r));
-#else
-    (void)r; mt_adamw_cpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step);
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
-// buffers: host memory on the CPU build, the rank's device memory on the GPU build
-float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
-#ifdef __CUDACC__
-    (void)r;
-    float *p = NULL;
-    cudaError_t err = cudaMalloc((void **)&p, (n ? n : 1) * sizeof(float));
-    if (err != cudaSuccess)
-        mt_fatal("out of GPU memory allocating %.1f MB for %s on rank %d (%s)\nhint: use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism",
-                 (double)n * 4 / 1e6, what, r->ps.rank, cudaGetErrorString(err));
-    MT_CUDA_CHECK(cudaMemset(p, 0, (n ? n : 1) * sizeof(float)));
-    return p;
-#else
-    (void)r;
-    return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
-#endif
+// the gradient norm's pieces: x *= s over n floats, and the sum of squares of n floats in
+// double (so a 124M-parameter sum does not lose digits)
+void mt_scale_cpu(float *x, float s, size_t n) {
+    for (size_t k = 0; k < n; k++) x[k] *= s;
 }
-void mt_buffer_free(float *p) {
-#ifdef __CUDACC__
-    if (p) MT_CUDA_CHECK(cudaFree(p));
-#else
-    free(p);
-#endif
-}
-void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
-#ifdef __CUDACC__
-    MT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), MT_STREAM(r)));
-#else
-    (void)r; memset(p, 0, n * sizeof(float));
-#endif
-}
-void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
-#ifdef __CUDACC__
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, MT_STREAM(r)));
-#else
-    (void)r; memcpy(dst, src, n * sizeof(float));
-#endif
-}
-/* host <-> buffer (bytes); synchronous, for small things: token ids, losses, norms */
-void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
-#ifdef __CUDACC__
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, MT_STREAM(r)));
-    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
-#else
-    (void)r; memcpy(dst, host_src, bytes);
-#endif
-}
-void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
-#ifdef __CUDACC__
-    MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, MT_STREAM(r)));
-    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
-#else
-    (void)r; memcpy(host_dst, src, bytes);
-#endif
-}
-/* x *= s over n elements (gradient clipping) */
-void mt_buffer_scale(mt_rank *r, float *x, float s, size_t n) {
-#ifdef __CUDACC__
-    mt_scale_gpu(x, s, n, MT_STREAM(r));
-#else
-    (void)r; for (size_t k = 0; k < n; k++) x[k] *= s;
-#endif
-}
-/* sum of squares of n floats, accumulated in double (the gradient norm) */
-double mt_buffer_sum_squares(mt_rank *r, const float *x, size_t n) {
-#ifdef __CUDACC__
-    double *sumsq, result = 0.0;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), MT_STREAM(r)));
-    MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), MT_STREAM(r)));
-    mt_sum_squares_gpu(sumsq, x, n, MT_STREAM(r));
-    MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, MT_STREAM(r)));
-    MT_CUDA_CHECK(cudaFreeAsync(sumsq, MT_STREAM(r)));
-    MT_CUDA_CHECK(cudaStreamSynchronize(MT_STREAM(r)));
-    return result;
-#else
-    (void)r;
+double mt_sum_squares_cpu(const float *x, size_t n) {
     double s = 0.0;
     for (size_t k = 0; k < n; k++) s += (double)x[k] * (double)x[k];
     return s;
-#endif
 }
 
-#ifdef __CUDACC__
 // ---------------------------------------------------------------------------------------------
-// the GPU build's rank: one thread per GPU, one stream per rank, NCCL for device buffers
+// THE BACKEND SEAM: where the two builds differ, one place per op
 // ---------------------------------------------------------------------------------------------
-// Every rank is still a thread of this one process (as on the CPU); rank r drives GPU r. The
-// threads backend stays in charge of host values (losses, norms, barriers, the NCCL ids), and
-// NCCL moves device buffers: the TP group's activations, the DP group's gradients, the tied
-// embedding's gradients. One stream per rank runs its kernels; each NCCL group has its own
-// stream, ordered after the kernels before it and before the kernels after it (events).
-static void mt__gpu_rank_setup(mt_rank *r) {
-    int devices = 0;
-    cudaError_t err = cudaGetDeviceCount(&devices);
-    if (err != cudaSuccess || devices == 0)
-        mt_fatal("no CUDA device found (%s)\nhint: train_gpt_cuda needs NVIDIA GPUs; ./train_gpt trains on the CPU",
-                 err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    if (r->ps.world_size > devices)
-        mt_fatal("%d ranks need %d GPUs, this machine has %d\nhint: lower --nproc-per-node (ranks = TP x PP x DP)",
-                 r->ps.world_size, r->ps.world_size, devices);
-    r->device = r->ps.rank;
-    MT_CUDA_CHECK(cudaSetDevice(r->device));
-    cudaStream_t stream;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    r->stream = (void *)stream;
-    const mt_config *cfg = r->cfg;
-    r->bf16 = cfg->train.bf16;
-    r->gemm_impl = cfg->train.gemm[0] ? (int)mt_gemm_impl_parse(cfg->train.gemm) : (int)mt_gemm_impl_for_precision(r->bf16);
+// The model (§4, §5), the optimizer (§6), the schedules (§8) and the loop (§12) call
+//   mt_<op>(r, ...)             every op of this section, on the rank's device
+//   mt_buffer_*(r, ...)         memory the ops work on: alloc, zero, copy, upload, download
+//   mt_device_*(r, ...)         device facts: set-up and tear-down, memory in use
+// and never ask which build they are in. Each of these functions is defined twice, once per
+// build, with the same arguments and the same meaning:
+//   CPU build (below)    mt_<op> is mt_<op>_cpu; buffers are host memory (calloc)
+//   GPU build            kernels.cuh, its last section: mt_<op> launches mt_<op>_gpu on the
+//                        rank's stream; buffers are device memory on the rank's GPU
+// Precision is the device's business: r->dev.bf16 reaches the kernels that compute in bf16;
+// the CPU build always computes in fp32.
+#ifdef __CUDACC__   /* (3 of 3) the GPU half of the seam: kernels.cuh */
+#include "kernels.cuh"
+#else               /* the CPU half: each op is its reference function */
+void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
+                          int vocab_start, int V_local) {
+    (void)r; mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
+}
+void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
+                           int vocab_start, int V_local) {
+    (void)r; mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
+}
+void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
+    (void)r; mt_position_embedding_forward_cpu(out, wpe, B, T, C);
+}
+void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
+    (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
+}
+void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                          const float *bias, int B, int T, int C) {
+    (void)r; mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
+}
+void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                           const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+    (void)r; mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+}
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                       int OC) {
+    (void)r; mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
+}
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int BT, int C, int OC) {
+    (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+}
+void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
+    (void)r; mt_bias_add_cpu(out, bias, BT, OC);
+}
+void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
+    (void)r; mt_dropout_forward_cpu(x, d, B);
+}
+void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
+    (void)r; mt_dropout_backward_cpu(dx, d, B);
+}
+void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
+                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    (void)r; mt_attention_forward_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global);
+}
+void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                           int head_offset, int NH_global) {
+    (void)r;
+    mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global);
+}
+void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
+    (void)r; mt_gelu_forward_cpu(out, inp, N);
+}
+void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
+    (void)r; mt_gelu_backward_cpu(dinp, inp, dout, N);
+}
+void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
+    (void)r; mt_residual_forward_cpu(out, a, b, N);
+}
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
+                                int V) {
+    (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
+}
+void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
+                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
+    (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
+}
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
+                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
+                             int V, float dloss) {
+    (void)r;
+    mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
+                                dloss);
+}
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+              float beta2, float eps, float weight_decay, int step) {
+    (void)r; mt_adamw_cpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+void mt_scale(mt_rank *r, float *x, float s, size_t n) {
+    (void)r; mt_scale_cpu(x, s, n);
+}
+double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
+    (void)r; return mt_sum_squares_cpu(x, n);
 }
 
-// an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend
-// hands it to the others, and every member joins (ncclCommInitRank blocks until all have)
-static void mt__gpu_nccl_join(mt_rank *r, mt_comm *c) {
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (c->rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
-    mt_broadcast(c, (float *)(void *)&id, sizeof id / sizeof(float), 0);   // host memory, threads backend
-    ncclComm_t comm;
-    MT_NCCL_CHECK(ncclCommInitRank(&comm, c->size, id, c->rank));
-    c->nccl = (void *)comm;
-    // the group's own stream, so that its communication can overlap the rank's kernels later
-    // (bucketed DP all-reduce during the backward). For now every call is ordered both ways.
-    cudaStream_t stream;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    c->stream = (void *)stream;
-    c->compute_stream = r->stream;
-    for (int k = 0; k < 2; k++) {
-        cudaEvent_t ev;
-        MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        c->events[k] = (void *)ev;
-    }
+// buffers: host memory, zeroed
+float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
+    (void)r; return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
 }
-// a collective on the group's stream, in program order with the kernels around it:
-//   kernels ... -> record(ev0) -> comm stream waits ev0 -> NCCL -> record(ev1) -> kernels wait ev1
-static void mt__nccl_begin(mt_comm *c) {
-    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[0], (cudaStream_t)c->compute_stream));
-    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->stream, (cudaEvent_t)c->events[0], 0));
+int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what) {
+    (void)r; return (int *)mt_calloc(n ? n : 1, sizeof(int), what);
 }
-static void mt__nccl_end(mt_comm *c) {
-    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[1], (cudaStream_t)c->stream));
-    MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->compute_stream, (cudaEvent_t)c->events[1], 0));
+void mt_buffer_free(void *p) { free(p); }
+void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
+    (void)r; memset(p, 0, n * sizeof(float));
 }
-static void mt__gpu_comms_setup(mt_rank *r) {
-    // every rank joins its groups in the same order (tp, dp, embd), so no two wait on each other
-    if (r->tp.size > 1) mt__gpu_nccl_join(r, &r->tp);
-    if (r->dp.size > 1) mt__gpu_nccl_join(r, &r->dp);
-    if (r->ps.in_embedding_group) mt__gpu_nccl_join(r, &r->embd);
+void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
+    (void)r; memcpy(dst, src, n * sizeof(float));
 }
-static void mt__gpu_rank_teardown(mt_rank *r) {
-    mt_comm *comms[3] = {&r->tp, &r->dp, &r->embd};
-    for (int i = 0; i < 3; i++)
-        if (comms[i]->nccl) {
-            MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)comms[i]->stream));
-            MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)comms[i]->nccl));
-            for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)comms[i]->events[k]));
-            MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)comms[i]->stream));
-            comms[i]->nccl = NULL;
-        }
-    if (r->stream) MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)r->stream));
-    r->stream = NULL;
+void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+    (void)r; memcpy(dst, host_src, bytes);
+}
+void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
+    (void)r; memcpy(host_dst, src, bytes);
+}
+
+// device facts: there is no device; every rank is a thread on the host
+void mt_device_init(mt_rank *r) {
+    r->dev.device = -1;
+    r->dev.stream = NULL;
+    r->dev.gemm_impl = 0;
+    r->dev.bf16 = 0;
+}
+void mt_device_free(mt_rank *r) { (void)r; }
+int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
+    (void)r; *used_gib = *total_gib = 0.0;
+    return 0;
+}
+void mt_device_check_precision(const mt_config *cfg) {
+    if (cfg->train.fp16 || cfg->train.bf16)
+        fprintf(stderr, "note: the CPU build computes in fp32; --bf16 applies to the GPU build (train_gpt_cuda)\n");
 }
 #endif
+
 // =============================================================================================
 // 4. TENSOR-PARALLEL LAYERS
 // =============================================================================================
@@ -2934,7 +3491,7 @@ static void mt__gpu_rank_teardown(mt_rank *r) {
 
 // g forward / f backward: sum a (B,T,C) tensor over the TP group (nothing to do when TP = 1)
 static void mt__tp_all_reduce(mt_rank *r, float *x, size_t n) {
-    if (r->ps.tp_size > 1) mt_all_reduce(&r->tp, x, n, MT_SUM);
+    if (r->ps.tp_size > 1) mt_all_reduce(&r->groups.tp, x, n, MT_SUM);
 }
 void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n) { mt__tp_all_reduce(r, y, n); }
 void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all_reduce(r, dx, n); }
@@ -2983,15 +3540,15 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // every rank has the full embedding; then positions are added (wpe is replicated).
 // writes out ('='), (B,T,C)
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe) {
-    int B = r->B, T = r->T, C = r->C;
-    mt_embedding_forward(r, out, tokens, wte, B, T, C, r->vocab_start, r->Vp_tp);
+    int B = r->dims.B, T = r->dims.T, C = r->dims.C;
+    mt_embedding_forward(r, out, tokens, wte, B, T, C, r->dims.vocab_start, r->dims.Vp_tp);
     mt_reduce_from_tp_region_forward(r, out, (size_t)B * T * C);
     mt_position_embedding_forward(r, out, wpe, B, T, C);
 }
 // backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
-    mt_embedding_backward(r, dwte, dout, tokens, r->B, r->T, r->C, r->vocab_start, r->Vp_tp);
-    mt_position_embedding_backward(r, dwpe, dout, r->B, r->T, r->C);
+    mt_embedding_backward(r, dwte, dout, tokens, r->dims.B, r->dims.T, r->dims.C, r->dims.vocab_start, r->dims.Vp_tp);
+    mt_position_embedding_backward(r, dwpe, dout, r->dims.B, r->dims.T, r->dims.C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3006,21 +3563,21 @@ void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, 
 // dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
 void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
                                              int want_grad) {
-    int BT = r->B * r->T, V = r->cfg->model.vocab_size;
+    int BT = r->dims.B * r->dims.T, V = r->cfg->model.vocab_size;
     mt_scratch *s = &r->scratch;
-    mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->Vp_tp, r->vocab_start, V);
-    if (r->ps.tp_size > 1) mt_all_reduce(&r->tp, s->ce_max, (size_t)BT, MT_MAX);
-    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->Vp_tp, r->vocab_start, V);
+    mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
+    if (r->ps.tp_size > 1) mt_all_reduce(&r->groups.tp, s->ce_max, (size_t)BT, MT_MAX);
+    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
     if (r->ps.tp_size > 1) {
-        mt_all_reduce(&r->tp, s->ce_sum, (size_t)BT, MT_SUM);
-        mt_all_reduce(&r->tp, s->ce_target, (size_t)BT, MT_SUM);
+        mt_all_reduce(&r->groups.tp, s->ce_sum, (size_t)BT, MT_SUM);
+        mt_all_reduce(&r->groups.tp, s->ce_target, (size_t)BT, MT_SUM);
     }
     mt_cross_entropy_finish(r, losses, want_grad ? logits : NULL, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
-                            r->Vp_tp, r->vocab_start, V, dloss);
+                            r->dims.Vp_tp, r->dims.vocab_start, V, dloss);
 }
 
 // =============================================================================================
-// 5. GPT MODEL (layout, forward, backward)
+// 5. GPT MODEL
 // =============================================================================================
 // Mirrors megatron/core/models/gpt/gpt_model.py and transformer_layer.py, as llm.c's
 // train_gpt2.c lays it out: one buffer of parameters carved into named tensors, one of
@@ -3030,12 +3587,12 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
 //   loss = cross_entropy(ln_f(x) @ wte^T, targets)              (last stage; wte is tied)
 
 int64_t mt_sample_in_batch(const mt_rank *r, int mb, int b) {
-    return (int64_t)mb * r->B * r->ps.dp_size + (int64_t)r->ps.dp_rank * r->B + b;
+    return (int64_t)mb * r->dims.B * r->ps.dp_size + (int64_t)r->ps.dp_rank * r->dims.B + b;
 }
 
 int mt_local_to_global_layer(const mt_rank *r, int l) {
     // interleaved: chunk c of stage s holds layers (c*PP + s)*lpc .. (megatron's get_transformer_layer_offset)
-    int lpc = r->layers_per_chunk;
+    int lpc = r->dims.layers_per_chunk;
     int c = l / lpc, j = l % lpc;
     return (c * r->ps.pp_size + r->ps.pp_rank) * lpc + j;
 }
@@ -3044,27 +3601,31 @@ int mt_local_to_global_layer(const mt_rank *r, int l) {
 // in memory and in checkpoints. Returns the number of floats.
 static size_t mt__carve_params(mt_rank *r, mt_params *p, float *base, int fill_specs) {
     const mt_config *cfg = r->cfg;
-    int C = r->C, C_tp = r->C_tp, F_tp = r->F_tp, Ll = r->L_local;
+    int C = r->dims.C, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp, Ll = r->dims.L_local;
     int C3 = 3 * C, F = cfg->model.ffn_hidden_size;
     int first = r->ps.is_first_stage, last = r->ps.is_last_stage;
-    // name, pointer, layers, local rows, cols, global rows, cols, split, no_decay, tp_replicated, present
+    int tied = r->ps.pp_size > 1 && !first;   // the last stage's wte: the LM head's copy
+    const mt_param_init N = MT_INIT_NORMAL, S = MT_INIT_SCALED_NORMAL, ONE = MT_INIT_ONES, ZERO = MT_INIT_ZEROS;
+    // name, pointer, offset (set below), layers, local rows, cols, global rows, cols, split, no_decay, tp_replicated,
+    // present, init, tied_copy
     mt_param_spec table[MT_NUM_PARAM_TENSORS] = {
-        {"wte", &p->wte, 0, 0, r->Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last},
-        {"wpe", &p->wpe, 0, 0, cfg->model.max_position_embeddings, C, cfg->model.max_position_embeddings, C, MT_SPLIT_NONE, 0, 1, first},
-        {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"ln1b", &p->ln1b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"qkvw", &p->qkvw, 0, Ll, 3 * C_tp, C, C3, C, MT_SPLIT_QKV, 0, 0, 1},
-        {"qkvb", &p->qkvb, 0, Ll, 3 * C_tp, 1, C3, 1, MT_SPLIT_QKV, 1, 0, 1},
-        {"attprojw", &p->attprojw, 0, Ll, C, C_tp, C, C, MT_SPLIT_COLS, 0, 0, 1},
-        {"attprojb", &p->attprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"ln2w", &p->ln2w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"ln2b", &p->ln2b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"fcw", &p->fcw, 0, Ll, F_tp, C, F, C, MT_SPLIT_ROWS, 0, 0, 1},
-        {"fcb", &p->fcb, 0, Ll, F_tp, 1, F, 1, MT_SPLIT_ROWS, 1, 0, 1},
-        {"fcprojw", &p->fcprojw, 0, Ll, C, F_tp, C, F, MT_SPLIT_COLS, 0, 0, 1},
-        {"fcprojb", &p->fcprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1},
-        {"lnfw", &p->lnfw, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last},
-        {"lnfb", &p->lnfb, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last},
+        {"wte", &p->wte, 0, 0, r->dims.Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last, N, tied},
+        {"wpe", &p->wpe, 0, 0, cfg->model.max_position_embeddings, C, cfg->model.max_position_embeddings, C,
+         MT_SPLIT_NONE, 0, 1, first, N, 0},
+        {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0},
+        {"ln1b", &p->ln1b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
+        {"qkvw", &p->qkvw, 0, Ll, 3 * C_tp, C, C3, C, MT_SPLIT_QKV, 0, 0, 1, N, 0},
+        {"qkvb", &p->qkvb, 0, Ll, 3 * C_tp, 1, C3, 1, MT_SPLIT_QKV, 1, 0, 1, ZERO, 0},
+        {"attprojw", &p->attprojw, 0, Ll, C, C_tp, C, C, MT_SPLIT_COLS, 0, 0, 1, S, 0},
+        {"attprojb", &p->attprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
+        {"ln2w", &p->ln2w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0},
+        {"ln2b", &p->ln2b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
+        {"fcw", &p->fcw, 0, Ll, F_tp, C, F, C, MT_SPLIT_ROWS, 0, 0, 1, N, 0},
+        {"fcb", &p->fcb, 0, Ll, F_tp, 1, F, 1, MT_SPLIT_ROWS, 1, 0, 1, ZERO, 0},
+        {"fcprojw", &p->fcprojw, 0, Ll, C, F_tp, C, F, MT_SPLIT_COLS, 0, 0, 1, S, 0},
+        {"fcprojb", &p->fcprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
+        {"lnfw", &p->lnfw, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ONE, 0},
+        {"lnfb", &p->lnfb, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ZERO, 0},
     };
     size_t offset = 0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -3073,7 +3634,7 @@ static size_t mt__carve_params(mt_rank *r, mt_params *p, float *base, int fill_s
         s->offset = offset;
         *s->ptr = (s->present && base) ? base + offset : NULL;
         offset += n;
-        if (fill_specs) r->specs[i] = *s;
+        if (fill_specs) r->model.specs[i] = *s;
     }
     return offset;
 }
@@ -3093,8 +3654,8 @@ static int mt__global_coords(const mt_rank *r, const mt_param_spec *s, int row, 
     case MT_SPLIT_ROWS: *grow = tp * s->rows + row; break;
     case MT_SPLIT_COLS: *gcol = tp * s->cols + col; break;
     case MT_SPLIT_QKV: {
-        int part = row / r->C_tp, within = row % r->C_tp;      // 0 = Q, 1 = K, 2 = V
-        *grow = part * r->C + tp * r->C_tp + within;
+        int part = row / r->dims.C_tp, within = row % r->dims.C_tp;      // 0 = Q, 1 = K, 2 = V
+        *grow = part * r->dims.C + tp * r->dims.C_tp + within;
         break;
     }
     case MT_SPLIT_VOCAB:
@@ -3133,12 +3694,10 @@ static void mt__init_params(mt_rank *r) {
     float std = cfg->model.init_method_std;
     float out_std = std / sqrtf(2.0f * (float)cfg->model.num_layers);
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-        const mt_param_spec *s = &r->specs[i];
+        const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
-        float *base = r->params_memory + s->offset;
-        int is_ln_weight = strcmp(s->name, "ln1w") == 0 || strcmp(s->name, "ln2w") == 0 || strcmp(s->name, "lnfw") == 0;
-        int is_bias = s->no_decay && !is_ln_weight;
-        float tensor_std = (strcmp(s->name, "attprojw") == 0 || strcmp(s->name, "fcprojw") == 0) ? out_std : std;
+        float *base = r->model.params_memory + s->offset;
+        float tensor_std = s->init == MT_INIT_SCALED_NORMAL ? out_std : std;
         int nl = s->layers ? s->layers : 1;
         for (int l = 0; l < nl; l++) {
             int gl = s->layers ? mt_local_to_global_layer(r, l) : 0;
@@ -3147,8 +3706,8 @@ static void mt__init_params(mt_rank *r) {
                     size_t li = ((size_t)l * s->rows + row) * s->cols + col;
                     int grow, gcol;
                     if (!mt__global_coords(r, s, row, col, &grow, &gcol)) { base[li] = 0.0f; continue; }
-                    if (is_ln_weight) base[li] = 1.0f;
-                    else if (is_bias) base[li] = 0.0f;
+                    if (s->init == MT_INIT_ONES) base[li] = 1.0f;
+                    else if (s->init == MT_INIT_ZEROS) base[li] = 0.0f;
                     else base[li] = tensor_std * mt_rand_normal(cfg->train.seed, 0x1417 + (uint64_t)i, (uint64_t)gl, 0,
                                                                 (uint64_t)grow * s->gcols + gcol);
                 }
@@ -3158,20 +3717,20 @@ static void mt__init_params(mt_rank *r) {
 
 // activations of one micro-batch, carved from one buffer (NULL base: just count)
 static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *base) {
-    size_t B = r->B, T = r->T, C = r->C, Ll = r->L_local, vp = r->ps.vp_size;
+    size_t B = r->dims.B, T = r->dims.T, C = r->dims.C, Ll = r->dims.L_local, vp = r->ps.vp_size;
     size_t BT = B * T;
     int last = r->ps.is_last_stage;
     struct { float **ptr; size_t n; } carve[] = {
         {&a->input, vp * BT * C},
         {&a->ln1, Ll * BT * C}, {&a->ln1_mean, Ll * BT}, {&a->ln1_rstd, Ll * BT},
-        {&a->qkv, Ll * BT * 3 * r->C_tp}, {&a->atty, Ll * BT * r->C_tp},
-        {&a->att, Ll * B * r->NH_tp * T * (size_t)r->att_row},
+        {&a->qkv, Ll * BT * 3 * r->dims.C_tp}, {&a->atty, Ll * BT * r->dims.C_tp},
+        {&a->lse, Ll * B * r->dims.NH_tp * T},
         {&a->residual2, Ll * BT * C},
         {&a->ln2, Ll * BT * C}, {&a->ln2_mean, Ll * BT}, {&a->ln2_rstd, Ll * BT},
-        {&a->fch, Ll * BT * r->F_tp}, {&a->fch_gelu, Ll * BT * r->F_tp},
+        {&a->fch, Ll * BT * r->dims.F_tp}, {&a->fch_gelu, Ll * BT * r->dims.F_tp},
         {&a->residual3, Ll * BT * C},
         {&a->lnf, last ? BT * C : 0}, {&a->lnf_mean, last ? BT : 0}, {&a->lnf_rstd, last ? BT : 0},
-        {&a->logits, last ? BT * (size_t)r->Vp_tp : 0}, {&a->losses, last ? BT : 0},
+        {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
     };
     size_t offset = 0;
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
@@ -3182,11 +3741,11 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
 }
 
 static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
-    size_t BT = (size_t)r->B * r->T, C = r->C;
+    size_t BT = (size_t)r->dims.B * r->dims.T, C = r->dims.C;
     struct { float **ptr; size_t n; } carve[] = {
         {&s->out_c, BT * C}, {&s->dresidual, BT * C}, {&s->dln, BT * C},
-        {&s->dqkv, BT * 3 * r->C_tp}, {&s->datty, BT * r->C_tp},
-        {&s->dfch, BT * r->F_tp}, {&s->dfch_gelu, BT * r->F_tp}, {&s->dp_row, (size_t)r->T},
+        {&s->dqkv, BT * 3 * r->dims.C_tp}, {&s->datty, BT * r->dims.C_tp},
+        {&s->dfch, BT * r->dims.F_tp}, {&s->dfch_gelu, BT * r->dims.F_tp},
         {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
     };
     size_t offset = 0;
@@ -3197,12 +3756,87 @@ static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
     return offset;
 }
 
+// a rank's local sizes, from the config and its place in the grid
+void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps) {
+    int TP = ps->tp_size, PP = ps->pp_size;
+    memset(d, 0, sizeof *d);
+    d->B = cfg->train.micro_batch_size;
+    d->T = cfg->model.seq_length;
+    d->C = cfg->model.hidden_size;
+    d->NH_tp = cfg->model.num_attention_heads / TP;
+    d->C_tp = d->C / TP;
+    d->F_tp = cfg->model.ffn_hidden_size / TP;
+    d->Vp_tp = cfg->padded_vocab_size / TP;
+    d->vocab_start = ps->tp_rank * d->Vp_tp;
+    d->L_local = cfg->model.num_layers / PP;
+    d->layers_per_chunk = d->L_local / ps->vp_size;
+}
+
+// parameters and gradients: one carve, two buffers. The initial values are computed on the
+// host (mt__init_params, layout-independent) and uploaded to the rank's buffer.
+void mt_model_init(mt_rank *r) {
+    mt_model *m = &r->model;
+    m->num_params = mt__carve_params(r, &m->params, NULL, 1);
+    float *host_params = (float *)mt_calloc(m->num_params, sizeof(float), "parameters (host)");
+    m->params_memory = host_params;
+    mt__init_params(r);
+    m->params_memory = mt_buffer_alloc(r, m->num_params, "parameters");
+    mt_buffer_upload(r, m->params_memory, host_params, m->num_params * sizeof(float));
+    free(host_params);
+    m->grads_memory = mt_buffer_alloc(r, m->num_params, "gradients");
+    mt__carve_params(r, &m->params, m->params_memory, 1);
+    mt__carve_params(r, &m->grads, m->grads_memory, 0);
+    r->memory.params = m->num_params * sizeof(float);
+    r->memory.grads = m->num_params * sizeof(float);
+}
+void mt_model_free(mt_rank *r) {
+    mt_buffer_free(r->model.params_memory);
+    mt_buffer_free(r->model.grads_memory);
+}
+
+// activations: num_slots micro-batches in flight at once (1 without pipelining), each slot
+// carved from one float buffer, its token ids from one int buffer; the per-layer scratch; the
+// host staging of ids, losses and pipeline messages
+void mt_activations_init(mt_rank *r, int num_slots) {
+    mt_activation_slots *acts = &r->acts;
+    size_t BT = (size_t)r->dims.B * r->dims.T;
+    mt_activations probe;
+    size_t per_slot = mt__carve_activations(r, &probe, NULL);
+    acts->num_slots = num_slots;
+    acts->slots = (mt_activations *)mt_calloc((size_t)num_slots, sizeof(mt_activations), "activation slots");
+    acts->memory = mt_buffer_alloc(r, per_slot * (size_t)num_slots, "activations");
+    acts->ids_memory = mt_buffer_alloc_ints(r, 2 * BT * (size_t)num_slots, "token ids");
+    for (int i = 0; i < num_slots; i++) {
+        mt__carve_activations(r, &acts->slots[i], acts->memory + per_slot * (size_t)i);
+        acts->slots[i].tokens = acts->ids_memory + 2 * BT * (size_t)i;
+        acts->slots[i].targets = acts->ids_memory + 2 * BT * (size_t)i + BT;
+        acts->slots[i].mb = -1;
+    }
+    size_t scratch_n = mt__carve_scratch(r, &r->scratch, NULL);
+    r->scratch.memory = mt_buffer_alloc(r, scratch_n, "scratch");
+    mt__carve_scratch(r, &r->scratch, r->scratch.memory);
+    r->host.tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
+    r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
+    r->host.losses = (float *)mt_calloc(BT, sizeof(float), "losses");
+    r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
+    // an int is a float's size: the report counts the ids with the activations
+    r->memory.activations = (per_slot + 2 * BT) * (size_t)num_slots * sizeof(float);
+    r->memory.scratch = scratch_n * sizeof(float);
+}
+void mt_activations_free(mt_rank *r) {
+    mt_buffer_free(r->acts.memory);
+    mt_buffer_free(r->acts.ids_memory);
+    free(r->acts.slots);
+    mt_buffer_free(r->scratch.memory);
+    free(r->host.tokens); free(r->host.targets); free(r->host.losses); free(r->host.p2p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // one transformer layer, forward. x (B,T,C) is the layer's input (saved, not copied).
 static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
     const mt_config *cfg = r->cfg;
-    int B = r->B, T = r->T, C = r->C, BT = B * T, C_tp = r->C_tp, F_tp = r->F_tp;
-    mt_params *p = &r->params;
+    int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
+    mt_params *p = &r->model.params;
     int gl = mt_local_to_global_layer(r, l);
     // this layer's parameters and saved activations (llm.c's l_ names)
     float *l_ln1w = p->ln1w + (size_t)l * C, *l_ln1b = p->ln1b + (size_t)l * C;
@@ -3213,21 +3847,21 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
     float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
+    float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
     float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
     float *l_residual3 = a->residual3 + (size_t)l * BT * C;
     float *out_c = r->scratch.out_c;
-    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->iteration, (uint64_t)(gl + 1) * 8 + 1,
-                            r->training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C};
+    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
+                            r->state.training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C};
     mt_dropout hid_drop = attn_drop;
-    hid_drop.p = r->training ? cfg->model.hidden_dropout : 0.0f;
+    hid_drop.p = r->state.training ? cfg->model.hidden_dropout : 0.0f;
 
     // attention block
     mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T, C);
     mt_column_parallel_linear_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
-    mt_attention_forward(r, l_atty, l_att, l_qkv, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
+    mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp,
                              cfg->model.num_attention_heads);
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
@@ -3247,8 +3881,8 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
 // on exit it holds dL/dx. x is the layer's forward input.
 static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
     const mt_config *cfg = r->cfg;
-    int B = r->B, T = r->T, C = r->C, BT = B * T, C_tp = r->C_tp, F_tp = r->F_tp;
-    mt_params *p = &r->params, *g = &r->grads;
+    int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
+    mt_params *p = &r->model.params, *g = &r->model.grads;
     mt_scratch *s = &r->scratch;
     int gl = mt_local_to_global_layer(r, l);
     float *l_ln1w = p->ln1w + (size_t)l * C;
@@ -3265,11 +3899,11 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *dl_fcprojw = g->fcprojw + (size_t)l * C * F_tp, *dl_fcprojb = g->fcprojb + (size_t)l * C;
     float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_att = a->att + (size_t)l * B * r->NH_tp * T * r->att_row;
+    float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
     float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
-    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->iteration, (uint64_t)(gl + 1) * 8 + 1,
+    mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             cfg->model.attention_dropout, sample_offset, T, C};
     mt_dropout hid_drop = attn_drop;
     hid_drop.p = cfg->model.hidden_dropout;
@@ -3291,8 +3925,8 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
     mt_buffer_zero(r, s->dqkv, (size_t)BT * 3 * C_tp);
-    mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_att, B, T, C_tp, r->NH_tp, &attn_drop, r->ps.tp_rank * r->NH_tp,
-                              cfg->model.num_attention_heads, s->dp_row);
+    mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
+                          r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T, C);
 }
@@ -3303,70 +3937,70 @@ static int mt__is_last_virtual(const mt_rank *r, int chunk) { return r->ps.is_la
 
 static void mt__embedding_forward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
-    mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->params.wte, r->params.wpe);
-    mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, r->training ? cfg->model.hidden_dropout : 0.0f,
-                    a->sample_offset, r->T, r->C};
-    mt_dropout_forward(r, a->input, &d, r->B);
+    mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->model.params.wte, r->model.params.wpe);
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, r->state.training ? cfg->model.hidden_dropout : 0.0f,
+                    a->sample_offset, r->dims.T, r->dims.C};
+    mt_dropout_forward(r, a->input, &d, r->dims.B);
 }
 static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
-    mt_dropout d = {cfg->train.seed, (uint64_t)r->iteration, 0, cfg->model.hidden_dropout, a->sample_offset, r->T, r->C};
-    mt_dropout_backward(r, r->scratch.dresidual, &d, r->B);
-    mt_vocab_parallel_embedding_backward(r, r->grads.wte, r->grads.wpe, r->scratch.dresidual, a->tokens);
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, cfg->model.hidden_dropout, a->sample_offset, r->dims.T, r->dims.C};
+    mt_dropout_backward(r, r->scratch.dresidual, &d, r->dims.B);
+    mt_vocab_parallel_embedding_backward(r, r->model.grads.wte, r->model.grads.wpe, r->scratch.dresidual, a->tokens);
 }
 
 // head: lnf = ln_f(x); logits = lnf @ wte^T (column-parallel over the vocabulary); loss.
 // dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP).
 static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
-    int B = r->B, T = r->T, C = r->C, BT = B * T;
-    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->params.lnfw, r->params.lnfb, B, T, C);
-    mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->params.wte, NULL, BT, C, r->Vp_tp);
+    int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
+    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->model.params.lnfw, r->model.params.lnfb, B, T, C);
+    mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->model.params.wte, NULL, BT, C, r->dims.Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
-    mt_buffer_download(r, r->host_losses, a->losses, (size_t)BT * sizeof(float));
+    mt_buffer_download(r, r->host.losses, a->losses, (size_t)BT * sizeof(float));
     double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += r->host_losses[i];
-    r->loss_sum += sum / BT;
+    for (int i = 0; i < BT; i++) sum += r->host.losses[i];
+    r->state.loss_sum += sum / BT;
 }
 static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
-    int B = r->B, T = r->T, C = r->C, BT = B * T;
+    int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
     mt_scratch *s = &r->scratch;
     // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
-    mt_column_parallel_linear_backward(r, s->dln, r->grads.wte, NULL, a->logits, a->lnf, r->params.wte, BT, C, r->Vp_tp);
+    mt_column_parallel_linear_backward(r, s->dln, r->model.grads.wte, NULL, a->logits, a->lnf, r->model.params.wte, BT, C, r->dims.Vp_tp);
     mt_buffer_zero(r, s->dresidual, (size_t)BT * C);
-    mt_layernorm_backward(r, s->dresidual, r->grads.lnfw, r->grads.lnfb, s->dln, x, r->params.lnfw, a->lnf_mean,
+    mt_layernorm_backward(r, s->dresidual, r->model.grads.lnfw, r->model.grads.lnfb, s->dln, x, r->model.params.lnfw, a->lnf_mean,
                               a->lnf_rstd, B, T, C);
 }
 
 // the input and output of chunk c's layers
 static float *mt__chunk_input(const mt_rank *r, mt_activations *a, int chunk) {
-    return a->input + (size_t)chunk * r->B * r->T * r->C;
+    return a->input + (size_t)chunk * r->dims.B * r->dims.T * r->dims.C;
 }
 static float *mt__layer_input(const mt_rank *r, mt_activations *a, int l) {
-    int lpc = r->layers_per_chunk;
+    int lpc = r->dims.layers_per_chunk;
     if (l % lpc == 0) return mt__chunk_input(r, a, l / lpc);
-    return a->residual3 + (size_t)(l - 1) * r->B * r->T * r->C;
+    return a->residual3 + (size_t)(l - 1) * r->dims.B * r->dims.T * r->dims.C;
 }
 static float *mt__chunk_output(const mt_rank *r, mt_activations *a, int chunk) {
-    int last_layer = (chunk + 1) * r->layers_per_chunk - 1;
-    return a->residual3 + (size_t)last_layer * r->B * r->T * r->C;
+    int last_layer = (chunk + 1) * r->dims.layers_per_chunk - 1;
+    return a->residual3 + (size_t)last_layer * r->dims.B * r->dims.T * r->dims.C;
 }
 
 // forward of one model chunk for one micro-batch; its input is already in place
 static void mt__forward_chunk(mt_rank *r, mt_activations *a, int chunk) {
     if (mt__is_first_virtual(r, chunk)) mt__embedding_forward(r, a);
-    for (int j = 0; j < r->layers_per_chunk; j++) {
-        int l = chunk * r->layers_per_chunk + j;
+    for (int j = 0; j < r->dims.layers_per_chunk; j++) {
+        int l = chunk * r->dims.layers_per_chunk + j;
         mt__layer_forward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
     }
-    if (mt__is_last_virtual(r, chunk)) mt__head_forward(r, a, mt__chunk_output(r, a, chunk), r->training);
+    if (mt__is_last_virtual(r, chunk)) mt__head_forward(r, a, mt__chunk_output(r, a, chunk), r->state.training);
 }
 // backward of one model chunk; scratch.dresidual holds dL/d(chunk output) unless this is the
 // last virtual stage (then the head starts it). On exit it holds dL/d(chunk input).
 static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
     if (mt__is_last_virtual(r, chunk)) mt__head_backward(r, a, mt__chunk_output(r, a, chunk));
-    for (int j = r->layers_per_chunk - 1; j >= 0; j--) {
-        int l = chunk * r->layers_per_chunk + j;
+    for (int j = r->dims.layers_per_chunk - 1; j >= 0; j--) {
+        int l = chunk * r->dims.layers_per_chunk + j;
         mt__layer_backward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
     }
     if (mt__is_first_virtual(r, chunk)) mt__embedding_backward(r, a);
@@ -3389,10 +4023,10 @@ float mt_learning_rate(const mt_config *cfg, int step) {
     double warmup = cfg->lr_warmup_steps;
     int decay = cfg->lr_decay_steps;
     if (warmup > 0 && step <= warmup) return (float)(max_lr * (double)step / warmup);
-    if (strcmp(cfg->train.lr_decay_style, "constant") == 0) return (float)max_lr;
+    if (cfg->lr_decay == MT_LR_CONSTANT) return (float)max_lr;
     if (step > decay) return (float)min_lr;
     double ratio = ((double)step - warmup) / ((double)decay - warmup);
-    double coeff = strcmp(cfg->train.lr_decay_style, "linear") == 0 ? 1.0 - ratio : 0.5 * (cos(3.141592653589793 * ratio) + 1.0);
+    double coeff = cfg->lr_decay == MT_LR_LINEAR ? 1.0 - ratio : 0.5 * (cos(3.141592653589793 * ratio) + 1.0);
     return (float)(min_lr + coeff * (max_lr - min_lr));
 }
 
@@ -3404,14 +4038,54 @@ float mt_learning_rate(const mt_config *cfg, int step) {
 static double mt__grad_norm(mt_rank *r) {
     double sumsq = 0.0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-        const mt_param_spec *s = &r->specs[i];
+        const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
         if (s->tp_replicated && r->ps.tp_rank != 0) continue;
-        if (strcmp(s->name, "wte") == 0 && r->ps.pp_size > 1 && !r->ps.is_first_stage) continue;
-        sumsq += mt_buffer_sum_squares(r, r->grads_memory + s->offset, mt__spec_numel(s));
+        if (s->tied_copy) continue;
+        sumsq += mt_sum_squares(r, r->model.grads_memory + s->offset, mt__spec_numel(s));
     }
-    if (r->mp.size > 1) mt_all_reduce_double(&r->mp, &sumsq, 1, MT_SUM);
+    if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
     return sqrt(sumsq);
+}
+
+// AdamW's state: two buffers carved like the parameters (one moment per parameter)
+void mt_optimizer_init(mt_rank *r) {
+    r->optim.m_memory = mt_buffer_alloc(r, r->model.num_params, "AdamW m");
+    r->optim.v_memory = mt_buffer_alloc(r, r->model.num_params, "AdamW v");
+    r->optim.step = 0;
+    r->memory.optimizer = 2 * r->model.num_params * sizeof(float);
+}
+void mt_optimizer_free(mt_rank *r) {
+    mt_buffer_free(r->optim.m_memory);
+    mt_buffer_free(r->optim.v_memory);
+}
+
+// One optimizer step on synchronised gradients (Megatron's optimizer.step()):
+//   1. the global gradient norm; inf/nan anywhere: skip the update, as Megatron does
+//   2. clip by it (clip_grad_norm_fp32): grads *= clip / (norm + 1e-6) when that is below 1
+//   3. AdamW, tensor by tensor, with weight decay only where Megatron applies it (the
+//      elementwise update is the op mt_adamw, section 3), at the learning rate of `iteration`
+// Returns the norm before clipping; *skipped tells whether the parameters moved.
+double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
+    const mt_config *cfg = r->cfg;
+    double norm = mt__grad_norm(r);
+    *skipped = !isfinite(norm);
+    if (*skipped) return norm;
+    if (cfg->train.clip_grad > 0) {
+        double coeff = cfg->train.clip_grad / (norm + 1e-6);
+        if (coeff < 1.0) mt_scale(r, r->model.grads_memory, (float)coeff, r->model.num_params);
+    }
+    r->optim.step++;
+    float lr = mt_learning_rate(cfg, iteration - 1);
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = &r->model.specs[i];
+        if (!s->present) continue;
+        mt_adamw(r, r->model.params_memory + s->offset, r->optim.m_memory + s->offset, r->optim.v_memory + s->offset,
+                 r->model.grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1,
+                 cfg->train.adam_beta2, cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay,
+                 r->optim.step);
+    }
+    return norm;
 }
 
 // =============================================================================================
@@ -3423,17 +4097,17 @@ static double mt__grad_norm(mt_rank *r) {
 // the sum is the mean over replicas. Then the embedding group (first and last stage, PP > 1)
 // sums its two copies of dwte, so the tied weights stay tied (Megatron's
 // _allreduce_embedding_grads).
-static void mt__finish_grad_sync(mt_rank *r) {
+void mt_finish_grad_sync(mt_rank *r) {
     if (r->ps.dp_size > 1) {
-        size_t bucket = r->cfg->parallel.ddp_bucket_size > 0 ? (size_t)r->cfg->parallel.ddp_bucket_size : r->num_params;
-        for (size_t off = 0; off < r->num_params; off += bucket) {
-            size_t n = r->num_params - off < bucket ? r->num_params - off : bucket;
-            mt_all_reduce(&r->dp, r->grads_memory + off, n, MT_SUM);
+        size_t bucket = r->cfg->parallel.ddp_bucket_size > 0 ? (size_t)r->cfg->parallel.ddp_bucket_size : r->model.num_params;
+        for (size_t off = 0; off < r->model.num_params; off += bucket) {
+            size_t n = r->model.num_params - off < bucket ? r->model.num_params - off : bucket;
+            mt_all_reduce(&r->groups.dp, r->model.grads_memory + off, n, MT_SUM);
         }
     }
     if (r->ps.in_embedding_group) {
-        const mt_param_spec *s = &r->specs[0];   // wte
-        mt_all_reduce(&r->embd, r->grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
+        const mt_param_spec *s = &r->model.specs[0];   // wte
+        mt_all_reduce(&r->groups.embd, r->model.grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
     }
 }
 
@@ -3449,9 +4123,9 @@ static void mt__finish_grad_sync(mt_rank *r) {
 // deadlock; the schedule decides only *when* each stage does what, i.e. the bubble and how
 // many micro-batches' activations are alive at once.
 
-typedef struct { char kind; int mb; int chunk; } mt_sched_step;   // kind 'F' or 'B'
+// (mt_sched_step: F(mb, chunk) or B(mb, chunk), in the interface, section 8)
 
-static int mt__push(mt_sched_step *out, int n, char kind, int mb, int chunk) {
+static int mt__push(mt_sched_step *out, int n, mt_step_kind kind, int mb, int chunk) {
     out[n].kind = kind;
     out[n].mb = mb;
     out[n].chunk = chunk;
@@ -3461,15 +4135,15 @@ static int mt__push(mt_sched_step *out, int n, char kind, int mb, int chunk) {
 // no pipelining (forward_backward_no_pipelining): F0 B0 F1 B1 ... gradient accumulation
 int mt_schedule_no_pipelining(int m, mt_sched_step *out) {
     int n = 0;
-    for (int i = 0; i < m; i++) { n = mt__push(out, n, 'F', i, 0); n = mt__push(out, n, 'B', i, 0); }
+    for (int i = 0; i < m; i++) { n = mt__push(out, n, MT_STEP_FORWARD, i, 0); n = mt__push(out, n, MT_STEP_BACKWARD, i, 0); }
     return n;
 }
 // all forward, all backward (GPipe): the simplest pipeline schedule; every micro-batch's
 // activations are alive at once. Kept as the baseline the 1F1B schedule improves on.
 int mt_schedule_afab(int m, mt_sched_step *out) {
     int n = 0;
-    for (int i = 0; i < m; i++) n = mt__push(out, n, 'F', i, 0);
-    for (int i = 0; i < m; i++) n = mt__push(out, n, 'B', i, 0);
+    for (int i = 0; i < m; i++) n = mt__push(out, n, MT_STEP_FORWARD, i, 0);
+    for (int i = 0; i < m; i++) n = mt__push(out, n, MT_STEP_BACKWARD, i, 0);
     return n;
 }
 // 1F1B (forward_backward_pipelining_without_interleaving; PipeDream-Flush, Narayanan et al. 2021)
@@ -3489,14 +4163,14 @@ int mt_schedule_1f1b(int m, int pp_size, int pp_rank, mt_sched_step *out) {
     if (num_warmup > m) num_warmup = m;
     int num_steady = m - num_warmup;
     // warmup
-    for (int i = 0; i < num_warmup; i++) n = mt__push(out, n, 'F', i, 0);
+    for (int i = 0; i < num_warmup; i++) n = mt__push(out, n, MT_STEP_FORWARD, i, 0);
     // steady 1F1B
     for (int i = 0; i < num_steady; i++) {
-        n = mt__push(out, n, 'F', num_warmup + i, 0);
-        n = mt__push(out, n, 'B', i, 0);
+        n = mt__push(out, n, MT_STEP_FORWARD, num_warmup + i, 0);
+        n = mt__push(out, n, MT_STEP_BACKWARD, i, 0);
     }
     // cooldown
-    for (int i = num_steady; i < m; i++) n = mt__push(out, n, 'B', i, 0);
+    for (int i = num_steady; i < m; i++) n = mt__push(out, n, MT_STEP_BACKWARD, i, 0);
     return n;
 }
 // interleaved 1F1B (forward_backward_pipelining_with_interleaving; Narayanan et al. 2021, sec 2.2)
@@ -3519,23 +4193,23 @@ int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sch
     int num_steady = total - num_warmup;
     // warmup
     for (int k = 0; k < num_warmup; k++)
-        n = mt__push(out, n, 'F', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 1));
+        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 1));
     // steady 1F1B
     for (int k = 0; k < num_steady; k++) {
         int kf = num_warmup + k;
-        n = mt__push(out, n, 'F', mt__interleaved_mb(kf, pp_size, vp), mt__interleaved_chunk(kf, pp_size, vp, 1));
-        n = mt__push(out, n, 'B', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(kf, pp_size, vp), mt__interleaved_chunk(kf, pp_size, vp, 1));
+        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
     }
     // cooldown
     for (int k = num_steady; k < total; k++)
-        n = mt__push(out, n, 'B', mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
     return n;
 }
 // forward only (evaluation): each micro-batch through every chunk in turn
 int mt_schedule_forward_only(int m, int vp, mt_sched_step *out) {
     int n = 0;
     for (int i = 0; i < m; i++)
-        for (int c = 0; c < vp; c++) n = mt__push(out, n, 'F', i, c);
+        for (int c = 0; c < vp; c++) n = mt__push(out, n, MT_STEP_FORWARD, i, c);
     return n;
 }
 /* the schedule a stage runs in a training step, chosen as Megatron's get_forward_backward_func */
@@ -3568,7 +4242,7 @@ int mt_schedule_simulate(const mt_config *cfg, int f_cost, int b_cost, int **sta
             while (pos[s] < count_out[s]) {
                 mt_sched_step st = lists[(size_t)s * max_steps + pos[s]];
                 int ready = 0;
-                if (st.kind == 'F') {
+                if (st.kind == MT_STEP_FORWARD) {
                     int first = s == 0 && st.chunk == 0;
                     int ps = s > 0 ? s - 1 : pp - 1, pc = s > 0 ? st.chunk : st.chunk - 1;
                     ready = first ? 0 : done_f[(ps * vp + pc) * m + st.mb];
@@ -3580,8 +4254,8 @@ int mt_schedule_simulate(const mt_config *cfg, int f_cost, int b_cost, int **sta
                 if (ready < 0) break;   // waits on another stage
                 int t0 = ready > clock_[s] ? ready : clock_[s];
                 start_out[s][pos[s]] = t0;
-                int t1 = t0 + (st.kind == 'F' ? f_cost : b_cost);
-                if (st.kind == 'F') done_f[(s * vp + st.chunk) * m + st.mb] = t1;
+                int t1 = t0 + (st.kind == MT_STEP_FORWARD ? f_cost : b_cost);
+                if (st.kind == MT_STEP_FORWARD) done_f[(s * vp + st.chunk) * m + st.mb] = t1;
                 else done_b[(s * vp + st.chunk) * m + st.mb] = t1;
                 clock_[s] = t1;
                 if (t1 > makespan) makespan = t1;
@@ -3623,10 +4297,11 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
             int busy = 0;
             for (int i = 0; i < n; i++) {
                 char label[16];
-                if (vp > 1) snprintf(label, sizeof label, "%c%d.%d", list[i].kind, list[i].mb, list[i].chunk);
-                else snprintf(label, sizeof label, "%c%d", list[i].kind, list[i].mb);
+                char letter = list[i].kind == MT_STEP_FORWARD ? 'F' : 'B';
+                if (vp > 1) snprintf(label, sizeof label, "%c%d.%d", letter, list[i].mb, list[i].chunk);
+                else snprintf(label, sizeof label, "%c%d", letter, list[i].mb);
                 int len = (int)strlen(label);
-                int cost = list[i].kind == 'F' ? fc : bc;
+                int cost = list[i].kind == MT_STEP_FORWARD ? fc : bc;
                 busy += cost;
                 memcpy(line + (size_t)start[s][i] * cell, label, (size_t)(len < cell * cost ? len : cell * cost));
             }
@@ -3662,57 +4337,49 @@ static void mt__p2p_trace(const mt_rank *r, const char *what, int peer_stage, in
     int kind = tag / 64 / 65536, mb = tag / 64 % 65536, chunk = tag % 64;
     int from = what[0] == 's' ? r->ps.pp_rank : peer_stage, to = what[0] == 's' ? peer_stage : r->ps.pp_rank;
     if (r->ps.vp_size > 1)
-        mt__trace(&r->pp, "pp %d -> %d %s_%s mb %d chunk %d", from, to, what, kind ? "backward" : "forward", mb, chunk);
+        mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d chunk %d", from, to, what, kind ? "backward" : "forward", mb, chunk);
     else
-        mt__trace(&r->pp, "pp %d -> %d %s_%s mb %d", from, to, what, kind ? "backward" : "forward", mb);
+        mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d", from, to, what, kind ? "backward" : "forward", mb);
 }
 
-// The GPU build passes pipeline messages through host memory for now (device -> host, the
-// threads mailbox, host -> device): correct and simple; NCCL send/recv is the faster way.
+// Pipeline messages pass through a host buffer (r->host.p2p) and the threads mailbox: buffer ->
+// host, mt_send; mt_recv, host -> buffer. On the CPU build both copies are memcpy; on the GPU
+// build they cross PCIe (correct and simple; NCCL send/recv between GPUs is the faster way).
 static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) {
     mt__p2p_trace(r, "recv", peer_stage, tag);
     double t0 = mt_time_seconds();
-#ifdef __CUDACC__
-    mt_recv(&r->pp, r->host_p2p, n, peer_stage, tag);
-    r->idle_seconds += mt_time_seconds() - t0;
-    mt_buffer_upload(r, buf, r->host_p2p, n * sizeof(float));
-#else
-    mt_recv(&r->pp, buf, n, peer_stage, tag);
-    r->idle_seconds += mt_time_seconds() - t0;
-#endif
+    mt_recv(&r->groups.pp, r->host.p2p, n, peer_stage, tag);
+    r->state.idle_seconds += mt_time_seconds() - t0;
+    mt_buffer_upload(r, buf, r->host.p2p, n * sizeof(float));
 }
 static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
     mt__p2p_trace(r, "send", peer_stage, tag);
-#ifdef __CUDACC__
-    mt_buffer_download(r, r->host_p2p, buf, n * sizeof(float));
-    mt_send(&r->pp, r->host_p2p, n, peer_stage, tag);
-#else
-    mt_send(&r->pp, buf, n, peer_stage, tag);
-#endif
+    mt_buffer_download(r, r->host.p2p, buf, n * sizeof(float));
+    mt_send(&r->groups.pp, r->host.p2p, n, peer_stage, tag);
 }
 
 static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
-    for (int i = 0; i < r->num_slots; i++) if (r->slots[i].mb == mb) return &r->slots[i];
+    for (int i = 0; i < r->acts.num_slots; i++) if (r->acts.slots[i].mb == mb) return &r->acts.slots[i];
     if (!create) mt_fatal("internal: no activations for micro-batch %d on rank %d", mb, r->ps.rank);
-    for (int i = 0; i < r->num_slots; i++)
-        if (r->slots[i].mb < 0) { r->slots[i].mb = mb; return &r->slots[i]; }
-    mt_fatal("internal: all %d activation slots are in use on rank %d", r->num_slots, r->ps.rank);
+    for (int i = 0; i < r->acts.num_slots; i++)
+        if (r->acts.slots[i].mb < 0) { r->acts.slots[i].mb = mb; return &r->acts.slots[i]; }
+    mt_fatal("internal: all %d activation slots are in use on rank %d", r->acts.num_slots, r->ps.rank);
     return NULL;
 }
 
 // run one step of a schedule
 static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
     int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
-    size_t BTC = (size_t)r->B * r->T * r->C;
-    if (st.kind == 'F') {
+    size_t BTC = (size_t)r->dims.B * r->dims.T * r->dims.C;
+    if (st.kind == MT_STEP_FORWARD) {
         int first_on_rank = st.chunk == 0;
         mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);
         if (first_on_rank) {
             a->sample_offset = (int)mt_sample_in_batch(r, st.mb, 0);
-            batch(r, ctx, r->iteration, st.mb, r->host_tokens, r->host_targets);
-            size_t bytes = (size_t)r->B * r->T * sizeof(int);
-            mt_buffer_upload(r, a->tokens, r->host_tokens, bytes);
-            mt_buffer_upload(r, a->targets, r->host_targets, bytes);
+            batch(r, ctx, r->state.iteration, st.mb, r->host.tokens, r->host.targets);
+            size_t bytes = (size_t)r->dims.B * r->dims.T * sizeof(int);
+            mt_buffer_upload(r, a->tokens, r->host.tokens, bytes);
+            mt_buffer_upload(r, a->targets, r->host.targets, bytes);
         }
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
@@ -3738,10 +4405,10 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
 // the mean loss of the global batch, known on every rank: the last stage's sum over its
 // micro-batches, averaged over DP, then shared along the pipeline
 static float mt__batch_loss(mt_rank *r) {
-    double loss = r->ps.is_last_stage ? r->loss_sum / (double)r->cfg->num_microbatches : 0.0;
-    if (r->ps.dp_size > 1) mt_all_reduce_double(&r->dp, &loss, 1, MT_SUM);
+    double loss = r->ps.is_last_stage ? r->state.loss_sum / (double)r->cfg->num_microbatches : 0.0;
+    if (r->ps.dp_size > 1) mt_all_reduce_double(&r->groups.dp, &loss, 1, MT_SUM);
     loss /= (double)r->ps.dp_size;
-    if (r->ps.pp_size > 1) mt_all_reduce_double(&r->pp, &loss, 1, MT_SUM);
+    if (r->ps.pp_size > 1) mt_all_reduce_double(&r->groups.pp, &loss, 1, MT_SUM);
     return (float)loss;
 }
 
@@ -3749,50 +4416,33 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     const mt_config *cfg = r->cfg;
     mt_step_result res;
     memset(&res, 0, sizeof res);
-    r->iteration = iteration;
-    r->training = 1;
-    r->loss_sum = 0.0;
-    r->idle_seconds = 0.0;
-    mt_buffer_zero(r, r->grads_memory, r->num_params);
+    r->state.iteration = iteration;
+    r->state.training = 1;
+    r->state.loss_sum = 0.0;
+    r->state.idle_seconds = 0.0;
+    mt_buffer_zero(r, r->model.grads_memory, r->model.num_params);
     // 1. forward and backward of every micro-batch, in the order of the schedule
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
     free(list);
     // 2. gradients: all-reduce over DP, tie the embedding copies
-    mt__finish_grad_sync(r);
+    mt_finish_grad_sync(r);
     res.loss = mt__batch_loss(r);
-    // 3. clip by the global norm (Megatron's clip_grad_norm_fp32)
-    double norm = mt__grad_norm(r);
-    res.grad_norm = (float)norm;
-    if (!isfinite(norm)) {
-        res.skipped = 1;   // inf/nan somewhere: skip the update, as Megatron does
-    } else {
-        if (cfg->train.clip_grad > 0) {
-            double coeff = cfg->train.clip_grad / (norm + 1e-6);
-            if (coeff < 1.0) mt_buffer_scale(r, r->grads_memory, (float)coeff, r->num_params);
-        }
-        // 4. AdamW, tensor by tensor (weight decay only where Megatron applies it)
-        r->step++;
-        float lr = mt_learning_rate(cfg, iteration - 1);
-        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-            const mt_param_spec *s = &r->specs[i];
-            if (!s->present) continue;
-            mt_adamw(r, r->params_memory + s->offset, r->m_memory + s->offset, r->v_memory + s->offset,
-                     r->grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
-                     cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, r->step);
-        }
-    }
+    // 3. clip by the global norm and update the parameters (section 6)
+    int skipped = 0;
+    res.grad_norm = (float)mt_optimizer_step(r, iteration, &skipped);
+    res.skipped = skipped;
     res.lr = mt_learning_rate(cfg, iteration);
-    res.idle_seconds = r->idle_seconds;
+    res.idle_seconds = r->state.idle_seconds;
     return res;
 }
 
 float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     const mt_config *cfg = r->cfg;
-    r->iteration = iteration;
-    r->training = 0;
-    r->loss_sum = 0.0;
+    r->state.iteration = iteration;
+    r->state.training = 0;
+    r->state.loss_sum = 0.0;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
     int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
@@ -3801,131 +4451,43 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the rank context: communicators, sizes, buffers
+// the rank: its state put together from the sections that own it (§2 groups, §3 device,
+// §5 model and activations, §6 optimizer), in the order they depend on each other
 // ---------------------------------------------------------------------------------------------
-static void mt__comm_named(mt_comm *c, mt_world *w, int rank, const int *members, int n, const char *name) {
-    mt_comm_init(c, w, rank, members, n);
-    c->name = name;
-}
-
-// a rank's local sizes, from the config and its place in the grid
-static void mt__rank_sizes(mt_rank *r) {
-    const mt_config *cfg = r->cfg;
-    int TP = r->ps.tp_size, PP = r->ps.pp_size;
-    r->B = cfg->train.micro_batch_size;
-    r->T = cfg->model.seq_length;
-    r->C = cfg->model.hidden_size;
-    r->NH_tp = cfg->model.num_attention_heads / TP;
-    r->C_tp = r->C / TP;
-    r->F_tp = cfg->model.ffn_hidden_size / TP;
-    r->Vp_tp = cfg->padded_vocab_size / TP;
-    r->vocab_start = r->ps.tp_rank * r->Vp_tp;
-    r->L_local = cfg->model.num_layers / PP;
-    r->layers_per_chunk = r->L_local / r->ps.vp_size;
+// how many micro-batches' activations this stage keeps alive at once under its schedule
+int mt_schedule_max_alive(const mt_config *cfg, int pp_rank) {
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches *
+                                                     (size_t)cfg->virtual_pipeline_size, "schedule");
+    int n = mt_schedule_for(cfg, pp_rank, list), alive = 0, most = 1;
+    for (int i = 0; i < n; i++) {
+        if (list[i].kind == MT_STEP_FORWARD && list[i].chunk == 0) alive++;
+        if (list[i].kind == MT_STEP_BACKWARD && list[i].chunk == 0) alive--;
+        if (alive > most) most = alive;
+    }
+    free(list);
+    return most;
 }
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
     mt_parallel_state_init(&r->ps, cfg, rank);
-    mt_parallel_state *ps = &r->ps;
-    r->device = -1;
-#ifdef __CUDACC__
-    mt__gpu_rank_setup(r);   // cudaSetDevice, the stream, the GEMM rung (below, GPU build only)
-#endif
-    int TP = ps->tp_size, PP = ps->pp_size, DP = ps->dp_size;
-    // communicators: every rank creates the groups it belongs to, with members in group order
-    int *members = (int *)mt_malloc(sizeof(int) * (size_t)cfg->world_size, "group");
-    for (int i = 0; i < cfg->world_size; i++) members[i] = i;
-    mt__comm_named(&r->world, w, rank, members, cfg->world_size, "world");
-    for (int t = 0; t < TP; t++) members[t] = mt_global_rank(cfg, t, ps->dp_rank, ps->pp_rank);
-    mt__comm_named(&r->tp, w, rank, members, TP, "tp");
-    for (int d = 0; d < DP; d++) members[d] = mt_global_rank(cfg, ps->tp_rank, d, ps->pp_rank);
-    mt__comm_named(&r->dp, w, rank, members, DP, "dp");
-    for (int p = 0; p < PP; p++) members[p] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, p);
-    mt__comm_named(&r->pp, w, rank, members, PP, "pp");
-    for (int p = 0; p < PP; p++)
-        for (int t = 0; t < TP; t++) members[p * TP + t] = mt_global_rank(cfg, t, ps->dp_rank, p);
-    mt__comm_named(&r->mp, w, rank, members, TP * PP, "mp");
-    if (ps->in_embedding_group) {
-        members[0] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, 0);
-        members[1] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, PP - 1);
-        mt__comm_named(&r->embd, w, rank, members, 2, "embd");
-    }
-    free(members);
-#ifdef __CUDACC__
-    mt__gpu_comms_setup(r);   // NCCL communicators for the groups that move device data
-#endif
-    mt__rank_sizes(r);
-#ifdef __CUDACC__
-    r->att_row = 1;
-#else
-    r->att_row = r->T;
-#endif
-    // parameters, gradients, AdamW moments: one carve, four buffers. The initial values are
-    // computed on the host (mt__init_params) and then uploaded.
-    r->num_params = mt__carve_params(r, &r->params, NULL, 1);
-    float *host_params = (float *)mt_calloc(r->num_params, sizeof(float), "parameters (host)");
-    r->params_memory = host_params;
-    mt__init_params(r);
-#ifdef __CUDACC__
-    r->params_memory = mt_buffer_alloc(r, r->num_params, "parameters");
-    mt_buffer_upload(r, r->params_memory, host_params, r->num_params * sizeof(float));
-    free(host_params);
-#endif
-    r->grads_memory = mt_buffer_alloc(r, r->num_params, "gradients");
-    r->m_memory = mt_buffer_alloc(r, r->num_params, "AdamW m");
-    r->v_memory = mt_buffer_alloc(r, r->num_params, "AdamW v");
-    mt__carve_params(r, &r->params, r->params_memory, 1);
-    mt__carve_params(r, &r->grads, r->grads_memory, 0);
-    // activation slots: as many micro-batches as the schedule keeps alive at once on this stage
-    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * ps->vp_size, "schedule");
-    int n = mt_schedule_for(cfg, ps->pp_rank, list), alive = 0;
-    r->num_slots = 1;
-    for (int i = 0; i < n; i++) {
-        if (list[i].kind == 'F' && list[i].chunk == 0) alive++;
-        if (list[i].kind == 'B' && list[i].chunk == 0) alive--;
-        if (alive > r->num_slots) r->num_slots = alive;
-    }
-    free(list);
-    mt_activations probe;
-    size_t per_slot = mt__carve_activations(r, &probe, NULL);
-    r->slots = (mt_activations *)mt_calloc((size_t)r->num_slots, sizeof(mt_activations), "activation slots");
-    size_t BT = (size_t)r->B * r->T;
-    // token ids travel with their micro-batch: 2*BT ints per slot after its floats (an int is a
-    // float's size; the buffer is untyped memory until written)
-    r->acts_memory = mt_buffer_alloc(r, (per_slot + 2 * BT) * (size_t)r->num_slots, "activations");
-    for (int i = 0; i < r->num_slots; i++) {
-        float *base = r->acts_memory + (per_slot + 2 * BT) * (size_t)i;
-        mt__carve_activations(r, &r->slots[i], base);
-        r->slots[i].tokens = (int *)(base + per_slot);
-        r->slots[i].targets = (int *)(base + per_slot + BT);
-        r->slots[i].mb = -1;
-    }
-    size_t scratch_n = mt__carve_scratch(r, &r->scratch, NULL);
-    r->scratch_memory = mt_buffer_alloc(r, scratch_n, "scratch");
-    mt__carve_scratch(r, &r->scratch, r->scratch_memory);
-    r->host_tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
-    r->host_targets = (int *)mt_calloc(BT, sizeof(int), "targets");
-    r->host_losses = (float *)mt_calloc(BT, sizeof(float), "losses");
-    r->host_p2p = (float *)mt_calloc(BT * (size_t)r->C, sizeof(float), "pipeline messages");
-    r->memory.params = r->num_params * sizeof(float);
-    r->memory.grads = r->num_params * sizeof(float);
-    r->memory.optimizer = 2 * r->num_params * sizeof(float);
-    r->memory.activations = (per_slot + 2 * BT) * (size_t)r->num_slots * sizeof(float);
-    r->memory.scratch = scratch_n * sizeof(float);
+    mt_device_init(r);                                          // §3: the GPU and its stream (GPU build)
+    mt_groups_init(&r->groups, w, cfg, &r->ps, r->dev.stream);  // §2: communicators
+    mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes
+    mt_model_init(r);                                           // §5: parameters, gradients
+    mt_optimizer_init(r);                                       // §6: AdamW's moments
+    mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
 }
 
 void mt_rank_free(mt_rank *r) {
-    mt_buffer_free(r->params_memory); mt_buffer_free(r->grads_memory);
-    mt_buffer_free(r->m_memory); mt_buffer_free(r->v_memory);
-    mt_buffer_free(r->acts_memory); mt_buffer_free(r->scratch_memory);
-    free(r->slots);
-    free(r->host_tokens); free(r->host_targets); free(r->host_losses); free(r->host_p2p);
-#ifdef __CUDACC__
-    mt__gpu_rank_teardown(r);
-#endif
+    mt_activations_free(r);
+    mt_optimizer_free(r);
+    mt_model_free(r);
+    mt_groups_free(&r->groups);
+    mt_device_free(r);
 }
+
 // =============================================================================================
 // 9. DATA & TOKENIZER
 // =============================================================================================
@@ -4580,42 +5142,6 @@ static int mt__unicode_class(uint32_t cp) {
     return (int)(mt__unicode_steps[lo] & 3);
 }
 
-// one UTF-8 character at text[0..n): returns its length 1..4 and sets *cp, or returns 0 if the bytes
-// there are not valid UTF-8 (a stray continuation byte, a truncated sequence, an overlong
-// encoding, a surrogate, or a value above U+10FFFF)
-int mt_utf8_decode(const char *text, size_t n, uint32_t *cp) {
-    const unsigned char *s = (const unsigned char *)text;
-    unsigned char b = s[0];
-    if (b < 0x80) { *cp = b; return 1; }
-    int len;
-    uint32_t c;
-    if (b >= 0xC2 && b <= 0xDF) { len = 2; c = b & 0x1Fu; }       // C0, C1 would be overlong
-    else if (b >= 0xE0 && b <= 0xEF) { len = 3; c = b & 0x0Fu; }
-    else if (b >= 0xF0 && b <= 0xF4) { len = 4; c = b & 0x07u; }  // F5.. would pass U+10FFFF
-    else return 0;
-    if ((size_t)len > n) return 0;
-    for (int i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        c = (c << 6) | (s[i] & 0x3Fu);
-    }
-    if (len == 3 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) return 0;
-    if (len == 4 && (c < 0x10000 || c > 0x10FFFF)) return 0;
-    *cp = c;
-    return len;
-}
-static int mt__utf8_encode(uint32_t cp, char *out) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 // the class and byte length of the character at s[0..n). A byte that does not start valid
 // UTF-8 counts as one character of class "other": tiktoken only ever sees valid text (a Python
 // str), so any rule works for it; this one keeps every byte inside some piece, and so
@@ -4985,79 +5511,6 @@ size_t mt_tokenizer_decode(const mt_tokenizer *t, const int32_t *ids, size_t n, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON strings: "..." with \" \\ \/ \b \f \n \r \t \uXXXX (and UTF-16 surrogate pairs for
-// code points above U+FFFF: "\ud83d\ude00" is U+1F600) -> UTF-8 bytes
-static int mt__hex4(const char *p, uint32_t *v) {
-    uint32_t x = 0;
-    for (int i = 0; i < 4; i++) {
-        char ch = p[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-        if (d < 0) return 0;
-        x = x * 16 + (uint32_t)d;
-    }
-    *v = x;
-    return 1;
-}
-
-const char *mt_json_string(const char **pp, const char *end, char *out, size_t *out_len) {
-    const char *p = *pp;
-    size_t o = 0;   // out is written strictly behind p, so out may be the input itself
-    if (p >= end || *p != '"') return "expected a string";
-    p++;
-    for (;;) {
-        if (p >= end) { *pp = p; return "unterminated string"; }
-        unsigned char ch = (unsigned char)*p;
-        if (ch == '"') { p++; break; }
-        if (ch < 0x20) { *pp = p; return "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"; }
-        if (ch >= 0x80) {   // raw UTF-8: check it, copy it
-            uint32_t cp;
-            int l = mt_utf8_decode(p, (size_t)(end - p), &cp);
-            if (l == 0) { *pp = p; return "invalid UTF-8 in a string"; }
-            for (int i = 0; i < l; i++) out[o++] = p[i];
-            p += l;
-            continue;
-        }
-        if (ch != '\\') { out[o++] = (char)ch; p++; continue; }
-        if (end - p < 2) { *pp = p; return "unterminated string"; }
-        char e = p[1];
-        p += 2;
-        switch (e) {
-        case '"': out[o++] = '"'; break;
-        case '\\': out[o++] = '\\'; break;
-        case '/': out[o++] = '/'; break;
-        case 'b': out[o++] = '\b'; break;
-        case 'f': out[o++] = '\f'; break;
-        case 'n': out[o++] = '\n'; break;
-        case 'r': out[o++] = '\r'; break;
-        case 't': out[o++] = '\t'; break;
-        case 'u': {
-            uint32_t u;
-            if (end - p < 4 || !mt__hex4(p, &u)) { *pp = p - 2; return "bad \\u escape (needs 4 hex digits)"; }
-            p += 4;
-            if (u >= 0xD800 && u <= 0xDBFF) {   // high surrogate: a low one must follow
-                uint32_t lo;
-                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !mt__hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF) {
-                    *pp = p - 6;
-                    return "lone UTF-16 surrogate \\uD800..\\uDBFF (not encodable as UTF-8)";
-                }
-                p += 6;
-                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (u >= 0xDC00 && u <= 0xDFFF) {
-                *pp = p - 6;
-                return "lone UTF-16 surrogate \\uDC00..\\uDFFF (not encodable as UTF-8)";
-            }
-            o += (size_t)mt__utf8_encode(u, out + o);
-            break;
-        }
-        default: *pp = p - 2; return "invalid escape in a string";
-        }
-    }
-    *pp = p;
-    *out_len = o;
-    return NULL;
-}
-
-// ---------------------------------------------------------------------------------------------
 // loading vocab.json and merges.txt
 static char *mt__read_file(const char *path, size_t *len, const char *what, const char *flag) {
     FILE *f = fopen(path, "rb");
@@ -5134,24 +5587,21 @@ static void mt__pair_insert(mt_tokenizer *t, int32_t a, int32_t b, int32_t rank,
 static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[324]) {
     size_t len;
     char *buf = mt__read_file(path, &len, "vocab file", "--vocab-file");
-    const char *p = buf, *end = buf + len;
     size_t cap = 65536, n = 0;
     int32_t *ids = (int32_t *)mt_malloc(cap * sizeof(int32_t), "vocab");
     uint32_t *offs = (uint32_t *)mt_malloc((cap + 1) * sizeof(uint32_t), "vocab");
     char *bytes = (char *)mt_malloc(len + 1, "vocab");   // the bytes are shorter than the file
     size_t nbytes = 0;
-    const char *err = NULL;
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-    if (p >= end || *p != '{') err = "expected '{' (vocab.json is one JSON object)";
-    else p++;
-    while (!err) {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (n == 0 && p < end && *p == '}') { p++; break; }
-        // "token"
+    offs[0] = 0;
+    // one JSON object {"token": id, ...}, read with the JSON reader of section 1
+    mt_json j;
+    mt_json_init(&j, buf, len, 0);
+    if (!mt_json_expect(&j, '{', "expected '{' (vocab.json is one JSON object)")) {}
+    else if (!mt_json_eat(&j, '}')) do {
+        // "token": the string decoded into the bytes buffer, then GPT-2's alphabet -> bytes
         char *tok = bytes + nbytes;
         size_t toklen;
-        const char *serr = mt_json_string(&p, end, tok, &toklen);
-        if (serr) { err = serr; break; }
+        if (!mt_json_string_at(&j, tok, &toklen)) break;
         uint32_t bad_cp = 0;
         long nb = mt__alphabet_to_bytes(u2b, tok, toklen, tok, &bad_cp);   // in place: never longer
         if (nb < 0) {
@@ -5160,14 +5610,14 @@ static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[
                      path, (int)toklen, tok, n + 1, (unsigned)bad_cp);
         }
         // : id
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p >= end || *p != ':') { err = "expected ':' after a token"; break; }
-        p++;
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p >= end || *p < '0' || *p > '9') { err = "expected a token id (a non-negative integer)"; break; }
-        long long id = 0;
-        while (p < end && *p >= '0' && *p <= '9' && id < (1LL << 40)) id = id * 10 + (*p++ - '0');
-        if (id > INT32_MAX - 1) { err = "token id too large"; break; }
+        if (!mt_json_expect(&j, ':', "expected ':' after a token")) break;
+        mt_json_ws(&j);
+        double id = -1;
+        if (j.p >= j.end || *j.p < '0' || *j.p > '9' || !mt_json_number(&j, &id) || id != floor(id)) {
+            mt_json_fail(&j, "expected a token id (a non-negative integer)");
+            break;
+        }
+        if (id > INT32_MAX - 1) { mt_json_fail(&j, "token id too large"); break; }
         if (n == cap) {
             cap *= 2;
             ids = (int32_t *)mt_realloc(ids, cap * sizeof(int32_t), "vocab");
@@ -5178,17 +5628,11 @@ static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[
         nbytes += (size_t)nb;
         n++;
         offs[n] = (uint32_t)nbytes;
-        // , or }
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p < end && *p == ',') { p++; continue; }
-        if (p < end && *p == '}') { p++; break; }
-        err = "expected ',' or '}' after a token id";
-    }
-    if (!err) {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p != end) err = "text after the closing '}'";
-    }
-    if (err) mt_fatal("%s is not a valid vocab.json: %s at byte %zu\n" MT__VOCAB_HINT, path, err, (size_t)(p - buf));
+    } while (mt_json_eat(&j, ','));
+    if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}' after a token id");
+    if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
+    if (j.err)
+        mt_fatal("%s is not a valid vocab.json: %s at byte %zu\n" MT__VOCAB_HINT, path, j.err, (size_t)(j.err_at - buf));
     if (n < 256) mt_fatal("%s has %zu tokens; a byte-level vocabulary has at least the 256 single bytes\n" MT__VOCAB_HINT, path, n);
     // lay the tokens out by id
     t->vocab_size = (int)n;
@@ -5361,9 +5805,9 @@ static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
     int n = 0;
     for (int which = 0; which < 3; which++)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-            if (!r->specs[i].present) continue;
-            snprintf(out[n].name, sizeof out[n].name, "%s%s", prefix[which], r->specs[i].name);
-            out[n].spec = &r->specs[i];
+            if (!r->model.specs[i].present) continue;
+            snprintf(out[n].name, sizeof out[n].name, "%s%s", prefix[which], r->model.specs[i].name);
+            out[n].spec = &r->model.specs[i];
             out[n].which = which;
             n++;
         }
@@ -5382,7 +5826,7 @@ typedef struct { const char *key; long long value; } mt__ckpt_meta;
 static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_consumed, mt__ckpt_meta *m) {
     const mt_config *cfg = r->cfg;
     mt__ckpt_meta all[] = {
-        {"iteration", iteration}, {"optimizer_step", r->step},
+        {"iteration", iteration}, {"optimizer_step", r->optim.step},
         {"consumed_train_samples", (long long)iteration * cfg->train.global_batch_size},
         {"consumed_valid_samples", (long long)valid_consumed},
         {"tensor_model_parallel_size", r->ps.tp_size}, {"pipeline_model_parallel_size", r->ps.pp_size},
@@ -5458,18 +5902,18 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
         mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
         // the values, on the host (the GPU build copies them down first)
         float *host[3];
-        const float *dev[3] = {r->params_memory, r->m_memory, r->v_memory};
+        const float *dev[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
         for (int k = 0; k < 3; k++) {
-            host[k] = (float *)mt_malloc(r->num_params * sizeof(float) + 1, "checkpoint");
-            mt_buffer_download(r, host[k], dev[k], r->num_params * sizeof(float));
+            host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
+            mt_buffer_download(r, host[k], dev[k], r->model.num_params * sizeof(float));
         }
         mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
         for (int k = 0; k < 3; k++) free(host[k]);
     }
     // the tracker file last, once every rank's file is complete
-    mt_barrier(&r->world);
+    mt_barrier(&r->groups.world);
     if (r->ps.rank == 0) mt__ckpt_write_tracker(dir, iteration);
-    mt_barrier(&r->world);
+    mt_barrier(&r->groups.world);
     if (is_logger) {
         printf("  successfully saved checkpoint at iteration %7d to %s (%.2f s)\n", iteration, dir, mt_time_seconds() - t0);
         fflush(stdout);
@@ -5477,77 +5921,11 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
 }
 
 // ---------------------------------------------------------------------------------------------
-// reading a safetensors header: just enough JSON to find objects' members and their spans
-static const char *mt__sj_ws(const char *p, const char *end) {
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
-    return p;
-}
-// the end of the JSON value starting at p (string, number, literal, object, array); NULL if malformed
-static const char *mt__sj_skip(const char *p, const char *end) {
-    p = mt__sj_ws(p, end);
-    if (p >= end) return NULL;
-    if (*p == '"') {
-        for (p++; p < end && *p != '"'; p++) if (*p == '\\') p++;
-        return p < end ? p + 1 : NULL;
-    }
-    if (*p == '{' || *p == '[') {
-        char close = *p == '{' ? '}' : ']';
-        p = mt__sj_ws(p + 1, end);
-        if (p < end && *p == close) return p + 1;
-        for (;;) {
-            if (close == '}') {   // "key": value
-                p = mt__sj_skip(p, end);
-                if (!p) return NULL;
-                p = mt__sj_ws(p, end);
-                if (p >= end || *p != ':') return NULL;
-                p++;
-            }
-            p = mt__sj_skip(p, end);
-            if (!p) return NULL;
-            p = mt__sj_ws(p, end);
-            if (p < end && *p == ',') { p = mt__sj_ws(p + 1, end); continue; }
-            if (p < end && *p == close) return p + 1;
-            return NULL;
-        }
-    }
-    while (p < end && (strchr("+-.eE", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z'))) p++;
-    return p;
-}
-// the value of member `key` of the object at obj (or NULL); *value_end set
-static const char *mt__sj_member(const char *obj, const char *end, const char *key, const char **value_end) {
-    const char *p = mt__sj_ws(obj, end);
-    if (p >= end || *p != '{') return NULL;
-    p = mt__sj_ws(p + 1, end);
-    size_t klen = strlen(key);
-    while (p < end && *p == '"') {
-        const char *kend = mt__sj_skip(p, end);
-        if (!kend) return NULL;
-        int match = (size_t)(kend - p - 2) == klen && memcmp(p + 1, key, klen) == 0;
-        p = mt__sj_ws(kend, end);
-        if (p >= end || *p != ':') return NULL;
-        const char *v = mt__sj_ws(p + 1, end), *vend = mt__sj_skip(v, end);
-        if (!vend) return NULL;
-        if (match) { *value_end = vend; return v; }
-        p = mt__sj_ws(vend, end);
-        if (p < end && *p == ',') p = mt__sj_ws(p + 1, end);
-    }
-    return NULL;
-}
-// integers of a JSON array like [3,64,64]; returns the count, -1 if malformed
-static int mt__sj_ints(const char *p, const char *end, long long *out, int cap) {
-    p = mt__sj_ws(p, end);
-    if (p >= end || *p != '[') return -1;
-    int n = 0;
-    p = mt__sj_ws(p + 1, end);
-    while (p < end && *p != ']') {
-        char *e;
-        long long v = strtoll(p, &e, 10);
-        if (e == p || n >= cap) return -1;
-        out[n++] = v;
-        p = mt__sj_ws(e, end);
-        if (p < end && *p == ',') p = mt__sj_ws(p + 1, end);
-    }
-    return p < end ? n : -1;
+// reading a safetensors header (with the JSON reader of section 1)
+// a reader positioned at the value of member `key` of the object at obj; 0 when absent
+static int mt__ckpt_member(const mt_json *obj, const char *key, mt_json *value) {
+    *value = *obj;
+    return mt_json_find(value, key);
 }
 
 // the iteration in DIR/latest_checkpointed_iteration.txt; 0 when there is none
@@ -5573,20 +5951,22 @@ static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, lo
     char *json = (char *)mt_malloc(*header_len + 1, "checkpoint header");
     if (fread(json, 1, *header_len, f) != *header_len) mt_fatal("%s: cannot read its header", path);
     json[*header_len] = 0;
-    if (!mt__sj_skip(json, json + *header_len)) mt_fatal("%s: the safetensors header is not valid JSON\nhint: the file is damaged", path);
+    mt_json j;
+    mt_json_init(&j, json, (size_t)*header_len, 0);
+    mt_json_skip(&j);
+    if (j.err) mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, j.err);
     return json;
 }
 // metadata value `key` as a number; `fallback` when absent (required: fatal when absent)
 static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, const char *path, const char *key, int required, long long fallback) {
-    const char *end = json + header_len, *ve, *ve2;
-    const char *md = mt__sj_member(json, end, "__metadata__", &ve);
-    if (!md) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
-    const char *v = mt__sj_member(md, ve, key, &ve2);
-    if (!v || *v != '"') {
+    mt_json header, md, v;
+    mt_json_init(&header, json, (size_t)header_len, 0);
+    if (!mt__ckpt_member(&header, "__metadata__", &md)) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
+    if (!mt__ckpt_member(&md, key, &v) || *v.p != '"') {
         if (required) mt_fatal("%s: metadata \"%s\" is missing", path, key);
         return fallback;
     }
-    return strtoll(v + 1, NULL, 10);
+    return strtoll(v.p + 1, NULL, 10);
 }
 
 // reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
@@ -5597,7 +5977,8 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
-    const char *ve;
+    mt_json header;
+    mt_json_init(&header, json, (size_t)header_len, 0);
     // the layout and the model must be this run's
     mt__ckpt_meta mine[32];
     int nm = mt__ckpt_metadata(r, 0, 0, mine);
@@ -5613,22 +5994,19 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     int nt = mt__ckpt_tensors(r, tensors);
     for (int i = 0; i < nt; i++) {
         const mt_param_spec *s = tensors[i].spec;
-        const char *t = mt__sj_member(json, json + header_len, tensors[i].name, &ve);
-        if (!t) mt_fatal("%s has no tensor %s", path, tensors[i].name);
-        const char *ve2;
-        const char *dtype = mt__sj_member(t, ve, "dtype", &ve2);
-        if (!dtype || strncmp(dtype, "\"F32\"", 5) != 0) mt_fatal("%s: tensor %s is not F32", path, tensors[i].name);
+        mt_json t, v;
+        if (!mt__ckpt_member(&header, tensors[i].name, &t)) mt_fatal("%s has no tensor %s", path, tensors[i].name);
+        if (!mt__ckpt_member(&t, "dtype", &v) || strncmp(v.p, "\"F32\"", 5) != 0)
+            mt_fatal("%s: tensor %s is not F32", path, tensors[i].name);
         long long shape[8], offs[2];
         size_t want_shape[3];
         int nd = mt__ckpt_shape(s, want_shape);
-        const char *sh = mt__sj_member(t, ve, "shape", &ve2);
-        int got_nd = sh ? mt__sj_ints(sh, ve2, shape, 8) : -1;
+        int got_nd = mt__ckpt_member(&t, "shape", &v) ? mt_json_ints(&v, shape, 8) : -1;
         int same = got_nd == nd;
         for (int d = 0; d < nd && same; d++) same = shape[d] == (long long)want_shape[d];
         if (!same) mt_fatal("%s: tensor %s has another shape than this run's\nhint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
-        const char *of = mt__sj_member(t, ve, "data_offsets", &ve2);
         size_t bytes = mt__spec_numel(s) * sizeof(float);
-        if (!of || mt__sj_ints(of, ve2, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
+        if (!mt__ckpt_member(&t, "data_offsets", &v) || mt_json_ints(&v, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
             mt_fatal("%s: tensor %s has bad data offsets", path, tensors[i].name);
         if ((uint64_t)offs[1] > data_size)
             mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\nhint: the save was interrupted; load an earlier iteration",
@@ -5652,12 +6030,12 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
     if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
     float *host[3];
-    for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->num_params + 1, sizeof(float), "checkpoint");
+    for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
-    float *dest[3] = {r->params_memory, r->m_memory, r->v_memory};
-    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k], r->num_params * sizeof(float)); free(host[k]); }
-    r->step = (int)saved[1];
+    float *dest[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
+    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k], r->model.num_params * sizeof(float)); free(host[k]); }
+    r->optim.step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
     return iteration;
@@ -5675,8 +6053,8 @@ static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
     mt_parallel_state_init(&r->ps, cfg, mt_global_rank(cfg, tp_rank, 0, pp_rank));
-    mt__rank_sizes(r);
-    r->num_params = mt__carve_params(r, &r->params, NULL, 1);
+    mt_dims_init(&r->dims, cfg, &r->ps);
+    r->model.num_params = mt__carve_params(r, &r->model.params, NULL, 1);
 }
 
 // the model and layout a checkpoint file was saved with, as a config (DP = 1)
@@ -5739,18 +6117,18 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
             mt__shape_rank(&r, cfg, tp, pp);
             if (tp == 0 && pp == 0)
                 for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-                    const mt_param_spec *s = &r.specs[i];
+                    const mt_param_spec *s = &r.model.specs[i];
                     full->count[i] = (size_t)(s->layers ? cfg->model.num_layers : 1) * s->grows * s->gcols;
                     for (int k = 0; k < 3; k++) full->global[k][i] = (float *)mt_calloc(full->count[i] + 1, sizeof(float), "full checkpoint");
                 }
             float *host[3];
-            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.num_params + 1, sizeof(float), "checkpoint");
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float), "checkpoint");
             long long saved[32];
             mt_checkpoint_path(path, sizeof path, dir, full->iteration, tp, pp, PP);
             mt__ckpt_read_file(&r, path, host, saved);
             for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
-                if (r.specs[i].present)
-                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.specs[i], host[k], full->global[k][i], 0);
+                if (r.model.specs[i].present)
+                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full->global[k][i], 0);
             for (int k = 0; k < 3; k++) free(host[k]);
         }
 }
@@ -5773,12 +6151,12 @@ int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int 
         for (int p = 0; p < pp; p++) {
             mt_rank r;
             mt__shape_rank(&r, &target, t, p);
-            r.step = (int)full.step;
+            r.optim.step = (int)full.step;
             float *host[3];
-            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.num_params + 1, sizeof(float), "checkpoint");
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float), "checkpoint");
             for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
-                if (r.specs[i].present)
-                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.specs[i], host[k], full.global[k][i], 1);
+                if (r.model.specs[i].present)
+                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full.global[k][i], 1);
             char path[MT_PATH_MAX + 128];
             mt_checkpoint_path(path, sizeof path, dst, full.iteration, t, p, pp);
             mt__ckpt_write_file(&r, path, host, full.iteration, full.valid_consumed);
@@ -5894,10 +6272,10 @@ typedef struct { const int32_t *ids; int n; } mt__gen_window;
 static void mt__gen_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
     (void)iteration; (void)mb;
     const mt__gen_window *w = (const mt__gen_window *)vctx;
-    for (int b = 0; b < r->B; b++)
-        for (int t = 0; t < r->T; t++) {
-            tokens[b * r->T + t] = t < w->n ? w->ids[t] : 0;
-            targets[b * r->T + t] = 0;
+    for (int b = 0; b < r->dims.B; b++)
+        for (int t = 0; t < r->dims.T; t++) {
+            tokens[b * r->dims.T + t] = t < w->n ? w->ids[t] : 0;
+            targets[b * r->dims.T + t] = 0;
         }
 }
 
@@ -5932,13 +6310,13 @@ static int mt__sample_token(const float *logits, int V, float temperature, int t
 
 int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed) {
     const mt_config *cfg = r->cfg;
-    int V = cfg->model.vocab_size, Vp = cfg->padded_vocab_size, T = r->T;
+    int V = cfg->model.vocab_size, Vp = cfg->padded_vocab_size, T = r->dims.T;
     float *row = (float *)mt_malloc(sizeof(float) * (size_t)Vp, "logits row");
     float *gathered = NULL;   // the TP ranks' slices side by side, in the buffers' memory
     if (r->ps.is_last_stage && r->ps.tp_size > 1) gathered = mt_buffer_alloc(r, (size_t)Vp, "logits row");
     mt_sched_step list[64];
     int steps = mt_schedule_forward_only(1, r->ps.vp_size, list);
-    r->training = 0;
+    r->state.training = 0;
     for (int k = 0; k < count && n < cap; k++) {
         // the window: the last T tokens at most
         mt__gen_window w = {ids + (n > T ? n - T : 0), n > T ? T : n};
@@ -5946,9 +6324,9 @@ int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float tempe
         mt_activations *a = mt__slot_for(r, 0, 0);
         float next = 0.0f;
         if (r->ps.is_last_stage) {
-            const float *mine = a->logits + (size_t)(w.n - 1) * r->Vp_tp;   // sample 0, position n-1
+            const float *mine = a->logits + (size_t)(w.n - 1) * r->dims.Vp_tp;   // sample 0, position n-1
             if (gathered) {
-                mt_all_gather(&r->tp, mine, gathered, (size_t)r->Vp_tp);
+                mt_all_gather(&r->groups.tp, mine, gathered, (size_t)r->dims.Vp_tp);
                 mt_buffer_download(r, row, gathered, sizeof(float) * (size_t)Vp);
             } else {
                 mt_buffer_download(r, row, mine, sizeof(float) * (size_t)Vp);
@@ -5956,7 +6334,7 @@ int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float tempe
             next = (float)mt__sample_token(row, V, temperature, top_k, seed, (uint64_t)n);
         }
         a->mb = -1;
-        if (r->ps.pp_size > 1) mt_broadcast(&r->pp, &next, 1, r->ps.pp_size - 1);   // host value, threads
+        if (r->ps.pp_size > 1) mt_broadcast(&r->groups.pp, &next, 1, r->ps.pp_size - 1);   // host value, threads
         ids[n++] = (int32_t)next;
     }
     free(row);
@@ -5992,7 +6370,7 @@ typedef struct {
 // fills micro-batch mb of this rank: sample base + mt_sample_in_batch(r, mb, b) of the split
 static void mt__data_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
     mt__batch_ctx *ctx = (mt__batch_ctx *)vctx;
-    int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
+    int B = r->dims.B, T = r->dims.T, V = r->cfg->model.vocab_size;
     int64_t base = ctx->split == 0 ? (int64_t)(iteration - 1) * r->cfg->train.global_batch_size : ctx->eval_base;
     for (int b = 0; b < B; b++) {
         int64_t i = base + mt_sample_in_batch(r, mb, b);
@@ -6036,30 +6414,25 @@ static float mt__evaluate(mt_rank *r, mt__batch_ctx *ctx, int split, int iterati
         else ctx->eval_base = (int64_t)k * cfg->train.global_batch_size;
         sum += mt_eval_step(r, mt__data_batch, ctx, iteration);
         if (split == 1) {
-            mt_barrier(&r->world);   // everyone has read this batch before rank 0 moves the iterator
+            mt_barrier(&r->groups.world);   // everyone has read this batch before rank 0 moves the iterator
             if (r->ps.rank == 0) ctx->data->valid_consumed += cfg->train.global_batch_size;
-            mt_barrier(&r->world);
+            mt_barrier(&r->groups.world);
         }
     }
     ctx->split = 0;
     return (float)(sum / cfg->train.eval_iters);
 }
 
-static void mt__rank_main(mt_world *w, int rank, void *arg) {
-    mt__job *job = (mt__job *)arg;
-    mt_config *cfg = job->cfg;
-    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
-    mt_rank_init(r, cfg, w, rank);
-    char name[32];
-    snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
-    mt_thread_set_name(name);
-    int is_logger = rank == cfg->world_size - 1;
-    // rank 0's tensors as carved: name, local shape (layers x rows x cols), offset in the buffer
+// at start: rank 0's tensors as carved (name, local shape, offset in the buffer), then one line
+// per rank with what it holds, in the order the buffers were allocated
+static void mt__print_rank_tables(mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    int rank = r->ps.rank;
     if (rank == 0) {
         printf("rank 0 parameters (carve order = checkpoint order):");
         const char *sep = " ";
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-            const mt_param_spec *s = &r->specs[i];
+            const mt_param_spec *s = &r->model.specs[i];
             if (!s->present) continue;
             if (s->layers) printf("%s%s %dx%dx%d @%zu", sep, s->name, s->layers, s->rows, s->cols, s->offset);
             else printf("%s%s %dx%d @%zu", sep, s->name, s->rows, s->cols, s->offset);
@@ -6068,154 +6441,232 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
         printf("\n");
         fflush(stdout);
     }
-    // one line per rank: what it holds, in the order the buffers were allocated
     for (int k = 0; k < cfg->world_size; k++) {
         if (k == rank) {
-            printf("rank %d (tp %d, dp %d, pp %d%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, optimizer %.1f, "
-                   "activations %.1f (%d micro-batch slot%s), workspace %.1f\n",
-                   rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->device >= 0 ? ", GPU" : "", r->num_params,
-                   r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6, r->memory.activations / 1e6,
-                   r->num_slots, r->num_slots == 1 ? "" : "s", r->memory.scratch / 1e6);
+            printf("rank %d (tp %d, dp %d, pp %d%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, "
+                   "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f\n",
+                   rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->dev.device >= 0 ? ", GPU" : "",
+                   r->model.num_params, r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6,
+                   r->memory.activations / 1e6, r->acts.num_slots, r->acts.num_slots == 1 ? "" : "s",
+                   r->memory.scratch / 1e6);
             fflush(stdout);
         }
-        mt_barrier(&r->world);
+        mt_barrier(&r->groups.world);
     }
+}
+
+// --load: resume where the checkpoint stopped (every rank reads its own file). Returns the
+// first iteration to train.
+static int mt__resume(mt_rank *r, mt__job *job) {
+    const mt_train_config *t = &r->cfg->train;
+    if (!t->load[0]) return 1;
+    int64_t valid_consumed = 0;
+    int loaded = mt_checkpoint_load(r, t->load, &valid_consumed);
+    mt_barrier(&r->groups.world);
+    if (r->ps.rank == 0) job->data->valid_consumed = valid_consumed;
+    if (loaded >= t->train_iters && r->ps.rank == r->ps.world_size - 1)
+        printf("the checkpoint is at iteration %d, --train-iters is %d: nothing to train\n", loaded, t->train_iters);
+    return loaded + 1;
+}
+
+// Megatron's training_log: the iteration line every --log-interval iterations, with the
+// interval's mean loss, mean time and the counts of skipped and NaN iterations
+typedef struct {
+    double loss, time;          // sums over the iterations of the interval
+    int count;                  // iterations with a finite loss
+    int skipped, nan_iters;
+} mt__log_interval;
+
+static void mt__training_log(mt_rank *r, int it, const mt_step_result *res, double dt, mt__log_interval *acc) {
+    const mt_config *cfg = r->cfg;
+    const mt_train_config *t = &cfg->train;
+    acc->time += dt;
+    if (res->skipped) acc->skipped++;
+    if (!isfinite(res->loss)) acc->nan_iters++;
+    else { acc->loss += res->loss; acc->count++; }
+    if (it % t->log_interval != 0) return;
+    if (r->ps.rank == r->ps.world_size - 1) {   // Megatron's print_rank_last
+        double ms = 1000.0 * acc->time / t->log_interval;
+        double tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / (acc->time / t->log_interval);
+        // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and
+        // backward, attention included), per GPU (per rank)
+        double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+        printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+               "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
+               "number of skipped iterations: %3d | number of nan iterations: %3d | "
+               "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f |\n",
+               it, t->train_iters, (long long)it * t->global_batch_size, ms, (double)res->lr, t->global_batch_size,
+               acc->count ? acc->loss / acc->count : (double)NAN, 1.0, (double)res->grad_norm, acc->skipped,
+               acc->nan_iters, tflops, tokens_per_s);
+        if (r->ps.pp_size > 1)
+            printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res->idle_seconds / dt);
+        fflush(stdout);
+    }
+    memset(acc, 0, sizeof *acc);
+}
+
+// Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
+// Returns the last iteration trained (--exit-interval may stop it early).
+static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved) {
+    const mt_train_config *t = &r->cfg->train;
+    mt__log_interval acc;
+    memset(&acc, 0, sizeof acc);
+    for (int it = first_iteration; it <= t->train_iters; it++) {
+        double t0 = mt_time_seconds();
+        mt_step_result res = mt_train_step(r, mt__data_batch, ctx, it);
+        mt__training_log(r, it, &res, mt_time_seconds() - t0, &acc);
+        if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
+            char what[64];
+            snprintf(what, sizeof what, "iteration %d", it);
+            mt__print_eval(r, what, mt__evaluate(r, ctx, 1, it));
+        }
+        int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
+        if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
+            mt_barrier(&r->groups.world);   // the valid iterator position is final for this iteration
+            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
+            *last_saved = it;
+        }
+        if (exiting) {
+            if (r->ps.rank == r->ps.world_size - 1) {
+                printf("exiting program at iteration %d (--exit-interval %d)\n", it, t->exit_interval);
+                fflush(stdout);
+            }
+            return it;
+        }
+    }
+    return t->train_iters;
+}
+
+// --tokens-to-generate: a sample of what the model learned, after training
+static void mt__generate_sample(mt_rank *r, mt__job *job) {
+    const mt_train_config *t = &r->cfg->train;
+    int cap = job->prompt_len + t->tokens_to_generate;
+    int32_t *ids = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)cap, "generation");
+    memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
+    int n = mt_generate(r, ids, job->prompt_len, cap, t->tokens_to_generate, t->temperature, t->top_k, t->seed);
+    if (r->ps.rank == r->ps.world_size - 1) {
+        printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature, t->top_k);
+        if (job->tokenizer) {
+            size_t len = mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, NULL, 0);
+            char *text = (char *)mt_malloc(len + 1, "generated text");
+            mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, text, len + 1);
+            printf("%s\n", text);
+            free(text);
+        } else {
+            for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
+        }
+        fflush(stdout);
+    }
+    free(ids);
+}
+
+// at the end, on a build with devices: each rank's device memory in use
+static void mt__print_device_memory(mt_rank *r) {
+    double used = 0, total = 0;
+    if (!mt_device_memory_in_use(r, &used, &total)) return;   // the CPU build has no device
+    for (int k = 0; k < r->ps.world_size; k++) {
+        if (k == r->ps.rank) {
+            printf("rank %d: GPU memory in use at the end: %.2f GiB of %.1f GiB\n", r->ps.rank, used, total);
+            fflush(stdout);
+        }
+        mt_barrier(&r->groups.world);
+    }
+}
+
+// one rank's whole job, on its own thread
+static void mt__rank_main(mt_world *w, int rank, void *arg) {
+    mt__job *job = (mt__job *)arg;
+    mt_config *cfg = job->cfg;
+    const mt_train_config *t = &cfg->train;
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt_rank_init(r, cfg, w, rank);
+    char name[32];
+    snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
+    mt_thread_set_name(name);
+    mt__print_rank_tables(r);
     mt__batch_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.cfg = cfg;
     ctx.data = job->data;
     ctx.sample = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)(cfg->model.seq_length + 1), "sample");
-    const mt_train_config *t = &cfg->train;
-    double interval_loss = 0.0, interval_time = 0.0;
-    int interval_count = 0, skipped = 0, nan_iters = 0;
-    // --load: resume where the checkpoint stopped (every rank reads its own file)
-    int first_iteration = 1;
-    if (t->load[0]) {
-        int64_t valid_consumed = 0;
-        int loaded = mt_checkpoint_load(r, t->load, &valid_consumed);
-        first_iteration = loaded + 1;
-        mt_barrier(&r->world);
-        if (rank == 0) job->data->valid_consumed = valid_consumed;
-        if (loaded >= t->train_iters && is_logger)
-            printf("the checkpoint is at iteration %d, --train-iters is %d: nothing to train\n", loaded, t->train_iters);
-    }
-    mt_barrier(&r->world);
-    int last_saved = 0, last_iteration = t->train_iters;
-    for (int it = first_iteration; it <= t->train_iters; it++) {
-        double t0 = mt_time_seconds();
-        mt_step_result res = mt_train_step(r, mt__data_batch, &ctx, it);
-        double dt = mt_time_seconds() - t0;
-        interval_time += dt;
-        if (res.skipped) skipped++;
-        if (!isfinite(res.loss)) nan_iters++;
-        else { interval_loss += res.loss; interval_count++; }
-        if (it % t->log_interval == 0 && is_logger) {
-            double ms = 1000.0 * interval_time / t->log_interval;
-            double tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / (interval_time / t->log_interval);
-            // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and backward,
-            // attention included), per GPU (per rank)
-            double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
-            printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                   "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
-                   "number of skipped iterations: %3d | number of nan iterations: %3d | throughput per GPU (TFLOP/s/GPU): %.1f | "
-                   "tokens per second: %.0f |\n",
-                   it, t->train_iters, (long long)it * t->global_batch_size, ms, (double)res.lr, t->global_batch_size,
-                   interval_count ? interval_loss / interval_count : (double)NAN, 1.0, (double)res.grad_norm, skipped,
-                   nan_iters, tflops, tokens_per_s);
-            if (r->ps.pp_size > 1) printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res.idle_seconds / dt);
-            fflush(stdout);
-        }
-        if (it % t->log_interval == 0) { interval_loss = 0; interval_time = 0; interval_count = 0; skipped = 0; nan_iters = 0; }
-        if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
-            char what[64];
-            snprintf(what, sizeof what, "iteration %d", it);
-            float loss = mt__evaluate(r, &ctx, 1, it);
-            mt__print_eval(r, what, loss);
-        }
-        int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
-        if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
-            mt_barrier(&r->world);   // the valid iterator position is final for this iteration
-            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
-            last_saved = it;
-        }
-        if (exiting) {
-            if (is_logger) { printf("exiting program at iteration %d (--exit-interval %d)\n", it, t->exit_interval); fflush(stdout); }
-            last_iteration = it;
-            break;
-        }
-    }
+    int first_iteration = mt__resume(r, job);
+    mt_barrier(&r->groups.world);
+    int last_saved = 0;
+    int last_iteration = mt__train(r, job, &ctx, first_iteration, &last_saved);
     // Megatron saves once more at the end when the last iteration was not a save point
     if (t->save[0] && last_saved != last_iteration && first_iteration <= last_iteration) {
-        mt_barrier(&r->world);
+        mt_barrier(&r->groups.world);
         mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
     }
-    int finished = last_iteration == t->train_iters;   // not stopped by --exit-interval
-    if (finished && job->data->has_split[1] && t->eval_iters > 0) {
-        float loss = mt__evaluate(r, &ctx, 1, t->train_iters);
-        mt__print_eval(r, "the end of training for val data", loss);
+    if (last_iteration == t->train_iters && t->eval_iters > 0) {   // not stopped by --exit-interval
+        if (job->data->has_split[1])
+            mt__print_eval(r, "the end of training for val data", mt__evaluate(r, &ctx, 1, t->train_iters));
+        if (job->data->has_split[2])
+            mt__print_eval(r, "the end of training for test data", mt__evaluate(r, &ctx, 2, t->train_iters));
     }
-    if (finished && job->data->has_split[2] && t->eval_iters > 0) {
-        float loss = mt__evaluate(r, &ctx, 2, t->train_iters);
-        mt__print_eval(r, "the end of training for test data", loss);
-    }
-    // --tokens-to-generate: a sample of what the model learned
-    if (t->tokens_to_generate > 0) {
-        int cap = job->prompt_len + t->tokens_to_generate;
-        int32_t *ids = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)cap, "generation");
-        memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
-        int n = mt_generate(r, ids, job->prompt_len, cap, t->tokens_to_generate, t->temperature, t->top_k, t->seed);
-        if (is_logger) {
-            printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature, t->top_k);
-            if (job->tokenizer) {
-                size_t len = mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, NULL, 0);
-                char *text = (char *)mt_malloc(len + 1, "generated text");
-                mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, text, len + 1);
-                printf("%s\n", text);
-                free(text);
-            } else {
-                for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
-            }
-            fflush(stdout);
-        }
-        free(ids);
-    }
-#ifdef __CUDACC__
-    size_t free_b = 0, total_b = 0;
-    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    for (int k = 0; k < cfg->world_size; k++) {
-        if (k == rank) { printf("rank %d: GPU memory in use at the end: %.2f GiB of %.1f GiB\n", rank, (double)(total_b - free_b) / (1 << 30), (double)total_b / (1 << 30)); fflush(stdout); }
-        mt_barrier(&r->world);
-    }
-#endif
+    if (t->tokens_to_generate > 0) mt__generate_sample(r, job);
+    mt__print_device_memory(r);
     free(ctx.sample);
     mt_rank_free(r);
     free(r);
 }
 
+// the tokenizer, loaded once: it gives the vocabulary size (as in Megatron, unless --vocab-size
+// says) and turns --prompt into ids and generated ids into text. Returns 1 if it was loaded.
+static int mt__load_tokenizer(mt_config *cfg, mt_tokenizer *tok) {
+    const mt_train_config *t = &cfg->train;
+    int for_vocab = cfg->model.vocab_size == 0 && t->vocab_file[0] && strcmp(t->tokenizer_type, "NullTokenizer") != 0;
+    int for_text = t->tokens_to_generate > 0 && t->vocab_file[0] && t->merge_file[0];
+    if (!for_vocab && !for_text) return 0;
+    if (!t->merge_file[0]) mt_fatal("--vocab-file needs --merge-file (GPT2BPETokenizer)");
+    mt_tokenizer_load(tok, t->vocab_file, t->merge_file);
+    if (cfg->model.vocab_size == 0) cfg->model.vocab_size = tok->vocab_size;
+    return 1;
+}
+
+// the prompt's ids for --tokens-to-generate (at least one: <|endoftext|> starts a new document)
+static void mt__encode_prompt(const mt_config *cfg, const mt_tokenizer *tok, mt_int_list *prompt) {
+    int32_t eod = cfg->model.vocab_size - 1;   // GPT-2's <|endoftext|> is its last id
+    if (tok) {
+        if (tok->eod_id >= 0) eod = tok->eod_id;
+        mt_tokenizer_encode(tok, NULL, cfg->train.prompt, strlen(cfg->train.prompt), prompt);
+    } else if (cfg->train.prompt[0]) {
+        mt_fatal("--prompt needs --vocab-file and --merge-file to turn the text into tokens");
+    }
+    if (prompt->len == 0) mt_int_list_push(prompt, eod);
+    if ((int)prompt->len >= cfg->model.seq_length * 4)
+        mt_fatal("--prompt is %zu tokens; keep it shorter than a few --seq-length", prompt->len);
+}
+
 int mt_pretrain(mt_config *cfg) {
+    mt_tokenizer tokenizer;
+    int have_tokenizer = mt__load_tokenizer(cfg, &tokenizer);
+    mt_config_derive(cfg);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training
     if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
         if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to read)");
         if (cfg->train.convert_checkpoint) {
             if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint goes)");
-            if (strcmp(cfg->train.save, cfg->train.load) == 0) mt_fatal("--convert-checkpoint: --save and --load are the same directory\nhint: write the converted checkpoint somewhere else");
-            mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp, cfg->train.target_vp_layers);
+            if (strcmp(cfg->train.save, cfg->train.load) == 0)
+                mt_fatal("--convert-checkpoint: --save and --load are the same directory\n"
+                         "hint: write the converted checkpoint somewhere else");
+            mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp,
+                                  cfg->train.target_vp_layers);
         }
         if (cfg->train.export_hf[0]) mt_checkpoint_export_hf(cfg->train.load, cfg->train.export_hf);
+        if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }
-    if (cfg->parallel.print_layout) { mt_print_layout(cfg, stdout); return 0; }
-    if (cfg->parallel.print_schedule) { mt_print_schedule(cfg, stdout); return 0; }
+    if (cfg->parallel.print_layout || cfg->parallel.print_schedule) {
+        if (cfg->parallel.print_layout) mt_print_layout(cfg, stdout);
+        else mt_print_schedule(cfg, stdout);
+        if (have_tokenizer) mt_tokenizer_free(&tokenizer);
+        return 0;
+    }
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
     if (cfg->train.save_interval > 0 && !cfg->train.save[0])
         mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)", cfg->train.save_interval);
-#ifdef __CUDACC__
-    if (cfg->train.fp16)
-        mt_fatal("--fp16 needs dynamic loss scaling, which this build does not have yet\nhint: use --bf16 (same speed here, no loss scaling needed) or --fp32");
-#else
-    if (cfg->train.fp16 || cfg->train.bf16)
-        fprintf(stderr, "note: the CPU build computes in fp32; --bf16 applies to the GPU build (train_gpt_cuda)\n");
-#endif
+    mt_device_check_precision(cfg);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
     double t0 = mt_time_seconds();
@@ -6227,29 +6678,17 @@ int mt_pretrain(mt_config *cfg) {
     printf("data ready in %.2f s; training %d iterations of %d samples x %d tokens\n", mt_time_seconds() - t0,
            cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
     fflush(stdout);
-    mt_world *w = mt_world_create(cfg->world_size);
-    mt__job job = {cfg, &data, NULL, NULL, 0};
-    // generation needs the tokenizer for the prompt and for printing text
-    mt_tokenizer tokenizer;
-    int32_t eod = cfg->model.vocab_size - 1;   // GPT-2's <|endoftext|> is its last id
+    mt__job job = {cfg, &data, have_tokenizer ? &tokenizer : NULL, NULL, 0};
     mt_int_list prompt = {NULL, 0, 0};
     if (cfg->train.tokens_to_generate > 0) {
-        if (cfg->train.vocab_file[0] && cfg->train.merge_file[0]) {
-            mt_tokenizer_load(&tokenizer, cfg->train.vocab_file, cfg->train.merge_file);
-            job.tokenizer = &tokenizer;
-            if (tokenizer.eod_id >= 0) eod = tokenizer.eod_id;
-            mt_tokenizer_encode(&tokenizer, NULL, cfg->train.prompt, strlen(cfg->train.prompt), &prompt);
-        } else if (cfg->train.prompt[0]) {
-            mt_fatal("--prompt needs --vocab-file and --merge-file to turn the text into tokens");
-        }
-        if (prompt.len == 0) mt_int_list_push(&prompt, eod);   // no prompt: a new document
-        if ((int)prompt.len >= cfg->model.seq_length * 4) mt_fatal("--prompt is %zu tokens; keep it shorter than a few --seq-length", prompt.len);
+        mt__encode_prompt(cfg, job.tokenizer, &prompt);
         job.prompt = prompt.data;
         job.prompt_len = (int)prompt.len;
     }
+    mt_world *w = mt_world_create(cfg->world_size);
     int rc = mt_world_run(w, mt__rank_main, &job);
     mt_world_destroy(w);
-    if (job.tokenizer) mt_tokenizer_free(&tokenizer);
+    if (have_tokenizer) mt_tokenizer_free(&tokenizer);
     mt_int_list_free(&prompt);
     mt_data_free(&data);
     return rc;

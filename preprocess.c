@@ -33,7 +33,6 @@
 #define PP_MAX_KEYS 16
 #define PP_BATCH_BYTES (256u << 10)   // a batch closes after this much input ...
 #define PP_BATCH_DOCS 4096            // ... or this many documents
-#define PP_MAX_DEPTH 512              // JSON nesting limit
 
 // ---------------------------------------------------------------------------------------------
 // flags: Megatron's names, plus the few this program adds
@@ -106,22 +105,6 @@ static void usage(FILE *f) {
     }
 }
 
-static int edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 63 || m > 63) return 99;
-    int d[64][64];
-    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
-            d[i][j] = best;
-        }
-    return d[n][m];
-}
-
 static int parse_int(const char *flag, const char *v, int lo) {
     char *end;
     errno = 0;
@@ -157,7 +140,7 @@ static void parse_args(int argc, char **argv, pp_args *a) {
             const char *best = pp_flags[0].name;
             int bd = 1 << 30;
             for (size_t k = 0; k < PP_NFLAGS; k++) {
-                int d = strncmp(pp_flags[k].name, name, strlen(name)) == 0 ? 0 : 1 + edit_distance(name, pp_flags[k].name);
+                int d = strncmp(pp_flags[k].name, name, strlen(name)) == 0 ? 0 : 1 + mt_edit_distance(name, pp_flags[k].name);
                 if (d < bd) { bd = d; best = pp_flags[k].name; }
             }
             mt_fatal("unknown flag %s\nhint: did you mean %s? (./preprocess --help lists the flags)", name, best);
@@ -229,144 +212,23 @@ static void parse_args(int argc, char **argv, pp_args *a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// loose JSON: one object per line, parsed as strictly as Python's json.loads. String values of
-// the wanted keys are decoded in place (mt_json_string); every other value is checked and skipped.
-typedef struct {
-    const char *s, *end, *line;   // cursor, end of the line, start of the line (for columns)
-    const char *err;              // first error, NULL if none
-    const char *err_at;
-} pp_json;
-
-static void json_ws(pp_json *j) {
-    while (j->s < j->end && (*j->s == ' ' || *j->s == '\t' || *j->s == '\r' || *j->s == '\n')) j->s++;
-}
-static void json_fail(pp_json *j, const char *msg) {
-    if (!j->err) { j->err = msg; j->err_at = j->s; }
-}
-static int json_lit(pp_json *j, const char *lit) {
-    size_t n = strlen(lit);
-    if ((size_t)(j->end - j->s) >= n && memcmp(j->s, lit, n) == 0) { j->s += n; return 1; }
-    return 0;
-}
-static int hex4(const char *p, uint32_t *v) {   // 4 hex digits
-    uint32_t x = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return 0;
-        x = x * 16 + (uint32_t)d;
-    }
-    *v = x;
-    return 1;
-}
-// checks the string at the cursor as Python's json does and moves past it; returns 1 if it
-// is valid. A lone UTF-16 surrogate (\ud800 with no \udc00.. after it) is valid JSON to Python
-// but has no UTF-8 form: *lone is set, and only a string that must be tokenized is rejected
-// for it (Megatron would fail there too, in its tokenizer).
-static int json_scan_str(pp_json *j, int *lone) {
-    const char *p = j->s + 1, *e = j->end;
-    *lone = 0;
-    while (p < e) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"') { j->s = p + 1; return 1; }
-        if (c < 0x20) { j->s = p; json_fail(j, "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"); return 0; }
-        if (c >= 0x80) {
-            uint32_t cp;
-            int l = mt_utf8_decode(p, (size_t)(e - p), &cp);
-            if (!l) { j->s = p; json_fail(j, "invalid UTF-8 in a string"); return 0; }
-            p += l;
-            continue;
-        }
-        if (c != '\\') { p++; continue; }
-        if (e - p < 2) break;
-        char x = p[1];
-        if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r' || x == 't') { p += 2; continue; }
-        uint32_t u, lo;
-        if (x != 'u' || e - p < 6 || !hex4(p + 2, &u)) { j->s = p; json_fail(j, "invalid escape in a string"); return 0; }
-        p += 6;
-        if (u >= 0xD800 && u <= 0xDBFF && e - p >= 6 && p[0] == '\\' && p[1] == 'u' && hex4(p + 2, &lo) &&
-            lo >= 0xDC00 && lo <= 0xDFFF) p += 6;   // a surrogate pair: one code point
-        else if (u >= 0xD800 && u <= 0xDFFF) *lone = 1;
-    }
-    j->s = e;
-    json_fail(j, "unterminated string");
-    return 0;
-}
-// a string that is needed (a key, or a value to tokenize): checked, then decoded in place.
-// Returns 0 if the string is bad JSON (j->err set) or has a lone surrogate (*lone set).
-static int json_str(pp_json *j, const char **out, size_t *len, int *lone) {
-    const char *start = j->s;
-    if (!json_scan_str(j, lone) || *lone) return 0;
-    const char *p = start;
-    const char *e = mt_json_string(&p, j->end, (char *)start, len);   // cannot fail after the scan
-    if (e) { json_fail(j, e); return 0; }
-    *out = start;
-    return 1;
-}
-static void json_number(pp_json *j) {   // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-    const char *s = j->s, *e = j->end;
-    if (s < e && *s == '-') s++;
-    if (s < e && *s == '0') s++;
-    else if (s < e && *s >= '1' && *s <= '9') while (s < e && *s >= '0' && *s <= '9') s++;
-    else { json_fail(j, "invalid number"); return; }
-    if (s < e && *s == '.') {
-        s++;
-        if (!(s < e && *s >= '0' && *s <= '9')) { j->s = s; json_fail(j, "invalid number"); return; }
-        while (s < e && *s >= '0' && *s <= '9') s++;
-    }
-    if (s < e && (*s == 'e' || *s == 'E')) {
-        s++;
-        if (s < e && (*s == '+' || *s == '-')) s++;
-        if (!(s < e && *s >= '0' && *s <= '9')) { j->s = s; json_fail(j, "invalid number"); return; }
-        while (s < e && *s >= '0' && *s <= '9') s++;
-    }
-    j->s = s;
-}
-enum { J_STRING, J_NUMBER, J_OBJECT, J_ARRAY, J_TRUE, J_FALSE, J_NULL };
-static const char *json_type_name(int t) {
+// loose JSON: one object per line, parsed as strictly as Python's json.loads, with megatron.h's
+// JSON reader (section 1). String values of the wanted keys are decoded in place; every other
+// value is checked and skipped.
+static const char *json_type_name(mt_json_type t) {
     static const char *names[] = {"a string", "a number", "an object", "a list", "true", "false", "null"};
     return names[t];
 }
-// checks and skips one value; returns its type
-static int json_value(pp_json *j, int depth) {
-    json_ws(j);
-    if (j->s >= j->end) { json_fail(j, "expected a value"); return J_NULL; }
-    if (depth > PP_MAX_DEPTH) { json_fail(j, "nested too deeply"); return J_NULL; }
-    char c = *j->s;
-    int lone;
-    if (c == '"') { json_scan_str(j, &lone); return J_STRING; }
-    if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        j->s++;
-        json_ws(j);
-        if (j->s < j->end && *j->s == close) { j->s++; return c == '{' ? J_OBJECT : J_ARRAY; }
-        for (;;) {
-            if (c == '{') {
-                json_ws(j);
-                if (j->s >= j->end || *j->s != '"') { json_fail(j, "expected a key string"); return J_OBJECT; }
-                json_scan_str(j, &lone);
-                if (j->err) return J_OBJECT;
-                json_ws(j);
-                if (j->s >= j->end || *j->s != ':') { json_fail(j, "expected ':'"); return J_OBJECT; }
-                j->s++;
-            }
-            json_value(j, depth + 1);
-            if (j->err) return J_NULL;
-            json_ws(j);
-            if (j->s < j->end && *j->s == ',') { j->s++; continue; }
-            if (j->s < j->end && *j->s == close) { j->s++; return c == '{' ? J_OBJECT : J_ARRAY; }
-            json_fail(j, c == '{' ? "expected ',' or '}'" : "expected ',' or ']'");
-            return J_NULL;
-        }
-    }
-    if (c == '-' && json_lit(j, "-Infinity")) return J_NUMBER;   // Python's json accepts these three
-    if (c == '-' || (c >= '0' && c <= '9')) { json_number(j); return J_NUMBER; }
-    if (json_lit(j, "NaN") || json_lit(j, "Infinity")) return J_NUMBER;
-    if (json_lit(j, "true")) return J_TRUE;
-    if (json_lit(j, "false")) return J_FALSE;
-    if (json_lit(j, "null")) return J_NULL;
-    json_fail(j, "expected a value");
-    return J_NULL;
+// a string that is needed (a key, or a value to tokenize): checked, then decoded in place.
+// Returns 0 if the string is bad JSON (j->err set) or has a lone surrogate (*lone set).
+static int json_str(mt_json *j, const char **out, size_t *len, int *lone) {
+    char *start = (char *)j->p;
+    if (!mt_json_scan_string(j, lone) || *lone) return 0;
+    const char *p = start;
+    const char *e = mt_json_string(&p, j->end, start, len);   // cannot fail after the scan
+    if (e) { mt_json_fail(j, e); return 0; }
+    *out = start;
+    return 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -446,59 +308,52 @@ static int parse_json_doc(pp_batch *b, const pp_args *a, size_t d, const char **
     char *line = b->text + b->off[d];
     size_t n = b->off[d + 1] - b->off[d];
     int64_t lineno = b->line[d];
-    pp_json j;
-    j.s = line; j.end = line + n; j.line = line; j.err = NULL; j.err_at = NULL;
-    int found[PP_MAX_KEYS] = {0}, type[PP_MAX_KEYS] = {0};
+    mt_json j;
+    mt_json_init(&j, line, n, 0);
+    int found[PP_MAX_KEYS] = {0};
+    mt_json_type type[PP_MAX_KEYS] = {MT_JSON_STRING};
     const char *keys_seen[6];
     size_t keys_seen_len[6];
     int n_seen = 0;
-    json_ws(&j);
-    if (j.s >= j.end || *j.s != '{') {
-        if (j.s < j.end && (*j.s == '[' || *j.s == '"' || *j.s == '-' || (*j.s >= '0' && *j.s <= '9')))
-            json_fail(&j, "the line is JSON but not an object ({...})");
-        else json_fail(&j, "expected '{'");
+    mt_json_ws(&j);
+    if (j.p >= j.end || *j.p != '{') {
+        if (j.p < j.end && (*j.p == '[' || *j.p == '"' || *j.p == '-' || (*j.p >= '0' && *j.p <= '9')))
+            mt_json_fail(&j, "the line is JSON but not an object ({...})");
+        else mt_json_fail(&j, "expected '{'");
     } else {
-        j.s++;
-        json_ws(&j);
-        if (j.s < j.end && *j.s == '}') j.s++;
-        else for (;;) {
-            json_ws(&j);
-            if (j.s >= j.end || *j.s != '"') { json_fail(&j, "expected a key string"); break; }
+        j.p++;
+        if (!mt_json_eat(&j, '}')) do {
+            mt_json_ws(&j);
+            if (j.p >= j.end || *j.p != '"') { mt_json_fail(&j, "expected a key string"); break; }
             const char *key = "";
             size_t klen = 0;
             int lone = 0;
             json_str(&j, &key, &klen, &lone);   // a key with a lone surrogate matches no wanted key
             if (j.err) break;
             if (n_seen < 6 && !lone) { keys_seen[n_seen] = key; keys_seen_len[n_seen] = klen; n_seen++; }
-            json_ws(&j);
-            if (j.s >= j.end || *j.s != ':') { json_fail(&j, "expected ':' after a key"); break; }
-            j.s++;
-            json_ws(&j);
+            if (!mt_json_expect(&j, ':', "expected ':' after a key")) break;
+            mt_json_ws(&j);
             int want = -1;
             for (int k = 0; k < a->n_keys && !lone; k++)
                 if (strlen(a->json_keys[k]) == klen && memcmp(a->json_keys[k], key, klen) == 0) want = k;
-            if (want >= 0 && j.s < j.end && *j.s == '"') {   // a later duplicate key wins, as in Python
-                const char *at = j.s;
+            if (want >= 0 && j.p < j.end && *j.p == '"') {   // a later duplicate key wins, as in Python
+                const char *at = j.p;
                 if (!json_str(&j, &val[want], &val_len[want], &lone) && lone) {
-                    j.s = at;
-                    json_fail(&j, "lone UTF-16 surrogate in the text (it has no UTF-8 form)");
+                    j.p = at;
+                    mt_json_fail(&j, "lone UTF-16 surrogate in the text (it has no UTF-8 form)");
                 }
                 found[want] = 1;
-                type[want] = J_STRING;
+                type[want] = MT_JSON_STRING;
             } else {
-                int t = json_value(&j, 1);
+                mt_json_type t = mt_json_skip(&j);
                 if (want >= 0) { found[want] = 1; type[want] = t; }
             }
             if (j.err) break;
-            json_ws(&j);
-            if (j.s < j.end && *j.s == ',') { j.s++; continue; }
-            if (j.s < j.end && *j.s == '}') { j.s++; break; }
-            json_fail(&j, "expected ',' or '}'");
-            break;
-        }
+        } while (mt_json_eat(&j, ','));
+        if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}'");
         if (!j.err) {
-            json_ws(&j);
-            if (j.s != j.end) json_fail(&j, "extra text after the object");
+            mt_json_ws(&j);
+            if (j.p != j.end) mt_json_fail(&j, "extra text after the object");
         }
     }
     if (j.err) {
@@ -519,10 +374,10 @@ static int parse_json_doc(pp_batch *b, const pp_args *a, size_t d, const char **
                       n_seen ? (int)keys_seen_len[0] : 4, n_seen ? keys_seen[0] : "text");
             return 0;
         }
-        if (type[k] != J_STRING) {
+        if (type[k] != MT_JSON_STRING) {
             batch_bad(b, a, d, "%s line %lld: the value of \"%s\" is %s, not a string%s", a->input, (long long)lineno,
                       a->json_keys[k], json_type_name(type[k]),
-                      type[k] == J_ARRAY ? " (Megatron's pre-split sentence lists are not supported)" : "");
+                      type[k] == MT_JSON_ARRAY ? " (Megatron's pre-split sentence lists are not supported)" : "");
             return 0;
         }
     }

@@ -8,7 +8,7 @@
 #define MT_TEST_SYNTHETIC_H
 static void synthetic_batch(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets) {
     (void)ctx;
-    int B = r->B, T = r->T, V = r->cfg->model.vocab_size;
+    int B = r->dims.B, T = r->dims.T, V = r->cfg->model.vocab_size;
     for (int b = 0; b < B; b++) {
         int64_t sample = (int64_t)(iteration - 1) * r->cfg->train.global_batch_size + mt_sample_in_batch(r, mb, b);
         int start = (int)(mt_hash64((uint64_t)sample) % (uint64_t)V), step = 1 + (int)(mt_hash64((uint64_t)sample + 77) % 3);

@@ -43,9 +43,9 @@ static void rank_main(mt_world *w, int rank, void *arg) {
         if (it == run->save_at) mt_checkpoint_save(&r, run->dir, it, 1234);
     }
     if (rank == 0) {
-        run->num_params = r.num_params;
-        run->params = (float *)malloc(r.num_params * sizeof(float));
-        memcpy(run->params, r.params_memory, r.num_params * sizeof(float));
+        run->num_params = r.model.num_params;
+        run->params = (float *)malloc(r.model.num_params * sizeof(float));
+        memcpy(run->params, r.model.params_memory, r.model.num_params * sizeof(float));
     }
     mt_rank_free(&r);
 }
@@ -227,7 +227,7 @@ MT_TEST(convert_between_layouts) {
             mt_rank r;
             mt__shape_rank(&r, &first_half.cfg, tp, pp);
             float *a[3], *b[3];
-            for (int k = 0; k < 3; k++) { a[k] = (float *)calloc(r.num_params + 1, 4); b[k] = (float *)calloc(r.num_params + 1, 4); }
+            for (int k = 0; k < 3; k++) { a[k] = (float *)calloc(r.model.num_params + 1, 4); b[k] = (float *)calloc(r.model.num_params + 1, 4); }
             long long meta[32];
             char path[MT_PATH_MAX + 128];
             mt_checkpoint_path(path, sizeof path, CKPT_DIR, 3, tp, pp, 2);
@@ -235,7 +235,7 @@ MT_TEST(convert_between_layouts) {
             mt_checkpoint_path(path, sizeof path, CKPT_DIR "_back", 3, tp, pp, 2);
             mt__ckpt_read_file(&r, path, b, meta);
             for (int k = 0; k < 3; k++)
-                mt_expect(memcmp(a[k], b[k], r.num_params * sizeof(float)) == 0, "tp %d pp %d buffer %d changed in the round trip", tp, pp, k);
+                mt_expect(memcmp(a[k], b[k], r.model.num_params * sizeof(float)) == 0, "tp %d pp %d buffer %d changed in the round trip", tp, pp, k);
             for (int k = 0; k < 3; k++) { free(a[k]); free(b[k]); }
         }
     free(straight.params); free(first_half.params);
@@ -256,12 +256,12 @@ MT_TEST(export_hugging_face) {
     mt_rank_init(&r, &spec.cfg, w, 0);
     int64_t valid = 0;
     mt_expect(mt_checkpoint_load(&r, "build/ckpt_ref_tp1", &valid) == 2, "the converted checkpoint is not at iteration 2");
-    int B = r.B, T = r.T, V = spec.cfg.model.vocab_size, Vp = spec.cfg.padded_vocab_size;
-    mt_activations *a = &r.slots[0];
+    int B = r.dims.B, T = r.dims.T, V = spec.cfg.model.vocab_size, Vp = spec.cfg.padded_vocab_size;
+    mt_activations *a = &r.acts.slots[0];
     a->mb = 0;
     a->sample_offset = 0;
     for (int i = 0; i < B * T; i++) { a->tokens[i] = (int)(mt_hash64(300 + (uint64_t)i) % (uint64_t)V); a->targets[i] = 0; }
-    r.training = 0;
+    r.state.training = 0;
     mt__forward_chunk(&r, a, 0);
     FILE *f = fopen("build/hf_ref/ours_logits.bin", "wb");
     int32_t dims[3] = {B, T, V};

@@ -50,11 +50,11 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     // TP-replicated tensors; the first stage for the tied wte)
     if (r->ps.dp_rank == 0)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-            const mt_param_spec *s = &r->specs[i];
+            const mt_param_spec *s = &r->model.specs[i];
             if (!s->present) continue;
             if (s->split == MT_SPLIT_NONE && r->ps.tp_rank != 0) continue;
             if (i == 0 && !r->ps.is_first_stage) continue;
-            mt_shard_copy(r, s, r->params_memory, run->global_params + run->global_offsets[i], 0);
+            mt_shard_copy(r, s, r->model.params_memory, run->global_params + run->global_offsets[i], 0);
         }
     mt_rank_free(r);
     free(r);

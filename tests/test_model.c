@@ -28,7 +28,7 @@ typedef struct { mt_config *cfg; mt_data *data; float first, last; } job;
 
 static void batch_fn(mt_rank *r, void *ctx, int iteration, int mb, int *tokens, int *targets) {
     mt_data *data = (mt_data *)ctx;
-    int B = r->B, T = r->T;
+    int B = r->dims.B, T = r->dims.T;
     int32_t sample[65];
     for (int b = 0; b < B; b++) {
         int64_t i = (int64_t)(iteration - 1) * r->cfg->train.global_batch_size + (int64_t)mb * B + b;

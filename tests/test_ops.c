@@ -478,11 +478,11 @@ static void attention_mask(float *mask, const mt_dropout *attn, int B, int T, in
 static void attention_fd_case(float p_drop) {
     enum { B = 2, T = 6, NH = 2, hs = 4, C = NH * hs, N3 = B * T * 3 * C, N = B * T * C };
     uint64_t s = 16;
-    float *qkv = alloc_f(N3), *R = alloc_f(N), *out = alloc_f(N), *att = alloc_f(B * NH * T * T);
+    float *qkv = alloc_f(N3), *R = alloc_f(N), *out = alloc_f(N), *lse = alloc_f(B * NH * T);
     fill_uniform(qkv, N3, &s, 1.0f, 0.0f);
     fill_uniform(R, N, &s, 1.0f, 0.0f);
     mt_dropout drop = {99, 3, 1 * 8 + 1, p_drop, 5, T, C};   // sample_offset 5: a later part of the batch
-    mt_attention_forward_cpu(out, att, qkv, B, T, C, NH, &drop, 0, NH);
+    mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
     float *mask = NULL;
     if (p_drop > 0) {
         mask = alloc_f(B * NH * T * T);
@@ -501,31 +501,36 @@ static void attention_fd_case(float p_drop) {
     // 1e-5: softmax of <= 6 scores and a weighted sum of <= 6 values in fp32 (expf is ~1 ulp);
     // a few ulps of the O(1) terms, against the 1e-3 floor where the sum cancels
     mt_check_tensor(p_drop > 0 ? "attention forward vs double (dropout)" : "attention forward vs double", out, want, N, 1e-5);
-    // the saved probabilities: rows sum to 1 and are 0 above the diagonal (causal)
-    int causal_ok = 1, rows_ok = 1;
+    // the saved logsumexp: exp(s - lse) over a causal row sums to 1 (scores recomputed in double
+    // from the same fp32 q, k; lse is logf of an fp32 sum of <= 6 terms: a few ulps of O(1))
+    int rows_ok = 1;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                const float *row = att + (((size_t)b * NH + h) * T + t) * T;
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
                 double sum = 0;
-                for (int u = 0; u < T; u++) { sum += row[u]; if (u > t && row[u] != 0.0f) causal_ok = 0; }
-                if (fabs(sum - 1.0) > 1e-6) rows_ok = 0;   // <= 6 fp32 terms: 6 * 6e-8 < 1e-6
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    double dot = 0;
+                    for (int i = 0; i < hs; i++) dot += (double)q[i] * k[i];
+                    sum += exp(dot / sqrt((double)hs) - lse[((size_t)b * NH + h) * T + t]);
+                }
+                if (fabs(sum - 1.0) > 1e-6) rows_ok = 0;
             }
-    mt_expect(causal_ok, "att must be 0 above the diagonal");
-    mt_expect(rows_ok, "att rows must sum to 1");
-    float *dqkv = alloc_f(N3), *num = alloc_f(N3), *dp_row = alloc_f(T);
-    mt_attention_backward_cpu(dqkv, R, qkv, att, B, T, C, NH, &drop, 0, NH, dp_row);
+    mt_expect(rows_ok, "exp(s - lse) rows must sum to 1");
+    float *dqkv = alloc_f(N3), *num = alloc_f(N3);
+    mt_attention_backward_cpu(dqkv, R, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
     fd_gradient(num, qd, N3, att_objective, &ctx);
     // dq, dk, dv are sums of <= 6 (t2) x 4 (hs) products through the softmax backward
-    // p (dp - sum p dp), whose difference cancels: a few ulps of the largest term, which is ~3x
+    // p (dp - D), D = dout . out, whose difference cancels: a few ulps of the largest term, which is ~3x
     // the typical gradient; measured max ~1e-6. 1e-4 leaves room for the 1e-3 floor elements.
     mt_check_tensor(p_drop > 0 ? "attention dqkv (dropout)" : "attention dqkv", dqkv, num, N3, 1e-4);
     float *once = alloc_f(N3);
     memcpy(once, dqkv, sizeof(float) * N3);
-    mt_attention_backward_cpu(dqkv, R, qkv, att, B, T, C, NH, &drop, 0, NH, dp_row);
+    mt_attention_backward_cpu(dqkv, R, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
     expect_doubled("attention dqkv accumulates", dqkv, once, N3);
-    free(qkv); free(R); free(out); free(att); free(mask); free(qd); free(Rd); free(od); free(want);
-    free(dqkv); free(num); free(dp_row); free(once);
+    free(qkv); free(R); free(out); free(lse); free(mask); free(qd); free(Rd); free(od); free(want);
+    free(dqkv); free(num); free(once);
 }
 MT_TEST(attention) { attention_fd_case(0.0f); }
 MT_TEST(attention_dropout) { attention_fd_case(0.3f); }
@@ -535,7 +540,7 @@ MT_TEST(attention_causal) {
     enum { B = 2, T = 7, NH = 2, hs = 4, C = NH * hs, N3 = B * T * 3 * C, N = B * T * C, t0 = 3 };
     uint64_t s = 17;
     float *qkv = alloc_f(N3), *qkv2 = alloc_f(N3), *out = alloc_f(N), *out2 = alloc_f(N);
-    float *att = alloc_f(B * NH * T * T);
+    float *lse = alloc_f(B * NH * T);
     fill_uniform(qkv, N3, &s, 1.0f, 0.0f);
     memcpy(qkv2, qkv, sizeof(float) * N3);
     // change every q, k, v of positions t > t0
@@ -544,8 +549,8 @@ MT_TEST(attention_causal) {
             for (int i = 0; i < 3 * C; i++) qkv2[((size_t)b * T + t) * 3 * C + i] += 5.0f;
     for (int pass = 0; pass < 2; pass++) {
         mt_dropout drop = {5, 1, 9, pass ? 0.3f : 0.0f, 0, T, C};
-        mt_attention_forward_cpu(out, att, qkv, B, T, C, NH, &drop, 0, NH);
-        mt_attention_forward_cpu(out2, att, qkv2, B, T, C, NH, &drop, 0, NH);
+        mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
+        mt_attention_forward_cpu(out2, lse, qkv2, B, T, C, NH, &drop, 0, NH);
         int same = 1, changed = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -557,12 +562,12 @@ MT_TEST(attention_causal) {
         mt_expect(same, "attention (p=%s): output at t <= %d changed when tokens > %d changed", pass ? "0.3" : "0", t0, t0);
         mt_expect(changed, "attention: output at t > %d must change (else the test proves nothing)", t0);
         // backward with dout only at positions <= t0: no gradient reaches q, k, v of positions > t0
-        float *dout = alloc_f(N), *dqkv = alloc_f(N3), *dp_row = alloc_f(T);
-        mt_attention_forward_cpu(out, att, qkv, B, T, C, NH, &drop, 0, NH);
+        float *dout = alloc_f(N), *dqkv = alloc_f(N3);
+        mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
         for (int b = 0; b < B; b++)
             for (int t = 0; t <= t0; t++)
                 for (int i = 0; i < C; i++) dout[((size_t)b * T + t) * C + i] = 1.0f + 0.1f * (float)i;
-        mt_attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH, &drop, 0, NH, dp_row);
+        mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
         int future_zero = 1, past_nonzero = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -573,30 +578,30 @@ MT_TEST(attention_causal) {
                 }
         mt_expect(future_zero, "attention backward: positions > %d must get no gradient", t0);
         mt_expect(past_nonzero, "attention backward: positions <= %d must get a gradient", t0);
-        free(dout); free(dqkv); free(dp_row);
+        free(dout); free(dqkv);
     }
-    free(qkv); free(qkv2); free(out); free(out2); free(att);
+    free(qkv); free(qkv2); free(out); free(out2); free(lse);
 }
 
 // tensor parallel heads: NH = 4 heads at once, or NH_local = 2 heads on each of two "ranks"
-// with head_offset 0 and 2, must give the same out, att, dqkv, with attention dropout on (the
+// with head_offset 0 and 2, must give the same out, lse, dqkv, with attention dropout on (the
 // mask is keyed by the global head), and the batch split by sample_offset likewise
 MT_TEST(attention_heads_split) {
     enum { B = 2, T = 5, NH = 4, hs = 3, C = NH * hs, N3 = B * T * 3 * C, N = B * T * C, TPN = 2 };
     enum { NHL = NH / TPN, CL = C / TPN };
     uint64_t s = 18;
-    float *qkv = alloc_f(N3), *dout = alloc_f(N), *out = alloc_f(N), *att = alloc_f(B * NH * T * T);
-    float *dqkv = alloc_f(N3), *dp_row = alloc_f(T);
+    float *qkv = alloc_f(N3), *dout = alloc_f(N), *out = alloc_f(N), *lse = alloc_f(B * NH * T);
+    float *dqkv = alloc_f(N3);
     fill_uniform(qkv, N3, &s, 1.0f, 0.0f);
     fill_uniform(dout, N, &s, 1.0f, 0.0f);
     mt_dropout drop = {77, 2, 8 * 3 + 1, 0.3f, 4, T, C};
-    mt_attention_forward_cpu(out, att, qkv, B, T, C, NH, &drop, 0, NH);
-    mt_attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH, &drop, 0, NH, dp_row);
+    mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
+    mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
     for (int r = 0; r < TPN; r++) {
         // rank r's qkv is [Q_r | K_r | V_r]: its heads' columns of each of Q, K, V
         float *qkv_r = alloc_f(B * T * 3 * CL), *dout_r = alloc_f(B * T * CL), *out_r = alloc_f(B * T * CL);
-        float *att_r = alloc_f(B * NHL * T * T), *dqkv_r = alloc_f(B * T * 3 * CL);
-        float *want_out = alloc_f(B * T * CL), *want_att = alloc_f(B * NHL * T * T), *want_dqkv = alloc_f(B * T * 3 * CL);
+        float *lse_r = alloc_f(B * NHL * T), *dqkv_r = alloc_f(B * T * 3 * CL);
+        float *want_out = alloc_f(B * T * CL), *want_lse = alloc_f(B * NHL * T), *want_dqkv = alloc_f(B * T * 3 * CL);
         for (int bt = 0; bt < B * T; bt++) {
             for (int part = 0; part < 3; part++)
                 for (int i = 0; i < CL; i++) {
@@ -610,24 +615,24 @@ MT_TEST(attention_heads_split) {
         }
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NHL; h++)
-                memcpy(want_att + ((size_t)b * NHL + h) * T * T, att + ((size_t)b * NH + r * NHL + h) * T * T, sizeof(float) * T * T);
+                memcpy(want_lse + ((size_t)b * NHL + h) * T, lse + ((size_t)b * NH + r * NHL + h) * T, sizeof(float) * T);
         // one sample at a time too: sample_offset moves with b
         for (int b = 0; b < B; b++) {
             mt_dropout db = drop;
             db.sample_offset = drop.sample_offset + b;
-            mt_attention_forward_cpu(out_r + (size_t)b * T * CL, att_r + (size_t)b * NHL * T * T, qkv_r + (size_t)b * T * 3 * CL,
+            mt_attention_forward_cpu(out_r + (size_t)b * T * CL, lse_r + (size_t)b * NHL * T, qkv_r + (size_t)b * T * 3 * CL,
                                      1, T, CL, NHL, &db, r * NHL, NH);
             mt_attention_backward_cpu(dqkv_r + (size_t)b * T * 3 * CL, dout_r + (size_t)b * T * CL, qkv_r + (size_t)b * T * 3 * CL,
-                                      att_r + (size_t)b * NHL * T * T, 1, T, CL, NHL, &db, r * NHL, NH, dp_row);
+                                      out_r + (size_t)b * T * CL, lse_r + (size_t)b * NHL * T, 1, T, CL, NHL, &db, r * NHL, NH);
         }
         // per head the arithmetic is the same in the same order; only where it sits in memory
         // differs: tolerance 0
         mt_check_tensor("attention out, heads split", out_r, want_out, B * T * CL, 0.0);
-        mt_check_tensor("attention att, heads split", att_r, want_att, B * NHL * T * T, 0.0);
+        mt_check_tensor("attention lse, heads split", lse_r, want_lse, B * NHL * T, 0.0);
         mt_check_tensor("attention dqkv, heads split", dqkv_r, want_dqkv, B * T * 3 * CL, 0.0);
-        free(qkv_r); free(dout_r); free(out_r); free(att_r); free(dqkv_r); free(want_out); free(want_att); free(want_dqkv);
+        free(qkv_r); free(dout_r); free(out_r); free(lse_r); free(dqkv_r); free(want_out); free(want_lse); free(want_dqkv);
     }
-    free(qkv); free(dout); free(out); free(att); free(dqkv); free(dp_row);
+    free(qkv); free(dout); free(out); free(lse); free(dqkv);
 }
 
 // =============================================================================================

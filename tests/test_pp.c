@@ -38,8 +38,8 @@ static void check_schedule(const mt_config *cfg, const char *what) {
         memset(bdone, 0, sizeof bdone);
         for (int i = 0; i < n; i++) {
             mt_sched_step st = list[i];
-            mt_expect(st.mb >= 0 && st.mb < m && st.chunk >= 0 && st.chunk < vp, "%s stage %d: bad step %c%d.%d", what, s, st.kind, st.mb, st.chunk);
-            if (st.kind == 'F') {
+            mt_expect(st.mb >= 0 && st.mb < m && st.chunk >= 0 && st.chunk < vp, "%s stage %d: bad step %s%d.%d", what, s, st.kind == MT_STEP_FORWARD ? "F" : "B", st.mb, st.chunk);
+            if (st.kind == MT_STEP_FORWARD) {
                 mt_expect(!fdone[st.mb][st.chunk], "%s stage %d: F%d.%d twice", what, s, st.mb, st.chunk);
                 mt_expect(st.mb == next_f[st.chunk], "%s stage %d: F%d.%d out of order", what, s, st.mb, st.chunk);
                 fdone[st.mb][st.chunk] = 1;
@@ -101,7 +101,7 @@ MT_TEST(afab_and_bubble) {
     make_config(&cfg, 4, 6, 1);
     mt_sched_step list[64];
     int n = mt_schedule_afab(6, list);
-    mt_expect(n == 12 && list[5].kind == 'F' && list[6].kind == 'B', "AFAB is not all-forward-all-backward");
+    mt_expect(n == 12 && list[5].kind == MT_STEP_FORWARD && list[6].kind == MT_STEP_BACKWARD, "AFAB is not all-forward-all-backward");
     int *start[4], count[4];
     for (int s = 0; s < 4; s++) start[s] = (int *)malloc(sizeof(int) * 64);
     int makespan = mt_schedule_simulate(&cfg, 1, 1, start, count);

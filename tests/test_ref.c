@@ -35,9 +35,9 @@ int main(int argc, char **argv) {
     mt_rank_init(r, &cfg, w, 0);
     // random weights everywhere, so no term of the gradient hides behind a zero or a one:
     // layernorm weights 1 + noise, biases nonzero, padded vocabulary rows nonzero too
-    for (size_t i = 0; i < r->num_params; i++) r->params_memory[i] += 0.05f * mt_rand_normal(7, 1, 2, 3, i);
-    int B = r->B, T = r->T, V = cfg.model.vocab_size, Vp = cfg.padded_vocab_size, BT = B * T;
-    mt_activations *a = &r->slots[0];
+    for (size_t i = 0; i < r->model.num_params; i++) r->model.params_memory[i] += 0.05f * mt_rand_normal(7, 1, 2, 3, i);
+    int B = r->dims.B, T = r->dims.T, V = cfg.model.vocab_size, Vp = cfg.padded_vocab_size, BT = B * T;
+    mt_activations *a = &r->acts.slots[0];
     a->mb = 0;
     a->sample_offset = 0;
     for (int i = 0; i < BT; i++) {
@@ -45,16 +45,16 @@ int main(int argc, char **argv) {
         a->targets[i] = (int)(mt_hash64(2000 + (uint64_t)i) % (uint64_t)V);
     }
     // pass 1: forward only, to read the logits (a training forward overwrites them with dlogits)
-    r->training = 0;
-    r->loss_sum = 0;
+    r->state.training = 0;
+    r->state.loss_sum = 0;
     mt__forward_chunk(r, a, 0);
     float *logits = (float *)mt_malloc(sizeof(float) * (size_t)BT * V, "logits");
     for (int i = 0; i < BT; i++) memcpy(logits + (size_t)i * V, a->logits + (size_t)i * Vp, sizeof(float) * (size_t)V);
-    float loss = (float)r->loss_sum;
+    float loss = (float)r->state.loss_sum;
     // pass 2: forward and backward
-    r->training = 1;
-    r->loss_sum = 0;
-    memset(r->grads_memory, 0, sizeof(float) * r->num_params);
+    r->state.training = 1;
+    r->state.loss_sum = 0;
+    memset(r->model.grads_memory, 0, sizeof(float) * r->model.num_params);
     mt__forward_chunk(r, a, 0);
     mt__backward_chunk(r, a, 0);
     char tmp[MT_PATH_MAX + 32];
@@ -63,14 +63,14 @@ int main(int argc, char **argv) {
                          cfg.model.max_position_embeddings, B, T, cfg.model.ffn_hidden_size};
     write_all(f, "MTREF001", 1, 8);
     write_all(f, header, 4, 9);
-    write_all(f, r->params_memory, 4, r->num_params);   // one rank: local layout == global layout
+    write_all(f, r->model.params_memory, 4, r->model.num_params);   // one rank: local layout == global layout
     write_all(f, a->tokens, 4, (size_t)BT);
     write_all(f, a->targets, 4, (size_t)BT);
     write_all(f, logits, 4, (size_t)BT * V);
     write_all(f, &loss, 4, 1);
-    write_all(f, r->grads_memory, 4, r->num_params);
+    write_all(f, r->model.grads_memory, 4, r->model.num_params);
     mt_atomic_commit(f, tmp, argv[1]);
-    printf("wrote %s: %zu parameters, loss %.6f\n", argv[1], r->num_params, (double)loss);
+    printf("wrote %s: %zu parameters, loss %.6f\n", argv[1], r->model.num_params, (double)loss);
     free(logits);
     mt_rank_free(r);
     free(r);
