@@ -435,7 +435,8 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
     __syncthreads();
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < nwarps; w++) { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
+        for (int w = 0; w < nwarps; w++)
+            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
         partial_dweight[(size_t)blockIdx.x * C + i] = dw;
         partial_dbias[(size_t)blockIdx.x * C + i] = db;
     }
@@ -447,7 +448,8 @@ __global__ void mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight,
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float dw = 0.0f, db = 0.0f;
-    for (int k = 0; k < nblocks; k++) { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    for (int k = 0; k < nblocks; k++)
+        { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
     dweight[c] += dw;
     dbias[c] += db;
 }
@@ -596,7 +598,8 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel2_tiled(mt__gemm_args g) 
     __shared__ __align__(16) float As[MT__TILED_BK][MT__TILED_BM + 4];
     __shared__ __align__(16) float Bs[MT__TILED_BK][MT__TILED_BN + 4];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16, tile_m, tile_n;
-    mt__gemm_tile(blockIdx.x, (g.M + MT__TILED_BM - 1) / MT__TILED_BM, (g.N + MT__TILED_BN - 1) / MT__TILED_BN, &tile_m, &tile_n);
+    mt__gemm_tile(blockIdx.x, (g.M + MT__TILED_BM - 1) / MT__TILED_BM, (g.N + MT__TILED_BN - 1) / MT__TILED_BN, &tile_m,
+                  &tile_n);
     int row0 = tile_m * MT__TILED_BM, col0 = tile_n * MT__TILED_BN;
     int k_begin = blockIdx.z * g.k_per_split, k_end = min(g.K, k_begin + g.k_per_split);
     float acc[8][8];
@@ -740,7 +743,8 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel3_mma(mt__gemm_args g) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int warp_m = warp / 4, warp_n = warp % 4;   // this warp's 64x32 piece of the 128x128 tile
     int tile_m, tile_n;
-    mt__gemm_tile(blockIdx.x, (g.M + MT__MMA_BM - 1) / MT__MMA_BM, (g.N + MT__MMA_BN - 1) / MT__MMA_BN, &tile_m, &tile_n);
+    mt__gemm_tile(blockIdx.x, (g.M + MT__MMA_BM - 1) / MT__MMA_BM, (g.N + MT__MMA_BN - 1) / MT__MMA_BN, &tile_m,
+                  &tile_n);
     int row0 = tile_m * MT__MMA_BM, col0 = tile_n * MT__MMA_BN;
     int k_begin = blockIdx.z * g.k_per_split, k_end = min(g.K, k_begin + g.k_per_split);
     int steps = (k_end - k_begin + MT__MMA_BK - 1) / MT__MMA_BK;
@@ -876,7 +880,8 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, cudaStream_t str
     if (g.k_per_split == 0) g.k_per_split = bk;                         // K = 0: one empty slice
     splits = g.K == 0 ? 1 : (g.K + g.k_per_split - 1) / g.k_per_split;  // no empty slice
     g.workspace = NULL;
-    if (splits > 1) MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float), stream));
+    if (splits > 1) MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float),
+                                                  stream));
     dim3 grid(tiles_m * tiles_n, 1, splits);   // tile order: mt__gemm_tile
     if (impl == MT_GEMM_MMA) {
         mt_matmul_kernel3_mma<A_K_INNER, B_K_INNER><<<grid, 256, 0, stream>>>(g);
@@ -904,7 +909,8 @@ static void mt__gemm(mt_gemm_impl impl, float *c, const float *a, const float *b
     g.vec_ok = mt__aligned16(a) && mt__aligned16(b) && lda % 4 == 0 && ldb % 4 == 0;
     g.store2_ok = (uintptr_t)c % 8 == 0 && ldc % 2 == 0 && N % 2 == 0;
     if (K < 0) mt_fatal("GEMM with a negative reduction length K = %d", K);
-    if (impl != MT_GEMM_NAIVE && impl != MT_GEMM_TILED && impl != MT_GEMM_MMA) mt_fatal("unknown GEMM implementation %d", (int)impl);
+    if (impl != MT_GEMM_NAIVE && impl != MT_GEMM_TILED
+        && impl != MT_GEMM_MMA) mt_fatal("unknown GEMM implementation %d", (int)impl);
     if (a_k_inner && b_k_inner) mt__gemm_launch<1, 1>(impl, g, stream);
     else if (a_k_inner) mt__gemm_launch<1, 0>(impl, g, stream);
     else if (b_k_inner) mt__gemm_launch<0, 1>(impl, g, stream);
@@ -1066,7 +1072,8 @@ __global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             int key = kt * 32 + quarter + 4 * j;
-            s[j] = key <= t && key < T ? mt__dot_f32<HS>(Qs + r * (HS + 1), Ks + (quarter + 4 * j) * (HS + 1)) * a.scale : -INFINITY;
+            s[j] = key <= t && key < T ? mt__dot_f32<HS>(Qs + r * (HS + 1),
+                                                         Ks + (quarter + 4 * j) * (HS + 1)) * a.scale : -INFINITY;
             tile_max = fmaxf(tile_max, s[j]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -1127,7 +1134,8 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel(mt__att
     float *Ks = (float *)mt__att_smem, *Vs = Ks + 32 * (HS + 1), *Qs = Vs + 32 * (HS + 1), *dOs = Qs + 32 * (HS + 1);
     float *Pds = dOs + 32 * (HS + 1), *dSs = Pds + 32 * 33, *lse_s = dSs + 32 * 33, *D_s = lse_s + 32;
     int c = threadIdx.x / 4, quarter = threadIdx.x % 4;
-    int kt = blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;   // key tile 0 has the most work: first
+    // key tile 0 has the most work: first
+    int kt = blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
     int T = a.T, key = kt * 32 + c;
     size_t C3 = 3 * (size_t)a.C_local;
     const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
@@ -1246,7 +1254,8 @@ __device__ static inline void mt__att_load_bf16(__nv_bfloat16 *dst, const float 
 #pragma unroll
         for (int i = 0; i < batch; i++) {
             int e = threadIdx.x + 128 * (i0 + i), r = e / (HS / 4), d = 4 * (e % (HS / 4));
-            v[i] = t0 + r < T ? __ldg((const float4 *)(src + (size_t)(t0 + r) * ld + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[i] = t0 + r < T ? __ldg((const float4 *)(src + (size_t)(t0 + r) * ld + d)) : make_float4(0.0f, 0.0f, 0.0f,
+                    0.0f);
         }
 #pragma unroll
         for (int i = 0; i < batch; i++) {
@@ -1261,11 +1270,13 @@ __device__ static inline void mt__frag_a(uint32_t a[4], const __nv_bfloat16 *til
     mt__ldmatrix_x4(a, tile + (m0 + lane % 16) * ld + k0 + (lane / 16) * 8);
 }
 // B for two n8 tiles (n0..n0+15) x k16 (k0..), from a [n][k] tile (B^T stored row by row)
-__device__ static inline void mt__frag_b_nk(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0, int lane) {
+__device__ static inline void mt__frag_b_nk(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0,
+                                            int lane) {
     mt__ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * ld + k0 + ((lane / 8) % 2) * 8);
 }
 // the same from a [k][n] tile (B stored row by row): ldmatrix.trans
-__device__ static inline void mt__frag_b_kn(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0, int lane) {
+__device__ static inline void mt__frag_b_kn(uint32_t b[4], const __nv_bfloat16 *tile, int ld, int n0, int k0,
+                                            int lane) {
     mt__ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * ld + n0 + (lane / 16) * 8);
 }
 // an fp32 accumulator tile 16 x 16 (two n8 tiles c0, c1) as the bf16 A fragment of the next mma
@@ -1606,10 +1617,12 @@ static mt__attention_args mt__attention_setup(int B, int T, int C_local, int NH_
     return a;
 }
 static void mt__attention_check(const char *what, int C_local, int NH_local) {
-    if (NH_local <= 0 || C_local % NH_local != 0) mt_fatal("%s: C_local = %d is not a multiple of NH_local = %d", what, C_local, NH_local);
+    if (NH_local <= 0 || C_local % NH_local != 0) mt_fatal("%s: C_local = %d is not a multiple of NH_local = %d", what,
+                                                           C_local, NH_local);
     int hs = C_local / NH_local;
     if (hs != 16 && hs != 32 && hs != 64 && hs != 128)
-        mt_fatal("%s: head size %d is not supported by the GPU kernels\nhint: use hidden-size / num-attention-heads = 16, 32, 64 or 128", what, hs);
+        mt_fatal("%s: head size %d is not supported by the GPU kernels\n"
+                 "hint: use hidden-size / num-attention-heads = 16, 32, 64 or 128", what, hs);
 }
 // The bf16 kernels move 16 bytes at a time, so their tensors must start on 16-byte boundaries.
 // One that does not (a caller that carves buffers at odd offsets) goes through an aligned copy:

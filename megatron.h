@@ -139,7 +139,8 @@ int mt_utf8_decode(const char *text, size_t n, uint32_t *cp);
  * decoded text is never longer than its literal). On error returns a message, *p at the fault.
  * Strict as Python's json: raw control characters, invalid UTF-8 and lone surrogates are errors. */
 const char *mt_json_string(const char **p, const char *end, char *out, size_t *out_len);
-typedef enum { MT_JSON_STRING, MT_JSON_NUMBER, MT_JSON_OBJECT, MT_JSON_ARRAY, MT_JSON_TRUE, MT_JSON_FALSE, MT_JSON_NULL } mt_json_type;
+typedef enum { MT_JSON_STRING, MT_JSON_NUMBER, MT_JSON_OBJECT, MT_JSON_ARRAY, MT_JSON_TRUE, MT_JSON_FALSE,
+              MT_JSON_NULL } mt_json_type;
 #define MT_JSON_MAX_DEPTH 512   /* deeper nesting is an error, not a stack overflow */
 typedef struct {
     const char *start, *p, *end;   /* the text, the cursor, its end */
@@ -976,36 +977,46 @@ void mt_fatal(const char *fmt, ...) {
 
 void *mt_malloc(size_t bytes, const char *what) {
     void *p = malloc(bytes ? bytes : 1);
-    if (!p) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length", bytes, what);
+    if (!p) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length",
+                     bytes, what);
     return p;
 }
+
 void *mt_calloc(size_t count, size_t size, const char *what) {
     void *p = calloc(count ? count : 1, size ? size : 1);
-    if (!p) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length", count * size, what);
+    if (!p) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length",
+                     count * size, what);
     return p;
 }
+
 void *mt_realloc(void *p, size_t bytes, const char *what) {
     void *q = realloc(p, bytes ? bytes : 1);
-    if (!q) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length", bytes, what);
+    if (!q) mt_fatal("out of memory allocating %zu bytes for %s\nhint: use a smaller model, batch or sequence length",
+                     bytes, what);
     return q;
 }
+
 char *mt_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = (char *)mt_malloc(n, "string");
     memcpy(d, s, n);
     return d;
 }
+
 double mt_time_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
 FILE *mt_atomic_open(const char *path, char *tmp, size_t cap) {
     snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    if (!f) mt_fatal("cannot create %s: %s\nhint: check that the directory exists and is writable", tmp, strerror(errno));
+    if (!f) mt_fatal("cannot create %s: %s\nhint: check that the directory exists and is writable", tmp,
+                     strerror(errno));
     return f;
 }
+
 void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
     int bad = fflush(f) != 0 || ferror(f);
     if (!bad && fsync(fileno(f)) != 0) bad = 1;
@@ -1013,6 +1024,7 @@ void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
     if (bad) { remove(tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
     if (rename(tmp, path) != 0) { remove(tmp); mt_fatal("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
 }
+
 void mt_atomic_abort(FILE *f, const char *tmp) {
     if (f) fclose(f);
     remove(tmp);
@@ -1056,6 +1068,7 @@ int mt_utf8_decode(const char *text, size_t n, uint32_t *cp) {
     *cp = c;
     return len;
 }
+
 static int mt__utf8_encode(uint32_t cp, char *out) {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
     if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
@@ -1075,7 +1088,10 @@ static int mt__hex4(const char *p, uint32_t *v) {
     uint32_t x = 0;
     for (int i = 0; i < 4; i++) {
         char ch = p[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
         if (d < 0) return 0;
         x = x * 16 + (uint32_t)d;
     }
@@ -1147,9 +1163,11 @@ void mt_json_init(mt_json *j, const char *text, size_t len, int allow_comments) 
     j->end = text + len;
     j->allow_comments = allow_comments;
 }
+
 void mt_json_fail(mt_json *j, const char *msg) {
     if (!j->err) { j->err = msg; j->err_at = j->p; }
 }
+
 void mt_json_ws(mt_json *j) {
     for (;;) {
         while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n')) j->p++;
@@ -1162,17 +1180,20 @@ void mt_json_ws(mt_json *j) {
         j->p = q + 2;
     }
 }
+
 int mt_json_eat(mt_json *j, char c) {
     mt_json_ws(j);
     if (j->err || j->p >= j->end || *j->p != c) return 0;
     j->p++;
     return 1;
 }
+
 int mt_json_expect(mt_json *j, char c, const char *msg) {
     if (mt_json_eat(j, c)) return 1;
     mt_json_fail(j, msg);
     return 0;
 }
+
 // the 1-based line of the error (or of the cursor when there is none)
 int mt_json_line(const mt_json *j) {
     const char *at = j->err ? j->err_at : j->p;
@@ -1180,6 +1201,7 @@ int mt_json_line(const mt_json *j) {
     for (const char *q = j->start; q < at; q++) line += *q == '\n';
     return line;
 }
+
 // checks the string at the cursor as Python's json does and moves past it; 1 if valid. A lone
 // UTF-16 surrogate (\ud800 with no \udc00.. after it) is valid JSON to Python but has no UTF-8
 // form: *lone is set and the string still counts as valid (a caller that needs its bytes
@@ -1191,7 +1213,9 @@ int mt_json_scan_string(mt_json *j, int *lone) {
     for (p++; p < e;) {
         unsigned char c = (unsigned char)*p;
         if (c == '"') { j->p = p + 1; return 1; }
-        if (c < 0x20) { j->p = p; mt_json_fail(j, "raw control character in a string (JSON needs \\n, \\t or \\u00XX)"); return 0; }
+        if (c < 0x20) { j->p = p; mt_json_fail(j,
+                                               "raw control character in a string (JSON needs \\n, \\t or "
+                                               "\\u00XX)"); return 0; }
         if (c >= 0x80) {
             uint32_t cp;
             int l = mt_utf8_decode(p, (size_t)(e - p), &cp);
@@ -1202,9 +1226,11 @@ int mt_json_scan_string(mt_json *j, int *lone) {
         if (c != '\\') { p++; continue; }
         if (e - p < 2) break;
         char x = p[1];
-        if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r' || x == 't') { p += 2; continue; }
+        if (x == '"' || x == '\\' || x == '/' || x == 'b' || x == 'f' || x == 'n' || x == 'r'
+            || x == 't') { p += 2; continue; }
         uint32_t u, lo;
-        if (x != 'u' || e - p < 6 || !mt__hex4(p + 2, &u)) { j->p = p; mt_json_fail(j, "invalid escape in a string"); return 0; }
+        if (x != 'u' || e - p < 6 || !mt__hex4(p + 2, &u)) { j->p = p; mt_json_fail(j,
+                "invalid escape in a string"); return 0; }
         p += 6;
         if (u >= 0xD800 && u <= 0xDBFF && e - p >= 6 && p[0] == '\\' && p[1] == 'u' && mt__hex4(p + 2, &lo) &&
             lo >= 0xDC00 && lo <= 0xDFFF) p += 6;   // a surrogate pair: one code point
@@ -1214,6 +1240,7 @@ int mt_json_scan_string(mt_json *j, int *lone) {
     mt_json_fail(j, "unterminated string");
     return 0;
 }
+
 // decodes the string at the cursor into out (room for its literal's length; out may be the
 // text itself: the decoded bytes are never longer). Returns 1, or 0 with the error recorded.
 int mt_json_string_at(mt_json *j, char *out, size_t *out_len) {
@@ -1225,6 +1252,7 @@ int mt_json_string_at(mt_json *j, char *out, size_t *out_len) {
     j->p = p;
     return 1;
 }
+
 // "key" :  -> key (NUL-terminated, cut at cap - 1 bytes). Returns 1, or 0 with the error recorded.
 int mt_json_key(mt_json *j, char *key, size_t cap) {
     mt_json_ws(j);
@@ -1245,6 +1273,7 @@ int mt_json_key(mt_json *j, char *key, size_t cap) {
     free(tmp);
     return mt_json_expect(j, ':', "expected ':' after a key");
 }
+
 // a number as Python's json writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, plus
 // NaN, Infinity and -Infinity (which Python accepts too). Returns 1 and *v, or 0.
 int mt_json_number(mt_json *j, double *v) {
@@ -1281,11 +1310,13 @@ int mt_json_number(mt_json *j, double *v) {
     j->p = s;
     return 1;
 }
+
 static int mt__json_literal(mt_json *j, const char *lit) {
     size_t n = strlen(lit);
     if ((size_t)(j->end - j->p) >= n && memcmp(j->p, lit, n) == 0) { j->p += n; return 1; }
     return 0;
 }
+
 // checks and skips one value of any type; returns its type. Nesting deeper than
 // MT_JSON_MAX_DEPTH is an error (a file nested 200k levels deep must not overflow the stack).
 static mt_json_type mt__json_skip(mt_json *j, int depth) {
@@ -1322,6 +1353,7 @@ static mt_json_type mt__json_skip(mt_json *j, int depth) {
     mt_json_fail(j, "expected a value");
     return MT_JSON_NULL;
 }
+
 mt_json_type mt_json_skip(mt_json *j) { return mt__json_skip(j, 0); }
 // at an object: moves the cursor to the value of member `key` and returns 1, or returns 0
 // (the key is missing, or the object is malformed: then j->err says so)
@@ -1345,6 +1377,7 @@ int mt_json_find(mt_json *j, const char *key) {
     mt_json_expect(j, '}', "expected ',' or '}'");
     return 0;
 }
+
 // an array of integers like [3, 64, 64] -> out[0..count); returns the count, or -1 (malformed,
 // not integers, or more than cap)
 int mt_json_ints(mt_json *j, long long *out, int cap) {
@@ -1423,7 +1456,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.temperature = 1.0f;
 }
 
-typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE, MT__IGNORED } mt__flag_type;
+typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE,
+              MT__IGNORED } mt__flag_type;
 
 typedef struct {
     const char *name;       // as on Megatron's command line
@@ -1436,35 +1470,55 @@ typedef struct {
 
 #define MT__OFF(field) offsetof(mt_config, field)
 static const mt__flag mt__flags[] = {
-    {"--config", MT__CONFIG_FILE, 0, 0, "model", "JSON file with any of these settings, keys as flags with _ (hidden_size); flags override it"},
+    {"--config", MT__CONFIG_FILE, 0, 0, "model",
+     "JSON file with any of these settings, keys as flags with _ (hidden_size); flags override it"},
     {"--num-layers", MT__INT, MT__OFF(model.num_layers), 0, "model", "transformer layers (L)"},
     {"--hidden-size", MT__INT, MT__OFF(model.hidden_size), 0, "model", "hidden size (C)"},
     {"--num-attention-heads", MT__INT, MT__OFF(model.num_attention_heads), 0, "model", "attention heads (NH)"},
-    {"--ffn-hidden-size", MT__INT, MT__OFF(model.ffn_hidden_size), 0, "model", "MLP hidden size (F), default 4 * hidden size"},
+    {"--ffn-hidden-size", MT__INT, MT__OFF(model.ffn_hidden_size), 0, "model",
+     "MLP hidden size (F), default 4 * hidden size"},
     {"--seq-length", MT__INT, MT__OFF(model.seq_length), 0, "model", "tokens per sample (T)"},
-    {"--max-position-embeddings", MT__INT, MT__OFF(model.max_position_embeddings), 0, "model", "rows of the position embedding, default seq length"},
-    {"--vocab-size", MT__INT, MT__OFF(model.vocab_size), 0, "model", "vocabulary size when there is no --vocab-file (NullTokenizer)"},
-    {"--make-vocab-size-divisible-by", MT__INT, MT__OFF(model.make_vocab_size_divisible_by), 0, "model", "pad the vocabulary to a multiple of this times TP"},
+    {"--max-position-embeddings", MT__INT, MT__OFF(model.max_position_embeddings), 0, "model",
+     "rows of the position embedding, default seq length"},
+    {"--vocab-size", MT__INT, MT__OFF(model.vocab_size), 0, "model",
+     "vocabulary size when there is no --vocab-file (NullTokenizer)"},
+    {"--make-vocab-size-divisible-by", MT__INT, MT__OFF(model.make_vocab_size_divisible_by), 0, "model",
+     "pad the vocabulary to a multiple of this times TP"},
     {"--init-method-std", MT__FLOAT, MT__OFF(model.init_method_std), 0, "model", "std of the normal weight init"},
-    {"--hidden-dropout", MT__FLOAT, MT__OFF(model.hidden_dropout), 0, "model", "dropout after embeddings, attention proj and MLP"},
-    {"--attention-dropout", MT__FLOAT, MT__OFF(model.attention_dropout), 0, "model", "dropout on attention probabilities"},
-    {"--tensor-model-parallel-size", MT__INT, MT__OFF(parallel.tensor_model_parallel_size), 0, "parallel", "tensor parallel ranks (TP)"},
-    {"--pipeline-model-parallel-size", MT__INT, MT__OFF(parallel.pipeline_model_parallel_size), 0, "parallel", "pipeline stages (PP)"},
-    {"--nproc-per-node", MT__INT, MT__OFF(parallel.nproc_per_node), 0, "parallel", "ranks (threads on the CPU build); DP = ranks / (TP*PP); default TP*PP"},
-    {"--num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(parallel.num_layers_per_virtual_pipeline_stage), 0, "parallel", "interleaved 1F1B: layers per model chunk"},
-    {"--ddp-bucket-size", MT__LONG, MT__OFF(parallel.ddp_bucket_size), 0, "parallel", "gradient elements per data-parallel all-reduce bucket"},
-    {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel", "print the TP/PP/DP/embedding groups and exit"},
-    {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel", "print each stage's pipeline time line and the bubble, then exit"},
-    {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training", "samples per micro-batch per rank (B)"},
-    {"--global-batch-size", MT__INT, MT__OFF(train.global_batch_size), 0, "training", "samples per iteration = B * DP * accumulation steps"},
+    {"--hidden-dropout", MT__FLOAT, MT__OFF(model.hidden_dropout), 0, "model",
+     "dropout after embeddings, attention proj and MLP"},
+    {"--attention-dropout", MT__FLOAT, MT__OFF(model.attention_dropout), 0, "model",
+     "dropout on attention probabilities"},
+    {"--tensor-model-parallel-size", MT__INT, MT__OFF(parallel.tensor_model_parallel_size), 0, "parallel",
+     "tensor parallel ranks (TP)"},
+    {"--pipeline-model-parallel-size", MT__INT, MT__OFF(parallel.pipeline_model_parallel_size), 0, "parallel",
+     "pipeline stages (PP)"},
+    {"--nproc-per-node", MT__INT, MT__OFF(parallel.nproc_per_node), 0, "parallel",
+     "ranks (threads on the CPU build); DP = ranks / (TP*PP); default TP*PP"},
+    {"--num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(parallel.num_layers_per_virtual_pipeline_stage), 0,
+     "parallel", "interleaved 1F1B: layers per model chunk"},
+    {"--ddp-bucket-size", MT__LONG, MT__OFF(parallel.ddp_bucket_size), 0, "parallel",
+     "gradient elements per data-parallel all-reduce bucket"},
+    {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
+     "print the TP/PP/DP/embedding groups and exit"},
+    {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel",
+     "print each stage's pipeline time line and the bubble, then exit"},
+    {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training",
+     "samples per micro-batch per rank (B)"},
+    {"--global-batch-size", MT__INT, MT__OFF(train.global_batch_size), 0, "training",
+     "samples per iteration = B * DP * accumulation steps"},
     {"--train-iters", MT__INT, MT__OFF(train.train_iters), 0, "training", "iterations to train"},
     {"--lr", MT__FLOAT, MT__OFF(train.lr), 0, "training", "peak learning rate"},
     {"--min-lr", MT__FLOAT, MT__OFF(train.min_lr), 0, "training", "learning rate at the end of decay"},
-    {"--lr-decay-style", MT__STR, MT__OFF(train.lr_decay_style), sizeof(((mt_config *)0)->train.lr_decay_style), "training", "constant | linear | cosine"},
-    {"--lr-decay-iters", MT__INT, MT__OFF(train.lr_decay_iters), 0, "training", "iterations to decay over, default train iters"},
+    {"--lr-decay-style", MT__STR, MT__OFF(train.lr_decay_style), sizeof(((mt_config *)0)->train.lr_decay_style),
+     "training", "constant | linear | cosine"},
+    {"--lr-decay-iters", MT__INT, MT__OFF(train.lr_decay_iters), 0, "training",
+     "iterations to decay over, default train iters"},
     {"--lr-warmup-iters", MT__INT, MT__OFF(train.lr_warmup_iters), 0, "training", "linear warm-up iterations"},
-    {"--lr-warmup-fraction", MT__DOUBLE, MT__OFF(train.lr_warmup_fraction), 0, "training", "warm-up as a fraction of lr decay iters"},
-    {"--weight-decay", MT__FLOAT, MT__OFF(train.weight_decay), 0, "training", "AdamW decoupled weight decay (not on biases and layernorms)"},
+    {"--lr-warmup-fraction", MT__DOUBLE, MT__OFF(train.lr_warmup_fraction), 0, "training",
+     "warm-up as a fraction of lr decay iters"},
+    {"--weight-decay", MT__FLOAT, MT__OFF(train.weight_decay), 0, "training",
+     "AdamW decoupled weight decay (not on biases and layernorms)"},
     {"--adam-beta1", MT__FLOAT, MT__OFF(train.adam_beta1), 0, "training", "AdamW beta1"},
     {"--adam-beta2", MT__FLOAT, MT__OFF(train.adam_beta2), 0, "training", "AdamW beta2"},
     {"--adam-eps", MT__FLOAT, MT__OFF(train.adam_eps), 0, "training", "AdamW epsilon"},
@@ -1473,25 +1527,35 @@ static const mt__flag mt__flags[] = {
     {"--fp32", MT__BOOL, MT__OFF(train.fp32), 0, "training", "compute in fp32 (always so on the CPU build)"},
     {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training", "compute in bf16 (GPU build)"},
     {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training", "compute in fp16 (GPU build)"},
-    {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training", "GPU GEMM kernel: naive | tiled | mma (default: tiled for fp32, mma for bf16)"},
+    {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training",
+     "GPU GEMM kernel: naive | tiled | mma (default: tiled for fp32, mma for bf16)"},
     {"--log-interval", MT__INT, MT__OFF(train.log_interval), 0, "logging", "iterations between iteration lines"},
     {"--eval-interval", MT__INT, MT__OFF(train.eval_interval), 0, "logging", "iterations between validation runs"},
     {"--eval-iters", MT__INT, MT__OFF(train.eval_iters), 0, "logging", "global batches per validation run"},
     {"--save-interval", MT__INT, MT__OFF(train.save_interval), 0, "checkpointing", "iterations between checkpoints"},
-    {"--exit-interval", MT__INT, MT__OFF(train.exit_interval), 0, "checkpointing", "stop after an iteration divisible by this (saving first, with --save)"},
+    {"--exit-interval", MT__INT, MT__OFF(train.exit_interval), 0, "checkpointing",
+     "stop after an iteration divisible by this (saving first, with --save)"},
     {"--save", MT__STR, MT__OFF(train.save), MT_PATH_MAX, "checkpointing", "checkpoint directory to write"},
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
-    {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing", "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
-    {"--target-tensor-parallel-size", MT__INT, MT__OFF(train.target_tp), 0, "checkpointing", "TP of the converted checkpoint"},
-    {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing", "PP of the converted checkpoint"},
-    {"--target-num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(train.target_vp_layers), 0, "checkpointing", "interleaved chunks of the converted checkpoint"},
-    {"--export-hf", MT__STR, MT__OFF(train.export_hf), MT_PATH_MAX, "checkpointing", "write the --load checkpoint as Hugging Face GPT-2 (model.safetensors, config.json) into this directory, then exit"},
-    {"--tokens-to-generate", MT__INT, MT__OFF(train.tokens_to_generate), 0, "generation", "after training, continue --prompt by this many tokens"},
+    {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing",
+     "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
+    {"--target-tensor-parallel-size", MT__INT, MT__OFF(train.target_tp), 0, "checkpointing",
+     "TP of the converted checkpoint"},
+    {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing",
+     "PP of the converted checkpoint"},
+    {"--target-num-layers-per-virtual-pipeline-stage", MT__INT, MT__OFF(train.target_vp_layers), 0, "checkpointing",
+     "interleaved chunks of the converted checkpoint"},
+    {"--export-hf", MT__STR, MT__OFF(train.export_hf), MT_PATH_MAX, "checkpointing",
+     "write the --load checkpoint as Hugging Face GPT-2 (model.safetensors, config.json) into this directory, then "
+     "exit"},
+    {"--tokens-to-generate", MT__INT, MT__OFF(train.tokens_to_generate), 0, "generation",
+     "after training, continue --prompt by this many tokens"},
     {"--prompt", MT__STR, MT__OFF(train.prompt), 1024, "generation", "the text to continue (default: a new document)"},
     {"--temperature", MT__FLOAT, MT__OFF(train.temperature), 0, "generation", "sampling temperature (0 = greedy)"},
     {"--top-k", MT__INT, MT__OFF(train.top_k), 0, "generation", "sample among the k most likely tokens (0 = all)"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
-    {"--split", MT__STR, MT__OFF(train.split), 64, "data", "train,valid,test proportions of the documents, e.g. 949,50,1"},
+    {"--split", MT__STR, MT__OFF(train.split), 64, "data",
+     "train,valid,test proportions of the documents, e.g. 949,50,1"},
     {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
     {"--merge-file", MT__STR, MT__OFF(train.merge_file), MT_PATH_MAX, "data", "GPT-2 merges.txt"},
     {"--tokenizer-type", MT__STR, MT__OFF(train.tokenizer_type), 32, "data", "GPT2BPETokenizer | NullTokenizer"},
@@ -1510,8 +1574,10 @@ static const mt__flag mt__flags[] = {
     {"--num-workers", MT__IGNORED, 0, 1, "ignored", "samples are read from the memory-mapped dataset directly"},
     {"--no-gradient-accumulation-fusion", MT__IGNORED, 0, 0, "ignored", "weight gradients always accumulate in place"},
     {"--use-mcore-models", MT__IGNORED, 0, 0, "ignored", "there is one GPT implementation"},
-    {"--use-cpu-initialization", MT__IGNORED, 0, 0, "ignored", "weights are always initialised on the host, layout-independently"},
-    {"--no-async-tensor-model-parallel-allreduce", MT__IGNORED, 0, 0, "ignored", "tensor-parallel all-reduces run in order on the rank's stream"},
+    {"--use-cpu-initialization", MT__IGNORED, 0, 0, "ignored",
+     "weights are always initialised on the host, layout-independently"},
+    {"--no-async-tensor-model-parallel-allreduce", MT__IGNORED, 0, 0, "ignored",
+     "tensor-parallel all-reduces run in order on the rank's stream"},
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
 };
 // Megatron flags that this build knows but does not implement yet: an error that says so
@@ -1562,11 +1628,13 @@ static const mt__flag *mt__find_flag(const char *name) {
 static void mt__unknown_flag(const char *name) {
     for (size_t i = 0; i < sizeof mt__unimplemented_flags / sizeof mt__unimplemented_flags[0]; i++)
         if (strcmp(mt__unimplemented_flags[i].name, name) == 0)
-            mt_fatal("%s (%s) is a Megatron flag that megatron.h does not implement yet\nhint: drop it; ./train_gpt --help lists what is here",
+            mt_fatal("%s (%s) is a Megatron flag that megatron.h does not implement yet\n"
+                     "hint: drop it; ./train_gpt --help lists what is here",
                      name, mt__unimplemented_flags[i].what);
     for (size_t i = 0; i < sizeof mt__old_flags / sizeof mt__old_flags[0]; i++)
         if (strcmp(mt__old_flags[i].old_name, name) == 0)
-            mt_fatal("flag %s is from an older Megatron and no longer exists\nhint: use %s", name, mt__old_flags[i].hint);
+            mt_fatal("flag %s is from an older Megatron and no longer exists\nhint: use %s", name,
+                     mt__old_flags[i].hint);
     const char *best = NULL;
     int best_d = 1 << 30;
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
@@ -1584,6 +1652,7 @@ static int mt__parse_int(const char *flag, const char *s) {
         mt_fatal("%s expects an integer, got '%s'", flag, s);
     return (int)v;
 }
+
 static double mt__parse_double(const char *flag, const char *s) {
     char *end;
     errno = 0;
@@ -1591,6 +1660,7 @@ static double mt__parse_double(const char *flag, const char *s) {
     if (errno || *end || end == s) mt_fatal("%s expects a number, got '%s'", flag, s);
     return v;
 }
+
 static int mt__is_number(const char *s) {
     char *end;
     if (!*s) return 0;
@@ -1610,13 +1680,15 @@ static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *v
     case MT__DOUBLE: *(double *)(base + f->offset) = mt__parse_double(f->name, v); break;
     case MT__BOOL: *(int *)(base + f->offset) = 1; break;
     case MT__STR:
-        if (strlen(v) + 1 > f->size) mt_fatal("%s value is too long (%zu bytes, at most %zu)", f->name, strlen(v), f->size - 1);
+        if (strlen(v) + 1 > f->size) mt_fatal("%s value is too long (%zu bytes, at most %zu)", f->name, strlen(v),
+                                              f->size - 1);
         strcpy(base + f->offset, v);
         break;
     case MT__DATA_PATH: {
         // Megatron's forms: "PREFIX", "W1 P1 W2 P2 ...", or "P1 P2 ..." (weighted by size)
         int weighted = nvalues >= 2 && mt__is_number(values[0]);
-        if (weighted && nvalues % 2) mt_fatal("--data-path with weights needs pairs 'WEIGHT PREFIX', got %d values", nvalues);
+        if (weighted && nvalues % 2) mt_fatal("--data-path with weights needs pairs 'WEIGHT PREFIX', got %d values",
+                                              nvalues);
         int n = weighted ? nvalues / 2 : nvalues;
         if (n > MT_MAX_DATA_PATHS) mt_fatal("--data-path: at most %d datasets, got %d", MT_MAX_DATA_PATHS, n);
         double total = 0;
@@ -1625,7 +1697,8 @@ static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *v
             if (strlen(prefix) + 1 > MT_PATH_MAX) mt_fatal("--data-path prefix too long");
             strcpy(cfg->train.data_path[i], prefix);
             cfg->train.data_weight[i] = weighted ? mt__parse_double("--data-path weight", values[2 * i]) : 0.0;
-            if (weighted && !(cfg->train.data_weight[i] > 0)) mt_fatal("--data-path weight must be positive, got %s", values[2 * i]);
+            if (weighted && !(cfg->train.data_weight[i] > 0)) mt_fatal("--data-path weight must be positive, got %s",
+                    values[2 * i]);
             total += cfg->train.data_weight[i];
         }
         for (int i = 0; i < n && weighted; i++) cfg->train.data_weight[i] /= total;
@@ -1650,7 +1723,8 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *name = argv[i];
         if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) { mt_print_help(stdout); exit(0); }
-        if (strncmp(name, "--", 2) != 0) mt_fatal("unexpected argument '%s'\nhint: every setting is a --flag (see --help)", name);
+        if (strncmp(name, "--",
+                    2) != 0) mt_fatal("unexpected argument '%s'\nhint: every setting is a --flag (see --help)", name);
         char namebuf[128];
         const char *eq = strchr(name, '=');   // --flag=value is accepted too
         const char *inline_value = NULL;
@@ -1742,7 +1816,8 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
             is_null = type == MT_JSON_NULL;
         }
         char flag[140] = "--";
-        for (size_t i = 0; key[i] && i + 3 < sizeof flag; i++) { flag[i + 2] = key[i] == '_' ? '-' : key[i]; flag[i + 3] = 0; }
+        for (size_t i = 0; key[i]
+             && i + 3 < sizeof flag; i++) { flag[i + 2] = key[i] == '_' ? '-' : key[i]; flag[i + 3] = 0; }
         const mt__flag *fl = mt__find_flag(flag);
         if (!fl) {
             char suggestion[128];
@@ -1755,13 +1830,15 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
     } while (mt_json_eat(&j, ','));
     if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}'");
     if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
-    if (j.err) mt_fatal("%s:%d: %s\nhint: config files are JSON objects of \"key\": value", path, mt_json_line(&j), j.err);
+    if (j.err) mt_fatal("%s:%d: %s\nhint: config files are JSON objects of \"key\": value", path, mt_json_line(&j),
+                        j.err);
     free(text);
 }
 
 void mt_print_help(FILE *f) {
     fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
-    const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation", "ignored"};
+    const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation",
+                            "ignored"};
     mt_config d;
     mt_config_defaults(&d);
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
@@ -1783,7 +1860,9 @@ void mt_print_help(FILE *f) {
             fprintf(f, "  %-42s %s%s%s%s\n", fl->name, fl->help, def[0] ? " [default " : "", def, def[0] ? "]" : "");
         }
     }
-    fprintf(f, "\n(0 for a size means 'derive it': ffn = 4*hidden, max positions = seq length, global batch = micro*DP)\n");
+    fprintf(f, "\n"
+               "(0 for a size means 'derive it': ffn = 4*hidden, max positions = seq length, global batch = "
+               "micro*DP)\n");
 }
 
 int mt_pad_vocab_size(int vocab_size, int divisible_by, int tp_size) {
@@ -1803,23 +1882,30 @@ void mt_config_derive(mt_config *cfg) {
     if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
         mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
     if (m->hidden_size % m->num_attention_heads)
-        mt_fatal("--hidden-size %d is not divisible by --num-attention-heads %d\nhint: pick heads that divide the hidden size", m->hidden_size, m->num_attention_heads);
+        mt_fatal("--hidden-size %d is not divisible by --num-attention-heads %d\n"
+                 "hint: pick heads that divide the hidden size", m->hidden_size, m->num_attention_heads);
     if (m->seq_length > m->max_position_embeddings)
-        mt_fatal("--seq-length %d is longer than --max-position-embeddings %d\nhint: raise --max-position-embeddings", m->seq_length, m->max_position_embeddings);
+        mt_fatal("--seq-length %d is longer than --max-position-embeddings %d\nhint: raise --max-position-embeddings",
+                 m->seq_length, m->max_position_embeddings);
     if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 || m->attention_dropout >= 1)
         mt_fatal("dropout probabilities must be in [0, 1)");
     int TP = p->tensor_model_parallel_size, PP = p->pipeline_model_parallel_size;
-    if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least 1");
+    if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least "
+                                   "1");
     if (m->num_attention_heads % TP)
-        mt_fatal("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d\nhint: each TP rank holds NH/TP whole heads; use a TP that divides %d",
+        mt_fatal("--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d\n"
+                 "hint: each TP rank holds NH/TP whole heads; use a TP that divides %d",
                  m->num_attention_heads, TP, m->num_attention_heads);
     if (m->ffn_hidden_size % TP)
-        mt_fatal("--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d\nhint: use a TP that divides it", m->ffn_hidden_size, TP);
+        mt_fatal("--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d\n"
+                 "hint: use a TP that divides it", m->ffn_hidden_size, TP);
     if (m->num_layers % PP)
-        mt_fatal("--num-layers %d is not divisible by --pipeline-model-parallel-size %d\nhint: every stage holds L/PP layers; use a PP that divides %d", m->num_layers, PP, m->num_layers);
+        mt_fatal("--num-layers %d is not divisible by --pipeline-model-parallel-size %d\n"
+                 "hint: every stage holds L/PP layers; use a PP that divides %d", m->num_layers, PP, m->num_layers);
     int world = p->nproc_per_node > 0 ? p->nproc_per_node : TP * PP;
     if (world % (TP * PP))
-        mt_fatal("%d ranks cannot be split into TP=%d x PP=%d x DP\nhint: --nproc-per-node must be a multiple of TP*PP = %d", world, TP, PP, TP * PP);
+        mt_fatal("%d ranks cannot be split into TP=%d x PP=%d x DP\n"
+                 "hint: --nproc-per-node must be a multiple of TP*PP = %d", world, TP, PP, TP * PP);
     cfg->world_size = world;
     cfg->data_parallel_size = world / (TP * PP);
     cfg->head_size = m->hidden_size / m->num_attention_heads;
@@ -1829,18 +1915,21 @@ void mt_config_derive(mt_config *cfg) {
         int per_stage = m->num_layers / PP;
         if (PP < 2) mt_fatal("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
         if (per_stage % p->num_layers_per_virtual_pipeline_stage)
-            mt_fatal("%d layers per pipeline stage are not divisible by --num-layers-per-virtual-pipeline-stage %d", per_stage, p->num_layers_per_virtual_pipeline_stage);
+            mt_fatal("%d layers per pipeline stage are not divisible by --num-layers-per-virtual-pipeline-stage %d",
+                     per_stage, p->num_layers_per_virtual_pipeline_stage);
         cfg->virtual_pipeline_size = per_stage / p->num_layers_per_virtual_pipeline_stage;
     }
     int DP = cfg->data_parallel_size, B = t->micro_batch_size;
     if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
     if (t->global_batch_size == 0) t->global_batch_size = B * DP;
     if (t->global_batch_size % (B * DP))
-        mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\nhint: use a global batch that is a multiple of %d",
+        mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\n"
+                 "hint: use a global batch that is a multiple of %d",
                  t->global_batch_size, B, DP, B * DP, B * DP);
     cfg->num_microbatches = t->global_batch_size / (B * DP);
     if (cfg->virtual_pipeline_size > 1 && cfg->num_microbatches % PP)
-        mt_fatal("the interleaved schedule needs the number of micro-batches (%d) to be a multiple of PP (%d)\nhint: change --global-batch-size", cfg->num_microbatches, PP);
+        mt_fatal("the interleaved schedule needs the number of micro-batches (%d) to be a multiple of PP (%d)\n"
+                 "hint: change --global-batch-size", cfg->num_microbatches, PP);
     if (strcmp(t->lr_decay_style, "constant") == 0) cfg->lr_decay = MT_LR_CONSTANT;
     else if (strcmp(t->lr_decay_style, "linear") == 0) cfg->lr_decay = MT_LR_LINEAR;
     else if (strcmp(t->lr_decay_style, "cosine") == 0) cfg->lr_decay = MT_LR_COSINE;
@@ -1848,9 +1937,11 @@ void mt_config_derive(mt_config *cfg) {
     if (t->lr_decay_iters == 0) t->lr_decay_iters = t->train_iters;
     cfg->lr_decay_steps = t->lr_decay_iters;
     // Megatron keeps the warm-up length as a real number (fraction x decay steps)
-    cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? t->lr_warmup_fraction * (double)t->lr_decay_iters : (double)t->lr_warmup_iters;
+    cfg->lr_warmup_steps = t->lr_warmup_fraction > 0 ? t->lr_warmup_fraction * (double)t->lr_decay_iters
+                                                     : (double)t->lr_warmup_iters;
     if (cfg->lr_warmup_steps > cfg->lr_decay_steps && cfg->lr_decay != MT_LR_CONSTANT)
-        mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\nhint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
+        mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\n"
+                 "hint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
 }
@@ -1860,10 +1951,11 @@ void mt_print_config(const mt_config *cfg, FILE *f) {
     fprintf(f, "model: L=%d C=%d NH=%d hs=%d F=%d T=%d maxT=%d V=%d Vp=%d\n", m->num_layers, m->hidden_size,
             m->num_attention_heads, cfg->head_size, m->ffn_hidden_size, m->seq_length, m->max_position_embeddings,
             m->vocab_size, cfg->padded_vocab_size);
-    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d | micro batch %d, global batch %d, %d micro-batches per rank\n",
+    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d | micro batch %d, global batch %d, %d "
+               "micro-batches per rank\n",
             cfg->world_size, cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
-            cfg->data_parallel_size, cfg->virtual_pipeline_size, cfg->train.micro_batch_size, cfg->train.global_batch_size,
-            cfg->num_microbatches);
+            cfg->data_parallel_size, cfg->virtual_pipeline_size, cfg->train.micro_batch_size,
+            cfg->train.global_batch_size, cfg->num_microbatches);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1880,6 +1972,7 @@ uint64_t mt_hash64(uint64_t x) {
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
     return x ^ (x >> 31);
 }
+
 static uint64_t mt__key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
     uint64_t h = mt_hash64(seed);
     h = mt_hash64(h ^ a);
@@ -1887,9 +1980,11 @@ static uint64_t mt__key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint6
     h = mt_hash64(h ^ c);
     return mt_hash64(h ^ index);
 }
+
 float mt_rand_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
     return (float)(mt__key(seed, a, b, c, index) >> 40) * (1.0f / 16777216.0f);   // 24 bits -> [0,1)
 }
+
 float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index) {
     // Box-Muller from two 32-bit uniforms of one hash; u1 in (0,1] so log() is finite
     uint64_t bits = mt__key(seed, a, b, c, index);
@@ -1912,11 +2007,14 @@ static void mt__cuda_check(cudaError_t err, const char *call, const char *file, 
     mt_fatal("CUDA call %s failed: %s (%s) at %s:%d\nhint: %s", call, cudaGetErrorName(err), cudaGetErrorString(err),
              file, line, hint);
 }
+
 static void mt__nccl_check(ncclResult_t res, const char *call, const char *file, int line) {
     if (res == ncclSuccess) return;
-    mt_fatal("NCCL call %s failed: %s at %s:%d\nhint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
+    mt_fatal("NCCL call %s failed: %s at %s:%d\n"
+             "hint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
              call, ncclGetErrorString(res), file, line);
 }
+
 #define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
 #define MT_NCCL_CHECK(x) mt__nccl_check((x), #x, __FILE__, __LINE__)
 #endif
@@ -2185,10 +2283,12 @@ static void mt__nccl_begin(mt_comm *c) {
     MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[0], (cudaStream_t)c->compute_stream));
     MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->stream, (cudaEvent_t)c->events[0], 0));
 }
+
 static void mt__nccl_end(mt_comm *c) {
     MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)c->events[1], (cudaStream_t)c->stream));
     MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->compute_stream, (cudaEvent_t)c->events[1], 0));
 }
+
 // one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
 static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
     ncclComm_t comm = (ncclComm_t)c->nccl;
@@ -2204,6 +2304,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     }
     mt__nccl_end(c);
 }
+
 // an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
 // it to the others (host memory), and every member joins (ncclCommInitRank blocks until all have)
 static void mt__nccl_join(mt_comm *c, void *compute_stream) {
@@ -2224,6 +2325,7 @@ static void mt__nccl_join(mt_comm *c, void *compute_stream) {
         c->events[k] = (void *)ev;
     }
 }
+
 static void mt__nccl_leave(mt_comm *c) {
     if (!c->nccl) return;
     MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
@@ -2232,6 +2334,7 @@ static void mt__nccl_leave(mt_comm *c) {
     MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)c->stream));
     c->nccl = NULL;
 }
+
 // NVLink SHARP (multicast) all-reduce is not used: NCCL_NVLS_ENABLE=0 unless the user says
 // otherwise. Set before any NCCL call, from the main thread (mt_world_run).
 static void mt__nccl_process_defaults(void) { setenv("NCCL_NVLS_ENABLE", "0", 0); }
@@ -2240,6 +2343,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     (void)c; (void)kind; (void)send; (void)recv; (void)n; (void)arg;
     mt_fatal("internal: an NCCL collective on the CPU build");
 }
+
 static void mt__nccl_join(mt_comm *c, void *compute_stream) { (void)c; (void)compute_stream; }
 static void mt__nccl_leave(mt_comm *c) { (void)c; }
 static void mt__nccl_process_defaults(void) {}
@@ -2294,7 +2398,8 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
             ranks[r].arg = arg;
             int err = pthread_create(&threads[r], NULL, mt__rank_thread_main, &ranks[r]);
             if (err != 0)
-                mt_fatal("cannot start the thread of rank %d: %s\nhint: lower --nproc-per-node or raise the thread limit (ulimit -u)", r, strerror(err));
+                mt_fatal("cannot start the thread of rank %d: %s\n"
+                         "hint: lower --nproc-per-node or raise the thread limit (ulimit -u)", r, strerror(err));
         }
         for (int r = 0; r < w->size; r++) pthread_join(threads[r], NULL);
         free(threads);
@@ -2325,7 +2430,8 @@ void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *member
             if (members[j] == members[i]) mt_fatal("rank %d appears twice in a group", members[i]);
         if (members[i] == my_global_rank) me = i;
     }
-    if (me < 0) mt_fatal("rank %d initializes a group it is not a member of\nhint: pass the members list that contains the calling rank", my_global_rank);
+    if (me < 0) mt_fatal("rank %d initializes a group it is not a member of\n"
+                         "hint: pass the members list that contains the calling rank", my_global_rank);
 
     // allocate before locking: mt_malloc may call mt_fatal, which takes world->mu itself
     mt__group *fresh = mt__group_new(members, size);
@@ -2401,7 +2507,8 @@ static void mt__check_posts_locked(mt__group *g, const mt_comm *c) {
         mt__describe_post(p0, theirs, sizeof theirs);
         snprintf(g->mismatch_msg, sizeof g->mismatch_msg,
                  "group %s: rank %d called %s while rank %d called %s\n"
-                 "hint: every member of a group must call the same collectives, with the same counts, in the same order (NCCL's rule)",
+                 "hint: every member of a group must call the same collectives, with the same counts, in the same "
+                 "order (NCCL's rule)",
                  c->name, g->members[j], mine, g->members[0], theirs);
         g->mismatch = 1;
         return;
@@ -2523,6 +2630,7 @@ static void mt__accumulate_f32(float *acc, const float *x, size_t m, int op) {
     if (op == MT_SUM) for (size_t i = 0; i < m; i++) acc[i] += x[i];
     else              for (size_t i = 0; i < m; i++) acc[i] = mt__max_f32(acc[i], x[i]);
 }
+
 static void mt__accumulate_f64(double *acc, const double *x, size_t m, int op) {
     if (op == MT_SUM) for (size_t i = 0; i < m; i++) acc[i] += x[i];
     else              for (size_t i = 0; i < m; i++) acc[i] = mt__max_f64(acc[i], x[i]);
@@ -2598,7 +2706,8 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
     for (size_t b = 0; b < n_per_rank; b += MT__BLOCK) {
         size_t m = n_per_rank - b < MT__BLOCK ? n_per_rank - b : MT__BLOCK;
         memcpy(acc, (const float *)posts[0].send + offset + b, m * sizeof(float));
-        for (int j = 1; j < c->size; j++) mt__accumulate_f32(acc, (const float *)posts[j].send + offset + b, m, (int)op);
+        for (int j = 1; j < c->size; j++) mt__accumulate_f32(acc, (const float *)posts[j].send + offset + b, m,
+                                                             (int)op);
         memcpy(recv + b, acc, m * sizeof(float));   // after all reads of this block: in place is safe
     }
     mt__group_sync(c, NULL, 0);
@@ -2629,7 +2738,8 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
     if (c->nccl) { mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root); return; }
     mt__trace(c, "broadcast %s n=%zu root %d", c->name, n, root);
-    if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name, root, c->size);
+    if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name,
+                                              root, c->size);
     if (c->size == 1) return;
     mt__post p;
     mt__post_set(&p, MT__COLL_BROADCAST, root, n, buf, buf);
@@ -2650,7 +2760,8 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
 // mt_recv takes the OLDEST message from that source with the right tag (FIFO among equal tags,
 // any order across tags), sleeping on the mailbox's condition variable until it arrives.
 void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
-    if (peer < 0 || peer >= c->size) mt_fatal("send on group %s: peer %d is not a group rank (size %d)", c->name, peer, c->size);
+    if (peer < 0 || peer >= c->size) mt_fatal("send on group %s: peer %d is not a group rank (size %d)", c->name, peer,
+                                              c->size);
     int dst = c->members[peer];
     mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
     if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
@@ -2671,7 +2782,8 @@ void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
 }
 
 void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
-    if (peer < 0 || peer >= c->size) mt_fatal("recv on group %s: peer %d is not a group rank (size %d)", c->name, peer, c->size);
+    if (peer < 0 || peer >= c->size) mt_fatal("recv on group %s: peer %d is not a group rank (size %d)", c->name, peer,
+                                              c->size);
     int src = c->members[peer], dst = c->global_rank;
     mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
     mt__inbox *box = &c->world->inbox[dst];
@@ -2694,7 +2806,8 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
             pthread_mutex_unlock(&box->mu);
             mt_fatal("rank %d waits for a message from rank %d (tag %d, n=%zu) that can never arrive: %s\n"
                      "hint: every recv needs a matching send with the same tag",
-                     dst, src, tag, n, src == dst ? "it would have to send it to itself" : "its rank function has returned");
+                     dst, src, tag, n, src == dst ? "it would have to send it to itself" : "its rank function has "
+                             "returned");
         }
         pthread_cond_wait(&box->cv, &box->mu);
     }
@@ -2839,7 +2952,8 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
     fprintf(f, "\n");
     if (cfg->virtual_pipeline_size > 1) {
         int lpc = cfg->parallel.num_layers_per_virtual_pipeline_stage;
-        fprintf(f, "  interleaved: %d model chunks per stage of %d layers; stage s, chunk c holds layers (c*PP + s)*%d ..\n",
+        fprintf(f, "  interleaved: %d model chunks per stage of %d layers; stage s, chunk c holds layers (c*PP + s)*%d "
+                   "..\n",
                 cfg->virtual_pipeline_size, lpc, lpc);
     }
 }
@@ -2882,6 +2996,7 @@ void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_pa
     if (compute_stream && g->dp.size > 1) mt__nccl_join(&g->dp, compute_stream);
     if (compute_stream && ps->in_embedding_group) mt__nccl_join(&g->embd, compute_stream);
 }
+
 void mt_groups_free(mt_groups *g) {
     mt__nccl_leave(&g->tp);
     mt__nccl_leave(&g->dp);
@@ -2913,6 +3028,7 @@ void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, i
             else memset(out_bt, 0, (size_t)C * sizeof(float));
         }
 }
+
 // in the forward pass this was: out[b,t,:] = wte[token[b,t], :]  (if the token is ours)
 // so the gradient of a row of wte collects dout of every position that looked it up
 void mt_embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C,
@@ -2937,6 +3053,7 @@ void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int 
             for (int i = 0; i < C; i++) out_bt[i] += wpe_t[i];
         }
 }
+
 void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -2968,6 +3085,7 @@ void mt_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float 
             rstd[b * T + t] = s;
         }
 }
+
 // in the forward pass this was: out = norm * weight + bias, norm = (x - mean) * rstd
 // so now: dbias += dout, dweight += norm * dout, and with dnorm = dout * weight,
 // dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))   (the two means are over C)
@@ -3016,6 +3134,7 @@ static inline float mt__dot(const float *x, const float *w, int C) {
     for (; i < C; i++) s += x[i] * w[i];
     return s;
 }
+
 void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias,
                            int BT, int C, int OC) {
     for (int o0 = 0; o0 < OC; o0 += MT_MATMUL_BLOCK) {
@@ -3027,6 +3146,7 @@ void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, co
         }
     }
 }
+
 // in the forward pass this was: out[bt,o] = sum_i inp[bt,i] * weight[o,i] + bias[o]
 // so now: dinp[bt,i] += sum_o dout[bt,o] * weight[o,i]     (dinp = dout @ weight)
 //         dweight[o,i] += sum_bt dout[bt,o] * inp[bt,i]    (dweight = dout^T @ inp)
@@ -3083,6 +3203,7 @@ void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
 static inline int mt__dropout_keep(const mt_dropout *d, uint64_t global_index) {
     return mt_rand_uniform(d->seed, d->iteration, d->site, 0x0d0d, global_index) >= d->p;
 }
+
 // in place: x (B,T,C) -> x * mask / (1-p)
 void mt_dropout_forward_cpu(float *x, const mt_dropout *d, int B) {
     if (d->p <= 0.0f) return;
@@ -3095,6 +3216,7 @@ void mt_dropout_forward_cpu(float *x, const mt_dropout *d, int B) {
                 x[i] = mt__dropout_keep(d, g) ? x[i] * scale : 0.0f;
             }
 }
+
 // in the forward pass this was: y = x * mask / (1-p); so dx = dy * mask / (1-p), in place on dy
 void mt_dropout_backward_cpu(float *dx, const mt_dropout *d, int B) { mt_dropout_forward_cpu(dx, d, B); }
 
@@ -3113,6 +3235,7 @@ static float mt__attention_score(const float *q, const float *k, int hs, float s
     for (int i = 0; i < hs; i++) s += q[i] * k[i];
     return s * scale;
 }
+
 void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
                               const mt_dropout *drop, int head_offset, int NH_global) {
     int hs = C_local / NH_local;
@@ -3153,6 +3276,7 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
             }
     free(row);
 }
+
 // in the forward pass this was: out_t = sum_t2 p'[t,t2] v_t2, p' = dropout(p), p = softmax(s), s = q.k/sqrt(hs)
 // so now, with p recomputed as exp(s - lse):
 //         dv_t2 += p'[t,t2] dout_t;  dp'[t,t2] = dout_t . v_t2;  dp = dp' * mask/(1-p_drop);
@@ -3207,6 +3331,7 @@ void mt_gelu_forward_cpu(float *out, const float *inp, size_t N) {
         out[i] = 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
     }
 }
+
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
 void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N) {
@@ -3242,6 +3367,7 @@ static int mt__real_columns(int vocab_start, int V_local, int V) {
     int n = V - vocab_start;
     return n < 0 ? 0 : (n > V_local ? V_local : n);
 }
+
 void mt_cross_entropy_local_max_cpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V) {
     int n = mt__real_columns(vocab_start, V_local, V);
     for (int i = 0; i < BT; i++) {
@@ -3251,6 +3377,7 @@ void mt_cross_entropy_local_max_cpu(float *maxv, const float *logits, int BT, in
         maxv[i] = m;
     }
 }
+
 void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
                                      const int *targets, int BT, int V_local, int vocab_start, int V) {
     int n = mt__real_columns(vocab_start, V_local, V);
@@ -3263,6 +3390,7 @@ void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const f
         target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
     }
 }
+
 // losses[i] = log S + m - l_y; if dlogits != NULL also the gradient, in place of the logits:
 // dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss   (0 on padded columns)
 void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
@@ -3300,6 +3428,7 @@ void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n,
         param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
     }
 }
+
 // ---------------------------------------------------------------------------------------------
 // bias add: out (BT, OC) += bias (OC), the bias of a row-parallel layer, added once after the
 // all-reduce
@@ -3314,6 +3443,7 @@ void mt_bias_add_cpu(float *out, const float *bias, int BT, int OC) {
 void mt_scale_cpu(float *x, float s, size_t n) {
     for (size_t k = 0; k < n; k++) x[k] *= s;
 }
+
 double mt_sum_squares_cpu(const float *x, size_t n) {
     double s = 0.0;
     for (size_t k = 0; k < n; k++) s += (double)x[k] * (double)x[k];
@@ -3341,68 +3471,86 @@ void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float
                           int vocab_start, int V_local) {
     (void)r; mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
 }
+
 void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                            int vocab_start, int V_local) {
     (void)r; mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
 }
+
 void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
     (void)r; mt_position_embedding_forward_cpu(out, wpe, B, T, C);
 }
+
 void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
     (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
 }
+
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                           const float *bias, int B, int T, int C) {
     (void)r; mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
 }
+
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
     (void)r; mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
 }
+
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
     (void)r; mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
 }
+
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC) {
     (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
 }
+
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
     (void)r; mt_bias_add_cpu(out, bias, BT, OC);
 }
+
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
     (void)r; mt_dropout_forward_cpu(x, d, B);
 }
+
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
     (void)r; mt_dropout_backward_cpu(dx, d, B);
 }
+
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     (void)r; mt_attention_forward_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global);
 }
+
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global) {
     (void)r;
     mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global);
 }
+
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     (void)r; mt_gelu_forward_cpu(out, inp, N);
 }
+
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
     (void)r; mt_gelu_backward_cpu(dinp, inp, dout, N);
 }
+
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
     (void)r; mt_residual_forward_cpu(out, a, b, N);
 }
+
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V) {
     (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
 }
+
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
                                  const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
     (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
 }
+
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
                              const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                              int V, float dloss) {
@@ -3410,13 +3558,16 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const fl
     mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
                                 dloss);
 }
+
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step) {
     (void)r; mt_adamw_cpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step);
 }
+
 void mt_scale(mt_rank *r, float *x, float s, size_t n) {
     (void)r; mt_scale_cpu(x, s, n);
 }
+
 double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
     (void)r; return mt_sum_squares_cpu(x, n);
 }
@@ -3425,19 +3576,24 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
     (void)r; return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
 }
+
 int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what) {
     (void)r; return (int *)mt_calloc(n ? n : 1, sizeof(int), what);
 }
+
 void mt_buffer_free(void *p) { free(p); }
 void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
     (void)r; memset(p, 0, n * sizeof(float));
 }
+
 void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
     (void)r; memcpy(dst, src, n * sizeof(float));
 }
+
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
     (void)r; memcpy(dst, host_src, bytes);
 }
+
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
     (void)r; memcpy(host_dst, src, bytes);
 }
@@ -3449,11 +3605,13 @@ void mt_device_init(mt_rank *r) {
     r->dev.gemm_impl = 0;
     r->dev.bf16 = 0;
 }
+
 void mt_device_free(mt_rank *r) { (void)r; }
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
     return 0;
 }
+
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->train.fp16 || cfg->train.bf16)
         fprintf(stderr, "note: the CPU build computes in fp32; --bf16 applies to the GPU build (train_gpt_cuda)\n");
@@ -3493,6 +3651,7 @@ void mt_device_check_precision(const mt_config *cfg) {
 static void mt__tp_all_reduce(mt_rank *r, float *x, size_t n) {
     if (r->ps.tp_size > 1) mt_all_reduce(&r->groups.tp, x, n, MT_SUM);
 }
+
 void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n) { mt__tp_all_reduce(r, y, n); }
 void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all_reduce(r, dx, n); }
 
@@ -3505,6 +3664,7 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
                                        const float *bias, int BT, int K, int OC_tp) {
     mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
+
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
 // dinp is written ('='): zeroed here, filled with this rank's part, then all-reduced.
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -3525,6 +3685,7 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
     mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
     mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
 }
+
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
 // dW_r = X_r^T dY and db = sum dY are all local. db is the same on every TP rank.
 // dinp is written ('=').
@@ -3539,12 +3700,14 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // forward: each rank looks up the tokens it owns (zeros elsewhere), then g: all-reduce, so
 // every rank has the full embedding; then positions are added (wpe is replicated).
 // writes out ('='), (B,T,C)
-void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe) {
+void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte,
+                                         const float *wpe) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C;
     mt_embedding_forward(r, out, tokens, wte, B, T, C, r->dims.vocab_start, r->dims.Vp_tp);
     mt_reduce_from_tp_region_forward(r, out, (size_t)B * T * C);
     mt_position_embedding_forward(r, out, wpe, B, T, C);
 }
+
 // backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
     mt_embedding_backward(r, dwte, dout, tokens, r->dims.B, r->dims.T, r->dims.C, r->dims.vocab_start, r->dims.Vp_tp);
@@ -3567,7 +3730,8 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
     mt_scratch *s = &r->scratch;
     mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
     if (r->ps.tp_size > 1) mt_all_reduce(&r->groups.tp, s->ce_max, (size_t)BT, MT_MAX);
-    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
+    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp,
+                                r->dims.vocab_start, V);
     if (r->ps.tp_size > 1) {
         mt_all_reduce(&r->groups.tp, s->ce_sum, (size_t)BT, MT_SUM);
         mt_all_reduce(&r->groups.tp, s->ce_target, (size_t)BT, MT_SUM);
@@ -3609,7 +3773,8 @@ static size_t mt__carve_params(mt_rank *r, mt_params *p, float *base, int fill_s
     // name, pointer, offset (set below), layers, local rows, cols, global rows, cols, split, no_decay, tp_replicated,
     // present, init, tied_copy
     mt_param_spec table[MT_NUM_PARAM_TENSORS] = {
-        {"wte", &p->wte, 0, 0, r->dims.Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last, N, tied},
+        {"wte", &p->wte, 0, 0, r->dims.Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last, N,
+         tied},
         {"wpe", &p->wpe, 0, 0, cfg->model.max_position_embeddings, C, cfg->model.max_position_embeddings, C,
          MT_SPLIT_NONE, 0, 1, first, N, 0},
         {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0},
@@ -3789,6 +3954,7 @@ void mt_model_init(mt_rank *r) {
     r->memory.params = m->num_params * sizeof(float);
     r->memory.grads = m->num_params * sizeof(float);
 }
+
 void mt_model_free(mt_rank *r) {
     mt_buffer_free(r->model.params_memory);
     mt_buffer_free(r->model.grads_memory);
@@ -3823,6 +3989,7 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     r->memory.activations = (per_slot + 2 * BT) * (size_t)num_slots * sizeof(float);
     r->memory.scratch = scratch_n * sizeof(float);
 }
+
 void mt_activations_free(mt_rank *r) {
     mt_buffer_free(r->acts.memory);
     mt_buffer_free(r->acts.ids_memory);
@@ -3845,11 +4012,15 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_ln2w = p->ln2w + (size_t)l * C, *l_ln2b = p->ln2b + (size_t)l * C;
     float *l_fcw = p->fcw + (size_t)l * F_tp * C, *l_fcb = p->fcb + (size_t)l * F_tp;
     float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
-    float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
+    float *l_ln1 = a->ln1 + (size_t)l * BT * C;
+    float *l_ln1_mean = a->ln1_mean + (size_t)l * BT;
+    float *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
     float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
-    float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
+    float *l_ln2 = a->ln2 + (size_t)l * BT * C;
+    float *l_ln2_mean = a->ln2_mean + (size_t)l * BT;
+    float *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
     float *l_residual3 = a->residual3 + (size_t)l * BT * C;
     float *out_c = r->scratch.out_c;
@@ -3897,11 +4068,15 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *dl_ln2w = g->ln2w + (size_t)l * C, *dl_ln2b = g->ln2b + (size_t)l * C;
     float *dl_fcw = g->fcw + (size_t)l * F_tp * C, *dl_fcb = g->fcb + (size_t)l * F_tp;
     float *dl_fcprojw = g->fcprojw + (size_t)l * C * F_tp, *dl_fcprojb = g->fcprojb + (size_t)l * C;
-    float *l_ln1 = a->ln1 + (size_t)l * BT * C, *l_ln1_mean = a->ln1_mean + (size_t)l * BT, *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
+    float *l_ln1 = a->ln1 + (size_t)l * BT * C;
+    float *l_ln1_mean = a->ln1_mean + (size_t)l * BT;
+    float *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
     float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
     float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
     float *l_residual2 = a->residual2 + (size_t)l * BT * C;
-    float *l_ln2 = a->ln2 + (size_t)l * BT * C, *l_ln2_mean = a->ln2_mean + (size_t)l * BT, *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
+    float *l_ln2 = a->ln2 + (size_t)l * BT * C;
+    float *l_ln2_mean = a->ln2_mean + (size_t)l * BT;
+    float *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
     float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             cfg->model.attention_dropout, sample_offset, T, C};
@@ -3914,11 +4089,13 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
-    mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp, C);
+    mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp,
+                                    C);
     mt_buffer_zero(r, s->dfch, (size_t)BT * F_tp);
     mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
-    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T, C);
+    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T,
+                          C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
     mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
@@ -3933,18 +4110,22 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
 
 // the embedding (first virtual stage) and the head (last virtual stage)
 static int mt__is_first_virtual(const mt_rank *r, int chunk) { return r->ps.is_first_stage && chunk == 0; }
-static int mt__is_last_virtual(const mt_rank *r, int chunk) { return r->ps.is_last_stage && chunk == r->ps.vp_size - 1; }
+static int mt__is_last_virtual(const mt_rank *r,
+                               int chunk) { return r->ps.is_last_stage && chunk == r->ps.vp_size - 1; }
 
 static void mt__embedding_forward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
     mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->model.params.wte, r->model.params.wpe);
-    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, r->state.training ? cfg->model.hidden_dropout : 0.0f,
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0,
+                    r->state.training ? cfg->model.hidden_dropout : 0.0f,
                     a->sample_offset, r->dims.T, r->dims.C};
     mt_dropout_forward(r, a->input, &d, r->dims.B);
 }
+
 static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
-    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, cfg->model.hidden_dropout, a->sample_offset, r->dims.T, r->dims.C};
+    mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, cfg->model.hidden_dropout, a->sample_offset,
+                    r->dims.T, r->dims.C};
     mt_dropout_backward(r, r->scratch.dresidual, &d, r->dims.B);
     mt_vocab_parallel_embedding_backward(r, r->model.grads.wte, r->model.grads.wpe, r->scratch.dresidual, a->tokens);
 }
@@ -3962,13 +4143,16 @@ static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int 
     for (int i = 0; i < BT; i++) sum += r->host.losses[i];
     r->state.loss_sum += sum / BT;
 }
+
 static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
     mt_scratch *s = &r->scratch;
     // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
-    mt_column_parallel_linear_backward(r, s->dln, r->model.grads.wte, NULL, a->logits, a->lnf, r->model.params.wte, BT, C, r->dims.Vp_tp);
+    mt_column_parallel_linear_backward(r, s->dln, r->model.grads.wte, NULL, a->logits, a->lnf, r->model.params.wte, BT,
+                                       C, r->dims.Vp_tp);
     mt_buffer_zero(r, s->dresidual, (size_t)BT * C);
-    mt_layernorm_backward(r, s->dresidual, r->model.grads.lnfw, r->model.grads.lnfb, s->dln, x, r->model.params.lnfw, a->lnf_mean,
+    mt_layernorm_backward(r, s->dresidual, r->model.grads.lnfw, r->model.grads.lnfb, s->dln, x, r->model.params.lnfw,
+                          a->lnf_mean,
                               a->lnf_rstd, B, T, C);
 }
 
@@ -3976,11 +4160,13 @@ static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
 static float *mt__chunk_input(const mt_rank *r, mt_activations *a, int chunk) {
     return a->input + (size_t)chunk * r->dims.B * r->dims.T * r->dims.C;
 }
+
 static float *mt__layer_input(const mt_rank *r, mt_activations *a, int l) {
     int lpc = r->dims.layers_per_chunk;
     if (l % lpc == 0) return mt__chunk_input(r, a, l / lpc);
     return a->residual3 + (size_t)(l - 1) * r->dims.B * r->dims.T * r->dims.C;
 }
+
 static float *mt__chunk_output(const mt_rank *r, mt_activations *a, int chunk) {
     int last_layer = (chunk + 1) * r->dims.layers_per_chunk - 1;
     return a->residual3 + (size_t)last_layer * r->dims.B * r->dims.T * r->dims.C;
@@ -3995,6 +4181,7 @@ static void mt__forward_chunk(mt_rank *r, mt_activations *a, int chunk) {
     }
     if (mt__is_last_virtual(r, chunk)) mt__head_forward(r, a, mt__chunk_output(r, a, chunk), r->state.training);
 }
+
 // backward of one model chunk; scratch.dresidual holds dL/d(chunk output) unless this is the
 // last virtual stage (then the head starts it). On exit it holds dL/d(chunk input).
 static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
@@ -4005,6 +4192,7 @@ static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
     }
     if (mt__is_first_virtual(r, chunk)) mt__embedding_backward(r, a);
 }
+
 // =============================================================================================
 // 6. OPTIMIZER, CLIPPING, LEARNING RATE
 // =============================================================================================
@@ -4055,6 +4243,7 @@ void mt_optimizer_init(mt_rank *r) {
     r->optim.step = 0;
     r->memory.optimizer = 2 * r->model.num_params * sizeof(float);
 }
+
 void mt_optimizer_free(mt_rank *r) {
     mt_buffer_free(r->optim.m_memory);
     mt_buffer_free(r->optim.v_memory);
@@ -4099,7 +4288,8 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
 // _allreduce_embedding_grads).
 void mt_finish_grad_sync(mt_rank *r) {
     if (r->ps.dp_size > 1) {
-        size_t bucket = r->cfg->parallel.ddp_bucket_size > 0 ? (size_t)r->cfg->parallel.ddp_bucket_size : r->model.num_params;
+        long bucket_flag = r->cfg->parallel.ddp_bucket_size;
+        size_t bucket = bucket_flag > 0 ? (size_t)bucket_flag : r->model.num_params;
         for (size_t off = 0; off < r->model.num_params; off += bucket) {
             size_t n = r->model.num_params - off < bucket ? r->model.num_params - off : bucket;
             mt_all_reduce(&r->groups.dp, r->model.grads_memory + off, n, MT_SUM);
@@ -4135,9 +4325,11 @@ static int mt__push(mt_sched_step *out, int n, mt_step_kind kind, int mb, int ch
 // no pipelining (forward_backward_no_pipelining): F0 B0 F1 B1 ... gradient accumulation
 int mt_schedule_no_pipelining(int m, mt_sched_step *out) {
     int n = 0;
-    for (int i = 0; i < m; i++) { n = mt__push(out, n, MT_STEP_FORWARD, i, 0); n = mt__push(out, n, MT_STEP_BACKWARD, i, 0); }
+    for (int i = 0; i < m; i++) { n = mt__push(out, n, MT_STEP_FORWARD, i, 0); n = mt__push(out, n, MT_STEP_BACKWARD, i,
+            0); }
     return n;
 }
+
 // all forward, all backward (GPipe): the simplest pipeline schedule; every micro-batch's
 // activations are alive at once. Kept as the baseline the 1F1B schedule improves on.
 int mt_schedule_afab(int m, mt_sched_step *out) {
@@ -4146,6 +4338,7 @@ int mt_schedule_afab(int m, mt_sched_step *out) {
     for (int i = 0; i < m; i++) n = mt__push(out, n, MT_STEP_BACKWARD, i, 0);
     return n;
 }
+
 // 1F1B (forward_backward_pipelining_without_interleaving; PipeDream-Flush, Narayanan et al. 2021)
 // pp=4, m=6, F and B one slot each (really B takes about 2F); blanks are the bubble:
 //
@@ -4173,6 +4366,7 @@ int mt_schedule_1f1b(int m, int pp_size, int pp_rank, mt_sched_step *out) {
     for (int i = num_steady; i < m; i++) n = mt__push(out, n, MT_STEP_BACKWARD, i, 0);
     return n;
 }
+
 // interleaved 1F1B (forward_backward_pipelining_with_interleaving; Narayanan et al. 2021, sec 2.2)
 // Each stage holds vp model chunks; micro-batches go through chunk 0 of every stage, then chunk 1
 // of every stage, ... Forward step k of a stage works on chunk (k / pp) % vp of micro-batch
@@ -4181,6 +4375,7 @@ static int mt__interleaved_chunk(int k, int pp, int vp, int forward) {
     int c = (k / pp) % vp;
     return forward ? c : vp - 1 - c;
 }
+
 static int mt__interleaved_mb(int k, int pp, int vp) { return (k / (pp * vp)) * pp + k % pp; }
 int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sched_step *out) {
     int n = 0, total = m * vp;
@@ -4193,18 +4388,23 @@ int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sch
     int num_steady = total - num_warmup;
     // warmup
     for (int k = 0; k < num_warmup; k++)
-        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 1));
+        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(k, pp_size, vp),
+                     mt__interleaved_chunk(k, pp_size, vp, 1));
     // steady 1F1B
     for (int k = 0; k < num_steady; k++) {
         int kf = num_warmup + k;
-        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(kf, pp_size, vp), mt__interleaved_chunk(kf, pp_size, vp, 1));
-        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+        n = mt__push(out, n, MT_STEP_FORWARD, mt__interleaved_mb(kf, pp_size, vp),
+                     mt__interleaved_chunk(kf, pp_size, vp, 1));
+        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp),
+                     mt__interleaved_chunk(k, pp_size, vp, 0));
     }
     // cooldown
     for (int k = num_steady; k < total; k++)
-        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp), mt__interleaved_chunk(k, pp_size, vp, 0));
+        n = mt__push(out, n, MT_STEP_BACKWARD, mt__interleaved_mb(k, pp_size, vp),
+                     mt__interleaved_chunk(k, pp_size, vp, 0));
     return n;
 }
+
 // forward only (evaluation): each micro-batch through every chunk in turn
 int mt_schedule_forward_only(int m, int vp, mt_sched_step *out) {
     int n = 0;
@@ -4212,11 +4412,13 @@ int mt_schedule_forward_only(int m, int vp, mt_sched_step *out) {
         for (int c = 0; c < vp; c++) n = mt__push(out, n, MT_STEP_FORWARD, i, c);
     return n;
 }
+
 /* the schedule a stage runs in a training step, chosen as Megatron's get_forward_backward_func */
 int mt_schedule_for(const mt_config *cfg, int pp_rank, mt_sched_step *out) {
     int m = cfg->num_microbatches, pp = cfg->parallel.pipeline_model_parallel_size;
     if (pp == 1) return mt_schedule_no_pipelining(m, out);
-    if (cfg->virtual_pipeline_size > 1) return mt_schedule_1f1b_interleaved(m, pp, pp_rank, cfg->virtual_pipeline_size, out);
+    if (cfg->virtual_pipeline_size > 1) return mt_schedule_1f1b_interleaved(m, pp, pp_rank, cfg->virtual_pipeline_size,
+            out);
     return mt_schedule_1f1b(m, pp, pp_rank, out);
 }
 
@@ -4229,7 +4431,8 @@ int mt_schedule_simulate(const mt_config *cfg, int f_cost, int b_cost, int **sta
     int pp = cfg->parallel.pipeline_model_parallel_size, vp = cfg->virtual_pipeline_size, m = cfg->num_microbatches;
     int max_steps = 2 * m * vp;
     mt_sched_step *lists = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)max_steps * pp, "schedule");
-    int *done_f = (int *)mt_malloc(sizeof(int) * (size_t)pp * vp * m, "schedule");  // finish time of F(stage, chunk, mb), -1 = not yet
+    // finish time of F(stage, chunk, mb), -1 = not yet
+    int *done_f = (int *)mt_malloc(sizeof(int) * (size_t)pp * vp * m, "schedule");
     int *done_b = (int *)mt_malloc(sizeof(int) * (size_t)pp * vp * m, "schedule");
     for (int i = 0; i < pp * vp * m; i++) done_f[i] = done_b[i] = -1;
     int *pos = (int *)mt_calloc((size_t)pp, sizeof(int), "schedule");
@@ -4286,7 +4489,8 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
         int fc = 1, bc = pass == 0 ? 1 : 2;
         int makespan = mt_schedule_simulate(cfg, fc, bc, start, count);
         if (makespan < 0) { fprintf(f, "the schedule deadlocks\n"); break; }
-        fprintf(f, "\n%s:\n", pass == 0 ? "time line, F and B one slot each" : "time line with B = 2F (closer to real)");
+        fprintf(f, "\n%s:\n",
+                pass == 0 ? "time line, F and B one slot each" : "time line with B = 2F (closer to real)");
         int busy_total = 0;
         for (int s = 0; s < pp; s++) {
             int n = mt_schedule_for(cfg, s, list);
@@ -4337,7 +4541,8 @@ static void mt__p2p_trace(const mt_rank *r, const char *what, int peer_stage, in
     int kind = tag / 64 / 65536, mb = tag / 64 % 65536, chunk = tag % 64;
     int from = what[0] == 's' ? r->ps.pp_rank : peer_stage, to = what[0] == 's' ? peer_stage : r->ps.pp_rank;
     if (r->ps.vp_size > 1)
-        mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d chunk %d", from, to, what, kind ? "backward" : "forward", mb, chunk);
+        mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d chunk %d", from, to, what, kind ? "backward" : "forward", mb,
+                  chunk);
     else
         mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d", from, to, what, kind ? "backward" : "forward", mb);
 }
@@ -4352,6 +4557,7 @@ static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) 
     r->state.idle_seconds += mt_time_seconds() - t0;
     mt_buffer_upload(r, buf, r->host.p2p, n * sizeof(float));
 }
+
 static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
     mt__p2p_trace(r, "send", peer_stage, tag);
     mt_buffer_download(r, r->host.p2p, buf, n * sizeof(float));
@@ -4386,7 +4592,8 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         mt__forward_chunk(r, a, st.chunk);
         if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
             int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
-            mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(0, st.mb, next_chunk));
+            mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0,
+                     mt__p2p_tag(0, st.mb, next_chunk));
         }
         if (last_forward_releases && st.chunk == vp - 1) a->mb = -1;
     } else {
@@ -4422,7 +4629,8 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     r->state.idle_seconds = 0.0;
     mt_buffer_zero(r, r->model.grads_memory, r->model.num_params);
     // 1. forward and backward of every micro-batch, in the order of the schedule
-    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * 2 * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
+    size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
     free(list);
@@ -4443,7 +4651,8 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     r->state.iteration = iteration;
     r->state.training = 0;
     r->state.loss_sum = 0.0;
-    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * (size_t)cfg->num_microbatches * r->ps.vp_size, "schedule");
+    size_t max_steps = (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
+    mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
     int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
     free(list);
@@ -4522,6 +4731,7 @@ static size_t mt__dtype_size(int code) {
     default: return 0;
     }
 }
+
 int mt_dtype_for_vocab(int vocab_size) { return vocab_size < 65500 ? 8 : 4; }
 
 static void *mt__map_file(const char *path, size_t *size, const char *hint) {
@@ -4545,26 +4755,32 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
     strcpy(d->prefix, prefix);
     char path[MT_PATH_MAX + 8];
     snprintf(path, sizeof path, "%s.idx", prefix);
-    const char *hint = "--data-path takes the prefix of PREFIX.bin/PREFIX.idx as written by ./preprocess (e.g. data/my_dataset_text_document)";
+    const char *hint = "--data-path takes the prefix of PREFIX.bin/PREFIX.idx as written by ./preprocess (e.g. "
+                       "data/my_dataset_text_document)";
     d->idx_map = mt__map_file(path, &d->idx_size, hint);
     const unsigned char *p = (const unsigned char *)d->idx_map;
     size_t header = 9 + 8 + 1 + 8 + 8;
     if (d->idx_size < 9 || memcmp(p, mt__idx_magic, 9) != 0)
         mt_fatal("%s is not a Megatron indexed dataset index (bad magic)\nhint: make it with ./preprocess", path);
-    if (d->idx_size < header) mt_fatal("%s is truncated (%zu bytes, the header alone is %zu)\nhint: run ./preprocess again", path, d->idx_size, header);
+    if (d->idx_size < header) mt_fatal("%s is truncated (%zu bytes, the header alone is %zu)\n"
+                                       "hint: run ./preprocess again", path, d->idx_size, header);
     uint64_t version, S, D;
     memcpy(&version, p + 9, 8);
     d->dtype = p[17];
     memcpy(&S, p + 18, 8);
     memcpy(&D, p + 26, 8);
-    if (version != 1) mt_fatal("%s has index version %llu; only version 1 (MMIDIDX) is known", path, (unsigned long long)version);
+    if (version != 1) mt_fatal("%s has index version %llu; only version 1 (MMIDIDX) is known", path,
+                               (unsigned long long)version);
     d->elem_size = mt__dtype_size(d->dtype);
     if (d->elem_size == 0 || d->dtype == 6 || d->dtype == 7)
         mt_fatal("%s has dtype code %d, which is not an integer token type", path, d->dtype);
-    if (D < 1 || S > (1ull << 40) || D > (1ull << 40)) mt_fatal("%s has impossible counts (%llu sequences, %llu document entries)", path, (unsigned long long)S, (unsigned long long)D);
+    if (D < 1 || S > (1ull << 40)
+        || D > (1ull << 40)) mt_fatal("%s has impossible counts (%llu sequences, %llu document "
+                                      "entries)", path, (unsigned long long)S, (unsigned long long)D);
     size_t need = header + S * 4 + S * 8 + D * 8;
     if (d->idx_size < need)
-        mt_fatal("%s is truncated: %zu bytes, but its header promises %llu sequences and %llu documents (%zu bytes)\nhint: run ./preprocess again",
+        mt_fatal("%s is truncated: %zu bytes, but its header promises %llu sequences and %llu documents (%zu bytes)\n"
+                 "hint: run ./preprocess again",
                  path, d->idx_size, (unsigned long long)S, (unsigned long long)(D - 1), need);
     d->num_sequences = S;
     d->num_documents = D - 1;
@@ -4583,8 +4799,10 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
     for (uint64_t i = 0; i < S; i++) {
         if (lengths[i] < 0 || pointers[i] < 0 ||
             (uint64_t)pointers[i] + (uint64_t)lengths[i] * d->elem_size > d->bin_size)
-            mt_fatal("%s is shorter than %s.idx says (sequence %llu needs bytes up to %llu, the file has %zu)\nhint: the .bin is truncated or belongs to another .idx; run ./preprocess again",
-                     path, prefix, (unsigned long long)i, (unsigned long long)((uint64_t)pointers[i] + (uint64_t)lengths[i] * d->elem_size), d->bin_size);
+            mt_fatal("%s is shorter than %s.idx says (sequence %llu needs bytes up to %llu, the file has %zu)\n"
+                     "hint: the .bin is truncated or belongs to another .idx; run ./preprocess again",
+                     path, prefix, (unsigned long long)i,
+                     (unsigned long long)((uint64_t)pointers[i] + (uint64_t)lengths[i] * d->elem_size), d->bin_size);
     }
     for (uint64_t i = 0; i < D; i++)
         if (docs[i] < 0 || (uint64_t)docs[i] > S || (i > 0 && docs[i] < docs[i - 1]))
@@ -4605,6 +4823,7 @@ int64_t mt_indexed_dataset_doc_length(const mt_indexed_dataset *d, int64_t doc) 
     for (int64_t s = d->doc_index[doc]; s < d->doc_index[doc + 1]; s++) n += d->seq_lengths[s];
     return n;
 }
+
 int64_t mt_indexed_dataset_token(const mt_indexed_dataset *d, int64_t doc, int64_t pos) {
     int64_t first = d->doc_index[doc];
     const unsigned char *p = (const unsigned char *)d->bin_map + d->seq_pointers[first] + pos * (int64_t)d->elem_size;
@@ -4641,7 +4860,8 @@ mt_indexed_builder *mt_indexed_builder_open(const char *prefix, int dtype_code) 
     if (strlen(prefix) + 5 > MT_PATH_MAX) mt_fatal("output prefix too long: %s", prefix);
     b->dtype = dtype_code;
     b->elem_size = mt__dtype_size(dtype_code);
-    if (b->elem_size == 0 || dtype_code == 6 || dtype_code == 7) mt_fatal("indexed builder: dtype code %d is not an integer type", dtype_code);
+    if (b->elem_size == 0 || dtype_code == 6
+        || dtype_code == 7) mt_fatal("indexed builder: dtype code %d is not an integer type", dtype_code);
     snprintf(b->bin_path, sizeof b->bin_path, "%s.bin", prefix);
     snprintf(b->idx_path, sizeof b->idx_path, "%s.idx", prefix);
     b->bin = mt_atomic_open(b->bin_path, b->bin_tmp, sizeof b->bin_tmp);
@@ -4723,7 +4943,8 @@ void mt_split_documents(const char *split, int64_t num_docs, int64_t bounds[4]) 
     while (*s && n < 3) {
         char *end;
         w[n] = strtod(s, &end);
-        if (end == s || w[n] < 0) mt_fatal("--split '%s' is not a list of up to 3 non-negative numbers like 949,50,1", split);
+        if (end == s || w[n] < 0) mt_fatal("--split '%s' is not a list of up to 3 non-negative numbers like 949,50,1",
+                                           split);
         total += w[n++];
         s = end;
         if (*s == ',' || *s == '/') s++;
@@ -4765,8 +4986,10 @@ void mt_gpt_dataset_build(mt_gpt_dataset *g, const mt_indexed_dataset *ds, int64
     int64_t ndocs = doc_end - doc_begin, tokens_per_epoch = 0;
     for (int64_t d = doc_begin; d < doc_end; d++) tokens_per_epoch += mt_indexed_dataset_doc_length(ds, d);
     if (ndocs <= 0 || tokens_per_epoch <= T)
-        mt_fatal("the %s split of %s has %lld documents and %lld tokens, too few for one sample of %d tokens\nhint: use more data, a shorter --seq-length, or another --split",
-                 split_id == 0 ? "train" : split_id == 1 ? "valid" : "test", ds->prefix, (long long)ndocs, (long long)tokens_per_epoch, T + 1);
+        mt_fatal("the %s split of %s has %lld documents and %lld tokens, too few for one sample of %d tokens\n"
+                 "hint: use more data, a shorter --seq-length, or another --split",
+                 split_id == 0 ? "train" : split_id == 1 ? "valid" : "test", ds->prefix, (long long)ndocs,
+                 (long long)tokens_per_epoch, T + 1);
     int64_t epochs = 1;
     while ((epochs * tokens_per_epoch - 1) / T < min_samples) epochs++;
     g->num_doc_idx = epochs * ndocs;
@@ -4845,7 +5068,9 @@ void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out) {
 void mt_data_init(mt_data *d, const mt_config *cfg) {
     memset(d, 0, sizeof *d);
     const mt_train_config *t = &cfg->train;
-    if (t->num_data_paths == 0) mt_fatal("no --data-path given\nhint: make one with ./preprocess, e.g. --data-path data/my_dataset_text_document");
+    if (t->num_data_paths == 0) mt_fatal("no --data-path given\n"
+                                         "hint: make one with ./preprocess, e.g. --data-path "
+                                         "data/my_dataset_text_document");
     d->num_paths = t->num_data_paths;
     int64_t gbs = t->global_batch_size;
     int64_t need[3];
@@ -4859,7 +5084,8 @@ void mt_data_init(mt_data *d, const mt_config *cfg) {
         mt_indexed_dataset_open(&d->files[p], t->data_path[p]);
         mt_split_documents(t->split, (int64_t)d->files[p].num_documents, bounds[p]);
         // no weights given: weigh by size, as Megatron does for a plain list of prefixes
-        weights[p] = t->data_weight[p] > 0 ? t->data_weight[p] : (double)d->files[p].bin_size / (double)d->files[p].elem_size;
+        double tokens = (double)d->files[p].bin_size / (double)d->files[p].elem_size;
+        weights[p] = t->data_weight[p] > 0 ? t->data_weight[p] : tokens;
         total_tokens += weights[p];
     }
     for (int p = 0; p < d->num_paths; p++) if (t->data_weight[p] <= 0) weights[p] /= total_tokens;
@@ -4867,7 +5093,8 @@ void mt_data_init(mt_data *d, const mt_config *cfg) {
         int ok = need[s] > 0;
         for (int p = 0; p < d->num_paths; p++) if (bounds[p][s + 1] <= bounds[p][s]) ok = 0;
         if (!ok) {
-            if (s == 0) mt_fatal("the train split is empty or no training is asked for\nhint: check --split (e.g. 949,50,1) and --train-iters");
+            if (s == 0) mt_fatal("the train split is empty or no training is asked for\n"
+                                 "hint: check --split (e.g. 949,50,1) and --train-iters");
             continue;
         }
         mt_blended_dataset *b = &d->split[s];
@@ -4875,7 +5102,8 @@ void mt_data_init(mt_data *d, const mt_config *cfg) {
         for (int p = 0; p < d->num_paths; p++) {
             // each part gets its share of the samples plus 0.5% (Megatron's margin for rounding)
             int64_t part_need = d->num_paths == 1 ? need[s] : (int64_t)ceil(weights[p] * (double)need[s] * 1.005) + 1;
-            mt_gpt_dataset_build(&b->parts[p], &d->files[p], bounds[p][s], bounds[p][s + 1], cfg->model.seq_length, part_need,
+            mt_gpt_dataset_build(&b->parts[p], &d->files[p], bounds[p][s], bounds[p][s + 1], cfg->model.seq_length,
+                                 part_need,
                                  t->seed, s);
         }
         mt__blend(b, weights, need[s]);
@@ -4892,6 +5120,7 @@ void mt_data_free(mt_data *d) {
     }
     for (int p = 0; p < d->num_paths; p++) mt_indexed_dataset_close(&d->files[p]);
 }
+
 // ---------------------------------------------------------------------------------------------
 // GPT-2 tokenizer: byte-level BPE, the way OpenAI's tiktoken runs it (its "gpt2" encoding)
 //
@@ -4924,10 +5153,12 @@ void mt_int_list_reserve(mt_int_list *l, size_t extra) {
     l->data = (int32_t *)mt_realloc(l->data, cap * sizeof(int32_t), "token ids");
     l->cap = cap;
 }
+
 void mt_int_list_push(mt_int_list *l, int32_t v) {
     if (l->len == l->cap) mt_int_list_reserve(l, 1);
     l->data[l->len++] = v;
 }
+
 void mt_int_list_free(mt_int_list *l) {
     free(l->data);
     l->data = NULL;
@@ -4947,6 +5178,7 @@ static uint64_t mt__mix64(uint64_t x) {
     x ^= x >> 32;
     return x;
 }
+
 // *head gets the first 8 bytes (zero-padded): the vocabulary map compares that word first
 static uint64_t mt__hash_bytes(const unsigned char *p, size_t n, uint64_t *head) {
     uint64_t h = 0x243f6a8885a308d3ull ^ (uint64_t)n, w = 0;
@@ -4967,6 +5199,7 @@ static uint64_t mt__hash_bytes(const unsigned char *p, size_t n, uint64_t *head)
     }
     return mt__mix64(h ^ w);
 }
+
 static size_t mt__pow2_at_least(size_t n) {
     size_t p = 16;
     while (p < n) p *= 2;
@@ -4998,136 +5231,266 @@ static const unsigned char mt__ascii_class[128] = {
 // entry = (first code point << 2) | class; class 0 other, 1 letter (L), 2 number (N), 3 space (\s)
 #define MT__UNICODE_VERSION "15.0.0"
 static const uint32_t mt__unicode_steps[1562] = {
-    0x0000000,0x0000027,0x0000038,0x0000083,0x0000084,0x00000c2,0x00000e8,0x0000105,0x000016c,0x0000185,0x00001ec,0x0000217,
-    0x0000218,0x0000283,0x0000284,0x00002a9,0x00002ac,0x00002ca,0x00002d0,0x00002d5,0x00002d8,0x00002e6,0x00002e9,0x00002ec,
-    0x00002f2,0x00002fc,0x0000301,0x000035c,0x0000361,0x00003dc,0x00003e1,0x0000b08,0x0000b19,0x0000b48,0x0000b81,0x0000b94,
-    0x0000bb1,0x0000bb4,0x0000bb9,0x0000bbc,0x0000dc1,0x0000dd4,0x0000dd9,0x0000de0,0x0000de9,0x0000df8,0x0000dfd,0x0000e00,
-    0x0000e19,0x0000e1c,0x0000e21,0x0000e2c,0x0000e31,0x0000e34,0x0000e39,0x0000e88,0x0000e8d,0x0000fd8,0x0000fdd,0x0001208,
-    0x0001229,0x00014c0,0x00014c5,0x000155c,0x0001565,0x0001568,0x0001581,0x0001624,0x0001741,0x00017ac,0x00017bd,0x00017cc,
-    0x0001881,0x000192c,0x0001982,0x00019a8,0x00019b9,0x00019c0,0x00019c5,0x0001b50,0x0001b55,0x0001b58,0x0001b95,0x0001b9c,
-    0x0001bb9,0x0001bc2,0x0001be9,0x0001bf4,0x0001bfd,0x0001c00,0x0001c41,0x0001c44,0x0001c49,0x0001cc0,0x0001d35,0x0001e98,
-    0x0001ec5,0x0001ec8,0x0001f02,0x0001f29,0x0001fac,0x0001fd1,0x0001fd8,0x0001fe9,0x0001fec,0x0002001,0x0002058,0x0002069,
-    0x000206c,0x0002091,0x0002094,0x00020a1,0x00020a4,0x0002101,0x0002164,0x0002181,0x00021ac,0x00021c1,0x0002220,0x0002225,
-    0x000223c,0x0002281,0x0002328,0x0002411,0x00024e8,0x00024f5,0x00024f8,0x0002541,0x0002544,0x0002561,0x0002588,0x000259a,
-    0x00025c0,0x00025c5,0x0002604,0x0002615,0x0002634,0x000263d,0x0002644,0x000264d,0x00026a4,0x00026a9,0x00026c4,0x00026c9,
-    0x00026cc,0x00026d9,0x00026e8,0x00026f5,0x00026f8,0x0002739,0x000273c,0x0002771,0x0002778,0x000277d,0x0002788,0x000279a,
-    0x00027c1,0x00027c8,0x00027d2,0x00027e8,0x00027f1,0x00027f4,0x0002815,0x000282c,0x000283d,0x0002844,0x000284d,0x00028a4,
-    0x00028a9,0x00028c4,0x00028c9,0x00028d0,0x00028d5,0x00028dc,0x00028e1,0x00028e8,0x0002965,0x0002974,0x0002979,0x000297c,
-    0x000299a,0x00029c0,0x00029c9,0x00029d4,0x0002a15,0x0002a38,0x0002a3d,0x0002a48,0x0002a4d,0x0002aa4,0x0002aa9,0x0002ac4,
-    0x0002ac9,0x0002ad0,0x0002ad5,0x0002ae8,0x0002af5,0x0002af8,0x0002b41,0x0002b44,0x0002b81,0x0002b88,0x0002b9a,0x0002bc0,
-    0x0002be5,0x0002be8,0x0002c15,0x0002c34,0x0002c3d,0x0002c44,0x0002c4d,0x0002ca4,0x0002ca9,0x0002cc4,0x0002cc9,0x0002cd0,
-    0x0002cd5,0x0002ce8,0x0002cf5,0x0002cf8,0x0002d71,0x0002d78,0x0002d7d,0x0002d88,0x0002d9a,0x0002dc0,0x0002dc5,0x0002dca,
-    0x0002de0,0x0002e0d,0x0002e10,0x0002e15,0x0002e2c,0x0002e39,0x0002e44,0x0002e49,0x0002e58,0x0002e65,0x0002e6c,0x0002e71,
-    0x0002e74,0x0002e79,0x0002e80,0x0002e8d,0x0002e94,0x0002ea1,0x0002eac,0x0002eb9,0x0002ee8,0x0002f41,0x0002f44,0x0002f9a,
-    0x0002fcc,0x0003015,0x0003034,0x0003039,0x0003044,0x0003049,0x00030a4,0x00030a9,0x00030e8,0x00030f5,0x00030f8,0x0003161,
-    0x000316c,0x0003175,0x0003178,0x0003181,0x0003188,0x000319a,0x00031c0,0x00031e2,0x00031fc,0x0003201,0x0003204,0x0003215,
-    0x0003234,0x0003239,0x0003244,0x0003249,0x00032a4,0x00032a9,0x00032d0,0x00032d5,0x00032e8,0x00032f5,0x00032f8,0x0003375,
-    0x000337c,0x0003381,0x0003388,0x000339a,0x00033c0,0x00033c5,0x00033cc,0x0003411,0x0003434,0x0003439,0x0003444,0x0003449,
-    0x00034ec,0x00034f5,0x00034f8,0x0003539,0x000353c,0x0003551,0x000355c,0x0003562,0x000357d,0x0003588,0x000359a,0x00035e4,
-    0x00035e9,0x0003600,0x0003615,0x000365c,0x0003669,0x00036c8,0x00036cd,0x00036f0,0x00036f5,0x00036f8,0x0003701,0x000371c,
-    0x000379a,0x00037c0,0x0003805,0x00038c4,0x00038c9,0x00038d0,0x0003901,0x000391c,0x0003942,0x0003968,0x0003a05,0x0003a0c,
-    0x0003a11,0x0003a14,0x0003a19,0x0003a2c,0x0003a31,0x0003a90,0x0003a95,0x0003a98,0x0003a9d,0x0003ac4,0x0003ac9,0x0003ad0,
-    0x0003af5,0x0003af8,0x0003b01,0x0003b14,0x0003b19,0x0003b1c,0x0003b42,0x0003b68,0x0003b71,0x0003b80,0x0003c01,0x0003c04,
-    0x0003c82,0x0003cd0,0x0003d01,0x0003d20,0x0003d25,0x0003db4,0x0003e21,0x0003e34,0x0004001,0x00040ac,0x00040fd,0x0004102,
-    0x0004128,0x0004141,0x0004158,0x0004169,0x0004178,0x0004185,0x0004188,0x0004195,0x000419c,0x00041b9,0x00041c4,0x00041d5,
-    0x0004208,0x0004239,0x000423c,0x0004242,0x0004268,0x0004281,0x0004318,0x000431d,0x0004320,0x0004335,0x0004338,0x0004341,
-    0x00043ec,0x00043f1,0x0004924,0x0004929,0x0004938,0x0004941,0x000495c,0x0004961,0x0004964,0x0004969,0x0004978,0x0004981,
-    0x0004a24,0x0004a29,0x0004a38,0x0004a41,0x0004ac4,0x0004ac9,0x0004ad8,0x0004ae1,0x0004afc,0x0004b01,0x0004b04,0x0004b09,
-    0x0004b18,0x0004b21,0x0004b5c,0x0004b61,0x0004c44,0x0004c49,0x0004c58,0x0004c61,0x0004d6c,0x0004da6,0x0004df4,0x0004e01,
-    0x0004e40,0x0004e81,0x0004fd8,0x0004fe1,0x0004ff8,0x0005005,0x00059b4,0x00059bd,0x0005a03,0x0005a05,0x0005a6c,0x0005a81,
-    0x0005bac,0x0005bba,0x0005bc5,0x0005be4,0x0005c01,0x0005c48,0x0005c7d,0x0005cc8,0x0005d01,0x0005d48,0x0005d81,0x0005db4,
-    0x0005db9,0x0005dc4,0x0005e01,0x0005ed0,0x0005f5d,0x0005f60,0x0005f71,0x0005f74,0x0005f82,0x0005fa8,0x0005fc2,0x0005fe8,
-    0x0006042,0x0006068,0x0006081,0x00061e4,0x0006201,0x0006214,0x000621d,0x00062a4,0x00062a9,0x00062ac,0x00062c1,0x00063d8,
-    0x0006401,0x000647c,0x000651a,0x0006541,0x00065b8,0x00065c1,0x00065d4,0x0006601,0x00066b0,0x00066c1,0x0006728,0x0006742,
-    0x000676c,0x0006801,0x000685c,0x0006881,0x0006954,0x0006a02,0x0006a28,0x0006a42,0x0006a68,0x0006a9d,0x0006aa0,0x0006c15,
-    0x0006cd0,0x0006d15,0x0006d34,0x0006d42,0x0006d68,0x0006e0d,0x0006e84,0x0006eb9,0x0006ec2,0x0006ee9,0x0006f98,0x0007001,
-    0x0007090,0x0007102,0x0007128,0x0007135,0x0007142,0x0007169,0x00071f8,0x0007201,0x0007224,0x0007241,0x00072ec,0x00072f5,
-    0x0007300,0x00073a5,0x00073b4,0x00073b9,0x00073d0,0x00073d5,0x00073dc,0x00073e9,0x00073ec,0x0007401,0x0007700,0x0007801,
-    0x0007c58,0x0007c61,0x0007c78,0x0007c81,0x0007d18,0x0007d21,0x0007d38,0x0007d41,0x0007d60,0x0007d65,0x0007d68,0x0007d6d,
-    0x0007d70,0x0007d75,0x0007d78,0x0007d7d,0x0007df8,0x0007e01,0x0007ed4,0x0007ed9,0x0007ef4,0x0007ef9,0x0007efc,0x0007f09,
-    0x0007f14,0x0007f19,0x0007f34,0x0007f41,0x0007f50,0x0007f59,0x0007f70,0x0007f81,0x0007fb4,0x0007fc9,0x0007fd4,0x0007fd9,
-    0x0007ff4,0x0008003,0x000802c,0x00080a3,0x00080a8,0x00080bf,0x00080c0,0x000817f,0x0008180,0x00081c2,0x00081c5,0x00081c8,
-    0x00081d2,0x00081e8,0x00081fd,0x0008202,0x0008228,0x0008241,0x0008274,0x0008409,0x000840c,0x000841d,0x0008420,0x0008429,
-    0x0008450,0x0008455,0x0008458,0x0008465,0x0008478,0x0008491,0x0008494,0x0008499,0x000849c,0x00084a1,0x00084a4,0x00084a9,
-    0x00084b8,0x00084bd,0x00084e8,0x00084f1,0x0008500,0x0008515,0x0008528,0x0008539,0x000853c,0x0008542,0x000860d,0x0008616,
-    0x0008628,0x0009182,0x0009270,0x00093aa,0x0009400,0x0009dda,0x0009e50,0x000b001,0x000b394,0x000b3ad,0x000b3bc,0x000b3c9,
-    0x000b3d0,0x000b3f6,0x000b3f8,0x000b401,0x000b498,0x000b49d,0x000b4a0,0x000b4b5,0x000b4b8,0x000b4c1,0x000b5a0,0x000b5bd,
-    0x000b5c0,0x000b601,0x000b65c,0x000b681,0x000b69c,0x000b6a1,0x000b6bc,0x000b6c1,0x000b6dc,0x000b6e1,0x000b6fc,0x000b701,
-    0x000b71c,0x000b721,0x000b73c,0x000b741,0x000b75c,0x000b761,0x000b77c,0x000b8bd,0x000b8c0,0x000c003,0x000c004,0x000c015,
-    0x000c01e,0x000c020,0x000c086,0x000c0a8,0x000c0c5,0x000c0d8,0x000c0e2,0x000c0ed,0x000c0f4,0x000c105,0x000c25c,0x000c275,
-    0x000c280,0x000c285,0x000c3ec,0x000c3f1,0x000c400,0x000c415,0x000c4c0,0x000c4c5,0x000c63c,0x000c64a,0x000c658,0x000c681,
-    0x000c700,0x000c7c1,0x000c800,0x000c882,0x000c8a8,0x000c922,0x000c940,0x000c946,0x000c980,0x000ca02,0x000ca28,0x000cac6,
-    0x000cb00,0x000d001,0x0013700,0x0013801,0x0029234,0x0029341,0x00293f8,0x0029401,0x0029834,0x0029841,0x0029882,0x00298a9,
-    0x00298b0,0x0029901,0x00299bc,0x00299fd,0x0029a78,0x0029a81,0x0029b9a,0x0029bc0,0x0029c5d,0x0029c80,0x0029c89,0x0029e24,
-    0x0029e2d,0x0029f2c,0x0029f41,0x0029f48,0x0029f4d,0x0029f50,0x0029f55,0x0029f68,0x0029fc9,0x002a008,0x002a00d,0x002a018,
-    0x002a01d,0x002a02c,0x002a031,0x002a08c,0x002a0c2,0x002a0d8,0x002a101,0x002a1d0,0x002a209,0x002a2d0,0x002a342,0x002a368,
-    0x002a3c9,0x002a3e0,0x002a3ed,0x002a3f0,0x002a3f5,0x002a3fc,0x002a402,0x002a429,0x002a498,0x002a4c1,0x002a51c,0x002a581,
-    0x002a5f4,0x002a611,0x002a6cc,0x002a73d,0x002a742,0x002a768,0x002a781,0x002a794,0x002a799,0x002a7c2,0x002a7e9,0x002a7fc,
-    0x002a801,0x002a8a4,0x002a901,0x002a90c,0x002a911,0x002a930,0x002a942,0x002a968,0x002a981,0x002a9dc,0x002a9e9,0x002a9ec,
-    0x002a9f9,0x002aac0,0x002aac5,0x002aac8,0x002aad5,0x002aadc,0x002aae5,0x002aaf8,0x002ab01,0x002ab04,0x002ab09,0x002ab0c,
-    0x002ab6d,0x002ab78,0x002ab81,0x002abac,0x002abc9,0x002abd4,0x002ac05,0x002ac1c,0x002ac25,0x002ac3c,0x002ac45,0x002ac5c,
-    0x002ac81,0x002ac9c,0x002aca1,0x002acbc,0x002acc1,0x002ad6c,0x002ad71,0x002ada8,0x002adc1,0x002af8c,0x002afc2,0x002afe8,
-    0x002b001,0x0035e90,0x0035ec1,0x0035f1c,0x0035f2d,0x0035ff0,0x003e401,0x003e9b8,0x003e9c1,0x003eb68,0x003ec01,0x003ec1c,
-    0x003ec4d,0x003ec60,0x003ec75,0x003ec78,0x003ec7d,0x003eca4,0x003eca9,0x003ecdc,0x003ece1,0x003ecf4,0x003ecf9,0x003ecfc,
-    0x003ed01,0x003ed08,0x003ed0d,0x003ed14,0x003ed19,0x003eec8,0x003ef4d,0x003f4f8,0x003f541,0x003f640,0x003f649,0x003f720,
-    0x003f7c1,0x003f7f0,0x003f9c1,0x003f9d4,0x003f9d9,0x003fbf4,0x003fc42,0x003fc68,0x003fc85,0x003fcec,0x003fd05,0x003fd6c,
-    0x003fd99,0x003fefc,0x003ff09,0x003ff20,0x003ff29,0x003ff40,0x003ff49,0x003ff60,0x003ff69,0x003ff74,0x0040001,0x0040030,
-    0x0040035,0x004009c,0x00400a1,0x00400ec,0x00400f1,0x00400f8,0x00400fd,0x0040138,0x0040141,0x0040178,0x0040201,0x00403ec,
-    0x004041e,0x00404d0,0x0040502,0x00405e4,0x004062a,0x0040630,0x0040a01,0x0040a74,0x0040a81,0x0040b44,0x0040b86,0x0040bf0,
-    0x0040c01,0x0040c82,0x0040c90,0x0040cb5,0x0040d06,0x0040d09,0x0040d2a,0x0040d2c,0x0040d41,0x0040dd8,0x0040e01,0x0040e78,
-    0x0040e81,0x0040f10,0x0040f21,0x0040f40,0x0040f46,0x0040f58,0x0041001,0x0041278,0x0041282,0x00412a8,0x00412c1,0x0041350,
-    0x0041361,0x00413f0,0x0041401,0x00414a0,0x00414c1,0x0041590,0x00415c1,0x00415ec,0x00415f1,0x004162c,0x0041631,0x004164c,
-    0x0041651,0x0041658,0x004165d,0x0041688,0x004168d,0x00416c8,0x00416cd,0x00416e8,0x00416ed,0x00416f4,0x0041801,0x0041cdc,
-    0x0041d01,0x0041d58,0x0041d81,0x0041da0,0x0041e01,0x0041e18,0x0041e1d,0x0041ec4,0x0041ec9,0x0041eec,0x0042001,0x0042018,
-    0x0042021,0x0042024,0x0042029,0x00420d8,0x00420dd,0x00420e4,0x00420f1,0x00420f4,0x00420fd,0x0042158,0x0042162,0x0042181,
-    0x00421dc,0x00421e6,0x0042201,0x004227c,0x004229e,0x00422c0,0x0042381,0x00423cc,0x00423d1,0x00423d8,0x00423ee,0x0042401,
-    0x004245a,0x0042470,0x0042481,0x00424e8,0x0042601,0x00426e0,0x00426f2,0x00426f9,0x0042702,0x0042740,0x004274a,0x0042801,
-    0x0042804,0x0042841,0x0042850,0x0042855,0x0042860,0x0042865,0x00428d8,0x0042902,0x0042924,0x0042981,0x00429f6,0x00429fc,
-    0x0042a01,0x0042a76,0x0042a80,0x0042b01,0x0042b20,0x0042b25,0x0042b94,0x0042bae,0x0042bc0,0x0042c01,0x0042cd8,0x0042d01,
-    0x0042d58,0x0042d62,0x0042d81,0x0042dcc,0x0042de2,0x0042e01,0x0042e48,0x0042ea6,0x0042ec0,0x0043001,0x0043124,0x0043201,
-    0x00432cc,0x0043301,0x00433cc,0x00433ea,0x0043401,0x0043490,0x00434c2,0x00434e8,0x0043982,0x00439fc,0x0043a01,0x0043aa8,
-    0x0043ac1,0x0043ac8,0x0043c01,0x0043c76,0x0043c9d,0x0043ca0,0x0043cc1,0x0043d18,0x0043d46,0x0043d54,0x0043dc1,0x0043e08,
-    0x0043ec1,0x0043f16,0x0043f30,0x0043f81,0x0043fdc,0x004400d,0x00440e0,0x004414a,0x00441c0,0x00441c5,0x00441cc,0x00441d5,
-    0x00441d8,0x004420d,0x00442c0,0x0044341,0x00443a4,0x00443c2,0x00443e8,0x004440d,0x004449c,0x00444da,0x0044500,0x0044511,
-    0x0044514,0x004451d,0x0044520,0x0044541,0x00445cc,0x00445d9,0x00445dc,0x004460d,0x00446cc,0x0044705,0x0044714,0x0044742,
-    0x0044769,0x004476c,0x0044771,0x0044774,0x0044786,0x00447d4,0x0044801,0x0044848,0x004484d,0x00448b0,0x00448fd,0x0044904,
-    0x0044a01,0x0044a1c,0x0044a21,0x0044a24,0x0044a29,0x0044a38,0x0044a3d,0x0044a78,0x0044a7d,0x0044aa4,0x0044ac1,0x0044b7c,
-    0x0044bc2,0x0044be8,0x0044c15,0x0044c34,0x0044c3d,0x0044c44,0x0044c4d,0x0044ca4,0x0044ca9,0x0044cc4,0x0044cc9,0x0044cd0,
-    0x0044cd5,0x0044ce8,0x0044cf5,0x0044cf8,0x0044d41,0x0044d44,0x0044d75,0x0044d88,0x0045001,0x00450d4,0x004511d,0x004512c,
-    0x0045142,0x0045168,0x004517d,0x0045188,0x0045201,0x00452c0,0x0045311,0x0045318,0x004531d,0x0045320,0x0045342,0x0045368,
-    0x0045601,0x00456bc,0x0045761,0x0045770,0x0045801,0x00458c0,0x0045911,0x0045914,0x0045942,0x0045968,0x0045a01,0x0045aac,
-    0x0045ae1,0x0045ae4,0x0045b02,0x0045b28,0x0045c01,0x0045c6c,0x0045cc2,0x0045cf0,0x0045d01,0x0045d1c,0x0046001,0x00460b0,
-    0x0046281,0x0046382,0x00463cc,0x00463fd,0x004641c,0x0046425,0x0046428,0x0046431,0x0046450,0x0046455,0x004645c,0x0046461,
-    0x00464c0,0x00464fd,0x0046500,0x0046505,0x0046508,0x0046542,0x0046568,0x0046681,0x00466a0,0x00466a9,0x0046744,0x0046785,
-    0x0046788,0x004678d,0x0046790,0x0046801,0x0046804,0x004682d,0x00468cc,0x00468e9,0x00468ec,0x0046941,0x0046944,0x0046971,
-    0x0046a28,0x0046a75,0x0046a78,0x0046ac1,0x0046be4,0x0047001,0x0047024,0x0047029,0x00470bc,0x0047101,0x0047104,0x0047142,
-    0x00471b4,0x00471c9,0x0047240,0x0047401,0x004741c,0x0047421,0x0047428,0x004742d,0x00474c4,0x0047519,0x004751c,0x0047542,
-    0x0047568,0x0047581,0x0047598,0x004759d,0x00475a4,0x00475a9,0x0047628,0x0047661,0x0047664,0x0047682,0x00476a8,0x0047b81,
-    0x0047bcc,0x0047c09,0x0047c0c,0x0047c11,0x0047c44,0x0047c49,0x0047cd0,0x0047d42,0x0047d68,0x0047ec1,0x0047ec4,0x0047f02,
-    0x0047f54,0x0048001,0x0048e68,0x0049002,0x00491bc,0x0049201,0x0049510,0x004be41,0x004bfc4,0x004c001,0x004d0c0,0x004d105,
-    0x004d11c,0x0051001,0x005191c,0x005a001,0x005a8e4,0x005a901,0x005a97c,0x005a982,0x005a9a8,0x005a9c1,0x005aafc,0x005ab02,
-    0x005ab28,0x005ab41,0x005abb8,0x005ac01,0x005acc0,0x005ad01,0x005ad10,0x005ad42,0x005ad68,0x005ad6e,0x005ad88,0x005ad8d,
-    0x005ade0,0x005adf5,0x005ae40,0x005b901,0x005ba02,0x005ba5c,0x005bc01,0x005bd2c,0x005bd41,0x005bd44,0x005be4d,0x005be80,
-    0x005bf81,0x005bf88,0x005bf8d,0x005bf90,0x005c001,0x0061fe0,0x0062001,0x0063358,0x0063401,0x0063424,0x006bfc1,0x006bfd0,
-    0x006bfd5,0x006bff0,0x006bff5,0x006bffc,0x006c001,0x006c48c,0x006c4c9,0x006c4cc,0x006c541,0x006c54c,0x006c555,0x006c558,
-    0x006c591,0x006c5a0,0x006c5c1,0x006cbf0,0x006f001,0x006f1ac,0x006f1c1,0x006f1f4,0x006f201,0x006f224,0x006f241,0x006f268,
-    0x0074b02,0x0074b50,0x0074b82,0x0074bd0,0x0074d82,0x0074de4,0x0075001,0x0075154,0x0075159,0x0075274,0x0075279,0x0075280,
-    0x0075289,0x007528c,0x0075295,0x007529c,0x00752a5,0x00752b4,0x00752b9,0x00752e8,0x00752ed,0x00752f0,0x00752f5,0x0075310,
-    0x0075315,0x0075418,0x007541d,0x007542c,0x0075435,0x0075454,0x0075459,0x0075474,0x0075479,0x00754e8,0x00754ed,0x00754fc,
-    0x0075501,0x0075514,0x0075519,0x007551c,0x0075529,0x0075544,0x0075549,0x0075a98,0x0075aa1,0x0075b04,0x0075b09,0x0075b6c,
-    0x0075b71,0x0075bec,0x0075bf1,0x0075c54,0x0075c59,0x0075cd4,0x0075cd9,0x0075d3c,0x0075d41,0x0075dbc,0x0075dc1,0x0075e24,
-    0x0075e29,0x0075ea4,0x0075ea9,0x0075f0c,0x0075f11,0x0075f30,0x0075f3a,0x0076000,0x0077c01,0x0077c7c,0x0077c95,0x0077cac,
-    0x00780c1,0x00781b8,0x0078401,0x00784b4,0x00784dd,0x00784f8,0x0078502,0x0078528,0x0078539,0x007853c,0x0078a41,0x0078ab8,
-    0x0078b01,0x0078bb0,0x0078bc2,0x0078be8,0x0079341,0x00793b0,0x00793c2,0x00793e8,0x0079f81,0x0079f9c,0x0079fa1,0x0079fb0,
-    0x0079fb5,0x0079fbc,0x0079fc1,0x0079ffc,0x007a001,0x007a314,0x007a31e,0x007a340,0x007a401,0x007a510,0x007a52d,0x007a530,
-    0x007a542,0x007a568,0x007b1c6,0x007b2b0,0x007b2b6,0x007b2c0,0x007b2c6,0x007b2d4,0x007b406,0x007b4b8,0x007b4be,0x007b4f8,
-    0x007b801,0x007b810,0x007b815,0x007b880,0x007b885,0x007b88c,0x007b891,0x007b894,0x007b89d,0x007b8a0,0x007b8a5,0x007b8cc,
-    0x007b8d1,0x007b8e0,0x007b8e5,0x007b8e8,0x007b8ed,0x007b8f0,0x007b909,0x007b90c,0x007b91d,0x007b920,0x007b925,0x007b928,
-    0x007b92d,0x007b930,0x007b935,0x007b940,0x007b945,0x007b94c,0x007b951,0x007b954,0x007b95d,0x007b960,0x007b965,0x007b968,
-    0x007b96d,0x007b970,0x007b975,0x007b978,0x007b97d,0x007b980,0x007b985,0x007b98c,0x007b991,0x007b994,0x007b99d,0x007b9ac,
-    0x007b9b1,0x007b9cc,0x007b9d1,0x007b9e0,0x007b9e5,0x007b9f4,0x007b9f9,0x007b9fc,0x007ba01,0x007ba28,0x007ba2d,0x007ba70,
-    0x007ba85,0x007ba90,0x007ba95,0x007baa8,0x007baad,0x007baf0,0x007c402,0x007c434,0x007efc2,0x007efe8,0x0080001,0x00a9b80,
-    0x00a9c01,0x00adce8,0x00add01,0x00ae078,0x00ae081,0x00b3a88,0x00b3ac1,0x00baf84,0x00be001,0x00be878,0x00c0001,0x00c4d2c,
+    0x0000000,0x0000027,0x0000038,0x0000083,0x0000084,0x00000c2,0x00000e8,0x0000105,0x000016c,0x0000185,0x00001ec,
+    0x0000217,
+    0x0000218,0x0000283,0x0000284,0x00002a9,0x00002ac,0x00002ca,0x00002d0,0x00002d5,0x00002d8,0x00002e6,0x00002e9,
+    0x00002ec,
+    0x00002f2,0x00002fc,0x0000301,0x000035c,0x0000361,0x00003dc,0x00003e1,0x0000b08,0x0000b19,0x0000b48,0x0000b81,
+    0x0000b94,
+    0x0000bb1,0x0000bb4,0x0000bb9,0x0000bbc,0x0000dc1,0x0000dd4,0x0000dd9,0x0000de0,0x0000de9,0x0000df8,0x0000dfd,
+    0x0000e00,
+    0x0000e19,0x0000e1c,0x0000e21,0x0000e2c,0x0000e31,0x0000e34,0x0000e39,0x0000e88,0x0000e8d,0x0000fd8,0x0000fdd,
+    0x0001208,
+    0x0001229,0x00014c0,0x00014c5,0x000155c,0x0001565,0x0001568,0x0001581,0x0001624,0x0001741,0x00017ac,0x00017bd,
+    0x00017cc,
+    0x0001881,0x000192c,0x0001982,0x00019a8,0x00019b9,0x00019c0,0x00019c5,0x0001b50,0x0001b55,0x0001b58,0x0001b95,
+    0x0001b9c,
+    0x0001bb9,0x0001bc2,0x0001be9,0x0001bf4,0x0001bfd,0x0001c00,0x0001c41,0x0001c44,0x0001c49,0x0001cc0,0x0001d35,
+    0x0001e98,
+    0x0001ec5,0x0001ec8,0x0001f02,0x0001f29,0x0001fac,0x0001fd1,0x0001fd8,0x0001fe9,0x0001fec,0x0002001,0x0002058,
+    0x0002069,
+    0x000206c,0x0002091,0x0002094,0x00020a1,0x00020a4,0x0002101,0x0002164,0x0002181,0x00021ac,0x00021c1,0x0002220,
+    0x0002225,
+    0x000223c,0x0002281,0x0002328,0x0002411,0x00024e8,0x00024f5,0x00024f8,0x0002541,0x0002544,0x0002561,0x0002588,
+    0x000259a,
+    0x00025c0,0x00025c5,0x0002604,0x0002615,0x0002634,0x000263d,0x0002644,0x000264d,0x00026a4,0x00026a9,0x00026c4,
+    0x00026c9,
+    0x00026cc,0x00026d9,0x00026e8,0x00026f5,0x00026f8,0x0002739,0x000273c,0x0002771,0x0002778,0x000277d,0x0002788,
+    0x000279a,
+    0x00027c1,0x00027c8,0x00027d2,0x00027e8,0x00027f1,0x00027f4,0x0002815,0x000282c,0x000283d,0x0002844,0x000284d,
+    0x00028a4,
+    0x00028a9,0x00028c4,0x00028c9,0x00028d0,0x00028d5,0x00028dc,0x00028e1,0x00028e8,0x0002965,0x0002974,0x0002979,
+    0x000297c,
+    0x000299a,0x00029c0,0x00029c9,0x00029d4,0x0002a15,0x0002a38,0x0002a3d,0x0002a48,0x0002a4d,0x0002aa4,0x0002aa9,
+    0x0002ac4,
+    0x0002ac9,0x0002ad0,0x0002ad5,0x0002ae8,0x0002af5,0x0002af8,0x0002b41,0x0002b44,0x0002b81,0x0002b88,0x0002b9a,
+    0x0002bc0,
+    0x0002be5,0x0002be8,0x0002c15,0x0002c34,0x0002c3d,0x0002c44,0x0002c4d,0x0002ca4,0x0002ca9,0x0002cc4,0x0002cc9,
+    0x0002cd0,
+    0x0002cd5,0x0002ce8,0x0002cf5,0x0002cf8,0x0002d71,0x0002d78,0x0002d7d,0x0002d88,0x0002d9a,0x0002dc0,0x0002dc5,
+    0x0002dca,
+    0x0002de0,0x0002e0d,0x0002e10,0x0002e15,0x0002e2c,0x0002e39,0x0002e44,0x0002e49,0x0002e58,0x0002e65,0x0002e6c,
+    0x0002e71,
+    0x0002e74,0x0002e79,0x0002e80,0x0002e8d,0x0002e94,0x0002ea1,0x0002eac,0x0002eb9,0x0002ee8,0x0002f41,0x0002f44,
+    0x0002f9a,
+    0x0002fcc,0x0003015,0x0003034,0x0003039,0x0003044,0x0003049,0x00030a4,0x00030a9,0x00030e8,0x00030f5,0x00030f8,
+    0x0003161,
+    0x000316c,0x0003175,0x0003178,0x0003181,0x0003188,0x000319a,0x00031c0,0x00031e2,0x00031fc,0x0003201,0x0003204,
+    0x0003215,
+    0x0003234,0x0003239,0x0003244,0x0003249,0x00032a4,0x00032a9,0x00032d0,0x00032d5,0x00032e8,0x00032f5,0x00032f8,
+    0x0003375,
+    0x000337c,0x0003381,0x0003388,0x000339a,0x00033c0,0x00033c5,0x00033cc,0x0003411,0x0003434,0x0003439,0x0003444,
+    0x0003449,
+    0x00034ec,0x00034f5,0x00034f8,0x0003539,0x000353c,0x0003551,0x000355c,0x0003562,0x000357d,0x0003588,0x000359a,
+    0x00035e4,
+    0x00035e9,0x0003600,0x0003615,0x000365c,0x0003669,0x00036c8,0x00036cd,0x00036f0,0x00036f5,0x00036f8,0x0003701,
+    0x000371c,
+    0x000379a,0x00037c0,0x0003805,0x00038c4,0x00038c9,0x00038d0,0x0003901,0x000391c,0x0003942,0x0003968,0x0003a05,
+    0x0003a0c,
+    0x0003a11,0x0003a14,0x0003a19,0x0003a2c,0x0003a31,0x0003a90,0x0003a95,0x0003a98,0x0003a9d,0x0003ac4,0x0003ac9,
+    0x0003ad0,
+    0x0003af5,0x0003af8,0x0003b01,0x0003b14,0x0003b19,0x0003b1c,0x0003b42,0x0003b68,0x0003b71,0x0003b80,0x0003c01,
+    0x0003c04,
+    0x0003c82,0x0003cd0,0x0003d01,0x0003d20,0x0003d25,0x0003db4,0x0003e21,0x0003e34,0x0004001,0x00040ac,0x00040fd,
+    0x0004102,
+    0x0004128,0x0004141,0x0004158,0x0004169,0x0004178,0x0004185,0x0004188,0x0004195,0x000419c,0x00041b9,0x00041c4,
+    0x00041d5,
+    0x0004208,0x0004239,0x000423c,0x0004242,0x0004268,0x0004281,0x0004318,0x000431d,0x0004320,0x0004335,0x0004338,
+    0x0004341,
+    0x00043ec,0x00043f1,0x0004924,0x0004929,0x0004938,0x0004941,0x000495c,0x0004961,0x0004964,0x0004969,0x0004978,
+    0x0004981,
+    0x0004a24,0x0004a29,0x0004a38,0x0004a41,0x0004ac4,0x0004ac9,0x0004ad8,0x0004ae1,0x0004afc,0x0004b01,0x0004b04,
+    0x0004b09,
+    0x0004b18,0x0004b21,0x0004b5c,0x0004b61,0x0004c44,0x0004c49,0x0004c58,0x0004c61,0x0004d6c,0x0004da6,0x0004df4,
+    0x0004e01,
+    0x0004e40,0x0004e81,0x0004fd8,0x0004fe1,0x0004ff8,0x0005005,0x00059b4,0x00059bd,0x0005a03,0x0005a05,0x0005a6c,
+    0x0005a81,
+    0x0005bac,0x0005bba,0x0005bc5,0x0005be4,0x0005c01,0x0005c48,0x0005c7d,0x0005cc8,0x0005d01,0x0005d48,0x0005d81,
+    0x0005db4,
+    0x0005db9,0x0005dc4,0x0005e01,0x0005ed0,0x0005f5d,0x0005f60,0x0005f71,0x0005f74,0x0005f82,0x0005fa8,0x0005fc2,
+    0x0005fe8,
+    0x0006042,0x0006068,0x0006081,0x00061e4,0x0006201,0x0006214,0x000621d,0x00062a4,0x00062a9,0x00062ac,0x00062c1,
+    0x00063d8,
+    0x0006401,0x000647c,0x000651a,0x0006541,0x00065b8,0x00065c1,0x00065d4,0x0006601,0x00066b0,0x00066c1,0x0006728,
+    0x0006742,
+    0x000676c,0x0006801,0x000685c,0x0006881,0x0006954,0x0006a02,0x0006a28,0x0006a42,0x0006a68,0x0006a9d,0x0006aa0,
+    0x0006c15,
+    0x0006cd0,0x0006d15,0x0006d34,0x0006d42,0x0006d68,0x0006e0d,0x0006e84,0x0006eb9,0x0006ec2,0x0006ee9,0x0006f98,
+    0x0007001,
+    0x0007090,0x0007102,0x0007128,0x0007135,0x0007142,0x0007169,0x00071f8,0x0007201,0x0007224,0x0007241,0x00072ec,
+    0x00072f5,
+    0x0007300,0x00073a5,0x00073b4,0x00073b9,0x00073d0,0x00073d5,0x00073dc,0x00073e9,0x00073ec,0x0007401,0x0007700,
+    0x0007801,
+    0x0007c58,0x0007c61,0x0007c78,0x0007c81,0x0007d18,0x0007d21,0x0007d38,0x0007d41,0x0007d60,0x0007d65,0x0007d68,
+    0x0007d6d,
+    0x0007d70,0x0007d75,0x0007d78,0x0007d7d,0x0007df8,0x0007e01,0x0007ed4,0x0007ed9,0x0007ef4,0x0007ef9,0x0007efc,
+    0x0007f09,
+    0x0007f14,0x0007f19,0x0007f34,0x0007f41,0x0007f50,0x0007f59,0x0007f70,0x0007f81,0x0007fb4,0x0007fc9,0x0007fd4,
+    0x0007fd9,
+    0x0007ff4,0x0008003,0x000802c,0x00080a3,0x00080a8,0x00080bf,0x00080c0,0x000817f,0x0008180,0x00081c2,0x00081c5,
+    0x00081c8,
+    0x00081d2,0x00081e8,0x00081fd,0x0008202,0x0008228,0x0008241,0x0008274,0x0008409,0x000840c,0x000841d,0x0008420,
+    0x0008429,
+    0x0008450,0x0008455,0x0008458,0x0008465,0x0008478,0x0008491,0x0008494,0x0008499,0x000849c,0x00084a1,0x00084a4,
+    0x00084a9,
+    0x00084b8,0x00084bd,0x00084e8,0x00084f1,0x0008500,0x0008515,0x0008528,0x0008539,0x000853c,0x0008542,0x000860d,
+    0x0008616,
+    0x0008628,0x0009182,0x0009270,0x00093aa,0x0009400,0x0009dda,0x0009e50,0x000b001,0x000b394,0x000b3ad,0x000b3bc,
+    0x000b3c9,
+    0x000b3d0,0x000b3f6,0x000b3f8,0x000b401,0x000b498,0x000b49d,0x000b4a0,0x000b4b5,0x000b4b8,0x000b4c1,0x000b5a0,
+    0x000b5bd,
+    0x000b5c0,0x000b601,0x000b65c,0x000b681,0x000b69c,0x000b6a1,0x000b6bc,0x000b6c1,0x000b6dc,0x000b6e1,0x000b6fc,
+    0x000b701,
+    0x000b71c,0x000b721,0x000b73c,0x000b741,0x000b75c,0x000b761,0x000b77c,0x000b8bd,0x000b8c0,0x000c003,0x000c004,
+    0x000c015,
+    0x000c01e,0x000c020,0x000c086,0x000c0a8,0x000c0c5,0x000c0d8,0x000c0e2,0x000c0ed,0x000c0f4,0x000c105,0x000c25c,
+    0x000c275,
+    0x000c280,0x000c285,0x000c3ec,0x000c3f1,0x000c400,0x000c415,0x000c4c0,0x000c4c5,0x000c63c,0x000c64a,0x000c658,
+    0x000c681,
+    0x000c700,0x000c7c1,0x000c800,0x000c882,0x000c8a8,0x000c922,0x000c940,0x000c946,0x000c980,0x000ca02,0x000ca28,
+    0x000cac6,
+    0x000cb00,0x000d001,0x0013700,0x0013801,0x0029234,0x0029341,0x00293f8,0x0029401,0x0029834,0x0029841,0x0029882,
+    0x00298a9,
+    0x00298b0,0x0029901,0x00299bc,0x00299fd,0x0029a78,0x0029a81,0x0029b9a,0x0029bc0,0x0029c5d,0x0029c80,0x0029c89,
+    0x0029e24,
+    0x0029e2d,0x0029f2c,0x0029f41,0x0029f48,0x0029f4d,0x0029f50,0x0029f55,0x0029f68,0x0029fc9,0x002a008,0x002a00d,
+    0x002a018,
+    0x002a01d,0x002a02c,0x002a031,0x002a08c,0x002a0c2,0x002a0d8,0x002a101,0x002a1d0,0x002a209,0x002a2d0,0x002a342,
+    0x002a368,
+    0x002a3c9,0x002a3e0,0x002a3ed,0x002a3f0,0x002a3f5,0x002a3fc,0x002a402,0x002a429,0x002a498,0x002a4c1,0x002a51c,
+    0x002a581,
+    0x002a5f4,0x002a611,0x002a6cc,0x002a73d,0x002a742,0x002a768,0x002a781,0x002a794,0x002a799,0x002a7c2,0x002a7e9,
+    0x002a7fc,
+    0x002a801,0x002a8a4,0x002a901,0x002a90c,0x002a911,0x002a930,0x002a942,0x002a968,0x002a981,0x002a9dc,0x002a9e9,
+    0x002a9ec,
+    0x002a9f9,0x002aac0,0x002aac5,0x002aac8,0x002aad5,0x002aadc,0x002aae5,0x002aaf8,0x002ab01,0x002ab04,0x002ab09,
+    0x002ab0c,
+    0x002ab6d,0x002ab78,0x002ab81,0x002abac,0x002abc9,0x002abd4,0x002ac05,0x002ac1c,0x002ac25,0x002ac3c,0x002ac45,
+    0x002ac5c,
+    0x002ac81,0x002ac9c,0x002aca1,0x002acbc,0x002acc1,0x002ad6c,0x002ad71,0x002ada8,0x002adc1,0x002af8c,0x002afc2,
+    0x002afe8,
+    0x002b001,0x0035e90,0x0035ec1,0x0035f1c,0x0035f2d,0x0035ff0,0x003e401,0x003e9b8,0x003e9c1,0x003eb68,0x003ec01,
+    0x003ec1c,
+    0x003ec4d,0x003ec60,0x003ec75,0x003ec78,0x003ec7d,0x003eca4,0x003eca9,0x003ecdc,0x003ece1,0x003ecf4,0x003ecf9,
+    0x003ecfc,
+    0x003ed01,0x003ed08,0x003ed0d,0x003ed14,0x003ed19,0x003eec8,0x003ef4d,0x003f4f8,0x003f541,0x003f640,0x003f649,
+    0x003f720,
+    0x003f7c1,0x003f7f0,0x003f9c1,0x003f9d4,0x003f9d9,0x003fbf4,0x003fc42,0x003fc68,0x003fc85,0x003fcec,0x003fd05,
+    0x003fd6c,
+    0x003fd99,0x003fefc,0x003ff09,0x003ff20,0x003ff29,0x003ff40,0x003ff49,0x003ff60,0x003ff69,0x003ff74,0x0040001,
+    0x0040030,
+    0x0040035,0x004009c,0x00400a1,0x00400ec,0x00400f1,0x00400f8,0x00400fd,0x0040138,0x0040141,0x0040178,0x0040201,
+    0x00403ec,
+    0x004041e,0x00404d0,0x0040502,0x00405e4,0x004062a,0x0040630,0x0040a01,0x0040a74,0x0040a81,0x0040b44,0x0040b86,
+    0x0040bf0,
+    0x0040c01,0x0040c82,0x0040c90,0x0040cb5,0x0040d06,0x0040d09,0x0040d2a,0x0040d2c,0x0040d41,0x0040dd8,0x0040e01,
+    0x0040e78,
+    0x0040e81,0x0040f10,0x0040f21,0x0040f40,0x0040f46,0x0040f58,0x0041001,0x0041278,0x0041282,0x00412a8,0x00412c1,
+    0x0041350,
+    0x0041361,0x00413f0,0x0041401,0x00414a0,0x00414c1,0x0041590,0x00415c1,0x00415ec,0x00415f1,0x004162c,0x0041631,
+    0x004164c,
+    0x0041651,0x0041658,0x004165d,0x0041688,0x004168d,0x00416c8,0x00416cd,0x00416e8,0x00416ed,0x00416f4,0x0041801,
+    0x0041cdc,
+    0x0041d01,0x0041d58,0x0041d81,0x0041da0,0x0041e01,0x0041e18,0x0041e1d,0x0041ec4,0x0041ec9,0x0041eec,0x0042001,
+    0x0042018,
+    0x0042021,0x0042024,0x0042029,0x00420d8,0x00420dd,0x00420e4,0x00420f1,0x00420f4,0x00420fd,0x0042158,0x0042162,
+    0x0042181,
+    0x00421dc,0x00421e6,0x0042201,0x004227c,0x004229e,0x00422c0,0x0042381,0x00423cc,0x00423d1,0x00423d8,0x00423ee,
+    0x0042401,
+    0x004245a,0x0042470,0x0042481,0x00424e8,0x0042601,0x00426e0,0x00426f2,0x00426f9,0x0042702,0x0042740,0x004274a,
+    0x0042801,
+    0x0042804,0x0042841,0x0042850,0x0042855,0x0042860,0x0042865,0x00428d8,0x0042902,0x0042924,0x0042981,0x00429f6,
+    0x00429fc,
+    0x0042a01,0x0042a76,0x0042a80,0x0042b01,0x0042b20,0x0042b25,0x0042b94,0x0042bae,0x0042bc0,0x0042c01,0x0042cd8,
+    0x0042d01,
+    0x0042d58,0x0042d62,0x0042d81,0x0042dcc,0x0042de2,0x0042e01,0x0042e48,0x0042ea6,0x0042ec0,0x0043001,0x0043124,
+    0x0043201,
+    0x00432cc,0x0043301,0x00433cc,0x00433ea,0x0043401,0x0043490,0x00434c2,0x00434e8,0x0043982,0x00439fc,0x0043a01,
+    0x0043aa8,
+    0x0043ac1,0x0043ac8,0x0043c01,0x0043c76,0x0043c9d,0x0043ca0,0x0043cc1,0x0043d18,0x0043d46,0x0043d54,0x0043dc1,
+    0x0043e08,
+    0x0043ec1,0x0043f16,0x0043f30,0x0043f81,0x0043fdc,0x004400d,0x00440e0,0x004414a,0x00441c0,0x00441c5,0x00441cc,
+    0x00441d5,
+    0x00441d8,0x004420d,0x00442c0,0x0044341,0x00443a4,0x00443c2,0x00443e8,0x004440d,0x004449c,0x00444da,0x0044500,
+    0x0044511,
+    0x0044514,0x004451d,0x0044520,0x0044541,0x00445cc,0x00445d9,0x00445dc,0x004460d,0x00446cc,0x0044705,0x0044714,
+    0x0044742,
+    0x0044769,0x004476c,0x0044771,0x0044774,0x0044786,0x00447d4,0x0044801,0x0044848,0x004484d,0x00448b0,0x00448fd,
+    0x0044904,
+    0x0044a01,0x0044a1c,0x0044a21,0x0044a24,0x0044a29,0x0044a38,0x0044a3d,0x0044a78,0x0044a7d,0x0044aa4,0x0044ac1,
+    0x0044b7c,
+    0x0044bc2,0x0044be8,0x0044c15,0x0044c34,0x0044c3d,0x0044c44,0x0044c4d,0x0044ca4,0x0044ca9,0x0044cc4,0x0044cc9,
+    0x0044cd0,
+    0x0044cd5,0x0044ce8,0x0044cf5,0x0044cf8,0x0044d41,0x0044d44,0x0044d75,0x0044d88,0x0045001,0x00450d4,0x004511d,
+    0x004512c,
+    0x0045142,0x0045168,0x004517d,0x0045188,0x0045201,0x00452c0,0x0045311,0x0045318,0x004531d,0x0045320,0x0045342,
+    0x0045368,
+    0x0045601,0x00456bc,0x0045761,0x0045770,0x0045801,0x00458c0,0x0045911,0x0045914,0x0045942,0x0045968,0x0045a01,
+    0x0045aac,
+    0x0045ae1,0x0045ae4,0x0045b02,0x0045b28,0x0045c01,0x0045c6c,0x0045cc2,0x0045cf0,0x0045d01,0x0045d1c,0x0046001,
+    0x00460b0,
+    0x0046281,0x0046382,0x00463cc,0x00463fd,0x004641c,0x0046425,0x0046428,0x0046431,0x0046450,0x0046455,0x004645c,
+    0x0046461,
+    0x00464c0,0x00464fd,0x0046500,0x0046505,0x0046508,0x0046542,0x0046568,0x0046681,0x00466a0,0x00466a9,0x0046744,
+    0x0046785,
+    0x0046788,0x004678d,0x0046790,0x0046801,0x0046804,0x004682d,0x00468cc,0x00468e9,0x00468ec,0x0046941,0x0046944,
+    0x0046971,
+    0x0046a28,0x0046a75,0x0046a78,0x0046ac1,0x0046be4,0x0047001,0x0047024,0x0047029,0x00470bc,0x0047101,0x0047104,
+    0x0047142,
+    0x00471b4,0x00471c9,0x0047240,0x0047401,0x004741c,0x0047421,0x0047428,0x004742d,0x00474c4,0x0047519,0x004751c,
+    0x0047542,
+    0x0047568,0x0047581,0x0047598,0x004759d,0x00475a4,0x00475a9,0x0047628,0x0047661,0x0047664,0x0047682,0x00476a8,
+    0x0047b81,
+    0x0047bcc,0x0047c09,0x0047c0c,0x0047c11,0x0047c44,0x0047c49,0x0047cd0,0x0047d42,0x0047d68,0x0047ec1,0x0047ec4,
+    0x0047f02,
+    0x0047f54,0x0048001,0x0048e68,0x0049002,0x00491bc,0x0049201,0x0049510,0x004be41,0x004bfc4,0x004c001,0x004d0c0,
+    0x004d105,
+    0x004d11c,0x0051001,0x005191c,0x005a001,0x005a8e4,0x005a901,0x005a97c,0x005a982,0x005a9a8,0x005a9c1,0x005aafc,
+    0x005ab02,
+    0x005ab28,0x005ab41,0x005abb8,0x005ac01,0x005acc0,0x005ad01,0x005ad10,0x005ad42,0x005ad68,0x005ad6e,0x005ad88,
+    0x005ad8d,
+    0x005ade0,0x005adf5,0x005ae40,0x005b901,0x005ba02,0x005ba5c,0x005bc01,0x005bd2c,0x005bd41,0x005bd44,0x005be4d,
+    0x005be80,
+    0x005bf81,0x005bf88,0x005bf8d,0x005bf90,0x005c001,0x0061fe0,0x0062001,0x0063358,0x0063401,0x0063424,0x006bfc1,
+    0x006bfd0,
+    0x006bfd5,0x006bff0,0x006bff5,0x006bffc,0x006c001,0x006c48c,0x006c4c9,0x006c4cc,0x006c541,0x006c54c,0x006c555,
+    0x006c558,
+    0x006c591,0x006c5a0,0x006c5c1,0x006cbf0,0x006f001,0x006f1ac,0x006f1c1,0x006f1f4,0x006f201,0x006f224,0x006f241,
+    0x006f268,
+    0x0074b02,0x0074b50,0x0074b82,0x0074bd0,0x0074d82,0x0074de4,0x0075001,0x0075154,0x0075159,0x0075274,0x0075279,
+    0x0075280,
+    0x0075289,0x007528c,0x0075295,0x007529c,0x00752a5,0x00752b4,0x00752b9,0x00752e8,0x00752ed,0x00752f0,0x00752f5,
+    0x0075310,
+    0x0075315,0x0075418,0x007541d,0x007542c,0x0075435,0x0075454,0x0075459,0x0075474,0x0075479,0x00754e8,0x00754ed,
+    0x00754fc,
+    0x0075501,0x0075514,0x0075519,0x007551c,0x0075529,0x0075544,0x0075549,0x0075a98,0x0075aa1,0x0075b04,0x0075b09,
+    0x0075b6c,
+    0x0075b71,0x0075bec,0x0075bf1,0x0075c54,0x0075c59,0x0075cd4,0x0075cd9,0x0075d3c,0x0075d41,0x0075dbc,0x0075dc1,
+    0x0075e24,
+    0x0075e29,0x0075ea4,0x0075ea9,0x0075f0c,0x0075f11,0x0075f30,0x0075f3a,0x0076000,0x0077c01,0x0077c7c,0x0077c95,
+    0x0077cac,
+    0x00780c1,0x00781b8,0x0078401,0x00784b4,0x00784dd,0x00784f8,0x0078502,0x0078528,0x0078539,0x007853c,0x0078a41,
+    0x0078ab8,
+    0x0078b01,0x0078bb0,0x0078bc2,0x0078be8,0x0079341,0x00793b0,0x00793c2,0x00793e8,0x0079f81,0x0079f9c,0x0079fa1,
+    0x0079fb0,
+    0x0079fb5,0x0079fbc,0x0079fc1,0x0079ffc,0x007a001,0x007a314,0x007a31e,0x007a340,0x007a401,0x007a510,0x007a52d,
+    0x007a530,
+    0x007a542,0x007a568,0x007b1c6,0x007b2b0,0x007b2b6,0x007b2c0,0x007b2c6,0x007b2d4,0x007b406,0x007b4b8,0x007b4be,
+    0x007b4f8,
+    0x007b801,0x007b810,0x007b815,0x007b880,0x007b885,0x007b88c,0x007b891,0x007b894,0x007b89d,0x007b8a0,0x007b8a5,
+    0x007b8cc,
+    0x007b8d1,0x007b8e0,0x007b8e5,0x007b8e8,0x007b8ed,0x007b8f0,0x007b909,0x007b90c,0x007b91d,0x007b920,0x007b925,
+    0x007b928,
+    0x007b92d,0x007b930,0x007b935,0x007b940,0x007b945,0x007b94c,0x007b951,0x007b954,0x007b95d,0x007b960,0x007b965,
+    0x007b968,
+    0x007b96d,0x007b970,0x007b975,0x007b978,0x007b97d,0x007b980,0x007b985,0x007b98c,0x007b991,0x007b994,0x007b99d,
+    0x007b9ac,
+    0x007b9b1,0x007b9cc,0x007b9d1,0x007b9e0,0x007b9e5,0x007b9f4,0x007b9f9,0x007b9fc,0x007ba01,0x007ba28,0x007ba2d,
+    0x007ba70,
+    0x007ba85,0x007ba90,0x007ba95,0x007baa8,0x007baad,0x007baf0,0x007c402,0x007c434,0x007efc2,0x007efe8,0x0080001,
+    0x00a9b80,
+    0x00a9c01,0x00adce8,0x00add01,0x00ae078,0x00ae081,0x00b3a88,0x00b3ac1,0x00baf84,0x00be001,0x00be878,0x00c0001,
+    0x00c4d2c,
     0x00c4d41,0x00c8ec0,
 };
 // END GENERATED
@@ -5319,6 +5682,7 @@ static void mt__heap_push(uint64_t *heap, size_t *n, uint64_t v) {
     while (i > 0 && heap[(i - 1) / 2] > v) { heap[i] = heap[(i - 1) / 2]; i = (i - 1) / 2; }
     heap[i] = v;
 }
+
 static uint64_t mt__heap_pop(uint64_t *heap, size_t *n) {
     uint64_t top = heap[0], v = heap[--(*n)];
     size_t i = 0;
@@ -5581,7 +5945,8 @@ static void mt__pair_insert(mt_tokenizer *t, int32_t a, int32_t b, int32_t rank,
 }
 
 #define MT__VOCAB_HINT "hint: --vocab-file must be a GPT-2 style vocab.json (encoder.json), e.g. data/gpt2-vocab.json"
-#define MT__MERGES_HINT "hint: --merge-file must be the merges.txt (vocab.bpe) that goes with --vocab-file, e.g. data/gpt2-merges.txt"
+#define MT__MERGES_HINT \
+    "hint: --merge-file must be the merges.txt (vocab.bpe) that goes with --vocab-file, e.g. data/gpt2-merges.txt"
 
 // vocab.json: one JSON object {"token": id, ...}. ids must be 0..N-1, each used once.
 static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[324]) {
@@ -5632,8 +5997,10 @@ static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[
     if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}' after a token id");
     if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
     if (j.err)
-        mt_fatal("%s is not a valid vocab.json: %s at byte %zu\n" MT__VOCAB_HINT, path, j.err, (size_t)(j.err_at - buf));
-    if (n < 256) mt_fatal("%s has %zu tokens; a byte-level vocabulary has at least the 256 single bytes\n" MT__VOCAB_HINT, path, n);
+        mt_fatal("%s is not a valid vocab.json: %s at byte %zu\n" MT__VOCAB_HINT, path, j.err,
+                 (size_t)(j.err_at - buf));
+    if (n < 256) mt_fatal("%s has %zu tokens; a byte-level vocabulary has at least the 256 single "
+                          "bytes\n" MT__VOCAB_HINT, path, n);
     // lay the tokens out by id
     t->vocab_size = (int)n;
     t->offsets = (uint32_t *)mt_calloc(n + 1, sizeof(uint32_t), "vocab");
@@ -5654,7 +6021,8 @@ static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[
     // the bytes -> id map
     t->vocab_mask = mt__pow2_at_least(2 * n) - 1;
     t->vocab_slots = (struct mt__vocab_slot *)mt_malloc((t->vocab_mask + 1) * sizeof(struct mt__vocab_slot), "vocab");
-    for (size_t i = 0; i <= t->vocab_mask; i++) { t->vocab_slots[i].id = -1; t->vocab_slots[i].head = 0; t->vocab_slots[i].len = 0; }
+    for (size_t i = 0; i <= t->vocab_mask; i++)
+        { t->vocab_slots[i].id = -1; t->vocab_slots[i].head = 0; t->vocab_slots[i].len = 0; }
     for (size_t id = 0; id < n; id++) {
         size_t tl;
         const char *tb = mt_tokenizer_token_bytes(t, (int32_t)id, &tl);
@@ -5666,7 +6034,8 @@ static void mt__load_vocab(mt_tokenizer *t, const char *path, const int16_t u2b[
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         t->byte_id[b] = mt_tokenizer_token_id(t, &c, 1);
-        if (t->byte_id[b] < 0) mt_fatal("%s has no token for the byte 0x%02X; a byte-level vocabulary has all 256\n" MT__VOCAB_HINT, path, b);
+        if (t->byte_id[b] < 0) mt_fatal("%s has no token for the byte 0x%02X; a byte-level vocabulary has all "
+                                        "256\n" MT__VOCAB_HINT, path, b);
     }
     t->eod_id = mt_tokenizer_token_id(t, MT_EOD_TEXT, strlen(MT_EOD_TEXT));
     free(len_of); free(entry_of); free(ids); free(offs); free(bytes); free(buf);
@@ -5704,7 +6073,8 @@ static void mt__load_merges(mt_tokenizer *t, const char *path, const int16_t u2b
             uint32_t bad_cp = 0;
             long nb = mt__alphabet_to_bytes(u2b, part[k], plen[k], tmp + at, &bad_cp);
             if (nb < 0)
-                mt_fatal("%s line %d: \"%.*s\" has the character U+%04X, which GPT-2's byte alphabet does not use\n" MT__MERGES_HINT,
+                mt_fatal("%s line %d: \"%.*s\" has the character U+%04X, which GPT-2's byte alphabet does not "
+                         "use\n" MT__MERGES_HINT,
                          path, lineno, (int)plen[k], part[k], (unsigned)bad_cp);
             pid[k] = mt_tokenizer_token_id(t, tmp + at, (size_t)nb);
             if (pid[k] < 0)
@@ -5726,7 +6096,8 @@ static void mt__load_merges(mt_tokenizer *t, const char *path, const int16_t u2b
         if (rank_of[id] != MT__NO_RANK) bound += t->offsets[id + 1] - t->offsets[id] - 1;
     t->pair_mask = mt__pow2_at_least(2 * bound) - 1;
     t->pair_slots = (struct mt__pair_slot *)mt_malloc((t->pair_mask + 1) * sizeof(struct mt__pair_slot), "merges");
-    for (size_t i = 0; i <= t->pair_mask; i++) { t->pair_slots[i].key = UINT64_MAX; t->pair_slots[i].rank = 0; t->pair_slots[i].id = -1; }
+    for (size_t i = 0; i <= t->pair_mask; i++)
+        { t->pair_slots[i].key = UINT64_MAX; t->pair_slots[i].rank = 0; t->pair_slots[i].id = -1; }
     t->n_pairs = 0;
     for (int id = 0; id < t->vocab_size; id++) {
         if (rank_of[id] == MT__NO_RANK) continue;
@@ -5755,6 +6126,7 @@ void mt_tokenizer_free(mt_tokenizer *t) {
     free(t->pair_slots);
     memset(t, 0, sizeof *t);
 }
+
 // =============================================================================================
 // 10. CHECKPOINTS
 // =============================================================================================
@@ -5779,8 +6151,10 @@ void mt_tokenizer_free(mt_tokenizer *t) {
 // the same values (DP rank 0 writes, every DP rank reads).
 
 void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size) {
-    if (pp_size == 1) snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d/model_optim_rng.safetensors", dir, iteration, tp_rank);
-    else snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d_%03d/model_optim_rng.safetensors", dir, iteration, tp_rank, pp_rank);
+    if (pp_size == 1) snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d/model_optim_rng.safetensors", dir, iteration,
+                               tp_rank);
+    else snprintf(out, cap, "%s/iter_%07d/mp_rank_%02d_%03d/model_optim_rng.safetensors", dir, iteration, tp_rank,
+                  pp_rank);
 }
 
 static void mt__mkdir_p(const char *path) {   // every directory of path, like mkdir -p
@@ -5791,7 +6165,8 @@ static void mt__mkdir_p(const char *path) {   // every directory of path, like m
             char saved = *p;
             *p = 0;
             if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                mt_fatal("cannot create directory %s: %s\nhint: check --save and its permissions", buf, strerror(errno));
+                mt_fatal("cannot create directory %s: %s\nhint: check --save and its permissions", buf,
+                         strerror(errno));
             *p = saved;
             if (!saved) break;
         }
@@ -5813,6 +6188,7 @@ static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
         }
     return n;
 }
+
 static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops dimensions of size 1 (vectors)
     int nd = 0;
     if (s->layers) shape[nd++] = (size_t)s->layers;
@@ -5842,11 +6218,13 @@ static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_cons
     for (int i = 0; i < n; i++) m[i] = all[i];
     return n;
 }
+
 #define MT__CKPT_LAYOUT_KEYS 12   /* metadata from index 4 on must match on load (layout and model) */
 
 // one rank's file: the safetensors header (metadata and the tensor table), then the tensors'
 // bytes in carve order: parameters, exp_avg, exp_avg_sq. host[k] are whole host buffers.
-static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const host[3], int iteration, int64_t valid_consumed) {
+static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const host[3], int iteration,
+                                int64_t valid_consumed) {
     char dirpath[MT_PATH_MAX + 128], tmp[MT_PATH_MAX + 160];
     snprintf(dirpath, sizeof dirpath, "%s", path);
     char *slash = strrchr(dirpath, '/');
@@ -5858,7 +6236,8 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     mt__ckpt_meta meta[32];
     int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
-    for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key, meta[i].value);
+    for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key,
+                                                         meta[i].value);
     len += (size_t)snprintf(json + len, cap - len, "}");
     size_t offset = 0;
     for (int i = 0; i < nt; i++) {
@@ -5879,7 +6258,8 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
         size_t n = mt__spec_numel(tensors[i].spec);
         ok = fwrite(src, sizeof(float), n, f) == n;
     }
-    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
+    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
+                                                 strerror(errno)); }
     mt_atomic_commit(f, tmp, path);
     free(json);
 }
@@ -5915,7 +6295,8 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
     if (r->ps.rank == 0) mt__ckpt_write_tracker(dir, iteration);
     mt_barrier(&r->groups.world);
     if (is_logger) {
-        printf("  successfully saved checkpoint at iteration %7d to %s (%.2f s)\n", iteration, dir, mt_time_seconds() - t0);
+        printf("  successfully saved checkpoint at iteration %7d to %s (%.2f s)\n", iteration, dir,
+               mt_time_seconds() - t0);
         fflush(stdout);
     }
 }
@@ -5937,7 +6318,9 @@ static int mt__ckpt_latest(const char *dir) {
     int iteration = 0;
     int got = fscanf(f, "%d", &iteration);
     fclose(f);
-    if (got != 1 || iteration <= 0) mt_fatal("%s does not hold an iteration number\nhint: the checkpoint directory is damaged; point --load at a good one", path);
+    if (got != 1
+        || iteration <= 0) mt_fatal("%s does not hold an iteration number\n"
+                                    "hint: the checkpoint directory is damaged; point --load at a good one", path);
     return iteration;
 }
 
@@ -5947,7 +6330,8 @@ static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, lo
     *file_size = ftell(f);
     fseek(f, 0, SEEK_SET);
     if (*file_size < 8 || fread(header_len, 8, 1, f) != 1 || *header_len > (uint64_t)*file_size - 8)
-        mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\nhint: the save was interrupted; load an earlier iteration", path, *file_size);
+        mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\n"
+                 "hint: the save was interrupted; load an earlier iteration", path, *file_size);
     char *json = (char *)mt_malloc(*header_len + 1, "checkpoint header");
     if (fread(json, 1, *header_len, f) != *header_len) mt_fatal("%s: cannot read its header", path);
     json[*header_len] = 0;
@@ -5957,11 +6341,14 @@ static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, lo
     if (j.err) mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, j.err);
     return json;
 }
+
 // metadata value `key` as a number; `fallback` when absent (required: fatal when absent)
-static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, const char *path, const char *key, int required, long long fallback) {
+static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, const char *path, const char *key,
+                                     int required, long long fallback) {
     mt_json header, md, v;
     mt_json_init(&header, json, (size_t)header_len, 0);
-    if (!mt__ckpt_member(&header, "__metadata__", &md)) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
+    if (!mt__ckpt_member(&header, "__metadata__",
+                         &md)) mt_fatal("%s has no __metadata__: it was not written by megatron.h", path);
     if (!mt__ckpt_member(&md, key, &v) || *v.p != '"') {
         if (required) mt_fatal("%s: metadata \"%s\" is missing", path, key);
         return fallback;
@@ -5973,7 +6360,8 @@ static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, cons
 // checking that its layout and model are r's; saved[] receives the metadata values
 static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
     FILE *f = fopen(path, "rb");
-    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete", path, strerror(errno));
+    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete",
+                     path, strerror(errno));
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
@@ -5985,7 +6373,10 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     for (int i = 0; i < nm; i++) {
         saved[i] = mt__ckpt_meta_value(json, header_len, path, mine[i].key, 1, 0);
         if (i >= 4 && saved[i] != mine[i].value)
-            mt_fatal("%s was saved with %s = %lld, this run has %lld\nhint: resume with the checkpoint's layout and model sizes, or convert it: ./train_gpt --convert-checkpoint --load SRC --save DST --target-tensor-parallel-size N --target-pipeline-parallel-size N",
+            mt_fatal("%s was saved with %s = %lld, this run has %lld\n"
+                     "hint: resume with the checkpoint's layout and model sizes, or convert it: ./train_gpt "
+                     "--convert-checkpoint --load SRC --save DST --target-tensor-parallel-size N "
+                     "--target-pipeline-parallel-size N",
                      path, mine[i].key, saved[i], mine[i].value);
     }
     // the tensors, each checked against this rank's shapes and the file's size
@@ -6004,15 +6395,19 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
         int got_nd = mt__ckpt_member(&t, "shape", &v) ? mt_json_ints(&v, shape, 8) : -1;
         int same = got_nd == nd;
         for (int d = 0; d < nd && same; d++) same = shape[d] == (long long)want_shape[d];
-        if (!same) mt_fatal("%s: tensor %s has another shape than this run's\nhint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
+        if (!same) mt_fatal("%s: tensor %s has another shape than this run's\n"
+                            "hint: resume with the model sizes and TP x PP it was saved with", path, tensors[i].name);
         size_t bytes = mt__spec_numel(s) * sizeof(float);
-        if (!mt__ckpt_member(&t, "data_offsets", &v) || mt_json_ints(&v, offs, 2) != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
+        int n_offs = mt__ckpt_member(&t, "data_offsets", &v) ? mt_json_ints(&v, offs, 2) : -1;
+        if (n_offs != 2 || offs[0] < 0 || (uint64_t)offs[1] - (uint64_t)offs[0] != bytes)
             mt_fatal("%s: tensor %s has bad data offsets", path, tensors[i].name);
         if ((uint64_t)offs[1] > data_size)
-            mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\nhint: the save was interrupted; load an earlier iteration",
+            mt_fatal("%s is truncated: tensor %s needs bytes up to %lld of the data, the file has %llu\n"
+                     "hint: the save was interrupted; load an earlier iteration",
                      path, tensors[i].name, offs[1], (unsigned long long)data_size);
         fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
-        if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path, tensors[i].name);
+        if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path,
+                tensors[i].name);
     }
     fclose(f);
     free(json);
@@ -6023,7 +6418,8 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     int is_logger = r->ps.rank == cfg->world_size - 1;
     int iteration = mt__ckpt_latest(dir);
     if (iteration == 0) {
-        if (is_logger) printf("WARNING: could not find the metadata file %s/latest_checkpointed_iteration.txt\n    will not load any checkpoints and will start from random\n", dir);
+        if (is_logger) printf("WARNING: could not find the metadata file %s/latest_checkpointed_iteration.txt\n"
+                              "    will not load any checkpoints and will start from random\n", dir);
         return 0;
     }
     char path[MT_PATH_MAX + 128];
@@ -6034,10 +6430,12 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
     float *dest[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
-    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k], r->model.num_params * sizeof(float)); free(host[k]); }
+    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k],
+                                                   r->model.num_params * sizeof(float)); free(host[k]); }
     r->optim.step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
-    if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
+    if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
+                            iteration); fflush(stdout); }
     return iteration;
 }
 
@@ -6060,7 +6458,8 @@ static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp
 // the model and layout a checkpoint file was saved with, as a config (DP = 1)
 static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *step, long long *valid_consumed) {
     FILE *f = fopen(path, "rb");
-    if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path, strerror(errno));
+    if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path,
+                     strerror(errno));
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
@@ -6070,10 +6469,12 @@ static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *
     cfg->model.hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "hidden_size", 1, 0);
     cfg->model.num_attention_heads = (int)mt__ckpt_meta_value(json, header_len, path, "num_attention_heads", 1, 0);
     cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "ffn_hidden_size", 1, 0);
-    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_value(json, header_len, path, "max_position_embeddings", 1, 0);
+    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_value(json, header_len, path, "max_position_embeddings", 1,
+                                                                  0);
     cfg->model.seq_length = cfg->model.max_position_embeddings;
     cfg->model.vocab_size = (int)mt__ckpt_meta_value(json, header_len, path, "vocab_size", 1, 0);
-    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_value(json, header_len, path, "make_vocab_size_divisible_by", 1, 128);
+    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_value(json, header_len, path,
+            "make_vocab_size_divisible_by", 1, 128);
     int tp = (int)mt__ckpt_meta_value(json, header_len, path, "tensor_model_parallel_size", 1, 0);
     int pp = (int)mt__ckpt_meta_value(json, header_len, path, "pipeline_model_parallel_size", 1, 0);
     int vp = (int)mt__ckpt_meta_value(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 1);
@@ -6102,7 +6503,8 @@ typedef struct {
 static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
     memset(full, 0, sizeof *full);
     full->iteration = mt__ckpt_latest(dir);
-    if (full->iteration == 0) mt_fatal("%s has no latest_checkpointed_iteration.txt\nhint: --load must be a checkpoint directory written by --save", dir);
+    if (full->iteration == 0) mt_fatal("%s has no latest_checkpointed_iteration.txt\n"
+                                       "hint: --load must be a checkpoint directory written by --save", dir);
     char path[MT_PATH_MAX + 128];
     mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 1);
     FILE *probe = fopen(path, "rb");   // PP = 1 names its files mp_rank_TT, else mp_rank_TT_PPP
@@ -6119,10 +6521,12 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
                 for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
                     const mt_param_spec *s = &r.model.specs[i];
                     full->count[i] = (size_t)(s->layers ? cfg->model.num_layers : 1) * s->grows * s->gcols;
-                    for (int k = 0; k < 3; k++) full->global[k][i] = (float *)mt_calloc(full->count[i] + 1, sizeof(float), "full checkpoint");
+                    for (int k = 0; k < 3; k++) full->global[k][i] = (float *)mt_calloc(full->count[i] + 1,
+                            sizeof(float), "full checkpoint");
                 }
             float *host[3];
-            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float), "checkpoint");
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float),
+                                                                     "checkpoint");
             long long saved[32];
             mt_checkpoint_path(path, sizeof path, dir, full->iteration, tp, pp, PP);
             mt__ckpt_read_file(&r, path, host, saved);
@@ -6132,6 +6536,7 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
             for (int k = 0; k < 3; k++) free(host[k]);
         }
 }
+
 static void mt__ckpt_free_full(mt__full_checkpoint *full) {
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) free(full->global[k][i]);
@@ -6153,7 +6558,8 @@ int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int 
             mt__shape_rank(&r, &target, t, p);
             r.optim.step = (int)full.step;
             float *host[3];
-            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float), "checkpoint");
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float),
+                                                                     "checkpoint");
             for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
                 if (r.model.specs[i].present)
                     for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full.global[k][i], 1);
@@ -6189,8 +6595,10 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     hf_tensor *list = (hf_tensor *)mt_calloc((size_t)cap, sizeof(hf_tensor), "export");
     // carve order: 0 wte 1 wpe 2 ln1w 3 ln1b 4 qkvw 5 qkvb 6 attprojw 7 attprojb 8 ln2w 9 ln2b
     //              10 fcw 11 fcb 12 fcprojw 13 fcprojb 14 lnfw 15 lnfb
-    snprintf(list[n].name, 64, "wte.weight"); list[n].tensor = 0; list[n].layer = -1; list[n].rows = V; list[n].cols = C; n++;
-    snprintf(list[n].name, 64, "wpe.weight"); list[n].tensor = 1; list[n].layer = -1; list[n].rows = maxT; list[n].cols = C; n++;
+    snprintf(list[n].name, 64,
+             "wte.weight"); list[n].tensor = 0; list[n].layer = -1; list[n].rows = V; list[n].cols = C; n++;
+    snprintf(list[n].name, 64,
+             "wpe.weight"); list[n].tensor = 1; list[n].layer = -1; list[n].rows = maxT; list[n].cols = C; n++;
     for (int l = 0; l < L; l++) {
         struct { const char *suffix; int tensor, rows, cols, transpose; } per_layer[12] = {
             {"ln_1.weight", 2, 1, C, 0}, {"ln_1.bias", 3, 1, C, 0},
@@ -6203,21 +6611,30 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
         for (int k = 0; k < 12; k++) {
             snprintf(list[n].name, 64, "h.%d.%s", l, per_layer[k].suffix);
             list[n].tensor = per_layer[k].tensor; list[n].layer = l;
-            list[n].rows = per_layer[k].rows; list[n].cols = per_layer[k].cols; list[n].transpose = per_layer[k].transpose;
+            list[n].rows = per_layer[k].rows;
+            list[n].cols = per_layer[k].cols;
+            list[n].transpose = per_layer[k].transpose;
             n++;
         }
     }
-    snprintf(list[n].name, 64, "ln_f.weight"); list[n].tensor = 14; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
-    snprintf(list[n].name, 64, "ln_f.bias"); list[n].tensor = 15; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
+    snprintf(list[n].name, 64,
+             "ln_f.weight"); list[n].tensor = 14; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
+    snprintf(list[n].name, 64,
+             "ln_f.bias"); list[n].tensor = 15; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
     // header: transformers wants metadata {"format": "pt"}
     size_t hcap = 256 + (size_t)n * 128, len = 0, offset = 0;
     char *json = (char *)mt_malloc(hcap, "export header");
     len += (size_t)snprintf(json + len, hcap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
         size_t bytes = (size_t)list[i].rows * list[i].cols * sizeof(float);
-        if (list[i].rows == 1) len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", list[i].name, list[i].cols);
-        else if (list[i].transpose) len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", list[i].name, list[i].cols, list[i].rows);
-        else len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", list[i].name, list[i].rows, list[i].cols);
+        const char *name = list[i].name;
+        int rows = list[i].rows, cols = list[i].cols;
+        if (rows == 1)
+            len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],", name, cols);
+        else if (list[i].transpose)
+            len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", name, cols, rows);
+        else
+            len += (size_t)snprintf(json + len, hcap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],", name, rows, cols);
         len += (size_t)snprintf(json + len, hcap - len, "\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
         offset += bytes;
     }
@@ -6228,7 +6645,8 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
     uint64_t header_len = len;
     int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
-    float *buf = (float *)mt_malloc((size_t)(F > V ? F : V) * (size_t)(C > F ? C : F) * sizeof(float) * 3 + 16, "export");
+    float *buf = (float *)mt_malloc((size_t)(F > V ? F : V) * (size_t)(C > F ? C : F) * sizeof(float) * 3 + 16,
+                                    "export");
     for (int i = 0; i < n && ok; i++) {
         const hf_tensor *t = &list[i];
         size_t per = (size_t)t->rows * t->cols;
@@ -6239,7 +6657,8 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
         else memcpy(buf, src, per * sizeof(float));
         ok = fwrite(buf, sizeof(float), per, f) == per;
     }
-    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
+    if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
+                                                 strerror(errno)); }
     mt_atomic_commit(f, tmp, path);
     free(buf); free(json); free(list);
     // config.json: GPT2Config with our sizes; gelu_new is GPT-2's tanh GELU, as ours
@@ -6248,11 +6667,13 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     fprintf(f, "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": %d,\n"
                "  \"n_positions\": %d,\n  \"n_embd\": %d,\n  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": %d,\n"
                "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n  \"resid_pdrop\": 0.0,\n"
-               "  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n"
+               "  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n  \"bos_token_id\": 50256,\n"
+               "  \"eos_token_id\": 50256,\n"
                "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
             V, maxT, C, L, cfg->model.num_attention_heads, F);
     mt_atomic_commit(f, tmp, path);
-    printf("exported %s (iteration %d) as Hugging Face GPT-2 to %s/model.safetensors and config.json\n", src, full.iteration, out_dir);
+    printf("exported %s (iteration %d) as Hugging Face GPT-2 to %s/model.safetensors and config.json\n", src,
+           full.iteration, out_dir);
     int iteration = full.iteration;
     mt__ckpt_free_full(&full);
     return iteration;
@@ -6298,7 +6719,8 @@ static int mt__sample_token(const float *logits, int V, float temperature, int t
         free(sorted);
     }
     double sum = 0.0;
-    for (int v = 0; v < V; v++) if (logits[v] >= threshold) sum += exp((double)(logits[v] - logits[best]) / temperature);
+    for (int v = 0; v < V; v++)
+        if (logits[v] >= threshold) sum += exp((double)(logits[v] - logits[best]) / temperature);
     double u = (double)mt_rand_uniform(seed, 0x6e657874, step, 0, 0) * sum, acc = 0.0;
     for (int v = 0; v < V; v++) {
         if (logits[v] < threshold) continue;
@@ -6353,8 +6775,10 @@ double mt_flops_per_token(const mt_config *cfg) {
     return 6.0 * (double)mt_model_num_parameters(cfg) +
            12.0 * cfg->model.num_layers * cfg->model.hidden_size * (double)cfg->model.seq_length;
 }
+
 size_t mt_model_num_parameters(const mt_config *cfg) {
-    size_t C = (size_t)cfg->model.hidden_size, F = (size_t)cfg->model.ffn_hidden_size, L = (size_t)cfg->model.num_layers;
+    size_t C = (size_t)cfg->model.hidden_size, F = (size_t)cfg->model.ffn_hidden_size;
+    size_t L = (size_t)cfg->model.num_layers;
     size_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
     return (size_t)cfg->padded_vocab_size * C + (size_t)cfg->model.max_position_embeddings * C + L * per_layer + 2 * C;
 }
@@ -6377,7 +6801,8 @@ static void mt__data_batch(mt_rank *r, void *vctx, int iteration, int mb, int *t
         mt_blended_sample(&ctx->data->split[ctx->split], i, ctx->sample);
         for (int t = 0; t <= T; t++)
             if (ctx->sample[t] < 0 || ctx->sample[t] >= V)
-                mt_fatal("token id %d in the data is outside the vocabulary (size %d)\nhint: preprocess with the same --vocab-file, or set --vocab-size", ctx->sample[t], V);
+                mt_fatal("token id %d in the data is outside the vocabulary (size %d)\n"
+                         "hint: preprocess with the same --vocab-file, or set --vocab-size", ctx->sample[t], V);
         for (int t = 0; t < T; t++) {
             tokens[b * T + t] = ctx->sample[t];
             targets[b * T + t] = ctx->sample[t + 1];
@@ -6545,7 +6970,8 @@ static void mt__generate_sample(mt_rank *r, mt__job *job) {
     memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
     int n = mt_generate(r, ids, job->prompt_len, cap, t->tokens_to_generate, t->temperature, t->top_k, t->seed);
     if (r->ps.rank == r->ps.world_size - 1) {
-        printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature, t->top_k);
+        printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature,
+               t->top_k);
         if (job->tokenizer) {
             size_t len = mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, NULL, 0);
             char *text = (char *)mt_malloc(len + 1, "generated text");
@@ -6644,9 +7070,11 @@ int mt_pretrain(mt_config *cfg) {
     mt_config_derive(cfg);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training
     if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
-        if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to read)");
+        if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to "
+                                          "read)");
         if (cfg->train.convert_checkpoint) {
-            if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint goes)");
+            if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint "
+                                              "goes)");
             if (strcmp(cfg->train.save, cfg->train.load) == 0)
                 mt_fatal("--convert-checkpoint: --save and --load are the same directory\n"
                          "hint: write the converted checkpoint somewhere else");
@@ -6665,7 +7093,8 @@ int mt_pretrain(mt_config *cfg) {
     }
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
     if (cfg->train.save_interval > 0 && !cfg->train.save[0])
-        mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)", cfg->train.save_interval);
+        mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)",
+                 cfg->train.save_interval);
     mt_device_check_precision(cfg);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);

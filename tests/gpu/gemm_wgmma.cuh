@@ -21,7 +21,7 @@
 // TILES. Block tile 128 (rows of C) x 256 (columns) x 64 (k per pipeline stage). Two consumer
 // warpgroups each own 64 x 256 of C: 128 fp32 accumulators per thread, the largest wgmma shape
 // (m64n256k16), so B's 256 x 64 stage is read once from shared memory for both halves of A and
-// every byte loaded feeds 2*128*256*64 / (128+256)*64*2 = 85 FLOP (arithmetic intensity per
+// every byte loaded feeds 2*128*256*64 / ((128+256)*64*2) = 85 FLOP (arithmetic intensity per
 // shared byte; an H200 needs ~ 990 TFLOP/s / (33 TB/s of shared memory) ~ 30). k = 64 bf16 is
 // 128 bytes: one row of a tile is exactly one 128-byte swizzle row (below).
 //
@@ -31,8 +31,8 @@
 //   warpgroups 1, 2  consumers: wait for a stage, issue 4 wgmma (k = 4 x 16), release the stage,
 //                 and at the end of a tile write C from registers (setmaxnreg.inc 232).
 // The grid is min(units, SMs) blocks; block b does units b, b + grid, b + 2*grid, ... (a unit is an
-// output tile, or one k-slice of one, below), so while the consumers write one tile's C the
-// producer is already loading the next tile's first stages.
+// output tile, a k-slice of one, or a stream-K worker's range: see THE WORK below), so while the
+// consumers write one tile's C the producer is already loading the next tile's first stages.
 //
 // THE RING (4 stages of 48 KB = 192 KB of shared memory) and its two mbarriers per stage:
 //   full[s]   count 1: the producer arrives once with expect_tx(48 KB); the TMA completes the bytes.
@@ -58,16 +58,22 @@
 //       64-row blocks 8192 B apart (LBO = 8192); the k16 slice kk starts 16 lines = 2048*kk in.
 // wgmma's transpose bits read the k-outer tiles as they are: no transpose pass anywhere.
 //
-// SPLIT-K (the weight gradients: K = B*T = 16k, but only 18-72 output tiles of 128 x 256). The
-// k range is cut into `splits` slices of k_per_split (a multiple of 64); unit u = tile * splits +
-// z. Each unit writes its 128 x 256 fp32 partial product to a scratch (in register order, so the
-// stores are whole 512-byte rows of float4), and a second kernel, mt_matmul_kernel4_splitk_reduce,
-// adds the slices of every output in the fixed order z = 0, 1, ..., splits-1 and applies the bias /
-// accumulation. No float atomics, no order that depends on timing: bit-identical every run.
-// (A first version let the last slice to arrive sum the others inside the GEMM kernel: correct,
-// but one SM then reads the whole tile's partials alone, ~20 us; the separate kernel spreads that
-// over all SMs.) `splits` is a function of the shape only (not of the GPU), so results agree
-// across devices too.
+// SPLIT-K AND STREAM-K (the weight gradients: K = B*T = 16k, but only 18-72 output tiles of
+// 128 x 256 for 132 SMs). Two ways to give every SM work, chosen by mt__wgmma_splits from the shape:
+//   split-K   the k range is cut into `splits` slices (multiples of 64); unit u = tile*splits + z.
+//   stream-K  the k-steps of all tiles are laid end to end and cut into 132 equal ranges, one per
+//             "worker"; a range may end inside one tile and begin inside the next, so every SM
+//             does the same number of k-steps (split-K wastes part of the last wave instead).
+//             Correct and tested, but slower at our shapes (L2 locality, see mt__wgmma_splits), so
+//             the launcher only uses it when asked to.
+// Either way a piece of a tile writes its 128 x 256 fp32 partial product to a scratch slot (in
+// register order: whole 512-byte rows of float4), and a second kernel,
+// mt_matmul_kernel4_splitk_reduce, adds the partials of every output in k order (slice 0, 1, ...
+// or worker first, ..., last) and applies the bias / accumulation. No float atomics, no order that
+// depends on timing: bit-identical every run. The plan (and the 132 workers) is a function of the
+// shape only, not of the GPU, so results agree across devices too. (A first version let the last
+// slice to arrive add the others inside the GEMM kernel: correct, but then one SM reads the whole
+// tile's partials alone, ~20 us; the separate kernel spreads that over all SMs.)
 //
 // REQUIREMENTS (mt_fatal otherwise): the binary holds sm_90a code and the GPU is a Hopper (CC 9.0);
 // a and b 16-byte aligned; lda, ldb multiples of 8 (the TMA needs 16-byte row strides). c, bias:
@@ -99,7 +105,8 @@ typedef struct {
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
 } mt__wgmma_args;
 
-// ---- PTX helpers (sm_90). All shared-memory addresses are 32-bit .shared::cta addresses.
+// ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
+// kernel's sm_90a branch). All shared-memory addresses are 32-bit .shared::cta addresses.
 __device__ static inline uint32_t mt__smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // mbarrier.init: set the barrier's expected arrival count for each phase
 __device__ static inline void mt__mbar_init(uint32_t bar, uint32_t count) {
@@ -160,10 +167,6 @@ template <int N>
 __device__ static inline void mt__setmaxnreg_dec(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ static inline void mt__setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-// bar.sync on a named barrier (ids 1.. ; 0 is __syncthreads) among `threads` threads
-__device__ static inline void mt__named_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // a wgmma shared-memory matrix descriptor: start address, leading / stride byte offsets (all >> 4),
 // bits 62-63 = 1: the 128-byte swizzle (base offset 0: every tile is 1024-byte aligned)
 __device__ static inline uint64_t mt__wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -491,14 +494,17 @@ static CUtensorMap mt__wgmma_map(const __nv_bfloat16 *x, int rows, int K, int ld
     return map;
 }
 // THE PLAN for a GEMM of `tiles` output tiles of `steps` k-steps each: 1 = one block per tile,
-// S > 1 = split-K in S slices, 0 = stream-K. Estimated times in units of one k-step of one
-// block (~0.78 us on an H200):
-//   S slices      (waves of tiles*S units on 132 SMs) x (k-steps per unit + ~4 for its epilogue)
-//   stream-K      ceil(tiles*steps / 132) + 4 x (pieces per worker)
-//   + reduce      when partials are used: ~3 to launch + 0.044 per 128 x 256 partial read
-//                 (128 KB at ~4 TB/s = 33 ns = 0.044 steps)
-// Slices of at least 8 steps, at most 16; a cheaper plan must win by 3%. A function of the shape
-// only (132 is fixed, not read from the GPU), so the bits of C do not depend on the device.
+// S > 1 = split-K in S slices. Estimated time, in units of one k-step of one block (~0.78 us on an
+// H200): (waves of tiles*S units on 132 SMs) x (k-steps per unit + ~4 for its epilogue), plus for
+// S > 1 the reduce kernel: ~3 to launch + 0.044 per 128 x 256 partial read (128 KB at ~4 TB/s =
+// 33 ns). Slices of at least 8 steps, at most 16; more slices must win by 3%. A function of the
+// shape only (132 is fixed, not read from the GPU), so the bits of C do not depend on the device.
+// Stream-K (plan 0) is never chosen here: measured on an H200 at GPT-2's weight-gradient shapes it
+// was 15-40% SLOWER than split-K although it balances the k-steps perfectly. Its workers start at
+// staggered k positions, so the blocks working on tiles that share rows of A or columns of B no
+// longer read them at the same time and L2 stops catching the re-reads (these products reread
+// each operand 3-24 times); split-K slices of neighbouring tiles start at the same k together.
+// It stays available (mt__gemm_wgmma_splits(..., -1, ...)) and tested, for the curious.
 static int mt__wgmma_splits(int tiles, int steps) {
     int best = 1;
     double best_cost = 1e300;
@@ -509,10 +515,6 @@ static int mt__wgmma_splits(int tiles, int steps) {
         double cost = waves * (per + 4) + (s > 1 ? 3.0 + 0.044 * s * tiles : 0.0);
         if (cost < 0.97 * best_cost) { best = s; best_cost = cost; }
     }
-    long long total = (long long)tiles * steps, per = (total + MT__WG_SMS - 1) / MT__WG_SMS;
-    int pieces = (int)((per + steps - 1) / steps) + 1;
-    double sk_cost = (double)per + 4.0 * pieces + 3.0 + 0.044 * ((double)MT__WG_SMS * pieces + tiles);
-    if (steps >= 8 && sk_cost < 0.97 * best_cost) best = 0;
     return best;
 }
 template <int A_K_INNER, int B_K_INNER>
