@@ -1,7 +1,7 @@
 /* kernels.cuh - the CUDA kernels of megatron.h and their launchers (GPU build only).
  *
- * megatron.h includes this file inside #ifdef __CUDACC__, in its implementation part, right
- * after "3. OPS: CPU REFERENCE", so each kernel sits next to the CPU function it must match:
+ * megatron.h includes this file at its backend seam (end of section 3, "(3 of 3)"), in place of
+ * the seam's CPU half, so each kernel sits next to the CPU function it must match:
  *
  *   mt_X_cpu(args...)                        the definition (megatron.h, 3. OPS)
  *   mt_X_kernel                              the __global__ function(s) that compute the same thing
@@ -20,6 +20,9 @@
  *                                naive, tiled, mma), dropout, attention (FlashAttention-2, fp32 and
  *                                mma), GELU, residual, vocab-parallel cross-entropy, AdamW
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale
+ *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
+ *                                device memory; the device's set-up, stream and memory in use
+ *                                (megatron.h's section 3 has the CPU half, with the same names)
  *
  * DETERMINISM: no kernel adds floats through atomics, so every result is the same bit for bit from
  * run to run. Reductions over rows (layernorm's dweight/dbias, matmul's dbias, split-K GEMM, the
