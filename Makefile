@@ -18,10 +18,16 @@ override CFLAGS += -std=c11 -Wall -Wextra -pedantic -I.
 LDLIBS = -lm -pthread
 NVCC ?= nvcc
 NVCC_FOUND := $(shell command -v $(NVCC) 2> /dev/null)
-# the GPU's architecture when nvidia-smi can tell (9.0 -> sm_90), else Hopper's (sm_90);
-# the kernels need sm_80 or newer (bf16 mma.sync)
+# the GPU's architecture when nvidia-smi can tell (9.0 -> 90), else Hopper's. Hopper gets sm_90a
+# code, the only kind with wgmma and the TMA (the top GEMM rung); other GPUs their own sm_XX (the
+# kernels need sm_80 or newer: bf16 mma.sync), where --bf16 uses the mma rung
 GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | tr -d . | grep -E '^[0-9]+$$')
-NVCCFLAGS ?= -O3 -arch=sm_$(if $(GPU_ARCH),$(GPU_ARCH),90)
+ifeq ($(filter-out 90,$(GPU_ARCH)),)
+NVCC_ARCH = -gencode=arch=compute_90a,code=sm_90a
+else
+NVCC_ARCH = -arch=sm_$(GPU_ARCH)
+endif
+NVCCFLAGS ?= -O3 $(NVCC_ARCH)
 PYTHON ?= python3
 VENV = .venv
 HEADERS = megatron.h
@@ -51,11 +57,12 @@ preprocess: preprocess.c $(HEADERS)
 
 # megatron.h, preprocess.c and the GPU tests must compile as CUDA C++ (CI: compile only, no GPU there)
 cuda-check: build/.cuda-check
-build/.cuda-check: train_gpt.c preprocess.c kernels.cuh tests/gpu/test_kernels.cu $(HEADERS)
+build/.cuda-check: train_gpt.c preprocess.c kernels.cuh tests/gpu/test_kernels.cu tests/gpu/test_gemm_wgmma.cu $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o build/train_gpt_cuda_check.o
 	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o build/preprocess_cuda_check.o
 	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c tests/gpu/test_kernels.cu -o build/test_kernels_check.o
+	$(NVCC) $(NVCCFLAGS) -std=c++17 -x cu -c tests/gpu/test_gemm_wgmma.cu -o build/test_gemm_wgmma_check.o
 	@touch $@
 
 # make run: the tutorial's flow on the bundled corpus (Jane Austen, 914k GPT-2 tokens):
@@ -100,13 +107,18 @@ test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint prep
 # against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs)
 tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread -lnccl
+# the wgmma rung alone: every layout and odd shape against a double-precision reference, then
+# timed beside cuBLAS (linked here only, as the yardstick; the product never links it)
+tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -std=c++17 -o $@ tests/gpu/test_gemm_wgmma.cu -lcublas -lnccl
 tests/gpu/compare_logs: tests/gpu/compare_logs.c
 	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $< -lm
-test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/compare_logs
+test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs
 	@mkdir -p build
 	@./tests/gpu/test_kernels 2>&1 | tee build/test_kernels.log; \
+	 ./tests/gpu/test_gemm_wgmma 2>&1 | tee build/test_gemm_wgmma.log; \
 	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
-	 sh tests/run_logs.sh build/test_kernels.log build/test_train.log
+	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda
@@ -121,4 +133,4 @@ debug:
 	$(MAKE) -B CFLAGS="-O0 -g" train_gpt preprocess
 
 clean:
-	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/compare_logs
+	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs

@@ -427,6 +427,7 @@ typedef struct {
     void *stream;               // cudaStream_t of every kernel of this rank (NULL on the CPU build)
     int gemm_impl;              // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
     int bf16;                   // --bf16: GEMM and attention compute in bf16, accumulate in fp32
+    char name[64];              // for the log: "GPU 0, GEMM wgmma"; "" on the CPU build
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -3604,6 +3605,7 @@ void mt_device_init(mt_rank *r) {
     r->dev.stream = NULL;
     r->dev.gemm_impl = 0;
     r->dev.bf16 = 0;
+    r->dev.name[0] = 0;
 }
 
 void mt_device_free(mt_rank *r) { (void)r; }
@@ -6868,9 +6870,9 @@ static void mt__print_rank_tables(mt_rank *r) {
     }
     for (int k = 0; k < cfg->world_size; k++) {
         if (k == rank) {
-            printf("rank %d (tp %d, dp %d, pp %d%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, "
+            printf("rank %d (tp %d, dp %d, pp %d%s%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, "
                    "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f\n",
-                   rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->dev.device >= 0 ? ", GPU" : "",
+                   rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->dev.name[0] ? ", " : "", r->dev.name,
                    r->model.num_params, r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6,
                    r->memory.activations / 1e6, r->acts.num_slots, r->acts.num_slots == 1 ? "" : "s",
                    r->memory.scratch / 1e6);

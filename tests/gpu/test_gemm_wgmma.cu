@@ -1,4 +1,4 @@
-// tests/gpu/test_gemm_wgmma.cu - the wgmma GEMM rung (gemm_wgmma.cuh) against a CPU reference in
+// tests/gpu/test_gemm_wgmma.cu - the wgmma GEMM rung (kernels.cuh, mt__gemm_wgmma) against a CPU reference in
 // double, then timed beside cuBLAS at GPT-2 small's shapes (B*T = 16k tokens).
 // build:  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o tests/gpu/test_gemm_wgmma tests/gpu/test_gemm_wgmma.cu -lcublas
 // run:    ./tests/gpu/test_gemm_wgmma [--no-timing | --probe]   (prints "N passed, N failed" last;
@@ -31,27 +31,9 @@
 #include <algorithm>
 #include <chrono>
 
-// minimal stand-ins for kernels.cuh's error helpers
-static void mt_fatal(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    exit(1);
-}
-static void mt__cuda_check(cudaError_t err, const char *call, const char *file, int line) {
-    if (err != cudaSuccess) mt_fatal("CUDA call %s failed: %s (%s) at %s:%d", call, cudaGetErrorName(err), cudaGetErrorString(err), file, line);
-}
-#define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
-static void mt__launch_check(const char *kernel, cudaStream_t stream) {
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) mt_fatal("launching %s failed: %s", kernel, cudaGetErrorString(err));
-    (void)stream;
-}
 #define MT_WGMMA_HANG_TRAP   // a lost mbarrier phase traps instead of hanging the GPU
-#include "gemm_wgmma.cuh"
+#define MEGATRON_IMPLEMENTATION
+#include "../../megatron.h"   // kernels.cuh's wgmma rung (mt__gemm_wgmma), MT_CUDA_CHECK, mt_fatal
 
 static int passed = 0, failed = 0;
 static void check(int ok, const char *fmt, ...) {

@@ -332,10 +332,12 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
     float *d_inp = d_inp_base + off, *d_w = d_w_base + off, *d_dout = d_dout_base + off;
     dev_set(d_inp, inp, nin); dev_set(d_w, w, nw); dev_set(d_dout, dout, nout);
     float *d_bias = dev_upload(bias, OC), *d_out = dev_nan(nout), *d_dinp = dev_nan(nin), *d_dw = dev_nan(nw), *d_db = dev_nan(OC);
-    mt_gemm_impl impls[3] = {MT_GEMM_NAIVE, MT_GEMM_TILED, MT_GEMM_MMA};
-    for (int k = 0; k < 3; k++) {
+    mt_gemm_impl impls[4] = {MT_GEMM_NAIVE, MT_GEMM_TILED, MT_GEMM_MMA, MT_GEMM_WGMMA};
+    for (int k = 0; k < 4; k++) {
         mt_gemm_impl impl = impls[k];
-        double tol = impl == MT_GEMM_MMA ? 1e-2 : 1e-5;   // bf16 operands | fp32 in another summation order
+        if (impl == MT_GEMM_WGMMA && mt__wgmma_unsupported()) continue;   // not a Hopper, or no sm_90a code
+        // bf16 operands (mma, wgmma) | fp32 in another summation order
+        double tol = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA ? 1e-2 : 1e-5;
         dev_poison(d_out, nout);
         dev_set(d_dinp, dinp0, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
         mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, 0);
@@ -745,12 +747,14 @@ static void bench(void) {
     float *inp = bench_random(BT * 3072, -1, 1), *W = bench_random((size_t)V * C, -0.05f, 0.05f), *bias = bench_random(V, -1, 1);
     float *out = bench_random(BT * V, -1, 1), *dout = bench_random(BT * V, -0.01f, 0.01f), *dinp = bench_random(BT * 3072, -1, 1);
     float *dW = bench_random((size_t)V * C, -1, 1);
-    mt_gemm_impl impls[3] = {MT_GEMM_MMA, MT_GEMM_TILED, MT_GEMM_NAIVE};
-    for (int k = 0; k < 3; k++) {
+    mt_gemm_impl impls[4] = {MT_GEMM_WGMMA, MT_GEMM_MMA, MT_GEMM_TILED, MT_GEMM_NAIVE};
+    for (int k = 0; k < 4; k++) {
         mt_gemm_impl impl = impls[k];
+        if (impl == MT_GEMM_WGMMA && mt__wgmma_unsupported()) continue;
+        int fast = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;
         double total_flop = 0.0, total_ms = 0.0;
-        int nlayers = impl == MT_GEMM_MMA ? 5 : 1;
-        int M = impl == MT_GEMM_NAIVE ? 4096 : (int)BT, reps = impl == MT_GEMM_MMA ? 10 : 3;
+        int nlayers = fast ? 5 : 1;
+        int M = impl == MT_GEMM_NAIVE ? 4096 : (int)BT, reps = fast ? 10 : 3;
         for (int l = 0; l < nlayers; l++) {
             int K = layers[l].K, N = layers[l].N;
             double flop = 2.0 * M * K * N;
@@ -773,6 +777,8 @@ static void bench(void) {
             report(name, shape, ms, flop, 0);
             total_flop += flop; total_ms += ms;
         }
+        if (impl == MT_GEMM_WGMMA)   // fp32 operands: the bf16 copies' casts are in these times
+            report("matmul wgmma, all 15 together", "(cuBLAS: 675 TFLOP/s, ~18 ms)", (float)total_ms, total_flop, 0);
         if (impl == MT_GEMM_MMA) {
             report("matmul mma, all 15 together", "(cuBLAS: 675 TFLOP/s, ~18 ms)", (float)total_ms, total_flop, 0);
             float ms = time_ms([&] { mt__column_sum_add(bias, dout, (int)BT, 3072, 0); }, 10);
