@@ -53,7 +53,8 @@
                                (section 2), the backend seam (section 3). The model, the schedules,
                                the optimizer and the loop are the same code in both builds.
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
-     MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op.
+     MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
+     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank.
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
