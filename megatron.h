@@ -198,6 +198,7 @@ typedef struct {
     int use_distributed_optimizer;             // --use-distributed-optimizer: AdamW state sharded over DP (ZeRO-1)
     int print_layout;                          // --print-layout: print the rank groups and exit
     int print_schedule;                        // --print-schedule: print the pipeline time line and exit
+    int dry_run;                               // --dry-run: print each rank's memory plan and exit
 } mt_parallel_config;
 
 typedef struct {
@@ -785,6 +786,9 @@ struct mt_rank {
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
 void mt_rank_free(mt_rank *r);
+/* what mt_rank_init will allocate on `rank` (bytes per buffer), computed without allocating */
+void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out);
+void mt_print_memory_plan(const mt_config *cfg, FILE *f);   /* --dry-run: every rank's plan */
 /* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
 mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
@@ -1547,6 +1551,8 @@ static const mt__flag mt__flags[] = {
      "shard AdamW's state and the update over the DP ranks: reduce-scatter gradients, all-gather parameters"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
+    {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
+     "print each rank's memory plan (parameters, gradients, optimizer, activations, workspace) and exit"},
     {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel",
      "print each stage's pipeline time line and the bubble, then exit"},
     {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training",
@@ -4086,9 +4092,8 @@ void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps)
     d->layers_per_chunk = d->L_local / ps->vp_size;
 }
 
-// parameters and gradients: one carve, two buffers. The initial values are computed on the
-// host (mt__init_params, layout-independent) and uploaded to the rank's buffer.
-void mt_model_init(mt_rank *r) {
+// the parameter table and the buffers' length (the sizes mt_model_init allocates)
+static void mt__model_sizes(mt_rank *r) {
     mt_model *m = &r->model;
     m->num_params = mt__carve_params(r, &m->params, NULL, 1);
     // the distributed optimizer cuts the buffers into DP equal shards of whole 64-float blocks:
@@ -4096,6 +4101,13 @@ void mt_model_init(mt_rank *r) {
     size_t block = 64 * (size_t)r->ps.dp_size;
     m->buffer_floats = r->cfg->parallel.use_distributed_optimizer ? (m->num_params + block - 1) / block * block
                                                                  : m->num_params;
+}
+
+// parameters and gradients: one carve, two buffers. The initial values are computed on the
+// host (mt__init_params, layout-independent) and uploaded to the rank's buffer.
+void mt_model_init(mt_rank *r) {
+    mt_model *m = &r->model;
+    mt__model_sizes(r);
     float *host_params = (float *)mt_calloc(m->buffer_floats, sizeof(float), "parameters (host)");
     m->params_memory = host_params;
     mt__init_params(r);
@@ -4105,8 +4117,8 @@ void mt_model_init(mt_rank *r) {
     m->grads_memory = mt_buffer_alloc(r, m->buffer_floats, "gradients");
     mt__carve_params(r, &m->params, m->params_memory, 1);
     mt__carve_params(r, &m->grads, m->grads_memory, 0);
-    r->memory.params = m->num_params * sizeof(float);
-    r->memory.grads = m->num_params * sizeof(float);
+    r->memory.params = m->buffer_floats * sizeof(float);
+    r->memory.grads = m->buffer_floats * sizeof(float);
 }
 
 void mt_model_free(mt_rank *r) {
@@ -4117,6 +4129,27 @@ void mt_model_free(mt_rank *r) {
 // activations: num_slots micro-batches in flight at once (1 without pipelining), each slot
 // carved from one float buffer, its token ids from one int buffer; the per-layer scratch; the
 // host staging of ids, losses and pipeline messages
+// the report of what mt_activations_init allocates: an int is a float's size, so the ids count
+// with the activations, and so does the recompute scratch (what recompute saves is the difference)
+static void mt__activation_report(mt_rank *r, size_t per_slot, size_t recompute_n, size_t scratch_n) {
+    size_t BT = (size_t)r->dims.B * r->dims.T;
+    r->memory.activations = ((per_slot + 2 * BT) * (size_t)r->acts.num_slots + recompute_n) * sizeof(float);
+    r->memory.scratch = scratch_n * sizeof(float);
+}
+// the same sizes without allocating anything (mt_memory_plan)
+static void mt__activation_sizes(mt_rank *r, int num_slots) {
+    size_t kept[MT_LT_COUNT], scratch[MT_LT_COUNT];
+    int *where = (int *)mt_malloc(sizeof(int) * (size_t)r->dims.L_local * MT_LT_COUNT, "recompute plan");
+    mt__plan_recompute(r, where, kept, scratch);
+    free(where);
+    mt_activations probe;
+    r->acts.num_slots = num_slots;
+    size_t per_slot = mt__carve_activations(r, &probe, NULL, kept, 1);
+    size_t recompute_n = mt__carve_activations(r, &probe, NULL, scratch, 0);
+    mt_scratch s;
+    mt__activation_report(r, per_slot, recompute_n, mt__carve_scratch(r, &s, NULL));
+}
+
 void mt_activations_init(mt_rank *r, int num_slots) {
     mt_activation_slots *acts = &r->acts;
     size_t BT = (size_t)r->dims.B * r->dims.T;
@@ -4146,10 +4179,7 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
     r->host.losses = (float *)mt_calloc(BT, sizeof(float), "losses");
     r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
-    // an int is a float's size: the report counts the ids with the activations, and the
-    // recompute scratch too (what recompute saves is the difference)
-    r->memory.activations = ((per_slot + 2 * BT) * (size_t)num_slots + recompute_n) * sizeof(float);
-    r->memory.scratch = scratch_n * sizeof(float);
+    mt__activation_report(r, per_slot, recompute_n, scratch_n);
 }
 void mt_activations_free(mt_rank *r) {
     mt_buffer_free(r->acts.memory);
@@ -4408,11 +4438,16 @@ static double mt__grad_norm(mt_rank *r) {
 // stage 1, Rajbhandari et al. 2020) DP rank d owns the d-th of DP equal shards: its gradients
 // arrive by reduce-scatter, it alone updates them, and the new parameters go back to every DP
 // rank by all-gather. Each DP rank keeps 1/DP of the optimizer state.
-void mt_optimizer_init(mt_rank *r) {
+static void mt__optimizer_sizes(mt_rank *r) {
     mt_optimizer *o = &r->optim;
     o->distributed = r->cfg->parallel.use_distributed_optimizer;
     o->shard_size = o->distributed ? r->model.buffer_floats / (size_t)r->ps.dp_size : r->model.num_params;
     o->shard_start = o->distributed ? o->shard_size * (size_t)r->ps.dp_rank : 0;
+    r->memory.optimizer = 2 * o->shard_size * sizeof(float);
+}
+void mt_optimizer_init(mt_rank *r) {
+    mt_optimizer *o = &r->optim;
+    mt__optimizer_sizes(r);
     o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
     o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
     o->step = 0;
@@ -4890,6 +4925,37 @@ void mt_rank_free(mt_rank *r) {
     mt_model_free(r);
     mt_groups_free(&r->groups);
     mt_device_free(r);
+}
+
+// the memory plan: the sizes mt_rank_init allocates, from the same functions that compute them
+// for the allocation, on a rank that allocates nothing (Megatron prints a "theoretical memory"
+// report; this one is held to the allocation by tests/test_recompute.c)
+void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "memory plan");
+    r->cfg = cfg;
+    mt_parallel_state_init(&r->ps, cfg, rank);
+    mt_dims_init(&r->dims, cfg, &r->ps);
+    mt__model_sizes(r);
+    r->memory.params = r->memory.grads = r->model.buffer_floats * sizeof(float);
+    mt__optimizer_sizes(r);
+    mt__activation_sizes(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));
+    *out = r->memory;
+    free(r);
+}
+
+// --dry-run: one line per rank, in Megatron's rank order
+void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
+    fprintf(f, "memory plan per rank (MB, what each rank allocates; nothing is allocated now):\n");
+    for (int rank = 0; rank < cfg->world_size; rank++) {
+        mt_memory_report m;
+        mt_memory_plan(cfg, rank, &m);
+        mt_parallel_state ps;
+        mt_parallel_state_init(&ps, cfg, rank);
+        double total = (double)(m.params + m.grads + m.optimizer + m.activations + m.scratch);
+        fprintf(f, "rank %d (tp %d, dp %d, pp %d): parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
+                   "workspace %.1f, total %.1f\n", rank, ps.tp_rank, ps.dp_rank, ps.pp_rank, m.params / 1e6,
+                m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6, m.scratch / 1e6, total / 1e6);
+    }
 }
 
 // =============================================================================================
@@ -7300,9 +7366,10 @@ int mt_pretrain(mt_config *cfg) {
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }
-    if (cfg->parallel.print_layout || cfg->parallel.print_schedule) {
+    if (cfg->parallel.print_layout || cfg->parallel.print_schedule || cfg->parallel.dry_run) {
         if (cfg->parallel.print_layout) mt_print_layout(cfg, stdout);
-        else mt_print_schedule(cfg, stdout);
+        else if (cfg->parallel.print_schedule) mt_print_schedule(cfg, stdout);
+        else mt_print_memory_plan(cfg, stdout);
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }
