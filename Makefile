@@ -38,7 +38,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
 
 .PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 
@@ -94,12 +94,13 @@ test: train_gpt preprocess $(TESTS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
-# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2
+# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2;
+# TensorBoard's own reader reads our event files (whole and cut at every byte)
 $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors tensorboard matplotlib
 	@touch $@
-test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint preprocess
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging train_gpt preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 
