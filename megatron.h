@@ -7588,7 +7588,7 @@ static void mt__format_comm(mt_rank *r, const double since[MT__NUM_GROUPS][3], i
         double calls = (double)g[k]->calls - since[k][0], bytes = (double)g[k]->bytes - since[k][1];
         double secs = g[k]->seconds - since[k][2];
         if (calls <= 0 || len + 80 > cap) continue;
-        len += (size_t)snprintf(out + len, cap - len, "%s%s %.0f calls %.3f MB %.1f ms", len ? " | " : "",
+        len += (size_t)snprintf(out + len, cap - len, "%s%s %.4g calls %.3f MB %.1f ms", len ? " | " : "",
                                 g[k]->name ? g[k]->name : "?", calls / iters, bytes / iters / 1e6,
                                 1e3 * secs / iters);
     }
@@ -7866,8 +7866,8 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
         if (job->data->has_split[2])
             mt__print_eval(r, "the end of training for test data", mt__evaluate(r, &ctx, 2, t->train_iters));
     }
-    if (t->tokens_to_generate > 0) mt__generate_sample(r, job);
     mt__print_comm_summary(r, last_iteration - first_iteration + 1);
+    if (t->tokens_to_generate > 0) mt__generate_sample(r, job);   // the generated text: the last line
     mt__print_device_memory(r);
     free(ctx.sample);
     mt_rank_free(r);

@@ -117,7 +117,9 @@ MT_TEST(trainer_prints_megatron_lines) {
 MT_TEST(trainer_errors_are_one_clear_line) {
     struct { const char *args, *expect; } cases[] = {
         {"--num-layrs 2", "did you mean --num-layers"},
-        {"--model-parallel-size 2", "--tensor-model-parallel-size"},
+        // an older flag is honoured (tests/test_logging.c), but a global batch it contradicts shows the arithmetic
+        {"--micro-batch-size 4 --nproc-per-node 2 --gradient-accumulation-steps 2 --global-batch-size 4",
+         "micro-batch 4 x data-parallel size 2 x 2 steps = 16"},
         {"--num-attention-heads 3 --hidden-size 48 --tensor-model-parallel-size 2 --nproc-per-node 2", "not divisible by --tensor-model-parallel-size"},
         {"--num-layers 3 --pipeline-model-parallel-size 2 --nproc-per-node 2", "not divisible by --pipeline-model-parallel-size"},
         {"--micro-batch-size 3 --global-batch-size 8", "not divisible by micro-batch-size"},
