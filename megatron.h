@@ -7721,20 +7721,6 @@ static void mt__tb_validation(mt_rank *r, mt_tb_writer *tb, int it, float loss) 
     mt_tb_flush(tb);
 }
 
-// checkpoints say what they do and how long it took (Megatron's lines)
-static void mt__save(mt_rank *r, mt__job *job, int it) {
-    const mt_train_config *t = &r->cfg->train;
-    int is_last = r->ps.rank == r->ps.world_size - 1;
-    double t0 = mt_time_seconds();
-    if (is_last) { printf("saving checkpoint at iteration %7d to %s\n", it, t->save); fflush(stdout); }
-    mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
-    if (is_last) {
-        printf("  successfully saved checkpoint from iteration %7d to %s (%.2f s)\n", it, t->save,
-               mt_time_seconds() - t0);
-        fflush(stdout);
-    }
-}
-
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
 // Returns the last iteration trained (--exit-interval may stop it early).
 static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved) {
@@ -7761,7 +7747,7 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
         int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
         if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
             mt_barrier(&r->groups.world);   // the valid iterator position is final for this iteration
-            mt__save(r, job, it);
+            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
             *last_saved = it;
         }
         if (exiting) {
@@ -7855,7 +7841,7 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     // Megatron saves once more at the end when the last iteration was not a save point
     if (t->save[0] && last_saved != last_iteration && first_iteration <= last_iteration) {
         mt_barrier(&r->groups.world);
-        mt__save(r, job, last_iteration);
+        mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
     }
     if (last_iteration == t->train_iters && t->eval_iters > 0) {   // not stopped by --exit-interval
         if (job->data->has_split[1]) {
