@@ -77,6 +77,7 @@ run: train_gpt preprocess
 	  --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --nproc-per-node 2 \
 	  --train-iters 150 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 \
 	  --clip-grad 1.0 --log-interval 10 --eval-interval 50 --eval-iters 4 --split 949,50,1 \
+	  --hidden-dropout 0 --attention-dropout 0 \
 	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt \
 	  --tokens-to-generate 40 --temperature 0.8 --top-k 40 --prompt "It is a truth universally acknowledged" 
 

@@ -183,8 +183,8 @@ typedef struct {
     int vocab_size;                   // --vocab-size, or from --vocab-file (V)
     int make_vocab_size_divisible_by; // --make-vocab-size-divisible-by, default 128
     float init_method_std;            // --init-method-std, default 0.02
-    float hidden_dropout;             // --hidden-dropout, default 0 here (Megatron: 0.1)
-    float attention_dropout;          // --attention-dropout, default 0 here (Megatron: 0.1)
+    float hidden_dropout;             // --hidden-dropout, default 0.1 (Megatron's); 0 = off
+    float attention_dropout;          // --attention-dropout, default 0.1 (Megatron's); 0 = off
 } mt_model_config;
 
 typedef struct {
@@ -1526,6 +1526,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->model.vocab_size = 0;                 // 0 = from --vocab-file, else GPT-2's 50257
     cfg->model.make_vocab_size_divisible_by = 128;
     cfg->model.init_method_std = 0.02f;
+    cfg->model.hidden_dropout = 0.1f;          // Megatron's defaults: the tutorial's command trains what it
+    cfg->model.attention_dropout = 0.1f;       // trains there (tests that want none say 0 explicitly)
     cfg->parallel.tensor_model_parallel_size = 1;
     cfg->parallel.pipeline_model_parallel_size = 1;
     cfg->parallel.ddp_bucket_size = 40000000;  // Megatron's default bucket: 40M elements
