@@ -38,7 +38,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
 
 .PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 
@@ -77,6 +77,7 @@ run: train_gpt preprocess
 	  --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --nproc-per-node 2 \
 	  --train-iters 150 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 \
 	  --clip-grad 1.0 --log-interval 10 --eval-interval 50 --eval-iters 4 --split 949,50,1 \
+	  --hidden-dropout 0 --attention-dropout 0 \
 	  --data-path $(RUN_PREFIX)_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt \
 	  --tokens-to-generate 40 --temperature 0.8 --top-k 40 --prompt "It is a truth universally acknowledged" 
 
@@ -94,12 +95,13 @@ test: train_gpt preprocess $(TESTS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
-# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2
+# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2;
+# TensorBoard's own reader reads our event files (whole and cut at every byte)
 $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors tensorboard matplotlib
 	@touch $@
-test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint preprocess
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging train_gpt preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 

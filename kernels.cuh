@@ -2886,6 +2886,8 @@ void mt_device_free(mt_rank *r) {
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;
 }
+// the timeline's spans end when the rank's kernels (and the NCCL work they wait on) have run
+void mt_device_synchronize(mt_rank *r) { MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r))); }
 // bytes in use on this rank's GPU (CUDA context included), as cudaMemGetInfo sees them
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r;

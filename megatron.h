@@ -41,8 +41,8 @@
                                       converting between layouts; Hugging Face GPT-2 export
      11. GENERATION                   sampling with the training forward (no KV cache yet)
      12. TRAINING LOOP                pretrain(): the tokenizer, train, evaluate, save, Megatron's
-                                      log lines
-     (TensorBoard logs and a timeline of every rank: a later issue)
+                                      log lines, TensorBoard event files (--tensorboard-dir), the
+                                      timeline of every rank (--timeline, --timeline-svg)
 
      The GPU build adds kernels.cuh: the CUDA kernels (numbered as the sections above, each next
      to the CPU function it must match) and, in its last section, the GPU half of the backend seam.
@@ -114,7 +114,8 @@ typedef struct mt_rank mt_rank;
 /* ============================================================================================= */
 /* 1. UTILITIES, ERRORS & CONFIG
  * defines: mt_fatal and allocation, atomic files, UTF-8, the JSON reader,
- *          edit distance, mt_config (Megatron's flags, the JSON config file), the counter-based RNG */
+ *          edit distance, mt_config (Megatron's flags, the JSON config file), the counter-based RNG,
+ *          TensorBoard's records (TFRecord, Event), the timeline's spans */
 /* mt_fatal: the single exit for every error. Prints "error: <cause>" and, when the message
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
  * run it aborts the whole world (every rank stops with this message) instead of exiting. */
@@ -185,8 +186,8 @@ typedef struct {
     int vocab_size;                   // --vocab-size, or from --vocab-file (V)
     int make_vocab_size_divisible_by; // --make-vocab-size-divisible-by, default 128
     float init_method_std;            // --init-method-std, default 0.02
-    float hidden_dropout;             // --hidden-dropout, default 0 here (Megatron: 0.1)
-    float attention_dropout;          // --attention-dropout, default 0 here (Megatron: 0.1)
+    float hidden_dropout;             // --hidden-dropout, default 0.1 (Megatron's); 0 = off
+    float attention_dropout;          // --attention-dropout, default 0.1 (Megatron's); 0 = off
 } mt_model_config;
 
 typedef struct {
@@ -247,6 +248,25 @@ typedef struct {
     char recompute_method[16];        // --recompute-method uniform|block (full granularity)
     int recompute_num_layers;         // --recompute-num-layers N, default 1 (full granularity)
     int recompute_activations;        // --recompute-activations: Megatron's shorthand for selective
+    int gradient_accumulation_steps;   // --gradient-accumulation-steps (older Megatron): global = B * DP * this
+    int start_iteration;       // --start-iteration N (the tutorial's): without a checkpoint, begin after iteration N
+    int ckpt_step;             // --ckpt-step N: --load this iteration instead of the latest (0 = latest)
+    // TensorBoard (section 12), Megatron's flags
+    char tensorboard_dir[MT_PATH_MAX];  // --tensorboard-dir DIR: event files, written by the last rank
+    int tensorboard_log_interval;       // --tensorboard-log-interval, default 1
+    int tensorboard_queue_size;         // --tensorboard-queue-size, default 1000: events held before a flush
+    int log_timers_to_tensorboard;      // --log-timers-to-tensorboard: iteration-time, forward-backward-time, ...
+    int log_validation_ppl_to_tensorboard;   // --log-validation-ppl-to-tensorboard
+    int log_memory_to_tensorboard;      // --log-memory-to-tensorboard: mem-allocated-bytes
+    int log_batch_size_to_tensorboard;  // --log-batch-size-to-tensorboard
+    int log_world_size_to_tensorboard;  // --log-world-size-to-tensorboard
+    int no_log_loss_scale_to_tensorboard;    // --no-log-loss-scale-to-tensorboard
+    int no_log_learning_rate_to_tensorboard; // --no-log-learnig-rate-to-tensorboard (sic, Megatron's spelling)
+    // the timeline (section 12)
+    char timeline[MT_PATH_MAX];         // --timeline FILE.json: Chrome trace of every rank (Perfetto)
+    char timeline_svg[MT_PATH_MAX];     // --timeline-svg FILE.svg: the same as a picture
+    int profile_step_start;             // --profile-step-start: the timeline's first iteration (Megatron's 10)
+    int profile_step_end;               // --profile-step-end: the window ends before it (Megatron's 12)
 } mt_train_config;
 
 typedef enum { MT_LR_CONSTANT = 0, MT_LR_LINEAR = 1, MT_LR_COSINE = 2 } mt_lr_decay_style;
@@ -294,10 +314,52 @@ uint64_t mt_hash64(uint64_t x);
 float mt_rand_uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
 float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t index);
 
+// ---------------------------------------------------------------------------------------------
+// TENSORBOARD RECORDS: what TensorBoard's event files hold, encoded by hand (the messages are
+// tiny): TFRecord framing (length, masked CRC-32C of the length, data, masked CRC-32C of the
+// data) around an Event protobuf (wall_time, step, and a file_version or a Summary scalar).
+// ---------------------------------------------------------------------------------------------
+uint32_t mt_crc32c(const void *data, size_t n);          /* CRC-32C (Castagnoli), as TFRecord uses */
+uint32_t mt_tfrecord_masked_crc(const void *data, size_t n);   /* ((crc >> 15) | (crc << 17)) + 0xa282ead8 */
+/* one Event, protobuf-encoded into out (cap bytes; 64 + strlen(tag) is always enough); returns its
+   length. tag == NULL: the first event of a file, file_version "brain.Event:2" */
+size_t mt_tb_event(unsigned char *out, size_t cap, double wall_time, int64_t step, const char *tag, float value);
+/* appends one TFRecord (header, data, footer) to f; returns 0 on a write error */
+int mt_tfrecord_write(FILE *f, const unsigned char *data, size_t n);
+/* reads the next complete TFRecord of buf[*pos..len) into *data, *n and moves *pos past it: 1; at
+   a cut (an incomplete last record) or at the end: 0; a record whose CRC does not match: -1 */
+int mt_tfrecord_read(const unsigned char *buf, size_t len, size_t *pos, const unsigned char **data, size_t *n);
+
+// ---------------------------------------------------------------------------------------------
+// SPANS: what the timeline is made of (written in section 12). A rank appends a span for each
+// piece of work (a micro-batch's forward or backward of its layers, the optimizer step) and each
+// communication call (section 2), while its log is enabled.
+// ---------------------------------------------------------------------------------------------
+typedef enum { MT_SPAN_FORWARD = 0, MT_SPAN_BACKWARD = 1, MT_SPAN_OPTIMIZER = 2, MT_SPAN_COMM = 3,
+               MT_SPAN_RECV = 4 } mt_span_kind;   /* MT_SPAN_RECV: a pipeline recv, mostly waiting (idle) */
+typedef struct {
+    double t0, t1;            // seconds (mt_time_seconds)
+    mt_span_kind kind;
+    int iteration, mb, chunk; // mb, chunk: -1 where they do not apply
+    int layer_first, layer_last;   // the global layers of a forward / backward span
+    const char *name;         // a static string: "all_reduce", "send", "optimizer", ...
+    const char *group;        // a communication's group ("tp", "pp", "dp", "embd", "mp", "world")
+    size_t bytes;             // a communication's bytes at this rank
+} mt_span;
+typedef struct {
+    int enabled;              // record now (the timeline's window of iterations)
+    int iteration;            // stamped on every span added
+    mt_span *spans;
+    size_t n, cap;
+} mt_span_log;
+void mt_span_add(mt_span_log *log, const mt_span *s);   /* copies s, stamps the iteration; no-op if disabled */
+void mt_span_log_free(mt_span_log *log);
+
 /* ============================================================================================= */
 /* 2. RANKS, GROUPS, COMMUNICATORS
  * defines: mt_world and its rank threads, mt_comm and the collectives (threads
- *          backend; NCCL on the GPU build), mt_parallel_state (the TP/PP/DP grid), mt_groups */
+ *          backend; NCCL on the GPU build) with their counters (calls, bytes, seconds),
+ *          mt_parallel_state (the TP/PP/DP grid), mt_groups */
 // ---------------------------------------------------------------------------------------------
 // COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
 // same collectives in the same order. CPU build: every rank is a thread of this process.
@@ -322,6 +384,11 @@ typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
     void *stream;                  // GPU build: the group's own cudaStream_t for those NCCL calls
     void *compute_stream;          // GPU build: the rank's kernel stream, ordered with `stream`
     void *events[2];               // GPU build: cudaEvent_t: compute -> comm, comm -> compute
+    // communication counters of this rank on this group, since mt_comm_init (see section 2):
+    unsigned long long calls;      // collectives, sends and recvs made (a group of 1 moves nothing: not counted)
+    unsigned long long bytes;      // bytes of the buffers those calls moved at this rank
+    double seconds;                // time spent inside them (GPU build: enqueueing NCCL's work)
+    mt_span_log *spans;            // the timeline's recorder (section 1): a span per call; NULL: none
 } mt_comm;
 
 /* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
@@ -496,6 +563,8 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
    (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
 void mt_device_init(mt_rank *r);
 void mt_device_free(mt_rank *r);
+/* waits until the rank's queued device work is done (the timeline times spans with it); no-op on the CPU */
+void mt_device_synchronize(mt_rank *r);
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
 void mt_device_check_precision(const mt_config *cfg);
 
@@ -756,6 +825,7 @@ typedef struct {
     float lr;
     int skipped;           // 1 if the step was skipped (inf/nan gradients)
     double idle_seconds;   // time this rank waited for pipeline messages
+    double forward_backward_seconds, grads_sync_seconds, optimizer_seconds;   // Megatron's timers of the step
 } mt_step_result;
 
 typedef struct {
@@ -782,6 +852,7 @@ struct mt_rank {
     mt_optimizer optim;
     mt_step_state state;
     mt_memory_report memory;
+    mt_span_log *timeline;      // §1's span recorder for --timeline (NULL: off); mt_rank_set_timeline
 };
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
@@ -789,6 +860,9 @@ void mt_rank_free(mt_rank *r);
 /* what mt_rank_init will allocate on `rank` (bytes per buffer), computed without allocating */
 void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out);
 void mt_print_memory_plan(const mt_config *cfg, FILE *f);   /* --dry-run: every rank's plan */
+/* records this rank's work (forward / backward per micro-batch and chunk, optimizer) and every call
+   on its groups into log while log->enabled; NULL detaches */
+void mt_rank_set_timeline(mt_rank *r, mt_span_log *log);
 /* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
 mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
@@ -956,6 +1030,9 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
 /* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
    when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
 int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
+/* --load ROOT/iter_0001000 (an iteration directory, as the tutorial writes it) becomes --load ROOT
+   --ckpt-step 1000, with a note; any other --load is left alone */
+void mt_checkpoint_resolve_load(mt_config *cfg);
 /* rewrites the latest checkpoint of src (any TP x PP) for another layout into dst (parameters and
    AdamW state; then --load dst trains on in the new layout); returns its iteration */
 int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
@@ -975,7 +1052,8 @@ int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float tempe
 /* ============================================================================================= */
 /* 12. TRAINING LOOP
  * defines: mt_pretrain (Megatron's pretrain(): the tokenizer, the ranks as threads,
- *          train, evaluate, save, log), the model's parameter count and FLOPs per token */
+ *          train, evaluate, save, log), the model's parameter count and FLOPs per token,
+ *          the TensorBoard writer, the timeline (Chrome trace and SVG) */
 /* number of parameters of the whole model (padded vocabulary, tied embedding counted once) */
 size_t mt_model_num_parameters(const mt_config *cfg);
 /* model FLOPs per token, Megatron's convention: 6N + 12 L C T */
@@ -983,6 +1061,22 @@ double mt_flops_per_token(const mt_config *cfg);
 /* runs the whole job: loads the tokenizer (the vocabulary size), derives the config, then the
    checkpoint tools or the ranks as threads: training, validation, test; returns the exit code */
 int mt_pretrain(mt_config *cfg);
+
+/* TensorBoard: an event file that TensorBoard reads (SummaryWriter's format, section 1's records) */
+typedef struct {
+    FILE *f;                    // NULL: not open (every call is then a no-op)
+    char path[MT_PATH_MAX + 160];
+    int pending, queue_size;    // events since the last flush; flush when pending reaches queue_size
+} mt_tb_writer;
+/* creates dir and DIR/events.out.tfevents.<time>.<host>.<pid>.<rank>, writes the file_version event */
+void mt_tb_open(mt_tb_writer *w, const char *dir, int rank, int queue_size);
+void mt_tb_scalar(mt_tb_writer *w, const char *tag, float value, int64_t step);   /* add_scalar */
+void mt_tb_flush(mt_tb_writer *w);   /* to the disk: fflush and fsync, every complete record readable */
+void mt_tb_close(mt_tb_writer *w);
+/* the timeline: every rank's spans (logs[rank], section 1) as a Chrome trace (Perfetto opens it) and
+   as an SVG picture (a lane per rank); returns 0 and warns if there is nothing to draw */
+int mt_timeline_write_json(const char *path, const mt_config *cfg, const mt_span_log *logs, int world_size);
+int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_log *logs, int world_size);
 
 /* ==================================== end of interface ==================================== */
 #endif /* MEGATRON_H */
@@ -1478,6 +1572,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->model.vocab_size = 0;                 // 0 = from --vocab-file, else GPT-2's 50257
     cfg->model.make_vocab_size_divisible_by = 128;
     cfg->model.init_method_std = 0.02f;
+    cfg->model.hidden_dropout = 0.1f;          // Megatron's defaults: the tutorial's command trains what it
+    cfg->model.attention_dropout = 0.1f;       // trains there (tests that want none say 0 explicitly)
     cfg->parallel.tensor_model_parallel_size = 1;
     cfg->parallel.pipeline_model_parallel_size = 1;
     cfg->parallel.ddp_bucket_size = 40000000;  // Megatron's default bucket: 40M elements
@@ -1502,6 +1598,10 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.target_pp = 1;
     cfg->train.temperature = 1.0f;
     cfg->train.recompute_num_layers = 1;
+    cfg->train.tensorboard_log_interval = 1;
+    cfg->train.tensorboard_queue_size = 1000;
+    cfg->train.profile_step_start = 10;
+    cfg->train.profile_step_end = 12;
 }
 
 typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE,
@@ -1619,6 +1719,36 @@ static const mt__flag mt__flags[] = {
     {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
     {"--merge-file", MT__STR, MT__OFF(train.merge_file), MT_PATH_MAX, "data", "GPT-2 merges.txt"},
     {"--tokenizer-type", MT__STR, MT__OFF(train.tokenizer_type), 32, "data", "GPT2BPETokenizer | NullTokenizer"},
+    {"--ckpt-step", MT__INT, MT__OFF(train.ckpt_step), 0, "checkpointing",
+     "load this iteration of --load instead of the latest"},
+    {"--tensorboard-dir", MT__STR, MT__OFF(train.tensorboard_dir), MT_PATH_MAX, "logging",
+     "write TensorBoard event files here (tensorboard --logdir DIR)"},
+    {"--tensorboard-log-interval", MT__INT, MT__OFF(train.tensorboard_log_interval), 0, "logging",
+     "iterations between TensorBoard scalars"},
+    {"--tensorboard-queue-size", MT__INT, MT__OFF(train.tensorboard_queue_size), 0, "logging",
+     "TensorBoard events held in memory before a flush (and at every --log-interval)"},
+    {"--log-timers-to-tensorboard", MT__BOOL, MT__OFF(train.log_timers_to_tensorboard), 0, "logging",
+     "also write iteration-time and the step's timers"},
+    {"--log-validation-ppl-to-tensorboard", MT__BOOL, MT__OFF(train.log_validation_ppl_to_tensorboard), 0, "logging",
+     "also write the validation perplexity"},
+    {"--log-memory-to-tensorboard", MT__BOOL, MT__OFF(train.log_memory_to_tensorboard), 0, "logging",
+     "also write the memory this rank allocated"},
+    {"--log-batch-size-to-tensorboard", MT__BOOL, MT__OFF(train.log_batch_size_to_tensorboard), 0, "logging",
+     "also write the global batch size"},
+    {"--log-world-size-to-tensorboard", MT__BOOL, MT__OFF(train.log_world_size_to_tensorboard), 0, "logging",
+     "also write the number of ranks"},
+    {"--no-log-loss-scale-to-tensorboard", MT__BOOL, MT__OFF(train.no_log_loss_scale_to_tensorboard), 0, "logging",
+     "leave out loss-scale"},
+    {"--no-log-learnig-rate-to-tensorboard", MT__BOOL, MT__OFF(train.no_log_learning_rate_to_tensorboard), 0,
+     "logging", "leave out learning-rate (Megatron spells it so)"},
+    {"--timeline", MT__STR, MT__OFF(train.timeline), MT_PATH_MAX, "logging",
+     "write a Chrome trace (Perfetto, chrome://tracing) of every rank for the profile window"},
+    {"--timeline-svg", MT__STR, MT__OFF(train.timeline_svg), MT_PATH_MAX, "logging",
+     "write the same time line as an SVG picture"},
+    {"--profile-step-start", MT__INT, MT__OFF(train.profile_step_start), 0, "logging",
+     "first iteration of the timeline's window"},
+    {"--profile-step-end", MT__INT, MT__OFF(train.profile_step_end), 0, "logging",
+     "the window ends before this iteration"},
     // accepted for compatibility with tutorials; they change nothing here, and say why once
     {"--distributed-backend", MT__IGNORED, 0, 1, "ignored", "ranks talk through threads (CPU) or NCCL (GPU)"},
     {"--data-impl", MT__IGNORED, 0, 1, "ignored", "the indexed dataset is always memory-mapped"},
@@ -1654,9 +1784,6 @@ static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--min-loss-scale", "fp16 loss scaling"},
     {"--loss-scale-window", "fp16 loss scaling"},
     {"--hysteresis", "fp16 loss scaling"},
-    {"--tensorboard-dir", "TensorBoard logging"},
-    {"--log-timers-to-tensorboard", "TensorBoard logging"},
-    {"--log-validation-ppl-to-tensorboard", "TensorBoard logging"},
     {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)"},
     {"--eod-mask-loss", "masking the loss at end-of-document tokens"},
     {"--reset-position-ids", "resetting positions at document boundaries"},
@@ -1665,14 +1792,80 @@ static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--normalization", "RMSNorm (GPT-2 uses LayerNorm)"},
     {"--disable-bias-linear", "linear layers without biases"},
 };
-static const struct { const char *old_name, *hint; } mt__old_flags[] = {
-    {"--model-parallel-size", "--tensor-model-parallel-size"},
-    {"--batch-size", "--micro-batch-size (per rank) and --global-batch-size"},
-    {"--warmup", "--lr-warmup-fraction"},
-    {"--checkpoint-activations", "--recompute-granularity full --recompute-method uniform"},
-    {"--DDP-impl", "nothing: there is one data-parallel implementation"},
-    {"--num-gpus", "--nproc-per-node"},
+// Flags of older Megatron versions and of the tutorial itself: each is honoured through today's
+// equivalent, with a one-line note that names it (mt__old_flag), never refused: the tutorial's
+// commands run as typed.
+static const struct { const char *old_name; int takes_value; } mt__old_flags[] = {
+    {"--model-parallel-size", 1}, {"--batch-size", 1}, {"--warmup", 1}, {"--num-gpus", 1}, {"--DDP-impl", 1},
+    {"--checkpoint-activations", 0}, {"--checkpoint-num-layers", 1}, {"--distribute-checkpointed-activations", 0},
+    {"--gradient-accumulation-steps", 1}, {"--use-checkpoint-optimizer", 0}, {"--optimizer-checkpoint-freq", 1},
+    {"--start-iteration", 1},
 };
+
+static int mt__parse_int(const char *flag, const char *s);
+static double mt__parse_double(const char *flag, const char *s);
+
+static void mt__note(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "note: %s\n", line);
+}
+
+// applies an old flag (value: its value, NULL for a switch); returns 0 if name is not one
+static int mt__old_flag(mt_config *cfg, const char *name, const char *v) {
+    size_t i = 0, n = sizeof mt__old_flags / sizeof mt__old_flags[0];
+    while (i < n && strcmp(mt__old_flags[i].old_name, name) != 0) i++;
+    if (i == n) return 0;
+    mt_train_config *t = &cfg->train;
+    if (strcmp(name, "--model-parallel-size") == 0) {
+        cfg->parallel.tensor_model_parallel_size = mt__parse_int(name, v);
+        mt__note("--model-parallel-size is --tensor-model-parallel-size today: TP = %s", v);
+    } else if (strcmp(name, "--batch-size") == 0) {
+        t->micro_batch_size = mt__parse_int(name, v);
+        mt__note("--batch-size (per GPU) is --micro-batch-size today: micro-batch %s", v);
+    } else if (strcmp(name, "--warmup") == 0) {
+        t->lr_warmup_fraction = mt__parse_double(name, v);
+        mt__note("--warmup is --lr-warmup-fraction today: %s of the decay iterations", v);
+    } else if (strcmp(name, "--num-gpus") == 0) {
+        cfg->parallel.nproc_per_node = mt__parse_int(name, v);
+        mt__note("--num-gpus is --nproc-per-node here: %s ranks", v);
+    } else if (strcmp(name, "--DDP-impl") == 0) {
+        mt__note("--DDP-impl is gone from Megatron; there is one data-parallel implementation here (bucketed "
+                 "all-reduce, Megatron's local DDP)");
+    } else if (strcmp(name, "--checkpoint-activations") == 0) {
+        snprintf(t->recompute_granularity, sizeof t->recompute_granularity, "full");
+        snprintf(t->recompute_method, sizeof t->recompute_method, "uniform");
+        mt__note("--checkpoint-activations is --recompute-granularity full --recompute-method uniform today "
+                 "(groups of --recompute-num-layers layers, %d unless --checkpoint-num-layers says)",
+                 t->recompute_num_layers);
+    } else if (strcmp(name, "--checkpoint-num-layers") == 0) {
+        t->recompute_num_layers = mt__parse_int(name, v);
+        mt__note("--checkpoint-num-layers is --recompute-num-layers today: %s", v);
+    } else if (strcmp(name, "--distribute-checkpointed-activations") == 0) {
+        mt__note("--distribute-checkpointed-activations is --distribute-saved-activations today (the recompute "
+                 "groups' inputs split over TP); not here: every TP rank keeps its copy (the same numbers)");
+    } else if (strcmp(name, "--gradient-accumulation-steps") == 0) {
+        t->gradient_accumulation_steps = mt__parse_int(name, v);
+        if (t->gradient_accumulation_steps < 1) mt_fatal("--gradient-accumulation-steps must be at least 1");
+        mt__note("--gradient-accumulation-steps is older Megatron's; today --global-batch-size says it: global batch ="
+                 " micro-batch x DP x %s", v);
+    } else if (strcmp(name, "--use-checkpoint-optimizer") == 0 || strcmp(name, "--optimizer-checkpoint-freq") == 0) {
+        if (v) mt__parse_int(name, v);
+        cfg->parallel.use_distributed_optimizer = 1;
+        mt__note("%s is not a Megatron flag; it is taken as Megatron's --use-distributed-optimizer (AdamW's state "
+                 "sharded over DP)", name);
+    } else if (strcmp(name, "--start-iteration") == 0) {
+        t->start_iteration = mt__parse_int(name, v);
+        if (t->start_iteration < 0) mt_fatal("--start-iteration must be 0 or more");
+        mt__note("--start-iteration is not a Megatron flag (Megatron starts where the --load checkpoint stopped): "
+                 "without a checkpoint, training starts at iteration %d, data and learning rate as if %s iterations "
+                 "had run", t->start_iteration + 1, v);
+    }
+    return 1;
+}
 
 static const mt__flag *mt__find_flag(const char *name) {
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++)
@@ -1686,10 +1879,6 @@ static void mt__unknown_flag(const char *name) {
             mt_fatal("%s (%s) is a Megatron flag that megatron.h does not implement yet\n"
                      "hint: drop it; ./train_gpt --help lists what is here",
                      name, mt__unimplemented_flags[i].what);
-    for (size_t i = 0; i < sizeof mt__old_flags / sizeof mt__old_flags[0]; i++)
-        if (strcmp(mt__old_flags[i].old_name, name) == 0)
-            mt_fatal("flag %s is from an older Megatron and no longer exists\nhint: use %s", name,
-                     mt__old_flags[i].hint);
     const char *best = NULL;
     int best_d = 1 << 30;
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
@@ -1790,7 +1979,20 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
             inline_value = eq + 1;
         }
         const mt__flag *f = mt__find_flag(name);
-        if (!f) mt__unknown_flag(name);
+        if (!f) {   // an older Megatron's flag (or the tutorial's): honoured, with a note
+            int k = 0, n = sizeof mt__old_flags / sizeof mt__old_flags[0];
+            while (k < n && strcmp(mt__old_flags[k].old_name, name) != 0) k++;
+            if (k < n) {
+                const char *v = inline_value;
+                if (mt__old_flags[k].takes_value && !v) {
+                    if (i + 1 >= argc) mt_fatal("%s needs a value", name);
+                    v = argv[++i];
+                }
+                mt__old_flag(cfg, name, v);
+                continue;
+            }
+            mt__unknown_flag(name);
+        }
         if (f->type == MT__DATA_PATH) {
             int n = 0;
             while (i + 1 + n < argc && strncmp(argv[i + 1 + n], "--", 2) != 0) n++;
@@ -1976,6 +2178,15 @@ void mt_config_derive(mt_config *cfg) {
     }
     int DP = cfg->data_parallel_size, B = t->micro_batch_size;
     if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
+    if (t->gradient_accumulation_steps > 0) {   // older Megatron's way to say the global batch
+        int want = B * DP * t->gradient_accumulation_steps;
+        if (t->global_batch_size == 0) t->global_batch_size = want;
+        else if (t->global_batch_size != want)
+            mt_fatal("--gradient-accumulation-steps %d does not match --global-batch-size %d: micro-batch %d x "
+                     "data-parallel size %d x %d steps = %d\nhint: drop one of the two, or make them agree",
+                     t->gradient_accumulation_steps, t->global_batch_size, B, DP, t->gradient_accumulation_steps,
+                     want);
+    }
     if (t->global_batch_size == 0) t->global_batch_size = B * DP;
     if (t->global_batch_size % (B * DP))
         mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\n"
@@ -2020,6 +2231,7 @@ void mt_config_derive(mt_config *cfg) {
                  t->recompute_method);
     }
     if (t->log_interval < 1) t->log_interval = 1;
+    if (t->tensorboard_log_interval < 1) t->tensorboard_log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
 }
 
@@ -2068,6 +2280,125 @@ float mt_rand_normal(uint64_t seed, uint64_t a, uint64_t b, uint64_t c, uint64_t
     double u1 = ((double)(bits >> 32) + 1.0) / 4294967296.0;
     double u2 = (double)(bits & 0xFFFFFFFFu) / 4294967296.0;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// TensorBoard records: TFRecord framing around Event protobufs, by hand
+// ---------------------------------------------------------------------------------------------
+// What torch.utils.tensorboard's SummaryWriter (Megatron's writer, megatron/training/global_vars.py
+// _set_tensorboard_writer) puts in events.out.tfevents.* files. Each record is
+//   uint64 length | uint32 masked_crc32c(length bytes) | data[length] | uint32 masked_crc32c(data)
+// (little-endian), so a reader can tell a complete record from one cut short. The data is an
+// Event protobuf; we write only the fields TensorBoard needs for scalars:
+//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+//   Summary { repeated Value value = 1; }   Value { string tag = 1; float simple_value = 2; }
+// A protobuf field is a key (field number << 3 | wire type: 0 varint, 1 8 bytes, 2 length-delimited,
+// 5 4 bytes) and its value; lengths and integers are varints (7 bits a byte, high bit = more).
+uint32_t mt_crc32c(const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {   // bit by bit (reflected polynomial 0x82F63B78): our records are tiny
+        crc ^= p[i];
+        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    }
+    return crc ^ 0xFFFFFFFFu;
+}
+
+uint32_t mt_tfrecord_masked_crc(const void *data, size_t n) {
+    uint32_t crc = mt_crc32c(data, n);
+    return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+static size_t mt__pb_varint(unsigned char *out, uint64_t v) {
+    size_t n = 0;
+    do { out[n++] = (unsigned char)((v & 0x7F) | (v >= 0x80 ? 0x80 : 0)); v >>= 7; } while (v);
+    return n;
+}
+
+static void mt__le_bytes(unsigned char *out, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) out[i] = (unsigned char)(v >> (8 * i));
+}
+
+size_t mt_tb_event(unsigned char *out, size_t cap, double wall_time, int64_t step, const char *tag, float value) {
+    size_t tag_len = tag ? strlen(tag) : 0;
+    if (cap < 64 + tag_len) mt_fatal("internal: mt_tb_event needs %zu bytes, has %zu", 64 + tag_len, cap);
+    if (tag_len > 100) mt_fatal("internal: TensorBoard tag '%s' is too long", tag);
+    size_t n = 0;
+    uint64_t bits;
+    memcpy(&bits, &wall_time, 8);
+    out[n++] = 0x09;                                   // field 1, 8 bytes: wall_time
+    mt__le_bytes(out + n, bits, 8);
+    n += 8;
+    out[n++] = 0x10;                                   // field 2, varint: step
+    n += mt__pb_varint(out + n, (uint64_t)step);
+    if (!tag) {
+        const char *version = "brain.Event:2";
+        out[n++] = 0x1a;                               // field 3, string: file_version
+        out[n++] = (unsigned char)strlen(version);
+        memcpy(out + n, version, strlen(version));
+        return n + strlen(version);
+    }
+    size_t value_len = 2 + tag_len + 5;                // Value: tag (key, len, bytes), simple_value (key, 4)
+    size_t summary_len = 1 + 1 + value_len;            // Summary: one Value (key, len < 128, Value)
+    out[n++] = 0x2a;                                   // field 5, message: summary
+    n += mt__pb_varint(out + n, summary_len);
+    out[n++] = 0x0a;                                   // Summary field 1, message: value
+    out[n++] = (unsigned char)value_len;
+    out[n++] = 0x0a;                                   // Value field 1, string: tag
+    out[n++] = (unsigned char)tag_len;
+    memcpy(out + n, tag, tag_len);
+    n += tag_len;
+    uint32_t fbits;
+    memcpy(&fbits, &value, 4);
+    out[n++] = 0x15;                                   // Value field 2, 4 bytes: simple_value
+    mt__le_bytes(out + n, fbits, 4);
+    return n + 4;
+}
+
+int mt_tfrecord_write(FILE *f, const unsigned char *data, size_t n) {
+    unsigned char head[12], foot[4];
+    mt__le_bytes(head, (uint64_t)n, 8);
+    mt__le_bytes(head + 8, mt_tfrecord_masked_crc(head, 8), 4);
+    mt__le_bytes(foot, mt_tfrecord_masked_crc(data, n), 4);
+    return fwrite(head, 1, 12, f) == 12 && fwrite(data, 1, n, f) == n && fwrite(foot, 1, 4, f) == 4;
+}
+
+static uint64_t mt__le_read(const unsigned char *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+int mt_tfrecord_read(const unsigned char *buf, size_t len, size_t *pos, const unsigned char **data, size_t *n) {
+    size_t p = *pos;
+    if (len - p < 12) return 0;
+    if ((uint32_t)mt__le_read(buf + p + 8, 4) != mt_tfrecord_masked_crc(buf + p, 8)) return -1;
+    uint64_t m = mt__le_read(buf + p, 8);
+    if (m > len - p - 12 || len - p - 12 - m < 4) return 0;   // cut inside the data or the footer
+    if ((uint32_t)mt__le_read(buf + p + 12 + m, 4) != mt_tfrecord_masked_crc(buf + p + 12, (size_t)m)) return -1;
+    *data = buf + p + 12;
+    *n = (size_t)m;
+    *pos = p + 16 + (size_t)m;
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// spans: the timeline's raw material, one growing array per rank
+// ---------------------------------------------------------------------------------------------
+void mt_span_add(mt_span_log *log, const mt_span *s) {
+    if (!log || !log->enabled) return;
+    if (log->n == log->cap) {
+        log->cap = log->cap ? 2 * log->cap : 1024;
+        log->spans = (mt_span *)mt_realloc(log->spans, log->cap * sizeof(mt_span), "timeline spans");
+    }
+    log->spans[log->n] = *s;
+    log->spans[log->n].iteration = log->iteration;
+    log->n++;
+}
+
+void mt_span_log_free(mt_span_log *log) {
+    free(log->spans);
+    memset(log, 0, sizeof *log);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2559,6 +2890,35 @@ static void mt__trace(const mt_comm *c, const char *fmt, ...) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// communication counters: calls, bytes and seconds per group, and a timeline span per call
+// ---------------------------------------------------------------------------------------------
+// What NCCL's own NCCL_DEBUG=INFO or nsys would tell you, counted where the calls are made, so a
+// claim like "each extra TP rank adds N% traffic" can be checked against the shapes. The bytes
+// of a call are the bytes of the buffer it moves at this rank (the message size of nccl-tests):
+//   all_reduce n*4 (double: n*8) | reduce_scatter and all_gather size*n_per_rank*4 (the whole
+//   buffer) | broadcast n*4 | send, recv n*4 (each side counts its own) | barrier 0
+// A group of one rank moves nothing and counts nothing. Megatron has no such counters; its
+// timers (--timing-log-level 2) time the same calls.
+static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0) {
+    double t1 = mt_time_seconds();
+    c->calls++;
+    c->bytes += bytes;
+    c->seconds += t1 - t0;
+    if (c->spans && c->spans->enabled) {
+        mt_span s;
+        memset(&s, 0, sizeof s);
+        s.t0 = t0;
+        s.t1 = t1;
+        s.kind = strcmp(what, "recv") == 0 && strcmp(c->name, "pp") == 0 ? MT_SPAN_RECV : MT_SPAN_COMM;
+        s.mb = s.chunk = s.layer_first = s.layer_last = -1;
+        s.name = what;
+        s.group = c->name;
+        s.bytes = bytes;
+        mt_span_add(c->spans, &s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // the barrier: mutex + condition variable + generation counter
 // ---------------------------------------------------------------------------------------------
 static void mt__describe_post(const mt__post *p, char *out, size_t cap) {
@@ -2662,9 +3022,11 @@ static void mt__post_set(mt__post *p, int kind, int arg, size_t n, const void *s
 void mt_barrier(mt_comm *c) {
     mt__trace(c, "barrier %s", c->name);
     if (c->size == 1) return;
+    double t0 = mt_time_seconds();
     mt__post p;
     mt__post_set(&p, MT__COLL_BARRIER, 0, 0, NULL, NULL);
     mt__group_sync(c, &p, 1);
+    mt__comm_count(c, "barrier", 0, t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2718,7 +3080,12 @@ static void mt__check_op(const mt_comm *c, const char *what, mt_reduce_op op) {
 }
 
 void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
-    if (c->nccl) { mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op); return; }   // device buffers
+    double t0 = mt_time_seconds();
+    if (c->nccl) {   // device buffers
+        mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op);
+        mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+        return;
+    }
     mt__trace(c, "all_reduce %s n=%zu", c->name, n);
     mt__check_op(c, "all_reduce", op);
     if (c->size == 1) return;
@@ -2736,6 +3103,7 @@ void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
         for (int j = 0; j < c->size; j++) memcpy((float *)posts[j].recv + b, acc, m * sizeof(float));
     }
     mt__group_sync(c, NULL, 0);
+    mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
 }
 
 // the same in double: global gradient norms and loss sums, where float would lose digits
@@ -2743,6 +3111,7 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
     mt__trace(c, "all_reduce_double %s n=%zu", c->name, n);
     mt__check_op(c, "all_reduce_double", op);
     if (c->size == 1) return;
+    double t0 = mt_time_seconds();
     mt__post p;
     mt__post_set(&p, MT__COLL_ALL_REDUCE_DOUBLE, (int)op, n, buf, buf);
     mt__group_sync(c, &p, 1);
@@ -2757,6 +3126,7 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
         for (int j = 0; j < c->size; j++) memcpy((double *)posts[j].recv + b, acc, m * sizeof(double));
     }
     mt__group_sync(c, NULL, 0);
+    mt__comm_count(c, "all_reduce", n * sizeof(double), t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2767,7 +3137,12 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
 // Rank r is the only one that reads chunk r of any send buffer, so recv may alias it
 // (recv = send + r*n, "in place"). all_gather(reduce_scatter(x)) == all_reduce(x), bit for bit.
 void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
-    if (c->nccl) { mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op); return; }
+    double t0 = mt_time_seconds();
+    if (c->nccl) {
+        mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op);
+        mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
+        return;
+    }
     mt__trace(c, "reduce_scatter %s n=%zu", c->name, n_per_rank);
     mt__check_op(c, "reduce_scatter", op);
     if (c->size == 1) {
@@ -2788,12 +3163,18 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
         memcpy(recv + b, acc, m * sizeof(float));   // after all reads of this block: in place is safe
     }
     mt__group_sync(c, NULL, 0);
+    mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
 }
 
 // all-gather: recv = [send_0 | send_1 | ... ], each (n_per_rank); every rank copies all chunks
 // into its own recv (it writes only its own memory). send may be recv + rank*n ("in place").
 void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
-    if (c->nccl) { mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0); return; }
+    double t0 = mt_time_seconds();
+    if (c->nccl) {
+        mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0);
+        mt__comm_count(c, "all_gather", (size_t)c->size * n_per_rank * sizeof(float), t0);
+        return;
+    }
     mt__trace(c, "all_gather %s n=%zu", c->name, n_per_rank);
     size_t bytes = n_per_rank * sizeof(float);
     if (c->size == 1) {
@@ -2809,11 +3190,17 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
         if (bytes > 0 && dst != posts[j].send) memcpy(dst, posts[j].send, bytes);
     }
     mt__group_sync(c, NULL, 0);
+    mt__comm_count(c, "all_gather", (size_t)c->size * bytes, t0);
 }
 
 // broadcast: every rank's buf becomes root's buf (root is a group rank)
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
-    if (c->nccl) { mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root); return; }
+    double t0 = mt_time_seconds();
+    if (c->nccl) {
+        mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root);
+        mt__comm_count(c, "broadcast", n * sizeof(float), t0);
+        return;
+    }
     mt__trace(c, "broadcast %s n=%zu root %d", c->name, n, root);
     if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name,
                                               root, c->size);
@@ -2824,6 +3211,7 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
     const mt__post *posts = ((const mt__group *)c->group)->posts;
     if (c->rank != root && n > 0) memcpy(buf, posts[root].send, n * sizeof(float));
     mt__group_sync(c, NULL, 0);
+    mt__comm_count(c, "broadcast", n * sizeof(float), t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2841,6 +3229,7 @@ void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
                                               c->size);
     int dst = c->members[peer];
     mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
+    double t0 = mt_time_seconds();
     if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
     mt__message *m = (mt__message *)mt_malloc(sizeof(mt__message) + n * sizeof(float), "send buffer");
     m->next = NULL;
@@ -2856,6 +3245,7 @@ void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
     box->tail[src] = m;
     pthread_cond_broadcast(&box->cv);   // only the owner waits on it
     pthread_mutex_unlock(&box->mu);
+    mt__comm_count(c, "send", n * sizeof(float), t0);
 }
 
 void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
@@ -2863,6 +3253,7 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
                                               c->size);
     int src = c->members[peer], dst = c->global_rank;
     mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
+    double t0 = mt_time_seconds();
     mt__inbox *box = &c->world->inbox[dst];
     mt__message *m = NULL;
     pthread_mutex_lock(&box->mu);
@@ -2898,6 +3289,7 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
     }
     if (n > 0) memcpy(buf, m->data, n * sizeof(float));
     free(m);
+    mt__comm_count(c, "recv", n * sizeof(float), t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3685,6 +4077,7 @@ void mt_device_init(mt_rank *r) {
 }
 
 void mt_device_free(mt_rank *r) { (void)r; }
+void mt_device_synchronize(mt_rank *r) { (void)r; }   // the CPU build's ops are done when they return
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
     return 0;
@@ -4803,6 +5196,25 @@ static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
     return NULL;
 }
 
+// --timeline: a span for a piece of work that started at t0 (the device's queue drained first, so
+// that on the GPU build the span ends when the kernels end, not when they were queued)
+static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, double t0) {
+    if (!r->timeline || !r->timeline->enabled) return;
+    mt_device_synchronize(r);
+    mt_span sp;
+    memset(&sp, 0, sizeof sp);
+    sp.t0 = t0;
+    sp.t1 = mt_time_seconds();
+    sp.kind = kind;
+    sp.mb = st.mb;
+    sp.chunk = st.chunk;
+    int per = r->dims.layers_per_chunk;
+    sp.layer_first = kind == MT_SPAN_OPTIMIZER ? -1 : mt_local_to_global_layer(r, st.chunk * per);
+    sp.layer_last = kind == MT_SPAN_OPTIMIZER ? -1 : mt_local_to_global_layer(r, st.chunk * per + per - 1);
+    sp.name = kind == MT_SPAN_FORWARD ? "forward" : kind == MT_SPAN_BACKWARD ? "backward" : "optimizer";
+    mt_span_add(r->timeline, &sp);
+}
+
 // run one step of a schedule
 static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
     int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
@@ -4819,7 +5231,9 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         }
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
+        double t0 = mt_time_seconds();
         mt__forward_chunk(r, a, st.chunk);
+        mt__work_span(r, MT_SPAN_FORWARD, st, t0);
         if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
             int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
             mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0,
@@ -4830,7 +5244,9 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         mt_activations *a = mt__slot_for(r, st.mb, 0);
         if (!mt__is_last_virtual(r, st.chunk))
             mt__recv(r, r->scratch.dresidual, BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(1, st.mb, st.chunk));
+        double t0 = mt_time_seconds();
         mt__backward_chunk(r, a, st.chunk);
+        mt__work_span(r, MT_SPAN_BACKWARD, st, t0);
         if (!mt__is_first_virtual(r, st.chunk)) {
             int prev_chunk = s > 0 ? st.chunk : st.chunk - 1;
             mt__send(r, r->scratch.dresidual, BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(1, st.mb, prev_chunk));
@@ -4862,14 +5278,22 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
+    double t_start = mt_time_seconds();
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
     free(list);
+    double t_fb = mt_time_seconds();
     // 2. gradients: all-reduce over DP, tie the embedding copies
     mt_finish_grad_sync(r);
     res.loss = mt__batch_loss(r);
+    res.forward_backward_seconds = t_fb - t_start;
+    res.grads_sync_seconds = mt_time_seconds() - t_fb;
     // 3. clip by the global norm and update the parameters (section 6)
     int skipped = 0;
+    double t0 = mt_time_seconds();
     res.grad_norm = (float)mt_optimizer_step(r, iteration, &skipped);
+    mt_sched_step none = {MT_STEP_FORWARD, -1, 0};
+    mt__work_span(r, MT_SPAN_OPTIMIZER, none, t0);
+    res.optimizer_seconds = mt_time_seconds() - t0;
     res.skipped = skipped;
     res.lr = mt_learning_rate(cfg, iteration);
     res.idle_seconds = r->state.idle_seconds;
@@ -4917,6 +5341,13 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_model_init(r);                                           // §5: parameters, gradients
     mt_optimizer_init(r);                                       // §6: AdamW's moments
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
+}
+
+void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
+    r->timeline = log;
+    mt_comm *groups[] = {&r->groups.world, &r->groups.tp, &r->groups.pp, &r->groups.dp, &r->groups.mp,
+                         &r->groups.embd};
+    for (int i = 0; i < 6; i++) groups[i]->spans = log;
 }
 
 void mt_rank_free(mt_rank *r) {
@@ -6685,10 +7116,35 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     free(json);
 }
 
+// --load checkpoints/iter_0001000, the tutorial's way: an iteration's directory, not the root.
+// Megatron wants the root and --ckpt-step 1000; say so and do that.
+void mt_checkpoint_resolve_load(mt_config *cfg) {
+    char *load = cfg->train.load;
+    size_t len = strlen(load);
+    while (len > 1 && load[len - 1] == '/') load[--len] = 0;
+    const char *base = strrchr(load, '/');
+    base = base ? base + 1 : load;
+    int iteration = 0, used = 0;
+    if (sscanf(base, "iter_%7d%n", &iteration, &used) != 1 || used != 12 || base[used] || iteration <= 0) return;
+    char probe[MT_PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/latest_checkpointed_iteration.txt", load);
+    if (access(probe, F_OK) == 0) return;   // a checkpoint root that happens to be called iter_N
+    char root[MT_PATH_MAX];
+    if (base == load) snprintf(root, sizeof root, ".");
+    else snprintf(root, sizeof root, "%.*s", (int)(base - 1 - load) > 0 ? (int)(base - 1 - load) : 1, load);
+    if (cfg->train.ckpt_step > 0 && cfg->train.ckpt_step != iteration)
+        mt_fatal("--load %s is iteration %d, but --ckpt-step says %d\nhint: give one of the two", load, iteration,
+                 cfg->train.ckpt_step);
+    fprintf(stderr, "note: --load %s is an iteration directory; loading iteration %d of %s "
+                    "(Megatron: --load %s --ckpt-step %d)\n", load, iteration, root, root, iteration);
+    cfg->train.ckpt_step = iteration;
+    snprintf(cfg->train.load, MT_PATH_MAX, "%s", root);
+}
+
 int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     const mt_config *cfg = r->cfg;
     int is_logger = r->ps.rank == cfg->world_size - 1;
-    int iteration = mt__ckpt_latest(dir);
+    int iteration = cfg->train.ckpt_step > 0 ? cfg->train.ckpt_step : mt__ckpt_latest(dir);
     if (iteration == 0) {
         if (is_logger) printf("WARNING: could not find the metadata file %s/latest_checkpointed_iteration.txt\n"
                               "    will not load any checkpoints and will start from random\n", dir);
@@ -7064,6 +7520,220 @@ size_t mt_model_num_parameters(const mt_config *cfg) {
     return (size_t)cfg->padded_vocab_size * C + (size_t)cfg->model.max_position_embeddings * C + L * per_layer + 2 * C;
 }
 
+// ---------------------------------------------------------------------------------------------
+// TensorBoard: the event file (torch.utils.tensorboard's SummaryWriter, as Megatron uses it)
+// ---------------------------------------------------------------------------------------------
+// Megatron's writer lives on the last rank (megatron/training/global_vars.py); training_log and
+// evaluate_and_print_results (megatron/training/training.py) call writer.add_scalar(tag, value,
+// iteration) with the tags below. The file is only ever appended to, record by record, and
+// flushed (fsync'd) at every --log-interval and whenever --tensorboard-queue-size events are
+// pending: a file cut at any byte (a crash, a full disk) reads up to its last complete record.
+void mt_tb_open(mt_tb_writer *w, const char *dir, int rank, int queue_size) {
+    memset(w, 0, sizeof *w);
+    char sub[MT_PATH_MAX];
+    size_t len = strlen(dir);
+    if (len + 1 > sizeof sub) mt_fatal("--tensorboard-dir is too long");
+    for (size_t i = 1; i <= len; i++) {   // mkdir -p
+        if (dir[i] != '/' && dir[i] != 0) continue;
+        memcpy(sub, dir, i);
+        sub[i] = 0;
+        if (mkdir(sub, 0777) != 0 && errno != EEXIST)
+            mt_fatal("cannot create --tensorboard-dir %s: %s\nhint: pick a directory you can write", sub,
+                     strerror(errno));
+    }
+    char host[64] = "localhost";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.%s.%d.%d", dir, (long long)time(NULL), host,
+             (int)getpid(), rank);
+    w->f = fopen(w->path, "ab");
+    if (!w->f) mt_fatal("cannot create %s: %s\nhint: check --tensorboard-dir", w->path, strerror(errno));
+    w->queue_size = queue_size > 0 ? queue_size : 1;
+    unsigned char buf[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    size_t n = mt_tb_event(buf, sizeof buf, (double)ts.tv_sec + ts.tv_nsec * 1e-9, 0, NULL, 0.0f);
+    if (!mt_tfrecord_write(w->f, buf, n)) mt_fatal("cannot write %s: %s", w->path, strerror(errno));
+    mt_tb_flush(w);
+}
+
+void mt_tb_scalar(mt_tb_writer *w, const char *tag, float value, int64_t step) {
+    if (!w->f) return;
+    unsigned char buf[200];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    size_t n = mt_tb_event(buf, sizeof buf, (double)ts.tv_sec + ts.tv_nsec * 1e-9, step, tag, value);
+    if (!mt_tfrecord_write(w->f, buf, n))
+        mt_fatal("cannot write %s: %s\nhint: is the disk full?", w->path, strerror(errno));
+    if (++w->pending >= w->queue_size) mt_tb_flush(w);
+}
+
+void mt_tb_flush(mt_tb_writer *w) {
+    if (!w->f) return;
+    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
+        mt_fatal("cannot write %s: %s\nhint: is the disk full?", w->path, strerror(errno));
+    w->pending = 0;
+}
+
+void mt_tb_close(mt_tb_writer *w) {
+    if (!w->f) return;
+    mt_tb_flush(w);
+    fclose(w->f);
+    w->f = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the timeline: every rank's spans as a Chrome trace and as an SVG
+// ---------------------------------------------------------------------------------------------
+// What `nsys` or torch.profiler (Megatron's --profile, --profile-step-start/-end) would show,
+// reduced to what the schedule is made of: per rank, each micro-batch's forward and backward of
+// the rank's layers (per model chunk), the optimizer step, every communication call (its group
+// and bytes) and the pipeline waits (recv: idle, the bubble). The Chrome trace format is a JSON
+// list of events; "X" events have a start (ts) and a duration (dur) in microseconds, and a track
+// (pid, tid): here tid = the rank. Perfetto (ui.perfetto.dev) and chrome://tracing open it.
+static double mt__timeline_origin(const mt_span_log *logs, int world_size, double *end) {
+    double t0 = INFINITY, t1 = -INFINITY;
+    for (int r = 0; r < world_size; r++)
+        for (size_t i = 0; i < logs[r].n; i++) {
+            if (logs[r].spans[i].t0 < t0) t0 = logs[r].spans[i].t0;
+            if (logs[r].spans[i].t1 > t1) t1 = logs[r].spans[i].t1;
+        }
+    *end = t1;
+    return t0;
+}
+
+static void mt__span_label(const mt_span *s, char *out, size_t cap) {
+    if (s->kind == MT_SPAN_FORWARD || s->kind == MT_SPAN_BACKWARD)
+        snprintf(out, cap, "%c%d", s->kind == MT_SPAN_FORWARD ? 'F' : 'B', s->mb);
+    else if (s->kind == MT_SPAN_OPTIMIZER) snprintf(out, cap, "optimizer");
+    else if (s->kind == MT_SPAN_RECV) snprintf(out, cap, "wait: recv %s", s->group);
+    else snprintf(out, cap, "%s %s", s->name, s->group);
+}
+
+int mt_timeline_write_json(const char *path, const mt_config *cfg, const mt_span_log *logs, int world_size) {
+    double end, origin = mt__timeline_origin(logs, world_size, &end);
+    if (!isfinite(origin)) {
+        fprintf(stderr, "WARNING: the timeline is empty: no iteration of the run fell in [--profile-step-start %d, "
+                        "--profile-step-end %d)\n", cfg->train.profile_step_start, cfg->train.profile_step_end);
+        return 0;
+    }
+    char tmp[MT_PATH_MAX + 64];
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"layout\": \"TP=%d PP=%d DP=%d\", "
+               "\"micro-batches\": %d},\n\"traceEvents\": [\n",
+            cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
+            cfg->data_parallel_size, cfg->num_microbatches);
+    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"megatron.h\"}}");
+    for (int r = 0; r < world_size; r++) {
+        mt_parallel_state ps;
+        mt_parallel_state_init(&ps, cfg, r);
+        fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                   "\"rank %d (tp %d, dp %d, pp %d)\"}}", r, r, ps.tp_rank, ps.dp_rank, ps.pp_rank);
+        fprintf(f, ",\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": "
+                   "{\"sort_index\": %d}}", r, r);
+    }
+    static const char *cats[] = {"forward", "backward", "optimizer", "comm", "idle"};
+    for (int r = 0; r < world_size; r++)
+        for (size_t i = 0; i < logs[r].n; i++) {
+            const mt_span *s = &logs[r].spans[i];
+            char label[64];
+            mt__span_label(s, label, sizeof label);
+            fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
+                       "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"iteration\": %d",
+                    label, cats[s->kind], r, (s->t0 - origin) * 1e6, (s->t1 - s->t0) * 1e6, s->iteration);
+            if (s->kind == MT_SPAN_FORWARD || s->kind == MT_SPAN_BACKWARD)
+                fprintf(f, ", \"micro-batch\": %d, \"chunk\": %d, \"layers\": \"%d-%d\"", s->mb, s->chunk,
+                        s->layer_first, s->layer_last);
+            if (s->kind == MT_SPAN_COMM || s->kind == MT_SPAN_RECV)
+                fprintf(f, ", \"group\": \"%s\", \"bytes\": %zu", s->group, s->bytes);
+            fprintf(f, "}}");
+        }
+    fprintf(f, "\n]}\n");
+    mt_atomic_commit(f, tmp, path);
+    return 1;
+}
+
+// the SVG: a lane per rank, time to the right; forward blue, backward green, optimizer orange,
+// communication red (a thin band under the work it sits in), waiting for a pipeline message grey
+int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_log *logs, int world_size) {
+    double end, origin = mt__timeline_origin(logs, world_size, &end);
+    if (!isfinite(origin)) return 0;
+    const double left = 150, width = 1100, lane = 44, top = 60;
+    double span_s = end - origin > 0 ? end - origin : 1e-6;
+    double scale = width / span_s;   // pixels per second
+    double height = top + lane * world_size + 70;
+    char tmp[MT_PATH_MAX + 64];
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+               "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
+               "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
+            left + width + 30, height, left + width + 30, height);
+    fprintf(f, "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">megatron.h timeline: TP=%d PP=%d "
+               "DP=%d, %d micro-batches, iterations %d-%d</text>\n",
+            cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
+            cfg->data_parallel_size, cfg->num_microbatches, cfg->train.profile_step_start,
+            cfg->train.profile_step_end - 1);
+    static const char *legend[][2] = {{"#4878d0", "forward (F mb)"}, {"#6acc64", "backward (B mb)"},
+                                      {"#ee854a", "optimizer"}, {"#d65f5f", "communication"},
+                                      {"#c8c8c8", "waiting for a pipeline message"}};
+    for (int k = 0; k < 5; k++) {
+        double x = 10 + 190 * k;
+        fprintf(f, "<rect x=\"%.0f\" y=\"34\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%.0f\" y=\"45\">%s"
+                   "</text>\n", x, legend[k][0], x + 16, legend[k][1]);
+    }
+    for (int r = 0; r < world_size; r++) {
+        mt_parallel_state ps;
+        mt_parallel_state_init(&ps, cfg, r);
+        double y = top + lane * r;
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" fill=\"%s\"/>\n", left, y, width,
+                lane - 4, r % 2 ? "#f4f4f4" : "#fafafa");
+        fprintf(f, "<text x=\"10\" y=\"%.1f\">rank %d</text><text x=\"10\" y=\"%.1f\" font-size=\"10\" "
+                   "fill=\"#555\">tp %d dp %d pp %d</text>\n", y + 16, r, y + 30, ps.tp_rank, ps.dp_rank, ps.pp_rank);
+        for (int pass = 0; pass < 2; pass++)   // work first, communication on top
+            for (size_t i = 0; i < logs[r].n; i++) {
+                const mt_span *s = &logs[r].spans[i];
+                int is_comm = s->kind == MT_SPAN_COMM || s->kind == MT_SPAN_RECV;
+                if (is_comm != pass) continue;
+                double x = left + (s->t0 - origin) * scale, w = (s->t1 - s->t0) * scale;
+                if (w < 0.5) w = 0.5;
+                const char *color = s->kind == MT_SPAN_FORWARD ? "#4878d0" : s->kind == MT_SPAN_BACKWARD ? "#6acc64"
+                                    : s->kind == MT_SPAN_OPTIMIZER ? "#ee854a" : s->kind == MT_SPAN_COMM ? "#d65f5f"
+                                    : "#c8c8c8";
+                double yy = s->kind == MT_SPAN_COMM ? y + lane - 14 : y + 2;   // communication: a band below
+                double hh = s->kind == MT_SPAN_COMM ? 8 : lane - 8;
+                char label[64];
+                mt__span_label(s, label, sizeof label);
+                fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
+                           "stroke-width=\"0.5\"><title>%s, iteration %d, %.3f ms",
+                        x, yy, w, hh, color, label, s->iteration, (s->t1 - s->t0) * 1e3);
+                if (is_comm) fprintf(f, ", %zu bytes", s->bytes);
+                fprintf(f, "</title></rect>\n");
+                if ((s->kind == MT_SPAN_FORWARD || s->kind == MT_SPAN_BACKWARD) && w >= 14)
+                    fprintf(f, "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\" font-size=\"11\">%s"
+                               "</text>\n", x + w / 2, y + lane / 2, label);
+            }
+    }
+    // the time axis: about 10 ticks at a round step (1, 2 or 5 times a power of ten milliseconds)
+    double total_ms = span_s * 1e3, step = pow(10.0, floor(log10(total_ms / 10)));
+    if (total_ms / step > 50) step *= 5;
+    else if (total_ms / step > 20) step *= 2;
+    double axis_y = top + lane * world_size + 6;
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"black\"/>\n", left, axis_y,
+            left + width, axis_y);
+    for (double ms = 0; ms <= total_ms + 1e-9; ms += step) {
+        double x = left + ms * 1e-3 * scale;
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/><text x=\"%.2f\" "
+                   "y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\">%g</text>\n",
+                x, axis_y, x, axis_y + 5, x, axis_y + 17, ms);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"middle\">time (ms)</text>\n", left + width / 2,
+            axis_y + 35);
+    fprintf(f, "</svg>\n");
+    mt_atomic_commit(f, tmp, path);
+    return 1;
+}
+
 typedef struct {
     mt_config *cfg;
     mt_data *data;
@@ -7097,6 +7767,8 @@ typedef struct {
     const mt_tokenizer *tokenizer;   // for --prompt and printing generated text; NULL: ids only
     int32_t *prompt;                 // the prompt's ids (at least one: <|endoftext|> for none)
     int prompt_len;
+    mt_tb_writer tb;                 // --tensorboard-dir: the last rank's writer (closed when f is NULL)
+    mt_span_log *spans;              // --timeline: (world_size) one span log per rank, NULL if off
 } mt__job;
 
 static void mt__print_eval(mt_rank *r, const char *what, float loss) {
@@ -7165,9 +7837,10 @@ static void mt__print_rank_tables(mt_rank *r) {
 // first iteration to train.
 static int mt__resume(mt_rank *r, mt__job *job) {
     const mt_train_config *t = &r->cfg->train;
-    if (!t->load[0]) return 1;
+    if (!t->load[0]) return t->start_iteration + 1;
     int64_t valid_consumed = 0;
     int loaded = mt_checkpoint_load(r, t->load, &valid_consumed);
+    if (loaded == 0) return t->start_iteration + 1;
     mt_barrier(&r->groups.world);
     if (r->ps.rank == 0) job->data->valid_consumed = valid_consumed;
     if (loaded >= t->train_iters && r->ps.rank == r->ps.world_size - 1)
@@ -7175,40 +7848,159 @@ static int mt__resume(mt_rank *r, mt__job *job) {
     return loaded + 1;
 }
 
+// the communication counters (section 2) of a rank's groups, in the order the log prints them
+#define MT__NUM_GROUPS 6
+static void mt__groups_list(mt_rank *r, mt_comm *out[MT__NUM_GROUPS]) {
+    out[0] = &r->groups.tp;
+    out[1] = &r->groups.pp;
+    out[2] = &r->groups.dp;
+    out[3] = &r->groups.embd;
+    out[4] = &r->groups.mp;
+    out[5] = &r->groups.world;
+}
+
+// "tp 26 calls 1.31 MB 2.1 ms | pp ...": the counters' growth since `since` (per iteration if
+// divided by iters), for the groups that moved anything
+static void mt__format_comm(mt_rank *r, const double since[MT__NUM_GROUPS][3], int iters, char *out, size_t cap) {
+    mt_comm *g[MT__NUM_GROUPS];
+    mt__groups_list(r, g);
+    size_t len = 0;
+    out[0] = 0;
+    for (int k = 0; k < MT__NUM_GROUPS; k++) {
+        double calls = (double)g[k]->calls - since[k][0], bytes = (double)g[k]->bytes - since[k][1];
+        double secs = g[k]->seconds - since[k][2];
+        if (calls <= 0 || len + 80 > cap) continue;
+        len += (size_t)snprintf(out + len, cap - len, "%s%s %.4g calls %.3f MB %.1f ms", len ? " | " : "",
+                                g[k]->name ? g[k]->name : "?", calls / iters, bytes / iters / 1e6,
+                                1e3 * secs / iters);
+    }
+    if (!len) snprintf(out, cap, "none (one rank)");
+}
+
+static void mt__snapshot_comm(mt_rank *r, double snap[MT__NUM_GROUPS][3]) {
+    mt_comm *g[MT__NUM_GROUPS];
+    mt__groups_list(r, g);
+    for (int k = 0; k < MT__NUM_GROUPS; k++) {
+        snap[k][0] = (double)g[k]->calls;
+        snap[k][1] = (double)g[k]->bytes;
+        snap[k][2] = g[k]->seconds;
+    }
+}
+
+// "1h 02m", "3m 07s", "12s": the estimated time left
+static void mt__format_duration(double seconds, char *out, size_t cap) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(out, cap, "%ldh %02ldm", s / 3600, s / 60 % 60);
+    else if (s >= 60) snprintf(out, cap, "%ldm %02lds", s / 60, s % 60);
+    else snprintf(out, cap, "%lds", s);
+}
+
 // Megatron's training_log: the iteration line every --log-interval iterations, with the
-// interval's mean loss, mean time and the counts of skipped and NaN iterations
+// interval's mean loss, mean time and the counts of skipped and NaN iterations; the TensorBoard
+// scalars every --tensorboard-log-interval iterations (the last rank writes, as in Megatron)
 typedef struct {
     double loss, time;          // sums over the iterations of the interval
     int count;                  // iterations with a finite loss
     int skipped, nan_iters;
+    double comm[MT__NUM_GROUPS][3];   // the communication counters at the interval's start
 } mt__log_interval;
 
-static void mt__training_log(mt_rank *r, int it, const mt_step_result *res, double dt, mt__log_interval *acc) {
+static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step_result *res, double dt,
+                             mt__log_interval *acc) {
     const mt_config *cfg = r->cfg;
     const mt_train_config *t = &cfg->train;
     acc->time += dt;
     if (res->skipped) acc->skipped++;
     if (!isfinite(res->loss)) acc->nan_iters++;
     else { acc->loss += res->loss; acc->count++; }
+    int is_last = r->ps.rank == r->ps.world_size - 1;
+    int64_t samples = (int64_t)it * t->global_batch_size;
+    double tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / dt;
+    // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and
+    // backward, attention included), per GPU (per rank)
+    double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+    if (is_last && tb->f && it % t->tensorboard_log_interval == 0) {   // training.py's writer.add_scalar calls
+        mt_tb_scalar(tb, "samples vs steps", (float)samples, it);
+        if (!t->no_log_learning_rate_to_tensorboard) {
+            mt_tb_scalar(tb, "learning-rate", res->lr, it);
+            mt_tb_scalar(tb, "learning-rate vs samples", res->lr, samples);
+        }
+        if (t->log_batch_size_to_tensorboard) {
+            mt_tb_scalar(tb, "batch-size", (float)t->global_batch_size, it);
+            mt_tb_scalar(tb, "batch-size vs samples", (float)t->global_batch_size, samples);
+        }
+        mt_tb_scalar(tb, "lm loss", res->loss, it);
+        mt_tb_scalar(tb, "lm loss vs samples", res->loss, samples);
+        if (!t->no_log_loss_scale_to_tensorboard) {
+            mt_tb_scalar(tb, "loss-scale", 1.0f, it);
+            mt_tb_scalar(tb, "loss-scale vs samples", 1.0f, samples);
+        }
+        if (t->log_world_size_to_tensorboard) mt_tb_scalar(tb, "world-size", (float)cfg->world_size, it);
+        mt_tb_scalar(tb, "grad-norm", res->grad_norm, it);
+        mt_tb_scalar(tb, "grad-norm vs samples", res->grad_norm, samples);
+        // ours, beside Megatron's: throughput, tokens/s, skipped and NaN iterations so far this interval
+        mt_tb_scalar(tb, "throughput", (float)tflops, it);
+        mt_tb_scalar(tb, "tokens-per-second", (float)tokens_per_s, it);
+        mt_tb_scalar(tb, "skipped-iterations", (float)acc->skipped, it);
+        mt_tb_scalar(tb, "nan-iterations", (float)acc->nan_iters, it);
+        if (t->log_memory_to_tensorboard) {
+            double used = 0, total = 0;
+            double bytes = mt_device_memory_in_use(r, &used, &total) ? used * (1 << 30)
+                           : (double)(r->memory.params + r->memory.grads + r->memory.optimizer +
+                                      r->memory.activations + r->memory.scratch);
+            mt_tb_scalar(tb, "mem-allocated-bytes", (float)bytes, it);
+        }
+        if (t->log_timers_to_tensorboard) {   // Megatron's timers.write: name + '-time', seconds
+            mt_tb_scalar(tb, "forward-backward-time", (float)res->forward_backward_seconds, it);
+            mt_tb_scalar(tb, "all-grads-sync-time", (float)res->grads_sync_seconds, it);
+            mt_tb_scalar(tb, "optimizer-time", (float)res->optimizer_seconds, it);
+        }
+    }
     if (it % t->log_interval != 0) return;
-    if (r->ps.rank == r->ps.world_size - 1) {   // Megatron's print_rank_last
-        double ms = 1000.0 * acc->time / t->log_interval;
-        double tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / (acc->time / t->log_interval);
-        // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and
-        // backward, attention included), per GPU (per rank)
-        double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+    if (is_last) {   // Megatron's print_rank_last
+        double per_iter = acc->time / t->log_interval;
+        double ms = 1000.0 * per_iter;
+        tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / per_iter;
+        tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+        char left[32], comm[512];
+        mt__format_duration(per_iter * (t->train_iters - it), left, sizeof left);
         printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
                "number of skipped iterations: %3d | number of nan iterations: %3d | "
-               "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f |\n",
-               it, t->train_iters, (long long)it * t->global_batch_size, ms, (double)res->lr, t->global_batch_size,
+               "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f | estimated time left: %s |\n",
+               it, t->train_iters, (long long)samples, ms, (double)res->lr, t->global_batch_size,
                acc->count ? acc->loss / acc->count : (double)NAN, 1.0, (double)res->grad_norm, acc->skipped,
-               acc->nan_iters, tflops, tokens_per_s);
+               acc->nan_iters, tflops, tokens_per_s, left);
         if (r->ps.pp_size > 1)
             printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res->idle_seconds / dt);
+        if (r->ps.world_size > 1) {
+            mt__format_comm(r, (const double (*)[3])acc->comm, t->log_interval, comm, sizeof comm);
+            printf("   communication per iteration (rank %d): %s\n", r->ps.rank, comm);
+        }
         fflush(stdout);
+        if (tb->f) {
+            if (t->log_timers_to_tensorboard) mt_tb_scalar(tb, "iteration-time", (float)per_iter, it);
+            mt_tb_flush(tb);   // every log interval: what TensorBoard shows is never older than the log
+        }
     }
     memset(acc, 0, sizeof *acc);
+    mt__snapshot_comm(r, acc->comm);
+}
+
+// Megatron's evaluate_and_print_results writes 'lm loss validation' (and its ppl with
+// --log-validation-ppl-to-tensorboard), each also against consumed samples
+static void mt__tb_validation(mt_rank *r, mt_tb_writer *tb, int it, float loss) {
+    if (r->ps.rank != r->ps.world_size - 1 || !tb->f) return;
+    const mt_train_config *t = &r->cfg->train;
+    int64_t samples = (int64_t)it * t->global_batch_size;
+    mt_tb_scalar(tb, "lm loss validation", loss, it);
+    mt_tb_scalar(tb, "lm loss validation vs samples", loss, samples);
+    if (t->log_validation_ppl_to_tensorboard) {
+        float ppl = (float)exp((double)loss < 700 ? (double)loss : 700.0);
+        mt_tb_scalar(tb, "lm loss validation ppl", ppl, it);
+        mt_tb_scalar(tb, "lm loss validation ppl vs samples", ppl, samples);
+    }
+    mt_tb_flush(tb);
 }
 
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
@@ -7217,14 +8009,22 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
     const mt_train_config *t = &r->cfg->train;
     mt__log_interval acc;
     memset(&acc, 0, sizeof acc);
+    mt__snapshot_comm(r, acc.comm);
     for (int it = first_iteration; it <= t->train_iters; it++) {
+        if (r->timeline) {   // --timeline: record the window [--profile-step-start, --profile-step-end)
+            r->timeline->iteration = it;
+            r->timeline->enabled = it >= t->profile_step_start && it < t->profile_step_end;
+        }
         double t0 = mt_time_seconds();
         mt_step_result res = mt_train_step(r, mt__data_batch, ctx, it);
-        mt__training_log(r, it, &res, mt_time_seconds() - t0, &acc);
+        if (r->timeline) r->timeline->enabled = 0;
+        mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
         if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
             char what[64];
             snprintf(what, sizeof what, "iteration %d", it);
-            mt__print_eval(r, what, mt__evaluate(r, ctx, 1, it));
+            float loss = mt__evaluate(r, ctx, 1, it);
+            mt__print_eval(r, what, loss);
+            mt__tb_validation(r, &job->tb, it, loss);
         }
         int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
         if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
@@ -7280,6 +8080,25 @@ static void mt__print_device_memory(mt_rank *r) {
     }
 }
 
+// at the end: every rank's communication, in total and per iteration trained, in rank order
+static void mt__print_comm_summary(mt_rank *r, int iterations) {
+    if (r->ps.world_size == 1) return;
+    double zero[MT__NUM_GROUPS][3];
+    memset(zero, 0, sizeof zero);
+    char total[512], per[512];
+    mt_barrier(&r->groups.world);   // the lines above (validation, generation) are out first
+    mt__format_comm(r, (const double (*)[3])zero, 1, total, sizeof total);
+    mt__format_comm(r, (const double (*)[3])zero, iterations > 0 ? iterations : 1, per, sizeof per);
+    for (int k = 0; k < r->ps.world_size; k++) {
+        if (k == r->ps.rank) {
+            if (k == 0) printf("communication (all calls of the run, evaluation and checkpoints included):\n");
+            printf("  rank %d total: %s\n  rank %d per iteration: %s\n", k, total, k, per);
+            fflush(stdout);
+        }
+        mt_barrier(&r->groups.world);
+    }
+}
+
 // one rank's whole job, on its own thread
 static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt__job *job = (mt__job *)arg;
@@ -7287,6 +8106,7 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     const mt_train_config *t = &cfg->train;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
     mt_rank_init(r, cfg, w, rank);
+    if (job->spans) mt_rank_set_timeline(r, &job->spans[rank]);
     char name[32];
     snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
     mt_thread_set_name(name);
@@ -7306,12 +8126,16 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
         mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
     }
     if (last_iteration == t->train_iters && t->eval_iters > 0) {   // not stopped by --exit-interval
-        if (job->data->has_split[1])
-            mt__print_eval(r, "the end of training for val data", mt__evaluate(r, &ctx, 1, t->train_iters));
+        if (job->data->has_split[1]) {
+            float loss = mt__evaluate(r, &ctx, 1, t->train_iters);
+            mt__print_eval(r, "the end of training for val data", loss);
+            mt__tb_validation(r, &job->tb, t->train_iters, loss);
+        }
         if (job->data->has_split[2])
             mt__print_eval(r, "the end of training for test data", mt__evaluate(r, &ctx, 2, t->train_iters));
     }
-    if (t->tokens_to_generate > 0) mt__generate_sample(r, job);
+    mt__print_comm_summary(r, last_iteration - first_iteration + 1);
+    if (t->tokens_to_generate > 0) mt__generate_sample(r, job);   // the generated text: the last line
     mt__print_device_memory(r);
     free(ctx.sample);
     mt_rank_free(r);
@@ -7349,11 +8173,15 @@ int mt_pretrain(mt_config *cfg) {
     mt_tokenizer tokenizer;
     int have_tokenizer = mt__load_tokenizer(cfg, &tokenizer);
     mt_config_derive(cfg);
+    if (cfg->train.load[0]) mt_checkpoint_resolve_load(cfg);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training
     if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
         if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to "
                                           "read)");
         if (cfg->train.convert_checkpoint) {
+            printf("converting the checkpoint %s to TP=%d PP=%d into %s ...\n", cfg->train.load, cfg->train.target_tp,
+                   cfg->train.target_pp, cfg->train.save[0] ? cfg->train.save : "?");
+            fflush(stdout);
             if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint "
                                               "goes)");
             if (strcmp(cfg->train.save, cfg->train.load) == 0)
@@ -7362,7 +8190,12 @@ int mt_pretrain(mt_config *cfg) {
             mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp,
                                   cfg->train.target_vp_layers);
         }
-        if (cfg->train.export_hf[0]) mt_checkpoint_export_hf(cfg->train.load, cfg->train.export_hf);
+        if (cfg->train.export_hf[0]) {
+            printf("exporting the checkpoint %s as Hugging Face GPT-2 into %s ...\n", cfg->train.load,
+                   cfg->train.export_hf);
+            fflush(stdout);
+            mt_checkpoint_export_hf(cfg->train.load, cfg->train.export_hf);
+        }
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }
@@ -7374,13 +8207,16 @@ int mt_pretrain(mt_config *cfg) {
         return 0;
     }
     if (cfg->train.train_iters <= 0) mt_fatal("--train-iters must be positive\nhint: e.g. --train-iters 500");
-    if (cfg->train.save_interval > 0 && !cfg->train.save[0])
-        mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)",
-                 cfg->train.save_interval);
+    if (cfg->train.save_interval > 0 && !cfg->train.save[0])   // Megatron ignores it silently; we say so
+        fprintf(stderr, "WARNING: --save-interval %d without --save: no checkpoints will be written "
+                        "(add --save DIR to write them)\n", cfg->train.save_interval);
     mt_device_check_precision(cfg);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
     double t0 = mt_time_seconds();
+    printf("building the data: opening %d dataset%s, splitting, shuffling the sample indices ...\n",
+           cfg->train.num_data_paths, cfg->train.num_data_paths == 1 ? "" : "s");
+    fflush(stdout);
     mt_data data;
     mt_data_init(&data, cfg);
     for (int s = 0; s < 3; s++)
@@ -7389,7 +8225,17 @@ int mt_pretrain(mt_config *cfg) {
     printf("data ready in %.2f s; training %d iterations of %d samples x %d tokens\n", mt_time_seconds() - t0,
            cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
     fflush(stdout);
-    mt__job job = {cfg, &data, have_tokenizer ? &tokenizer : NULL, NULL, 0};
+    mt__job job;
+    memset(&job, 0, sizeof job);
+    job.cfg = cfg;
+    job.data = &data;
+    job.tokenizer = have_tokenizer ? &tokenizer : NULL;
+    if (cfg->train.tensorboard_dir[0]) {   // the last rank's writer, as Megatron's
+        mt_tb_open(&job.tb, cfg->train.tensorboard_dir, cfg->world_size - 1, cfg->train.tensorboard_queue_size);
+        printf("TensorBoard events: %s (tensorboard --logdir %s)\n", job.tb.path, cfg->train.tensorboard_dir);
+    }
+    if (cfg->train.timeline[0] || cfg->train.timeline_svg[0])
+        job.spans = (mt_span_log *)mt_calloc((size_t)cfg->world_size, sizeof(mt_span_log), "timeline");
     mt_int_list prompt = {NULL, 0, 0};
     if (cfg->train.tokens_to_generate > 0) {
         mt__encode_prompt(cfg, job.tokenizer, &prompt);
@@ -7399,6 +8245,17 @@ int mt_pretrain(mt_config *cfg) {
     mt_world *w = mt_world_create(cfg->world_size);
     int rc = mt_world_run(w, mt__rank_main, &job);
     mt_world_destroy(w);
+    mt_tb_close(&job.tb);
+    if (job.spans) {
+        if (rc == 0 && cfg->train.timeline[0] && mt_timeline_write_json(cfg->train.timeline, cfg, job.spans,
+                                                                        cfg->world_size))
+            printf("timeline (Chrome trace; open in ui.perfetto.dev): %s\n", cfg->train.timeline);
+        if (rc == 0 && cfg->train.timeline_svg[0] && mt_timeline_write_svg(cfg->train.timeline_svg, cfg, job.spans,
+                                                                           cfg->world_size))
+            printf("timeline (SVG; open in a browser): %s\n", cfg->train.timeline_svg);
+        for (int k = 0; k < cfg->world_size; k++) mt_span_log_free(&job.spans[k]);
+        free(job.spans);
+    }
     if (have_tokenizer) mt_tokenizer_free(&tokenizer);
     mt_int_list_free(&prompt);
     mt_data_free(&data);

@@ -60,6 +60,7 @@ static void setup(run_spec *run, int tp, int pp, int dp, int save_at, int load, 
     cfg->model.seq_length = 16;
     cfg->model.vocab_size = 101;
     cfg->model.hidden_dropout = 0.1f;   // the masks depend on the iteration: a resume must not shift them
+    cfg->model.attention_dropout = 0.0f;
     cfg->parallel.tensor_model_parallel_size = tp;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp * dp;

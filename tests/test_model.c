@@ -60,6 +60,8 @@ MT_TEST(loss_falls_on_a_small_dataset) {
     cfg.model.num_attention_heads = 4;
     cfg.model.seq_length = 64;
     cfg.model.vocab_size = 101;
+    cfg.model.hidden_dropout = 0.0f;      // no dropout: the loss must fall fast
+    cfg.model.attention_dropout = 0.0f;
     cfg.train.micro_batch_size = 4;
     cfg.train.global_batch_size = 8;
     cfg.train.train_iters = 60;
@@ -89,7 +91,7 @@ MT_TEST(trainer_prints_megatron_lines) {
     const char *cmd = "./train_gpt --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
                       "--max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --train-iters 10 --lr 1e-3 "
                       "--vocab-size 101 --data-path " TEST_PREFIX " --split 949,50,1 --log-interval 5 --eval-interval 10 "
-                      "--eval-iters 2 > build/test_model_log.txt 2>&1";
+                      "--eval-iters 2 --hidden-dropout 0 --attention-dropout 0 > build/test_model_log.txt 2>&1";
     int rc = system(cmd);
     mt_expect(rc == 0, "./train_gpt failed (rc %d); build it first (make)", rc);
     FILE *f = fopen("build/test_model_log.txt", "r");
@@ -117,7 +119,9 @@ MT_TEST(trainer_prints_megatron_lines) {
 MT_TEST(trainer_errors_are_one_clear_line) {
     struct { const char *args, *expect; } cases[] = {
         {"--num-layrs 2", "did you mean --num-layers"},
-        {"--model-parallel-size 2", "--tensor-model-parallel-size"},
+        // an older flag is honoured (tests/test_logging.c), but a global batch it contradicts shows the arithmetic
+        {"--micro-batch-size 4 --nproc-per-node 2 --gradient-accumulation-steps 2 --global-batch-size 4",
+         "micro-batch 4 x data-parallel size 2 x 2 steps = 16"},
         {"--num-attention-heads 3 --hidden-size 48 --tensor-model-parallel-size 2 --nproc-per-node 2", "not divisible by --tensor-model-parallel-size"},
         {"--num-layers 3 --pipeline-model-parallel-size 2 --nproc-per-node 2", "not divisible by --pipeline-model-parallel-size"},
         {"--micro-batch-size 3 --global-batch-size 8", "not divisible by micro-batch-size"},
@@ -150,7 +154,7 @@ MT_TEST(generation_is_the_same_in_every_layout) {
     const char *base = "./train_gpt --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                        "--micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 3e-3 --vocab-size 101 "
                        "--data-path " TEST_PREFIX " --split 949,50,1 --log-interval 30 --eval-iters 0 "
-                       "--tokens-to-generate 40 --temperature 0.8 --top-k 10";
+                       "--tokens-to-generate 40 --temperature 0.8 --top-k 10 --hidden-dropout 0 --attention-dropout 0";
     const char *layouts[] = {"", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --nproc-per-node 8",
                              "--pipeline-model-parallel-size 2 --nproc-per-node 2 --num-layers-per-virtual-pipeline-stage 1"};
     char want[4096], got[4096], cmd[1024];

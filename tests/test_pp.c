@@ -18,6 +18,8 @@ static void make_config(mt_config *cfg, int pp, int m, int vp) {
     cfg->model.num_attention_heads = 4;
     cfg->model.seq_length = 8;
     cfg->model.vocab_size = 64;
+    cfg->model.hidden_dropout = 0.0f;     // the schedules alone (tests/test_layouts.c has dropout)
+    cfg->model.attention_dropout = 0.0f;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = pp;
     cfg->parallel.num_layers_per_virtual_pipeline_stage = vp > 1 ? 4 : 0;

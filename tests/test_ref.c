@@ -25,6 +25,8 @@ int main(int argc, char **argv) {
     cfg.model.seq_length = 16;
     cfg.model.max_position_embeddings = 32;
     cfg.model.vocab_size = 101;
+    cfg.model.hidden_dropout = 0.0f;      // the JAX reference has no dropout
+    cfg.model.attention_dropout = 0.0f;
     cfg.train.micro_batch_size = 2;
     cfg.train.global_batch_size = 2;
     cfg.train.train_iters = 1;

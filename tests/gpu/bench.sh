@@ -12,6 +12,7 @@ ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --append-eod --workers 8 > /dev/null 2>&1
 G="--config configs/gpt_small.json --bf16 --micro-batch-size $MB --train-iters $ITERS --lr 6e-4 --min-lr 6e-5 \
  --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --clip-grad 1.0 --log-interval 10 \
+ --hidden-dropout 0 --attention-dropout 0 \
  --eval-interval 100000 --eval-iters 0 --split 949,50,1 --data-path build/bench_text_document \
  --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
 run() {   # tag (file name), label, gpus, flags

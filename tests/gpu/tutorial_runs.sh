@@ -14,6 +14,7 @@ ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 G="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
  --micro-batch-size 4 --global-batch-size 32 --lr 6.0e-4 --min-lr 6.0e-5 --lr-decay-style cosine --lr-warmup-fraction .01 \
  --weight-decay 0.1 --clip-grad 1.0 --bf16 --log-interval 50 --eval-interval 100 --eval-iters 5 --split 949,50,1 \
+ --hidden-dropout 0 --attention-dropout 0 \
  --data-path build/bench_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
 printf "%-24s %5s %6s %10s %10s %7s %9s %10s %10s\n" layout GPUs iters ms/step tokens/s MFU GiB/GPU "lm loss" "val loss" > build/tutorial_table.txt
 run() {   # tag, label, gpus, iters, flags
