@@ -35,7 +35,7 @@ awk -v out="$dir/blocks" '
     if (fence) { fence = 0; if (cur != "") close(cur); cur = ""; next }
     fence = 1; info = substr($0, 4); cur = ""
     if (info ~ /^sh (runnable|gpu)/) {
-      n++; last = sprintf("%03d", n); kind = info; sub(/^sh /, "", kind)
+      n++; last = sprintf("%03d", n); kind = info; sub(/^sh /, "", kind); gsub(/ +/, "-", kind)
       print last " " kind " " FILENAME ":" FNR > (out "/list")
       cur = out "/" last ".sh"; printf "" > cur
     } else if (info ~ /^text output/ && last != "") {
