@@ -1,7 +1,8 @@
 # megatron.h - Makefile
 #
 #   make            the CPU programs: ./train_gpt and ./preprocess (and a CUDA compile check where nvcc is)
-#   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
+#   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU; 16 min on a
+#                   shared 2-core machine, 11.5 CPU-minutes: docs/perf.md)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
