@@ -5,7 +5,7 @@
 #   ```sh runnable        run by `make test` on the CPU build (tiny models: the whole suite stays fast)
 #   ```sh runnable fails  the same, but the command must exit non-zero (the error pages show errors)
 #   ```sh gpu             needs GPUs: skipped here, run by `make test-gpu` (tests/test_docs.sh --gpu)
-#   ```sh                 shown, never run (a long run, a cluster command)
+#   ```sh                 shown, never run (a long run, more GPUs than the test machine has, make itself)
 # A ```text output block right after a run block quotes what it prints. Each of its lines must
 # be found in one line of the real output; "..." in a quoted line stands for anything (trimmed
 # numbers, timings), and a line that is only "..." is skipped. The docs run in file order in one
