@@ -1565,6 +1565,20 @@ void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, co
 // dinp may be NULL, dbias NULL when there is no bias.
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
+        // the two products share dout: one bf16 copy serves both (for the LM head dout is the
+        // (BT, Vp) logits gradient, 824M elements at GPT-2 small's batch: a cast is ~2 ms)
+        __nv_bfloat16 *dout16 = mt__bf16_copy(dout, BT, OC, OC, 1, stream);
+        __nv_bfloat16 *w16 = dinp ? mt__bf16_copy(weight, OC, C, C, 1, stream) : NULL;
+        __nv_bfloat16 *inp16 = mt__bf16_copy(inp, BT, C, C, 1, stream);
+        if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
+        mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
+        MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
+        if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+        MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+        if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+        return;
+    }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
     if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
@@ -2606,87 +2620,179 @@ void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
 // (which GPU, its stream, the GEMM rung, the memory in use) come from the CUDA runtime.
 static cudaStream_t mt__stream(const mt_rank *r) { return (cudaStream_t)r->dev.stream; }
 
+// MT_PROFILE=1 in the environment: every op below is timed (the rank's stream synchronised
+// before and after it, so the times add up to the step, which runs slower: for attribution, not
+// for speed) and each rank prints its table when it ends: op, calls, total ms, share.
+typedef struct { char name[48]; double seconds; long calls; } mt__profile_entry;
+static MT_THREAD_LOCAL mt__profile_entry mt__profile_table[96];
+static MT_THREAD_LOCAL int mt__profile_count;
+static int mt__profile_on(void) {
+    static const int on = getenv("MT_PROFILE") != NULL && atoi(getenv("MT_PROFILE")) != 0;
+    return on;
+}
+static double mt__profile_begin(const mt_rank *r) {
+    if (!mt__profile_on()) return 0.0;
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+    return mt_time_seconds();
+}
+static void mt__profile_end(const mt_rank *r, const char *name, double t0) {
+    if (!mt__profile_on()) return;
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+    double dt = mt_time_seconds() - t0;
+    int i = 0;
+    while (i < mt__profile_count && strcmp(mt__profile_table[i].name, name) != 0) i++;
+    if (i == mt__profile_count) {
+        if (mt__profile_count == 96) return;
+        snprintf(mt__profile_table[i].name, sizeof mt__profile_table[i].name, "%s", name);
+        mt__profile_count++;
+    }
+    mt__profile_table[i].seconds += dt;
+    mt__profile_table[i].calls++;
+}
+static void mt__profile_print(const mt_rank *r) {
+    if (!mt__profile_on() || mt__profile_count == 0) return;
+    double total = 0.0;
+    for (int i = 0; i < mt__profile_count; i++) total += mt__profile_table[i].seconds;
+    char buf[8192];
+    int n = snprintf(buf, sizeof buf, "rank %d: MT_PROFILE, ops of the whole run (synchronised), %.1f ms in all\n",
+                     r->ps.rank, 1e3 * total);
+    for (int i = 0; i < mt__profile_count && n < (int)sizeof buf - 128; i++) {
+        const mt__profile_entry *e = &mt__profile_table[i];
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "  %-40s %7ld calls %10.2f ms %5.1f%%\n", e->name, e->calls,
+                      1e3 * e->seconds, 100.0 * e->seconds / total);
+    }
+    fputs(buf, stdout);
+    fflush(stdout);
+}
+
+
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local) {
+    double t0 = mt__profile_begin(r);
     mt_embedding_forward_gpu(out, tokens, wte, B, T, C, vocab_start, V_local, mt__stream(r));
+    mt__profile_end(r, "embedding forward", t0);
 }
 void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                            int vocab_start, int V_local) {
+    double t0 = mt__profile_begin(r);
     mt_embedding_backward_gpu(dwte, dout, tokens, B, T, C, vocab_start, V_local, mt__stream(r));
+    mt__profile_end(r, "embedding backward", t0);
 }
 void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
+    double t0 = mt__profile_begin(r);
     mt_position_embedding_forward_gpu(out, wpe, B, T, C, mt__stream(r));
+    mt__profile_end(r, "position embedding forward", t0);
 }
 void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
+    double t0 = mt__profile_begin(r);
     mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, mt__stream(r));
+    mt__profile_end(r, "position embedding backward", t0);
 }
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                           const float *bias, int B, int T, int C) {
+    double t0 = mt__profile_begin(r);
     mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
+    mt__profile_end(r, "layernorm forward", t0);
 }
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
+    double t0 = mt__profile_begin(r);
     mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, mt__stream(r));
+    mt__profile_end(r, "layernorm backward", t0);
 }
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
+    double t0 = mt__profile_begin(r);
     mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
+    mt__profile_end(r, label, t0);
 }
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC) {
+    double t0 = mt__profile_begin(r);
     mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
                            mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "%s %dx%d", "matmul backward", C, OC);
+    mt__profile_end(r, label, t0);
 }
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
+    double t0 = mt__profile_begin(r);
     mt_bias_add_gpu(out, bias, BT, OC, mt__stream(r));
+    mt__profile_end(r, "bias add", t0);
 }
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
+    double t0 = mt__profile_begin(r);
     mt_dropout_forward_gpu(x, d, B, mt__stream(r));
+    mt__profile_end(r, "dropout forward", t0);
 }
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
+    double t0 = mt__profile_begin(r);
     mt_dropout_backward_gpu(dx, d, B, mt__stream(r));
+    mt__profile_end(r, "dropout backward", t0);
 }
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    double t0 = mt__profile_begin(r);
     mt_attention_forward_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.bf16,
                              mt__stream(r));
+    mt__profile_end(r, "attention forward", t0);
 }
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global) {
+    double t0 = mt__profile_begin(r);
     mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
                               r->dev.bf16, mt__stream(r));
+    mt__profile_end(r, "attention backward", t0);
 }
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
+    double t0 = mt__profile_begin(r);
     mt_gelu_forward_gpu(out, inp, N, mt__stream(r));
+    mt__profile_end(r, "gelu forward", t0);
 }
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N) {
+    double t0 = mt__profile_begin(r);
     mt_gelu_backward_gpu(dinp, inp, dout, N, mt__stream(r));
+    mt__profile_end(r, "gelu backward", t0);
 }
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N) {
+    double t0 = mt__profile_begin(r);
     mt_residual_forward_gpu(out, a, b, N, mt__stream(r));
+    mt__profile_end(r, "residual forward", t0);
 }
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V) {
+    double t0 = mt__profile_begin(r);
     mt_cross_entropy_local_max_gpu(maxv, logits, BT, V_local, vocab_start, V, mt__stream(r));
+    mt__profile_end(r, "cross entropy local max", t0);
 }
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
                                  const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
+    double t0 = mt__profile_begin(r);
     mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V,
                                     mt__stream(r));
+    mt__profile_end(r, "cross entropy local sums", t0);
 }
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
                              const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                              int V, float dloss) {
+    double t0 = mt__profile_begin(r);
     mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
                                 dloss, mt__stream(r));
+    mt__profile_end(r, "cross entropy finish", t0);
 }
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step) {
+    double t0 = mt__profile_begin(r);
     mt_adamw_gpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, mt__stream(r));
+    mt__profile_end(r, "adamw", t0);
 }
 void mt_scale(mt_rank *r, float *x, float s, size_t n) {
+    double t0 = mt__profile_begin(r);
     mt_scale_gpu(x, s, n, mt__stream(r));
+    mt__profile_end(r, "scale", t0);
 }
 // the sum lands in device memory; one synchronisation brings it to the host
 double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
@@ -2722,19 +2828,27 @@ void mt_buffer_free(void *p) {
     if (p) MT_CUDA_CHECK(cudaFree(p));
 }
 void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
+    double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), mt__stream(r)));
+    mt__profile_end(r, "buffer zero", t0);
 }
 void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
+    double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, mt__stream(r)));
+    mt__profile_end(r, "buffer copy", t0);
 }
 // host <-> device, synchronous: for small things (token ids, losses, norms, pipeline messages)
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+    double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, mt__stream(r)));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+    mt__profile_end(r, "buffer upload", t0);
 }
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
+    double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, mt__stream(r)));
     MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+    mt__profile_end(r, "buffer download", t0);
 }
 
 // device facts. One thread per GPU: rank r drives GPU r (every rank is still a thread of this
@@ -2768,6 +2882,7 @@ void mt_device_init(mt_rank *r) {
     MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
 }
 void mt_device_free(mt_rank *r) {
+    mt__profile_print(r);
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;
 }

@@ -53,7 +53,8 @@
                                (section 2), the backend seam (section 3). The model, the schedules,
                                the optimizer and the loop are the same code in both builds.
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
-     MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op.
+     MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
+     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank.
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
@@ -239,9 +240,20 @@ typedef struct {
     int bf16;                  // --bf16 (GPU build)
     int fp16;                  // --fp16 (GPU build)
     char gemm[16];             // --gemm naive|tiled|mma|wgmma (GPU build): the GEMM kernel; default by precision
+    char recompute_granularity[16];   // --recompute-granularity full|selective ('' = keep every activation)
+    char recompute_method[16];        // --recompute-method uniform|block (full granularity)
+    int recompute_num_layers;         // --recompute-num-layers N, default 1 (full granularity)
+    int recompute_activations;        // --recompute-activations: Megatron's shorthand for selective
 } mt_train_config;
 
 typedef enum { MT_LR_CONSTANT = 0, MT_LR_LINEAR = 1, MT_LR_COSINE = 2 } mt_lr_decay_style;
+/* activation recompute (Megatron's --recompute-*): what the backward rebuilds instead of keeping */
+typedef enum {
+    MT_RECOMPUTE_NONE = 0,      // keep every activation
+    MT_RECOMPUTE_SELECTIVE,     // the attention core (its output and logsumexp) of every layer
+    MT_RECOMPUTE_UNIFORM,       // full layers, in groups of N: only each group's input is kept
+    MT_RECOMPUTE_BLOCK          // full layers, the first N of each chunk, one at a time
+} mt_recompute;
 
 typedef struct {
     mt_model_config model;
@@ -257,6 +269,8 @@ typedef struct {
     double lr_warmup_steps;    // in iterations (a real number when set by --lr-warmup-fraction)
     int lr_decay_steps;        // in iterations
     mt_lr_decay_style lr_decay;   // --lr-decay-style as an enum (the schedule asks every step)
+    mt_recompute recompute;       // from the --recompute-* flags
+    int recompute_num_layers;     // N of the uniform / block methods
 } mt_config;
 
 void mt_config_defaults(mt_config *cfg);
@@ -568,23 +582,25 @@ typedef struct {
 } mt_param_spec;
 
 typedef struct {
-    // one slot = one micro-batch's saved activations for every chunk of this rank
+    // one slot = one micro-batch's saved activations for every chunk of this rank. The per-layer
+    // tensors (ln1 .. residual3) are stacks of the layers whose tensor of that kind is kept (all
+    // L_local of them without activation recompute): mt__layer_acts finds layer l's place.
     int *tokens;      // (B,T)
     int *targets;     // (B,T)
     float *input;     // (vp, B,T,C) each chunk's input: embedding output, or the previous stage's
-    float *ln1;       // (L_local, B,T,C)
-    float *ln1_mean;  // (L_local, B,T)
-    float *ln1_rstd;  // (L_local, B,T)
-    float *qkv;       // (L_local, B,T,3*C_tp)
-    float *atty;      // (L_local, B,T,C_tp)
-    float *lse;       // (L_local, B,NH_tp,T) logsumexp of each attention score row
-    float *residual2; // (L_local, B,T,C)
-    float *ln2;       // (L_local, B,T,C)
-    float *ln2_mean;  // (L_local, B,T)
-    float *ln2_rstd;  // (L_local, B,T)
-    float *fch;       // (L_local, B,T,F_tp)
-    float *fch_gelu;  // (L_local, B,T,F_tp)
-    float *residual3; // (L_local, B,T,C)
+    float *ln1;       // (kept layers, B,T,C)
+    float *ln1_mean;  // (kept layers, B,T)
+    float *ln1_rstd;  // (kept layers, B,T)
+    float *qkv;       // (kept layers, B,T,3*C_tp)
+    float *atty;      // (kept layers, B,T,C_tp)
+    float *lse;       // (kept layers, B,NH_tp,T) logsumexp of each attention score row
+    float *residual2; // (kept layers, B,T,C)
+    float *ln2;       // (kept layers, B,T,C)
+    float *ln2_mean;  // (kept layers, B,T)
+    float *ln2_rstd;  // (kept layers, B,T)
+    float *fch;       // (kept layers, B,T,F_tp)
+    float *fch_gelu;  // (kept layers, B,T,F_tp)
+    float *residual3; // (kept layers, B,T,C)   the layer's output; kept at every recompute group's end
     float *lnf;       // (B,T,C)       last stage
     float *lnf_mean;  // (B,T)
     float *lnf_rstd;  // (B,T)
@@ -593,6 +609,18 @@ typedef struct {
     int mb;           // micro-batch held, -1 if free
     int sample_offset;// global sample index of its first sample within the iteration
 } mt_activations;
+
+/* the per-layer tensor kinds of mt_activations, in carve order */
+typedef enum {
+    MT_LT_LN1, MT_LT_LN1_MEAN, MT_LT_LN1_RSTD, MT_LT_QKV, MT_LT_ATTY, MT_LT_LSE, MT_LT_RESIDUAL2,
+    MT_LT_LN2, MT_LT_LN2_MEAN, MT_LT_LN2_RSTD, MT_LT_FCH, MT_LT_FCH_GELU, MT_LT_RESIDUAL3, MT_LT_COUNT
+} mt_layer_tensor;
+
+/* one layer's saved activations, wherever they live (a slot's stack or the recompute scratch) */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
+        *residual3;
+} mt_layer_acts;
 
 typedef struct {
     float *out_c;     // (B,T,C)     output of a row-parallel matmul before/after its all-reduce
@@ -641,6 +669,13 @@ typedef struct {
     mt_activations *slots;      // (num_slots)
     float *memory;              // (num_slots * per-slot floats) every slot's floats
     int *ids_memory;            // (num_slots, 2, B, T) every slot's tokens and targets
+    // activation recompute (section 5): where layer l's tensor of kind k lives:
+    // where[l * MT_LT_COUNT + k] >= 0: that index of the slot's stack; < 0: index -1-where of the
+    // recompute scratch, shared by all slots (a recomputed layer's tensors are rebuilt there
+    // from its group's saved input right before its backward)
+    int *where;                 // (L_local, MT_LT_COUNT)
+    mt_activations recompute;   // the scratch: per-layer stacks of one recompute group (no ids, no head)
+    float *recompute_memory;
 } mt_activation_slots;
 
 typedef struct {
@@ -1456,6 +1491,7 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.target_tp = 1;
     cfg->train.target_pp = 1;
     cfg->train.temperature = 1.0f;
+    cfg->train.recompute_num_layers = 1;
 }
 
 typedef enum { MT__INT, MT__LONG, MT__U64, MT__FLOAT, MT__DOUBLE, MT__STR, MT__BOOL, MT__DATA_PATH, MT__CONFIG_FILE,
@@ -1531,6 +1567,14 @@ static const mt__flag mt__flags[] = {
     {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training", "compute in fp16 (GPU build)"},
     {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training",
      "GPU GEMM kernel: naive | tiled | mma | wgmma (default: tiled for fp32; for bf16 wgmma on Hopper, else mma)"},
+    {"--recompute-granularity", MT__STR, MT__OFF(train.recompute_granularity), 16, "training",
+     "activation recompute: full (whole layers) | selective (the attention core)"},
+    {"--recompute-method", MT__STR, MT__OFF(train.recompute_method), 16, "training",
+     "full recompute: uniform (groups of N layers) | block (the first N layers of each chunk)"},
+    {"--recompute-num-layers", MT__INT, MT__OFF(train.recompute_num_layers), 0, "training",
+     "N of --recompute-method"},
+    {"--recompute-activations", MT__BOOL, MT__OFF(train.recompute_activations), 0, "training",
+     "= --recompute-granularity selective"},
     {"--log-interval", MT__INT, MT__OFF(train.log_interval), 0, "logging", "iterations between iteration lines"},
     {"--verbose", MT__BOOL, MT__OFF(train.verbose), 0, "logging",
      "also print rank 0's parameter tensors in carve order (name, shape, offset) at start"},
@@ -1594,10 +1638,6 @@ static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--rampup-batch-size", "batch-size ramp-up"},
     {"--use-distributed-optimizer", "the distributed optimizer (ZeRO-1)"},
     {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
-    {"--recompute-activations", "activation recompute"},
-    {"--recompute-granularity", "activation recompute"},
-    {"--recompute-method", "activation recompute"},
-    {"--recompute-num-layers", "activation recompute"},
     {"--loss-scale", "fp16 loss scaling"},
     {"--initial-loss-scale", "fp16 loss scaling"},
     {"--min-loss-scale", "fp16 loss scaling"},
@@ -1956,6 +1996,28 @@ void mt_config_derive(mt_config *cfg) {
     if (cfg->lr_warmup_steps > cfg->lr_decay_steps && cfg->lr_decay != MT_LR_CONSTANT)
         mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\n"
                  "hint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
+    // activation recompute, as Megatron's arguments.py reads its flags
+    const char *gran = t->recompute_activations ? "selective" : t->recompute_granularity;
+    cfg->recompute = MT_RECOMPUTE_NONE;
+    cfg->recompute_num_layers = t->recompute_num_layers;
+    if (t->recompute_activations && t->recompute_granularity[0] && strcmp(t->recompute_granularity, "selective"))
+        mt_fatal("--recompute-activations means --recompute-granularity selective, not %s\nhint: give one of the two",
+                 t->recompute_granularity);
+    if (strcmp(gran, "selective") == 0) cfg->recompute = MT_RECOMPUTE_SELECTIVE;
+    else if (strcmp(gran, "full") == 0) {
+        if (strcmp(t->recompute_method, "uniform") == 0) cfg->recompute = MT_RECOMPUTE_UNIFORM;
+        else if (strcmp(t->recompute_method, "block") == 0) cfg->recompute = MT_RECOMPUTE_BLOCK;
+        else mt_fatal("--recompute-granularity full needs --recompute-method uniform or block (got '%s')\n"
+                      "hint: e.g. --recompute-method uniform --recompute-num-layers 1", t->recompute_method);
+        if (t->recompute_num_layers < 1)
+            mt_fatal("--recompute-num-layers %d: recompute needs at least one layer per group\nhint: e.g. 1",
+                     t->recompute_num_layers);
+    } else if (gran[0]) {
+        mt_fatal("--recompute-granularity '%s' is not known\nhint: full or selective", gran);
+    } else if (t->recompute_method[0]) {
+        mt_fatal("--recompute-method %s without --recompute-granularity full\nhint: add --recompute-granularity full",
+                 t->recompute_method);
+    }
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
 }
@@ -3895,20 +3957,97 @@ static void mt__init_params(mt_rank *r) {
     }
 }
 
-// activations of one micro-batch, carved from one buffer (NULL base: just count)
-static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *base) {
-    size_t B = r->dims.B, T = r->dims.T, C = r->dims.C, Ll = r->dims.L_local, vp = r->ps.vp_size;
+// ---------------------------------------------------------------------------------------------
+// activation recompute (Megatron's --recompute-granularity / --recompute-method): a layer whose
+// activations are not kept is run forward a second time, from its group's saved input, right
+// before its backward (Chen et al. 2016; Korthikanti et al. 2022 for selective). Dropout masks come
+// from the counter-based RNG, so the second forward is the first one bit for bit and the
+// gradients are exactly those of a run that kept everything; the price is the extra forward.
+//   full, uniform N   layers in groups of N (per model chunk); a group keeps only its input (the
+//                     residual stream, residual3 of the layer before it) and its output
+//   full, block N     the first N layers of each chunk recomputed one by one, the rest kept
+//   selective         every layer keeps all but its attention core: the attention output atty
+//                     and its logsumexp, rebuilt from qkv (Megatron recomputes the T x T scores,
+//                     which our FlashAttention-style attention never stores at all)
+// The rebuilt tensors go to one recompute scratch per rank (one group's worth), shared by the
+// micro-batches in flight since only one backward runs at a time.
+static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
+    size_t BT = (size_t)r->dims.B * r->dims.T, C = r->dims.C;
+    switch (k) {
+    case MT_LT_QKV: return BT * 3 * (size_t)r->dims.C_tp;
+    case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
+    case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
+    case MT_LT_FCH: case MT_LT_FCH_GELU: return BT * (size_t)r->dims.F_tp;
+    case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT;
+    default: return BT * C;   // ln1, residual2, ln2, residual3
+    }
+}
+// the recompute group of local layer l (full granularity): layers [*first, *last] of its chunk
+static int mt__recompute_group(const mt_rank *r, int l, int *first, int *last) {
+    const mt_config *cfg = r->cfg;
+    int lpc = r->dims.layers_per_chunk, j = l % lpc, chunk_start = l - j, N = cfg->recompute_num_layers;
+    if (cfg->recompute == MT_RECOMPUTE_UNIFORM) {
+        *first = chunk_start + j / N * N;
+        *last = *first + N - 1 < chunk_start + lpc - 1 ? *first + N - 1 : chunk_start + lpc - 1;
+        return 1;
+    }
+    if (cfg->recompute == MT_RECOMPUTE_BLOCK && j < N) { *first = *last = l; return 1; }
+    *first = *last = l;
+    return 0;
+}
+// fills r->acts.where (see mt_activation_slots) and the counts of layers kept per kind in a slot
+// (kept[k]) and in the scratch (scratch[k])
+static void mt__plan_recompute(mt_rank *r, int *where, size_t kept[MT_LT_COUNT], size_t scratch[MT_LT_COUNT]) {
+    for (int k = 0; k < MT_LT_COUNT; k++) kept[k] = scratch[k] = 0;
+    for (int l = 0; l < r->dims.L_local; l++) {
+        int first, last, in_group = mt__recompute_group(r, l, &first, &last);
+        for (int k = 0; k < MT_LT_COUNT; k++) {
+            int s = -1;   // scratch index, or -1: kept
+            if (r->cfg->recompute == MT_RECOMPUTE_SELECTIVE && (k == MT_LT_ATTY || k == MT_LT_LSE)) s = 0;
+            if (in_group && !(k == MT_LT_RESIDUAL3 && l == last)) s = l - first;
+            if (s < 0) where[l * MT_LT_COUNT + k] = (int)kept[k]++;
+            else {
+                where[l * MT_LT_COUNT + k] = -1 - s;
+                if ((size_t)s + 1 > scratch[k]) scratch[k] = (size_t)s + 1;
+            }
+        }
+    }
+}
+// the tensors of local layer l of the micro-batch in slot a
+static void mt__layer_acts(const mt_rank *r, const mt_activations *a, int l, mt_layer_acts *la) {
+    const mt_activations *s = &r->acts.recompute;
+    float *const kept_base[MT_LT_COUNT] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->lse, a->residual2,
+                                           a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->residual3};
+    float *const scratch_base[MT_LT_COUNT] = {s->ln1, s->ln1_mean, s->ln1_rstd, s->qkv, s->atty, s->lse, s->residual2,
+                                              s->ln2, s->ln2_mean, s->ln2_rstd, s->fch, s->fch_gelu, s->residual3};
+    float **out[MT_LT_COUNT] = {&la->ln1, &la->ln1_mean, &la->ln1_rstd, &la->qkv, &la->atty, &la->lse,
+                                &la->residual2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->fch_gelu,
+                                &la->residual3};
+    for (int k = 0; k < MT_LT_COUNT; k++) {
+        int w = r->acts.where[l * MT_LT_COUNT + k];
+        size_t n = mt__layer_tensor_floats(r, k);
+        *out[k] = w >= 0 ? kept_base[k] + (size_t)w * n : scratch_base[k] + (size_t)(-1 - w) * n;
+    }
+}
+
+// activations of one micro-batch, carved from one buffer (NULL base: just count). layers[k]:
+// how many layers' tensors of kind k the stacks hold; with_io: the chunk inputs and the head's
+// tensors too (a slot), or not (the recompute scratch)
+static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *base, const size_t layers[MT_LT_COUNT],
+                                    int with_io) {
+    size_t B = r->dims.B, T = r->dims.T, C = r->dims.C, vp = r->ps.vp_size;
     size_t BT = B * T;
-    int last = r->ps.is_last_stage;
+    int last = r->ps.is_last_stage && with_io;
+    size_t n[MT_LT_COUNT];
+    for (int k = 0; k < MT_LT_COUNT; k++) n[k] = layers[k] * mt__layer_tensor_floats(r, k);
     struct { float **ptr; size_t n; } carve[] = {
-        {&a->input, vp * BT * C},
-        {&a->ln1, Ll * BT * C}, {&a->ln1_mean, Ll * BT}, {&a->ln1_rstd, Ll * BT},
-        {&a->qkv, Ll * BT * 3 * r->dims.C_tp}, {&a->atty, Ll * BT * r->dims.C_tp},
-        {&a->lse, Ll * B * r->dims.NH_tp * T},
-        {&a->residual2, Ll * BT * C},
-        {&a->ln2, Ll * BT * C}, {&a->ln2_mean, Ll * BT}, {&a->ln2_rstd, Ll * BT},
-        {&a->fch, Ll * BT * r->dims.F_tp}, {&a->fch_gelu, Ll * BT * r->dims.F_tp},
-        {&a->residual3, Ll * BT * C},
+        {&a->input, with_io ? vp * BT * C : 0},
+        {&a->ln1, n[MT_LT_LN1]}, {&a->ln1_mean, n[MT_LT_LN1_MEAN]}, {&a->ln1_rstd, n[MT_LT_LN1_RSTD]},
+        {&a->qkv, n[MT_LT_QKV]}, {&a->atty, n[MT_LT_ATTY]}, {&a->lse, n[MT_LT_LSE]},
+        {&a->residual2, n[MT_LT_RESIDUAL2]},
+        {&a->ln2, n[MT_LT_LN2]}, {&a->ln2_mean, n[MT_LT_LN2_MEAN]}, {&a->ln2_rstd, n[MT_LT_LN2_RSTD]},
+        {&a->fch, n[MT_LT_FCH]}, {&a->fch_gelu, n[MT_LT_FCH_GELU]},
+        {&a->residual3, n[MT_LT_RESIDUAL3]},
         {&a->lnf, last ? BT * C : 0}, {&a->lnf_mean, last ? BT : 0}, {&a->lnf_rstd, last ? BT : 0},
         {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
     };
@@ -3981,18 +4120,25 @@ void mt_model_free(mt_rank *r) {
 void mt_activations_init(mt_rank *r, int num_slots) {
     mt_activation_slots *acts = &r->acts;
     size_t BT = (size_t)r->dims.B * r->dims.T;
+    // which layers keep which tensors (all of them, unless activation recompute says otherwise)
+    size_t kept[MT_LT_COUNT], scratch[MT_LT_COUNT];
+    acts->where = (int *)mt_malloc(sizeof(int) * (size_t)r->dims.L_local * MT_LT_COUNT, "recompute plan");
+    mt__plan_recompute(r, acts->where, kept, scratch);
     mt_activations probe;
-    size_t per_slot = mt__carve_activations(r, &probe, NULL);
+    size_t per_slot = mt__carve_activations(r, &probe, NULL, kept, 1);
     acts->num_slots = num_slots;
     acts->slots = (mt_activations *)mt_calloc((size_t)num_slots, sizeof(mt_activations), "activation slots");
     acts->memory = mt_buffer_alloc(r, per_slot * (size_t)num_slots, "activations");
     acts->ids_memory = mt_buffer_alloc_ints(r, 2 * BT * (size_t)num_slots, "token ids");
     for (int i = 0; i < num_slots; i++) {
-        mt__carve_activations(r, &acts->slots[i], acts->memory + per_slot * (size_t)i);
+        mt__carve_activations(r, &acts->slots[i], acts->memory + per_slot * (size_t)i, kept, 1);
         acts->slots[i].tokens = acts->ids_memory + 2 * BT * (size_t)i;
         acts->slots[i].targets = acts->ids_memory + 2 * BT * (size_t)i + BT;
         acts->slots[i].mb = -1;
     }
+    size_t recompute_n = mt__carve_activations(r, &acts->recompute, NULL, scratch, 0);
+    acts->recompute_memory = recompute_n ? mt_buffer_alloc(r, recompute_n, "recompute scratch") : NULL;
+    mt__carve_activations(r, &acts->recompute, acts->recompute_memory, scratch, 0);
     size_t scratch_n = mt__carve_scratch(r, &r->scratch, NULL);
     r->scratch.memory = mt_buffer_alloc(r, scratch_n, "scratch");
     mt__carve_scratch(r, &r->scratch, r->scratch.memory);
@@ -4000,14 +4146,16 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
     r->host.losses = (float *)mt_calloc(BT, sizeof(float), "losses");
     r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
-    // an int is a float's size: the report counts the ids with the activations
-    r->memory.activations = (per_slot + 2 * BT) * (size_t)num_slots * sizeof(float);
+    // an int is a float's size: the report counts the ids with the activations, and the
+    // recompute scratch too (what recompute saves is the difference)
+    r->memory.activations = ((per_slot + 2 * BT) * (size_t)num_slots + recompute_n) * sizeof(float);
     r->memory.scratch = scratch_n * sizeof(float);
 }
-
 void mt_activations_free(mt_rank *r) {
     mt_buffer_free(r->acts.memory);
     mt_buffer_free(r->acts.ids_memory);
+    if (r->acts.recompute_memory) mt_buffer_free(r->acts.recompute_memory);
+    free(r->acts.where);
     free(r->acts.slots);
     mt_buffer_free(r->scratch.memory);
     free(r->host.tokens); free(r->host.targets); free(r->host.losses); free(r->host.p2p);
@@ -4027,17 +4175,12 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_ln2w = p->ln2w + (size_t)l * C, *l_ln2b = p->ln2b + (size_t)l * C;
     float *l_fcw = p->fcw + (size_t)l * F_tp * C, *l_fcb = p->fcb + (size_t)l * F_tp;
     float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
-    float *l_ln1 = a->ln1 + (size_t)l * BT * C;
-    float *l_ln1_mean = a->ln1_mean + (size_t)l * BT;
-    float *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
-    float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
-    float *l_residual2 = a->residual2 + (size_t)l * BT * C;
-    float *l_ln2 = a->ln2 + (size_t)l * BT * C;
-    float *l_ln2_mean = a->ln2_mean + (size_t)l * BT;
-    float *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
-    float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
-    float *l_residual3 = a->residual3 + (size_t)l * BT * C;
+    mt_layer_acts la;   // where this layer's activations live (its slot, or the recompute scratch)
+    mt__layer_acts(r, a, l, &la);
+    float *l_ln1 = la.ln1, *l_ln1_mean = la.ln1_mean, *l_ln1_rstd = la.ln1_rstd;
+    float *l_qkv = la.qkv, *l_atty = la.atty, *l_lse = la.lse, *l_residual2 = la.residual2;
+    float *l_ln2 = la.ln2, *l_ln2_mean = la.ln2_mean, *l_ln2_rstd = la.ln2_rstd;
+    float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu, *l_residual3 = la.residual3;
     float *out_c = r->scratch.out_c;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             r->state.training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C};
@@ -4083,16 +4226,12 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *dl_ln2w = g->ln2w + (size_t)l * C, *dl_ln2b = g->ln2b + (size_t)l * C;
     float *dl_fcw = g->fcw + (size_t)l * F_tp * C, *dl_fcb = g->fcb + (size_t)l * F_tp;
     float *dl_fcprojw = g->fcprojw + (size_t)l * C * F_tp, *dl_fcprojb = g->fcprojb + (size_t)l * C;
-    float *l_ln1 = a->ln1 + (size_t)l * BT * C;
-    float *l_ln1_mean = a->ln1_mean + (size_t)l * BT;
-    float *l_ln1_rstd = a->ln1_rstd + (size_t)l * BT;
-    float *l_qkv = a->qkv + (size_t)l * BT * 3 * C_tp, *l_atty = a->atty + (size_t)l * BT * C_tp;
-    float *l_lse = a->lse + (size_t)l * B * r->dims.NH_tp * T;
-    float *l_residual2 = a->residual2 + (size_t)l * BT * C;
-    float *l_ln2 = a->ln2 + (size_t)l * BT * C;
-    float *l_ln2_mean = a->ln2_mean + (size_t)l * BT;
-    float *l_ln2_rstd = a->ln2_rstd + (size_t)l * BT;
-    float *l_fch = a->fch + (size_t)l * BT * F_tp, *l_fch_gelu = a->fch_gelu + (size_t)l * BT * F_tp;
+    mt_layer_acts la;
+    mt__layer_acts(r, a, l, &la);
+    float *l_ln1 = la.ln1, *l_ln1_mean = la.ln1_mean, *l_ln1_rstd = la.ln1_rstd;
+    float *l_qkv = la.qkv, *l_atty = la.atty, *l_lse = la.lse, *l_residual2 = la.residual2;
+    float *l_ln2 = la.ln2, *l_ln2_mean = la.ln2_mean, *l_ln2_rstd = la.ln2_rstd;
+    float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             cfg->model.attention_dropout, sample_offset, T, C};
     mt_dropout hid_drop = attn_drop;
@@ -4112,6 +4251,9 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T,
                           C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
+    if (cfg->recompute == MT_RECOMPUTE_SELECTIVE)   // selective recompute: the attention core again
+        mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
+                             r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
@@ -4179,12 +4321,14 @@ static float *mt__chunk_input(const mt_rank *r, mt_activations *a, int chunk) {
 static float *mt__layer_input(const mt_rank *r, mt_activations *a, int l) {
     int lpc = r->dims.layers_per_chunk;
     if (l % lpc == 0) return mt__chunk_input(r, a, l / lpc);
-    return a->residual3 + (size_t)(l - 1) * r->dims.B * r->dims.T * r->dims.C;
+    mt_layer_acts prev;
+    mt__layer_acts(r, a, l - 1, &prev);
+    return prev.residual3;
 }
-
 static float *mt__chunk_output(const mt_rank *r, mt_activations *a, int chunk) {
-    int last_layer = (chunk + 1) * r->dims.layers_per_chunk - 1;
-    return a->residual3 + (size_t)last_layer * r->dims.B * r->dims.T * r->dims.C;
+    mt_layer_acts last;
+    mt__layer_acts(r, a, (chunk + 1) * r->dims.layers_per_chunk - 1, &last);
+    return last.residual3;   // always kept: the end of a recompute group if in one
 }
 
 // forward of one model chunk for one micro-batch; its input is already in place
@@ -4202,7 +4346,11 @@ static void mt__forward_chunk(mt_rank *r, mt_activations *a, int chunk) {
 static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
     if (mt__is_last_virtual(r, chunk)) mt__head_backward(r, a, mt__chunk_output(r, a, chunk));
     for (int j = r->dims.layers_per_chunk - 1; j >= 0; j--) {
-        int l = chunk * r->dims.layers_per_chunk + j;
+        int l = chunk * r->dims.layers_per_chunk + j, first, last;
+        // full recompute: at the last layer of a group, run the group forward again from its
+        // saved input, so that its activations are in the scratch for the backwards below
+        if (mt__recompute_group(r, l, &first, &last) && l == last)
+            for (int g = first; g <= last; g++) mt__layer_forward(r, a, g, mt__layer_input(r, a, g), a->sample_offset);
         mt__layer_backward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
     }
     if (mt__is_first_virtual(r, chunk)) mt__embedding_backward(r, a);

@@ -9,9 +9,9 @@
  *  - the GPU build's #ifdef __CUDACC__ blocks: each is marked "(k of N)", their count is N, and N
  *    is at most 8 (the backend seam keeps the build difference in few places);
  *  - docs/map.md: every section it names exists with that title, every mt_ function it names is
- *    defined in megatron.h or kernels.cuh, and every "megatron.h:LINE" anchor points at the line
- *    that defines the function named next to it. `tests/test_header --fix-map` rewrites the
- *    anchors after the code moved.
+ *    defined in megatron.h or kernels.cuh, and every "megatron.h:LINE" anchor points within
+ *    MAP_SLACK lines of the line that defines the function named next to it (a screenful: small
+ *    edits above do not break it, moves do). `tests/test_header --fix-map` makes them exact.
  */
 #include "harness.h"
 #include <ctype.h>
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #define MAX_LINES 20000
+#define MAP_SLACK 40   // lines an anchor in docs/map.md may be off before the test fails
 #define MAX_FUNCS 2000
 
 static char *read_text(const char *path) {
@@ -273,7 +274,7 @@ static int check_map(int fix) {
     char *kernels = read_text("kernels.cuh");
     size_t cap = strlen(map) * 2 + 1024, o = 0;
     char *out = (char *)malloc(cap);
-    int names = 0, anchors = 0, sections = 0, stale = 0;
+    int names = 0, anchors = 0, sections = 0, stale = 0, inexact = 0;
     for (const char *p = map; *p;) {
         // "§N TITLE" must name section N by its title
         if (!strncmp(p, "\xc2\xa7", 2) && isdigit((unsigned char)p[2])) {
@@ -299,11 +300,16 @@ static int check_map(int fix) {
                 if (paren) *paren = 0;
                 int want = definition_line(name), got = atoi(num);
                 anchors++;
-                if (want != got) {
+                if (want && want != got) inexact++;
+                // an anchor may lag the code by a screenful (edits above it move it a little);
+                // further off, or at a function that is gone, it fails; --fix-map makes it exact
+                if (want == 0 || abs(want - got) > MAP_SLACK) {
                     stale++;
-                    if (!fix) mt_expect(0, "docs/map.md: megatron.h:%d should be megatron.h:%d for %s (tests/test_header --fix-map)", got, want, name);
+                    if (!fix)
+                        mt_expect(0, "docs/map.md: megatron.h:%d should be megatron.h:%d for %s (tests/test_header --fix-map)",
+                                  got, want, name);
                 }
-                o += (size_t)snprintf(out + o, cap - o, "megatron.h:%d", want ? want : got);
+                o += (size_t)snprintf(out + o, cap - o, "megatron.h:%d", fix && want ? want : got);
                 p = e;
                 continue;
             }
@@ -325,9 +331,9 @@ static int check_map(int fix) {
     out[o] = 0;
     printf("  docs/map.md: %d sections, %d names, %d line anchors (%d stale)\n", sections, names, anchors, stale);
     mt_expect(sections >= 12 && anchors >= 10, "docs/map.md should name all 12 sections and anchor the step's path");
-    if (fix && stale) {
+    if (fix && inexact) {
         FILE *f = fopen("docs/map.md", "wb");
-        if (f) { fputs(out, f); fclose(f); printf("  rewrote %d anchors in docs/map.md\n", stale); }
+        if (f) { fputs(out, f); fclose(f); printf("  rewrote %d anchors in docs/map.md\n", inexact); }
     }
     free(out); free(map); free(kernels);
     return 1;

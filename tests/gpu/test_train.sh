@@ -44,6 +44,15 @@ rm -rf build/gpu_ckpt
 cat build/gpu_resume_a.log build/gpu_resume_b.log > build/gpu_resume.log &&
 ./tests/gpu/compare_logs build/gpu_1gpu_fp32.log build/gpu_resume.log 0 resume_fp32 && passed=$((passed + 1)) || {
   echo "GPU checkpoint resume differs or failed"; tail -3 build/gpu_resume_b.log; failed=$((failed + 1)); }
+# activation recompute on the GPU build: the same kernels on the same inputs in the same order
+# (deterministic: no float atomics), so the losses must equal the run without it: tolerance 0
+for rc in "full_uniform1|--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" \
+          "selective|--recompute-activations"; do
+  label=${rc%%|*}; flags=${rc#*|}
+  ./train_gpt_cuda $M --bf16 $flags > build/gpu_recompute_$label.log 2>&1 &&
+  ./tests/gpu/compare_logs build/gpu_1gpu_bf16.log build/gpu_recompute_$label.log 0 recompute_$label && passed=$((passed + 1)) || {
+    echo "GPU recompute $label differs or failed"; tail -3 build/gpu_recompute_$label.log; failed=$((failed + 1)); }
+done
 [ "$skipped" -eq 0 ] || echo "$skipped checks SKIPPED for want of a second GPU (run make test-gpu on 2 GPUs for them)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,167 @@
+/* tests/test_recompute.c - activation recompute (§5): the same training, less memory.
+ *
+ * Recompute runs a layer's forward a second time before its backward instead of keeping its
+ * activations. The ops are the same, on the same inputs, in the same order, and dropout masks
+ * come from the counter-based RNG: so every loss and every parameter after training must be
+ * the SAME BITS as without recompute (tolerance 0), in one rank and in a TP=2 x PP=2 interleaved
+ * layout, with dropout on. And the activation memory must be what the method says it keeps,
+ * counted from the shapes here independently of the carve.
+ */
+#define MEGATRON_IMPLEMENTATION
+#include "../megatron.h"
+#include "harness.h"
+#include "synthetic.h"
+
+#define STEPS 6
+
+typedef struct {
+    mt_config cfg;
+    float losses[STEPS];
+    float norms[STEPS];
+    float *params;            // rank 0's parameters after training
+    size_t num_params;
+    size_t activation_bytes;  // rank 0's report
+} run_t;
+
+static void rank_main(mt_world *w, int rank, void *arg) {
+    run_t *run = (run_t *)arg;
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt_rank_init(r, &run->cfg, w, rank);
+    for (int it = 1; it <= STEPS; it++) {
+        mt_step_result res = mt_train_step(r, synthetic_batch, NULL, it);
+        if (rank == 0) { run->losses[it - 1] = res.loss; run->norms[it - 1] = res.grad_norm; }
+    }
+    if (rank == 0) {
+        run->num_params = r->model.num_params;
+        run->params = (float *)mt_malloc(sizeof(float) * r->model.num_params, "params");
+        memcpy(run->params, r->model.params_memory, sizeof(float) * r->model.num_params);
+        run->activation_bytes = r->memory.activations;
+    }
+    mt_rank_free(r);
+    free(r);
+}
+
+static void train(run_t *run, int tp, int pp, int vp_layers, const char *granularity, const char *method, int n) {
+    mt_config *cfg = &run->cfg;
+    memset(run, 0, sizeof *run);
+    mt_config_defaults(cfg);
+    cfg->model.num_layers = 4;
+    cfg->model.hidden_size = 32;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.seq_length = 16;
+    cfg->model.vocab_size = 101;
+    cfg->model.hidden_dropout = 0.1f;
+    cfg->model.attention_dropout = 0.1f;
+    cfg->parallel.tensor_model_parallel_size = tp;
+    cfg->parallel.pipeline_model_parallel_size = pp;
+    cfg->parallel.nproc_per_node = tp * pp;
+    cfg->parallel.num_layers_per_virtual_pipeline_stage = vp_layers;
+    cfg->train.micro_batch_size = 2;
+    cfg->train.global_batch_size = 8;
+    cfg->train.train_iters = STEPS;
+    cfg->train.lr = 3e-3f;
+    cfg->train.weight_decay = 0.1f;
+    snprintf(cfg->train.recompute_granularity, sizeof cfg->train.recompute_granularity, "%s", granularity);
+    snprintf(cfg->train.recompute_method, sizeof cfg->train.recompute_method, "%s", method);
+    cfg->train.recompute_num_layers = n;
+    mt_config_derive(cfg);
+    mt_world *w = mt_world_create(cfg->world_size);
+    int rc = mt_world_run(w, rank_main, run);
+    mt_world_destroy(w);
+    mt_expect(rc == 0, "the run with recompute '%s %s %d' failed", granularity, method, n);
+}
+
+// tolerance 0: the same ops on the same inputs in the same order (see the top)
+static void expect_same(const char *what, const run_t *got, const run_t *want) {
+    int same = got->num_params == want->num_params;
+    for (int s = 0; s < STEPS; s++) same &= got->losses[s] == want->losses[s] && got->norms[s] == want->norms[s];
+    mt_expect(same, "%s: losses or grad norms differ from the run without recompute (step 1: %.9g vs %.9g)", what,
+              (double)got->losses[0], (double)want->losses[0]);
+    size_t diff = 0;
+    for (size_t i = 0; same && i < got->num_params; i++) diff += got->params[i] != want->params[i];
+    mt_expect(same && diff == 0, "%s: %zu parameters differ after %d steps", what, diff, STEPS);
+    printf("  %-44s losses %.6f .. %.6f, parameters identical: %s\n", what, (double)got->losses[0],
+           (double)got->losses[STEPS - 1], same && diff == 0 ? "yes" : "NO");
+}
+
+// the bytes of layer tensors of one layer (floats), at this test's sizes on one rank:
+// B=2, T=16, C=32, NH=4, F=128
+static size_t layer_floats(int kind) {
+    size_t B = 2, T = 16, C = 32, NH = 4, F = 128, BT = B * T;
+    switch (kind) {
+    case MT_LT_QKV: return BT * 3 * C;
+    case MT_LT_ATTY: return BT * C;
+    case MT_LT_LSE: return B * NH * T;
+    case MT_LT_FCH: case MT_LT_FCH_GELU: return BT * F;
+    case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT;
+    default: return BT * C;
+    }
+}
+
+MT_TEST(recompute_one_rank) {
+    static run_t base, other;
+    train(&base, 1, 1, 0, "", "", 1);
+    size_t all_layer = 0;
+    for (int k = 0; k < MT_LT_COUNT; k++) all_layer += layer_floats(k);
+    size_t r3 = layer_floats(MT_LT_RESIDUAL3), L = 4;
+    struct { const char *g, *m; int n; const char *name; size_t saved_floats; } cases[] = {
+        // uniform 1: every layer keeps its output, the scratch holds one layer's other tensors
+        {"full", "uniform", 1, "full, uniform 1", L * (all_layer - r3) - (all_layer - r3)},
+        // uniform 2: two groups of two: each keeps its output; the scratch holds two layers
+        // (minus the group end's output, kept)
+        {"full", "uniform", 2, "full, uniform 2", L * all_layer - 2 * r3 - (2 * all_layer - r3)},
+        // block 3: layers 0, 1, 2 recomputed one at a time, layer 3 keeps everything
+        {"full", "block", 3, "full, block 3", 3 * (all_layer - r3) - (all_layer - r3)},
+        // selective: every layer drops atty and lse, the scratch holds one layer's
+        {"selective", "", 1, "selective",
+         (L - 1) * (layer_floats(MT_LT_ATTY) + layer_floats(MT_LT_LSE))},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        train(&other, 1, 1, 0, cases[c].g, cases[c].m, cases[c].n);
+        expect_same(cases[c].name, &other, &base);
+        size_t want = base.activation_bytes - cases[c].saved_floats * sizeof(float);
+        mt_expect(other.activation_bytes == want, "%s: activations %zu bytes, the shapes say %zu (without: %zu)",
+                  cases[c].name, other.activation_bytes, want, base.activation_bytes);
+        printf("  %-44s activations %zu bytes (without recompute %zu)\n", cases[c].name, other.activation_bytes,
+               base.activation_bytes);
+        free(other.params);
+    }
+    free(base.params);
+}
+
+MT_TEST(recompute_tp2_pp2_interleaved) {
+    static run_t base, other;
+    train(&base, 2, 2, 1, "", "", 1);
+    train(&other, 2, 2, 1, "full", "uniform", 1);
+    expect_same("TP=2 PP=2 interleaved, full uniform 1", &other, &base);
+    free(other.params);
+    train(&other, 2, 2, 1, "selective", "", 1);
+    expect_same("TP=2 PP=2 interleaved, selective", &other, &base);
+    free(other.params);
+    free(base.params);
+}
+
+// the flags, as Megatron reads them
+MT_TEST(recompute_flags) {
+    mt_config cfg;
+    mt_config_defaults(&cfg);
+    char *argv[] = {"train_gpt", "--recompute-activations", "--num-layers", "2", "--hidden-size", "32",
+                    "--num-attention-heads", "4", "--seq-length", "16", "--vocab-size", "101"};
+    mt_config_parse(&cfg, (int)(sizeof argv / sizeof argv[0]), argv);
+    mt_config_derive(&cfg);
+    mt_expect(cfg.recompute == MT_RECOMPUTE_SELECTIVE, "--recompute-activations must mean selective");
+    mt_config_defaults(&cfg);
+    char *argv2[] = {"train_gpt", "--recompute-granularity", "full", "--recompute-method", "block",
+                     "--recompute-num-layers", "2", "--num-layers", "2", "--hidden-size", "32",
+                     "--num-attention-heads", "4", "--seq-length", "16", "--vocab-size", "101"};
+    mt_config_parse(&cfg, (int)(sizeof argv2 / sizeof argv2[0]), argv2);
+    mt_config_derive(&cfg);
+    mt_expect(cfg.recompute == MT_RECOMPUTE_BLOCK && cfg.recompute_num_layers == 2, "full block 2 not read");
+}
+
+int main(void) {
+    mt_run_test(recompute_flags);
+    mt_run_test(recompute_one_rank);
+    mt_run_test(recompute_tp2_pp2_interleaved);
+    return mt_test_summary();
+}
