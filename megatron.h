@@ -28,9 +28,11 @@
                                       embedding and cross-entropy
       5. GPT MODEL                    parameters and activations carved from one buffer each,
                                       layer forward/backward, embedding, head
-      6. OPTIMIZER, CLIPPING, LEARNING RATE  AdamW's state and step, the global grad norm,
+      6. OPTIMIZER, CLIPPING, LEARNING RATE  AdamW's state and step (sharded over DP with
+                                      --use-distributed-optimizer), the global grad norm,
                                       Megatron's learning-rate schedule
-      7. DATA PARALLEL                bucketed gradient all-reduce, tied-embedding all-reduce
+      7. DATA PARALLEL                bucketed gradient all-reduce (reduce-scatter with the distributed
+                                      optimizer), tied-embedding all-reduce
       8. PIPELINE SCHEDULES & TRAIN STEP  no pipelining, AFAB, 1F1B, interleaved 1F1B; the rank
                                       put together; the train and eval steps
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
@@ -193,8 +195,10 @@ typedef struct {
     int nproc_per_node;                        // --nproc-per-node: ranks in this process (world); default TP*PP
     int num_layers_per_virtual_pipeline_stage; // --num-layers-per-virtual-pipeline-stage, 0 = not interleaved
     long ddp_bucket_size;                      // --ddp-bucket-size: gradient elements per DP all-reduce bucket
+    int use_distributed_optimizer;             // --use-distributed-optimizer: AdamW state sharded over DP (ZeRO-1)
     int print_layout;                          // --print-layout: print the rank groups and exit
     int print_schedule;                        // --print-schedule: print the pipeline time line and exit
+    int dry_run;                               // --dry-run: print each rank's memory plan and exit
 } mt_parallel_config;
 
 typedef struct {
@@ -659,7 +663,8 @@ typedef struct {
 typedef struct {
     mt_param_spec specs[MT_NUM_PARAM_TENSORS];   // the carve table: name, shape, offset, split, flags
     size_t num_params;          // floats on this rank
-    float *params_memory;       // (num_params) parameters, carved into `params`
+    size_t buffer_floats;       // num_params, padded to a multiple of 64 x DP with the distributed optimizer
+    float *params_memory;       // (buffer_floats) parameters, carved into `params`
     float *grads_memory;        // (num_params) gradients, carved alike into `grads`
     mt_params params, grads;
 } mt_model;
@@ -706,8 +711,11 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer
  * defines: mt_optimizer (AdamW's state), the global gradient norm and clipping,
  *          the AdamW step over the parameter table, Megatron's learning-rate schedule */
 typedef struct {
-    float *m_memory, *v_memory; // (num_params) AdamW's first and second moments, carved as params
+    float *m_memory, *v_memory; // (shard_size) AdamW's first and second moments of this rank's shard
     int step;                   // optimizer steps taken (AdamW's bias correction)
+    int distributed;            // --use-distributed-optimizer: this DP rank owns one shard (ZeRO-1)
+    size_t shard_start;         // the shard: parameters [shard_start, shard_start + shard_size) of the
+    size_t shard_size;          // buffer (all of it without the distributed optimizer)
 } mt_optimizer;
 void mt_optimizer_init(mt_rank *r);
 void mt_optimizer_free(mt_rank *r);
@@ -779,6 +787,9 @@ struct mt_rank {
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
 void mt_rank_free(mt_rank *r);
+/* what mt_rank_init will allocate on `rank` (bytes per buffer), computed without allocating */
+void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out);
+void mt_print_memory_plan(const mt_config *cfg, FILE *f);   /* --dry-run: every rank's plan */
 /* one training iteration: all micro-batches forward and backward (per the schedule), grad sync, clip, AdamW */
 mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration);
 /* mean loss over `num_microbatches` micro-batches, forward only (returned on every rank) */
@@ -1537,8 +1548,12 @@ static const mt__flag mt__flags[] = {
      "parallel", "interleaved 1F1B: layers per model chunk"},
     {"--ddp-bucket-size", MT__LONG, MT__OFF(parallel.ddp_bucket_size), 0, "parallel",
      "gradient elements per data-parallel all-reduce bucket"},
+    {"--use-distributed-optimizer", MT__BOOL, MT__OFF(parallel.use_distributed_optimizer), 0, "parallel",
+     "shard AdamW's state and the update over the DP ranks: reduce-scatter gradients, all-gather parameters"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
+    {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
+     "print each rank's memory plan (parameters, gradients, optimizer, activations, workspace) and exit"},
     {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel",
      "print each stage's pipeline time line and the bubble, then exit"},
     {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training",
@@ -1636,7 +1651,6 @@ static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters"},
     {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction"},
     {"--rampup-batch-size", "batch-size ramp-up"},
-    {"--use-distributed-optimizer", "the distributed optimizer (ZeRO-1)"},
     {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
     {"--loss-scale", "fp16 loss scaling"},
     {"--initial-loss-scale", "fp16 loss scaling"},
@@ -4091,22 +4105,33 @@ void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps)
     d->layers_per_chunk = d->L_local / ps->vp_size;
 }
 
+// the parameter table and the buffers' length (the sizes mt_model_init allocates)
+static void mt__model_sizes(mt_rank *r) {
+    mt_model *m = &r->model;
+    m->num_params = mt__carve_params(r, &m->params, NULL, 1);
+    // the distributed optimizer cuts the buffers into DP equal shards of whole 64-float blocks:
+    // pad them (the padding is never carved, stays 0 and is never read as a parameter)
+    size_t block = 64 * (size_t)r->ps.dp_size;
+    m->buffer_floats = r->cfg->parallel.use_distributed_optimizer ? (m->num_params + block - 1) / block * block
+                                                                 : m->num_params;
+}
+
 // parameters and gradients: one carve, two buffers. The initial values are computed on the
 // host (mt__init_params, layout-independent) and uploaded to the rank's buffer.
 void mt_model_init(mt_rank *r) {
     mt_model *m = &r->model;
-    m->num_params = mt__carve_params(r, &m->params, NULL, 1);
-    float *host_params = (float *)mt_calloc(m->num_params, sizeof(float), "parameters (host)");
+    mt__model_sizes(r);
+    float *host_params = (float *)mt_calloc(m->buffer_floats, sizeof(float), "parameters (host)");
     m->params_memory = host_params;
     mt__init_params(r);
-    m->params_memory = mt_buffer_alloc(r, m->num_params, "parameters");
-    mt_buffer_upload(r, m->params_memory, host_params, m->num_params * sizeof(float));
+    m->params_memory = mt_buffer_alloc(r, m->buffer_floats, "parameters");
+    mt_buffer_upload(r, m->params_memory, host_params, m->buffer_floats * sizeof(float));
     free(host_params);
-    m->grads_memory = mt_buffer_alloc(r, m->num_params, "gradients");
+    m->grads_memory = mt_buffer_alloc(r, m->buffer_floats, "gradients");
     mt__carve_params(r, &m->params, m->params_memory, 1);
     mt__carve_params(r, &m->grads, m->grads_memory, 0);
-    r->memory.params = m->num_params * sizeof(float);
-    r->memory.grads = m->num_params * sizeof(float);
+    r->memory.params = m->buffer_floats * sizeof(float);
+    r->memory.grads = m->buffer_floats * sizeof(float);
 }
 
 void mt_model_free(mt_rank *r) {
@@ -4117,6 +4142,27 @@ void mt_model_free(mt_rank *r) {
 // activations: num_slots micro-batches in flight at once (1 without pipelining), each slot
 // carved from one float buffer, its token ids from one int buffer; the per-layer scratch; the
 // host staging of ids, losses and pipeline messages
+// the report of what mt_activations_init allocates: an int is a float's size, so the ids count
+// with the activations, and so does the recompute scratch (what recompute saves is the difference)
+static void mt__activation_report(mt_rank *r, size_t per_slot, size_t recompute_n, size_t scratch_n) {
+    size_t BT = (size_t)r->dims.B * r->dims.T;
+    r->memory.activations = ((per_slot + 2 * BT) * (size_t)r->acts.num_slots + recompute_n) * sizeof(float);
+    r->memory.scratch = scratch_n * sizeof(float);
+}
+// the same sizes without allocating anything (mt_memory_plan)
+static void mt__activation_sizes(mt_rank *r, int num_slots) {
+    size_t kept[MT_LT_COUNT], scratch[MT_LT_COUNT];
+    int *where = (int *)mt_malloc(sizeof(int) * (size_t)r->dims.L_local * MT_LT_COUNT, "recompute plan");
+    mt__plan_recompute(r, where, kept, scratch);
+    free(where);
+    mt_activations probe;
+    r->acts.num_slots = num_slots;
+    size_t per_slot = mt__carve_activations(r, &probe, NULL, kept, 1);
+    size_t recompute_n = mt__carve_activations(r, &probe, NULL, scratch, 0);
+    mt_scratch s;
+    mt__activation_report(r, per_slot, recompute_n, mt__carve_scratch(r, &s, NULL));
+}
+
 void mt_activations_init(mt_rank *r, int num_slots) {
     mt_activation_slots *acts = &r->acts;
     size_t BT = (size_t)r->dims.B * r->dims.T;
@@ -4146,10 +4192,7 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
     r->host.losses = (float *)mt_calloc(BT, sizeof(float), "losses");
     r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
-    // an int is a float's size: the report counts the ids with the activations, and the
-    // recompute scratch too (what recompute saves is the difference)
-    r->memory.activations = ((per_slot + 2 * BT) * (size_t)num_slots + recompute_n) * sizeof(float);
-    r->memory.scratch = scratch_n * sizeof(float);
+    mt__activation_report(r, per_slot, recompute_n, scratch_n);
 }
 void mt_activations_free(mt_rank *r) {
     mt_buffer_free(r->acts.memory);
@@ -4387,26 +4430,42 @@ float mt_learning_rate(const mt_config *cfg, int step) {
 // then summed over the model-parallel group (all TP and PP ranks of my replica). DP replicas
 // hold the same gradients after the all-reduce, so they all compute the same norm.
 static double mt__grad_norm(mt_rank *r) {
+    // the shard this rank holds final gradients for: all of it, or its DP shard (distributed)
+    size_t lo = r->optim.shard_start, hi = r->optim.shard_start + r->optim.shard_size;
     double sumsq = 0.0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
         const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
         if (s->tp_replicated && r->ps.tp_rank != 0) continue;
         if (s->tied_copy) continue;
-        sumsq += mt_sum_squares(r, r->model.grads_memory + s->offset, mt__spec_numel(s));
+        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + mt__spec_numel(s) < hi ? s->offset + mt__spec_numel(s) : hi;
+        if (a < b) sumsq += mt_sum_squares(r, r->model.grads_memory + a, b - a);
     }
+    if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &sumsq, 1, MT_SUM);
     if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
     return sqrt(sumsq);
 }
 
-// AdamW's state: two buffers carved like the parameters (one moment per parameter)
-void mt_optimizer_init(mt_rank *r) {
-    r->optim.m_memory = mt_buffer_alloc(r, r->model.num_params, "AdamW m");
-    r->optim.v_memory = mt_buffer_alloc(r, r->model.num_params, "AdamW v");
-    r->optim.step = 0;
-    r->memory.optimizer = 2 * r->model.num_params * sizeof(float);
+// AdamW's state: two moments per parameter of this rank's shard. Without the distributed
+// optimizer the shard is the whole buffer; with it (Megatron's --use-distributed-optimizer, ZeRO
+// stage 1, Rajbhandari et al. 2020) DP rank d owns the d-th of DP equal shards: its gradients
+// arrive by reduce-scatter, it alone updates them, and the new parameters go back to every DP
+// rank by all-gather. Each DP rank keeps 1/DP of the optimizer state.
+static void mt__optimizer_sizes(mt_rank *r) {
+    mt_optimizer *o = &r->optim;
+    o->distributed = r->cfg->parallel.use_distributed_optimizer;
+    o->shard_size = o->distributed ? r->model.buffer_floats / (size_t)r->ps.dp_size : r->model.num_params;
+    o->shard_start = o->distributed ? o->shard_size * (size_t)r->ps.dp_rank : 0;
+    r->memory.optimizer = 2 * o->shard_size * sizeof(float);
 }
-
+void mt_optimizer_init(mt_rank *r) {
+    mt_optimizer *o = &r->optim;
+    mt__optimizer_sizes(r);
+    o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
+    o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
+    o->step = 0;
+    r->memory.optimizer = 2 * o->shard_size * sizeof(float);
+}
 void mt_optimizer_free(mt_rank *r) {
     mt_buffer_free(r->optim.m_memory);
     mt_buffer_free(r->optim.v_memory);
@@ -4420,23 +4479,30 @@ void mt_optimizer_free(mt_rank *r) {
 // Returns the norm before clipping; *skipped tells whether the parameters moved.
 double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     const mt_config *cfg = r->cfg;
+    mt_optimizer *o = &r->optim;
     double norm = mt__grad_norm(r);
     *skipped = !isfinite(norm);
     if (*skipped) return norm;
     if (cfg->train.clip_grad > 0) {
         double coeff = cfg->train.clip_grad / (norm + 1e-6);
-        if (coeff < 1.0) mt_scale(r, r->model.grads_memory, (float)coeff, r->model.num_params);
+        if (coeff < 1.0) mt_scale(r, r->model.grads_memory + o->shard_start, (float)coeff, o->shard_size);
     }
-    r->optim.step++;
+    o->step++;
     float lr = mt_learning_rate(cfg, iteration - 1);
+    // each tensor's part inside the shard (a tensor may straddle two shards)
+    size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
         const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
-        mt_adamw(r, r->model.params_memory + s->offset, r->optim.m_memory + s->offset, r->optim.v_memory + s->offset,
-                 r->model.grads_memory + s->offset, mt__spec_numel(s), lr, cfg->train.adam_beta1,
-                 cfg->train.adam_beta2, cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay,
-                 r->optim.step);
+        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + mt__spec_numel(s) < hi ? s->offset + mt__spec_numel(s) : hi;
+        if (a >= b) continue;
+        mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
+                 r->model.grads_memory + a, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
+                 cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, o->step);
     }
+    // distributed: every DP rank gets the new parameters of every shard
+    if (o->distributed && r->groups.dp.size > 1)
+        mt_all_gather(&r->groups.dp, r->model.params_memory + lo, r->model.params_memory, o->shard_size);
     return norm;
 }
 
@@ -4448,8 +4514,22 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
 // bucket (--ddp-bucket-size elements each). The loss gradient was already scaled by 1/DP, so
 // the sum is the mean over replicas. Then the embedding group (first and last stage, PP > 1)
 // sums its two copies of dwte, so the tied weights stay tied (Megatron's
-// _allreduce_embedding_grads).
+// _allreduce_embedding_grads). With the distributed optimizer (section 6) the DP step is a
+// reduce-scatter instead: each DP rank needs only the gradients of the shard it updates.
 void mt_finish_grad_sync(mt_rank *r) {
+    if (r->optim.distributed) {
+        // the tied embedding's two copies first (on the whole buffer: the two stages' buffers are
+        // carved differently, so their DP shards would not line up), then each DP rank receives
+        // the sum over DP of its own shard (reduce-scatter: half an all-reduce's traffic)
+        if (r->ps.in_embedding_group) {
+            const mt_param_spec *s = &r->model.specs[0];   // wte
+            mt_all_reduce(&r->groups.embd, r->model.grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
+        }
+        if (r->ps.dp_size > 1)
+            mt_reduce_scatter(&r->groups.dp, r->model.grads_memory, r->model.grads_memory + r->optim.shard_start,
+                              r->optim.shard_size, MT_SUM);
+        return;
+    }
     if (r->ps.dp_size > 1) {
         long bucket_flag = r->cfg->parallel.ddp_bucket_size;
         size_t bucket = bucket_flag > 0 ? (size_t)bucket_flag : r->model.num_params;
@@ -4794,7 +4874,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     r->state.training = 1;
     r->state.loss_sum = 0.0;
     r->state.idle_seconds = 0.0;
-    mt_buffer_zero(r, r->model.grads_memory, r->model.num_params);
+    mt_buffer_zero(r, r->model.grads_memory, r->model.buffer_floats);
     // 1. forward and backward of every micro-batch, in the order of the schedule
     size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
@@ -4862,6 +4942,37 @@ void mt_rank_free(mt_rank *r) {
     mt_model_free(r);
     mt_groups_free(&r->groups);
     mt_device_free(r);
+}
+
+// the memory plan: the sizes mt_rank_init allocates, from the same functions that compute them
+// for the allocation, on a rank that allocates nothing (Megatron prints a "theoretical memory"
+// report; this one is held to the allocation by tests/test_recompute.c)
+void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "memory plan");
+    r->cfg = cfg;
+    mt_parallel_state_init(&r->ps, cfg, rank);
+    mt_dims_init(&r->dims, cfg, &r->ps);
+    mt__model_sizes(r);
+    r->memory.params = r->memory.grads = r->model.buffer_floats * sizeof(float);
+    mt__optimizer_sizes(r);
+    mt__activation_sizes(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));
+    *out = r->memory;
+    free(r);
+}
+
+// --dry-run: one line per rank, in Megatron's rank order
+void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
+    fprintf(f, "memory plan per rank (MB, what each rank allocates; nothing is allocated now):\n");
+    for (int rank = 0; rank < cfg->world_size; rank++) {
+        mt_memory_report m;
+        mt_memory_plan(cfg, rank, &m);
+        mt_parallel_state ps;
+        mt_parallel_state_init(&ps, cfg, rank);
+        double total = (double)(m.params + m.grads + m.optimizer + m.activations + m.scratch);
+        fprintf(f, "rank %d (tp %d, dp %d, pp %d): parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
+                   "workspace %.1f, total %.1f\n", rank, ps.tp_rank, ps.dp_rank, ps.pp_rank, m.params / 1e6,
+                m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6, m.scratch / 1e6, total / 1e6);
+    }
 }
 
 // =============================================================================================
@@ -6449,12 +6560,22 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
     int is_logger = r->ps.rank == cfg->world_size - 1;
     if (is_logger) { printf("saving checkpoint at iteration %7d to %s\n", iteration, dir); fflush(stdout); }
     double t0 = mt_time_seconds();
+    // the distributed optimizer's shards of m and v, gathered into whole buffers (a collective
+    // of the DP group), so that the file is the same whatever the optimizer
+    const mt_optimizer *o = &r->optim;
+    float *full_m = o->m_memory, *full_v = o->v_memory;
+    if (o->distributed && r->ps.dp_size > 1) {
+        full_m = mt_buffer_alloc(r, r->model.buffer_floats, "checkpoint AdamW m");
+        full_v = mt_buffer_alloc(r, r->model.buffer_floats, "checkpoint AdamW v");
+        mt_all_gather(&r->groups.dp, o->m_memory, full_m, o->shard_size);
+        mt_all_gather(&r->groups.dp, o->v_memory, full_v, o->shard_size);
+    }
     if (r->ps.dp_rank == 0) {   // DP replicas are identical: one writes
         char path[MT_PATH_MAX + 128];
         mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
         // the values, on the host (the GPU build copies them down first)
         float *host[3];
-        const float *dev[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
+        const float *dev[3] = {r->model.params_memory, full_m, full_v};
         for (int k = 0; k < 3; k++) {
             host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
             mt_buffer_download(r, host[k], dev[k], r->model.num_params * sizeof(float));
@@ -6462,6 +6583,7 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
         mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
         for (int k = 0; k < 3; k++) free(host[k]);
     }
+    if (full_m != o->m_memory) { mt_buffer_free(full_m); mt_buffer_free(full_v); }
     // the tracker file last, once every rank's file is complete
     mt_barrier(&r->groups.world);
     if (r->ps.rank == 0) mt__ckpt_write_tracker(dir, iteration);
@@ -6603,9 +6725,18 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
-    float *dest[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
-    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k],
-                                                   r->model.num_params * sizeof(float)); free(host[k]); }
+    // the parameters whole; AdamW's moments: this rank's shard of them (all of them without the
+    // distributed optimizer), the padding past num_params staying 0
+    const mt_optimizer *o = &r->optim;
+    mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
+    float *dest[2] = {o->m_memory, o->v_memory};
+    for (int k = 1; k < 3; k++) {
+        size_t n = o->shard_start >= r->model.num_params ? 0
+                 : o->shard_start + o->shard_size <= r->model.num_params ? o->shard_size
+                                                                         : r->model.num_params - o->shard_start;
+        if (n) mt_buffer_upload(r, dest[k - 1], host[k] + o->shard_start, n * sizeof(float));
+    }
+    for (int k = 0; k < 3; k++) free(host[k]);
     r->optim.step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
@@ -7259,9 +7390,10 @@ int mt_pretrain(mt_config *cfg) {
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }
-    if (cfg->parallel.print_layout || cfg->parallel.print_schedule) {
+    if (cfg->parallel.print_layout || cfg->parallel.print_schedule || cfg->parallel.dry_run) {
         if (cfg->parallel.print_layout) mt_print_layout(cfg, stdout);
-        else mt_print_schedule(cfg, stdout);
+        else if (cfg->parallel.print_schedule) mt_print_schedule(cfg, stdout);
+        else mt_print_memory_plan(cfg, stdout);
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return 0;
     }

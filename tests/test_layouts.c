@@ -60,7 +60,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     free(r);
 }
 
-static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_virtual, float dropout) {
+static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_virtual, float dropout, int dist) {
     mt_config *cfg = &run->cfg;
     mt_config_defaults(cfg);
     cfg->model.num_layers = 4;
@@ -75,6 +75,7 @@ static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_v
     cfg->parallel.nproc_per_node = tp * pp * dp;
     cfg->parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
     cfg->parallel.ddp_bucket_size = 5000;   // several buckets
+    cfg->parallel.use_distributed_optimizer = dist;
     cfg->train.micro_batch_size = 2;
     cfg->train.global_batch_size = 8;
     cfg->train.train_iters = STEPS;
@@ -120,31 +121,34 @@ static int check_qkv_bias(const char *name, const layout_run *run, const layout_
 }
 
 static void compare_layouts(float dropout) {
-    static const int layouts[][4] = {   // TP, PP, DP, layers per virtual stage
-        {2, 1, 1, 0}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 1, 2, 0}, {2, 2, 1, 0}, {1, 2, 2, 0},
-        {2, 2, 2, 0}, {4, 1, 1, 0}, {1, 4, 1, 0}, {4, 2, 1, 0}, {1, 2, 1, 1}};
+    static const int layouts[][5] = {   // TP, PP, DP, layers per virtual stage, distributed optimizer
+        {2, 1, 1, 0, 0}, {1, 2, 1, 0, 0}, {1, 1, 2, 0, 0}, {2, 1, 2, 0, 0}, {2, 2, 1, 0, 0}, {1, 2, 2, 0, 0},
+        {2, 2, 2, 0, 0}, {4, 1, 1, 0, 0}, {1, 4, 1, 0, 0}, {4, 2, 1, 0, 0}, {1, 2, 1, 1, 0},
+        // the distributed optimizer (ZeRO-1): shards cut through tensors; DP=4 cuts them finer
+        {1, 1, 2, 0, 1}, {1, 1, 4, 0, 1}, {2, 2, 2, 0, 1}, {1, 2, 2, 1, 1}};
     layout_run ref, run;
-    run_layout(&ref, 1, 1, 1, 0, dropout);
+    run_layout(&ref, 1, 1, 1, 0, dropout, 0);
     mt_expect(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the reference run did not learn (%g -> %g)",
               (double)ref.losses[0], (double)ref.losses[STEPS - 1]);
     for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
         const int *L = layouts[k];
-        run_layout(&run, L[0], L[1], L[2], L[3], dropout);
+        run_layout(&run, L[0], L[1], L[2], L[3], dropout, L[4]);
         char label[128];
-        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s dropout=%.1f losses", L[0], L[1], L[2], L[3] ? " interleaved" : "",
-                 (double)dropout);
+        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s%s dropout=%.1f losses", L[0], L[1], L[2],
+                 L[3] ? " interleaved" : "", L[4] ? " dist-opt" : "", (double)dropout);
         // 1e-5: reordered fp32 sums, see the top of this file
         int ok = mt_check_tensor(label, run.losses, ref.losses, STEPS, 1e-5);
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
             char name[160];
-            snprintf(name, sizeof name, "TP=%d PP=%d DP=%d%s %s", L[0], L[1], L[2], L[3] ? " vp" : "", tensor_names[i]);
+            snprintf(name, sizeof name, "TP=%d PP=%d DP=%d%s%s %s", L[0], L[1], L[2], L[3] ? " vp" : "",
+                     L[4] ? " dist-opt" : "", tensor_names[i]);
             size_t off = ref.global_offsets[i], n = ref.global_offsets[i + 1] - off;
             if (strcmp(tensor_names[i], "qkvb") == 0) { ok &= check_qkv_bias(name, &run, &ref); continue; }
             // 1e-5 of the tensor's scale (norm-wise): reordered sums round at the scale of their
             // terms, so near-zero elements carry errors set by the tensor's magnitude
             ok &= mt_check_tensor_normwise(name, run.global_params + off, ref.global_params + off, n, 1e-5);
         }
-        printf("  %-40s %s  (loss %.6f -> %.6f)\n", label, ok ? "same as 1x1x1" : "DIFFERS", (double)run.losses[0],
+        printf("  %-50s %s  (loss %.6f -> %.6f)\n", label, ok ? "same as 1x1x1" : "DIFFERS", (double)run.losses[0],
                (double)run.losses[STEPS - 1]);
         free(run.global_params);
     }
@@ -157,8 +161,8 @@ MT_TEST(layouts_match_one_rank_with_dropout) { compare_layouts(0.1f); }
 // dropout must change the result (else the test above proves nothing about masks)
 MT_TEST(dropout_changes_the_loss) {
     layout_run a, b;
-    run_layout(&a, 1, 1, 1, 0, 0.0f);
-    run_layout(&b, 1, 1, 1, 0, 0.2f);
+    run_layout(&a, 1, 1, 1, 0, 0.0f, 0);
+    run_layout(&b, 1, 1, 1, 0, 0.2f, 0);
     mt_expect(fabsf(a.losses[0] - b.losses[0]) > 1e-4f, "dropout 0.2 gave the same first loss as no dropout");
     free(a.global_params);
     free(b.global_params);

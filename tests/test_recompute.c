@@ -21,6 +21,7 @@ typedef struct {
     float *params;            // rank 0's parameters after training
     size_t num_params;
     size_t activation_bytes;  // rank 0's report
+    mt_memory_report report;  // rank 0's, from its allocation
 } run_t;
 
 static void rank_main(mt_world *w, int rank, void *arg) {
@@ -36,6 +37,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
         run->params = (float *)mt_malloc(sizeof(float) * r->model.num_params, "params");
         memcpy(run->params, r->model.params_memory, sizeof(float) * r->model.num_params);
         run->activation_bytes = r->memory.activations;
+        run->report = r->memory;
     }
     mt_rank_free(r);
     free(r);
@@ -159,9 +161,43 @@ MT_TEST(recompute_flags) {
     mt_expect(cfg.recompute == MT_RECOMPUTE_BLOCK && cfg.recompute_num_layers == 2, "full block 2 not read");
 }
 
+// the memory plan (--dry-run) is what the allocation reports, for every kind of knob
+MT_TEST(memory_plan_is_the_allocation) {
+    static run_t run;
+    struct { int tp, pp, vp, dist; const char *g, *m; int n; } cases[] = {
+        {1, 1, 0, 0, "", "", 1}, {2, 2, 1, 0, "full", "uniform", 1}, {1, 2, 0, 0, "selective", "", 1},
+        {1, 1, 0, 0, "full", "block", 3}, {2, 1, 0, 1, "full", "uniform", 2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        train(&run, cases[c].tp, cases[c].pp, cases[c].vp, cases[c].g, cases[c].m, cases[c].n);
+        if (cases[c].dist) {   // again as DP=2 with the distributed optimizer: the plan must follow
+            run.cfg.parallel.use_distributed_optimizer = 1;
+            run.cfg.parallel.nproc_per_node = 2 * cases[c].tp * cases[c].pp;
+            run.cfg.train.global_batch_size = 8;
+            free(run.params);
+            mt_config cfg = run.cfg;
+            mt_config_derive(&cfg);
+            run.cfg = cfg;
+            mt_world *w = mt_world_create(cfg.world_size);
+            mt_expect(mt_world_run(w, rank_main, &run) == 0, "dist-opt run failed");
+            mt_world_destroy(w);
+        }
+        mt_memory_report plan;
+        mt_memory_plan(&run.cfg, 0, &plan);
+        int same = plan.params == run.report.params && plan.grads == run.report.grads &&
+                   plan.optimizer == run.report.optimizer && plan.activations == run.report.activations &&
+                   plan.scratch == run.report.scratch;
+        mt_expect(same, "case %zu: the plan (%zu %zu %zu %zu %zu) is not the allocation (%zu %zu %zu %zu %zu)", c,
+                  plan.params, plan.grads, plan.optimizer, plan.activations, plan.scratch, run.report.params,
+                  run.report.grads, run.report.optimizer, run.report.activations, run.report.scratch);
+        free(run.params);
+    }
+}
+
 int main(void) {
     mt_run_test(recompute_flags);
     mt_run_test(recompute_one_rank);
     mt_run_test(recompute_tp2_pp2_interleaved);
+    mt_run_test(memory_plan_is_the_allocation);
     return mt_test_summary();
 }

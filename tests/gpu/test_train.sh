@@ -20,7 +20,8 @@ set -- "1gpu_fp32||--fp32" "1gpu_bf16||--bf16" \
   "tp2_bf16|--tensor-model-parallel-size 2 --nproc-per-node 2|--bf16 --tensor-model-parallel-size 2 --nproc-per-node 2" \
   "dp2_fp32|--nproc-per-node 2|--fp32 --nproc-per-node 2" \
   "dp2_bf16|--nproc-per-node 2|--bf16 --nproc-per-node 2" \
-  "pp2_fp32|--pipeline-model-parallel-size 2 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --nproc-per-node 2"
+  "pp2_fp32|--pipeline-model-parallel-size 2 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --nproc-per-node 2" \
+  "dp2_distopt_fp32|--nproc-per-node 2 --use-distributed-optimizer|--fp32 --nproc-per-node 2 --use-distributed-optimizer"
 for c in "$@"; do
   label=${c%%|*}; rest=${c#*|}; cpu=${rest%%|*}
   ./train_gpt $M $cpu > build/cpu_$label.log 2>&1 &
