@@ -1,13 +1,15 @@
 # megatron.h - Makefile
 #
 #   make            the CPU programs: ./train_gpt and ./preprocess (and a CUDA compile check where nvcc is)
-#   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
+#   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU; 16 min on a
+#                   shared 2-core machine, 11.5 CPU-minutes: docs/perf.md)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
-#   make debug      -O0 -g builds for stepping through in gdb (every rank is a thread: `info threads`)
+#   make debug      -O0 -g builds for gdb, under their own names: ./train_gpt_debug, ./preprocess_debug
+#   make debug-cuda -O0 -g -G build of the GPU trainer for cuda-gdb: ./train_gpt_cuda_debug
 #   make clean
 #
 # Only a C compiler and pthreads are needed for the CPU build; nvcc (CUDA + NCCL) for the GPU one.
@@ -40,7 +42,7 @@ endif
 
 TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
 
-.PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
+.PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug debug-cuda clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -89,9 +91,12 @@ tests/tok_ids: tests/tok_ids.c $(HEADERS)
 tests/test_ref: tests/test_ref.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+# and two shell tests: tests/test_cli.sh (what a newcomer sees: --help, the first lines of a run,
+# make debug) and tests/test_docs.sh (every command marked runnable in README.md and docs/*.md)
+SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
-	@sh tests/run.sh $(TESTS)
+	@sh tests/run.sh $(TESTS) $(SCRIPT_TESTS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
@@ -120,7 +125,8 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	@./tests/gpu/test_kernels 2>&1 | tee build/test_kernels.log; \
 	 ./tests/gpu/test_gemm_wgmma 2>&1 | tee build/test_gemm_wgmma.log; \
 	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
-	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log
+	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
+	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_docs_gpu.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda
@@ -130,9 +136,20 @@ bench: preprocess train_gpt_cuda
 bench-tokenizer: $(VENV)/.ready preprocess
 	$(VENV)/bin/python tests/bench_tokenizer.py
 
-# -O0 -g: for gdb (`thread 3` is rank 2, threads are named "r2 tp0 dp1 pp0")
-debug:
-	$(MAKE) -B CFLAGS="-O0 -g" train_gpt preprocess
+# -O0 -g: for gdb, as their own binaries, so ./train_gpt (and make run) stay the fast -O3 build.
+# gdb's thread 1 is the main thread; the ranks are the threads after it, named "r2 tp0 dp1 pp0"
+# (`info threads`). docs/debugging.md walks through a 2x2 run.
+DEBUG_CFLAGS = -O0 -g -std=c11 -Wall -Wextra -pedantic -I.
+debug: train_gpt_debug preprocess_debug
+train_gpt_debug: train_gpt.c $(HEADERS)
+	$(CC) $(DEBUG_CFLAGS) -o $@ train_gpt.c $(LDLIBS)
+preprocess_debug: preprocess.c $(HEADERS)
+	$(CC) $(DEBUG_CFLAGS) -o $@ preprocess.c $(LDLIBS)
+# -G: device code unoptimised and steppable in cuda-gdb (much slower kernels; for finding bugs)
+debug-cuda: train_gpt_cuda_debug
+train_gpt_cuda_debug: train_gpt.c kernels.cuh $(HEADERS)
+	$(NVCC) -O0 -g -G $(NVCC_ARCH) -x cu -Xcompiler -Wall -o $@ train_gpt.c -lnccl
 
 clean:
+	rm -f train_gpt_debug preprocess_debug train_gpt_cuda_debug
 	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs

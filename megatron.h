@@ -219,6 +219,7 @@ typedef struct {
     float clip_grad;           // --clip-grad, default 1.0 (0 = no clipping)
     unsigned long long seed;   // --seed, default 1234
     int log_interval;          // --log-interval, default 100
+    int verbose;               // --verbose: also print rank 0's tensor table (name, shape, offset) at start
     int eval_interval;         // --eval-interval, default 1000
     int eval_iters;            // --eval-iters, default 100
     int save_interval;         // --save-interval
@@ -1680,7 +1681,7 @@ static const mt__flag mt__flags[] = {
     {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training", "compute in bf16 (GPU build)"},
     {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training", "compute in fp16 (GPU build)"},
     {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training",
-     "GPU GEMM kernel: naive | tiled | mma (default: tiled for fp32, mma for bf16)"},
+     "GPU GEMM kernel: naive | tiled | mma | wgmma (default: tiled for fp32; for bf16 wgmma on Hopper, else mma)"},
     {"--recompute-granularity", MT__STR, MT__OFF(train.recompute_granularity), 16, "training",
      "activation recompute: full (whole layers) | selective (the attention core)"},
     {"--recompute-method", MT__STR, MT__OFF(train.recompute_method), 16, "training",
@@ -1690,6 +1691,8 @@ static const mt__flag mt__flags[] = {
     {"--recompute-activations", MT__BOOL, MT__OFF(train.recompute_activations), 0, "training",
      "= --recompute-granularity selective"},
     {"--log-interval", MT__INT, MT__OFF(train.log_interval), 0, "logging", "iterations between iteration lines"},
+    {"--verbose", MT__BOOL, MT__OFF(train.verbose), 0, "logging",
+     "also print rank 0's parameter tensors in carve order (name, shape, offset) at start"},
     {"--eval-interval", MT__INT, MT__OFF(train.eval_interval), 0, "logging", "iterations between validation runs"},
     {"--eval-iters", MT__INT, MT__OFF(train.eval_iters), 0, "logging", "global batches per validation run"},
     {"--save-interval", MT__INT, MT__OFF(train.save_interval), 0, "checkpointing", "iterations between checkpoints"},
@@ -2096,6 +2099,10 @@ void mt_print_help(FILE *f) {
     fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
     const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation",
                             "ignored"};
+    // the flags a training run cannot do without (the others have working defaults)
+    static const char *required[][2] = {{"--train-iters", " [required]"}, {"--data-path", " [required]"},
+                                        {"--vocab-file", " [required for GPT2BPETokenizer]"},
+                                        {"--merge-file", " [required for GPT2BPETokenizer]"}};
     mt_config d;
     mt_config_defaults(&d);
     for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
@@ -2114,7 +2121,13 @@ void mt_print_help(FILE *f) {
             case MT__STR: snprintf(def, sizeof def, "'%s'", base + fl->offset); break;
             default: break;
             }
-            fprintf(f, "  %-42s %s%s%s%s\n", fl->name, fl->help, def[0] ? " [default " : "", def, def[0] ? "]" : "");
+            // a help text that states its own default (a derived one) gets no second, raw one
+            if (strstr(fl->help, "default")) def[0] = 0;
+            const char *req = "";
+            for (size_t k = 0; k < sizeof required / sizeof required[0]; k++)
+                if (strcmp(fl->name, required[k][0]) == 0) { req = required[k][1]; def[0] = 0; }
+            fprintf(f, "  %-42s %s%s%s%s%s\n", fl->name, fl->help, def[0] ? " [default " : "", def, def[0] ? "]" : "",
+                    req);
         }
     }
     fprintf(f, "\n"
@@ -5117,7 +5130,11 @@ void mt_print_schedule(const mt_config *cfg, FILE *f) {
         int busy_total = 0;
         for (int s = 0; s < pp; s++) {
             int n = mt_schedule_for(cfg, s, list);
-            int cell = vp > 1 ? 6 : 3;
+            // a cell fits the longest label and a space: F9 -> 3, F10 -> 4, F3.1 -> 6, F10.1 -> 7
+            int digits = 1, cdigits = 1;
+            for (int x = m - 1; x >= 10; x /= 10) digits++;
+            for (int x = vp - 1; x >= 10; x /= 10) cdigits++;
+            int cell = vp > 1 ? 4 + digits + cdigits : 2 + digits;
             char *line = (char *)mt_malloc((size_t)makespan * cell + 1, "schedule");
             memset(line, ' ', (size_t)makespan * cell);
             line[makespan * cell] = 0;
@@ -5445,6 +5462,11 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
     memset(d, 0, sizeof *d);
     if (strlen(prefix) + 5 > MT_PATH_MAX) mt_fatal("data path prefix too long: %s", prefix);
     strcpy(d->prefix, prefix);
+    // PREFIX.bin or PREFIX.idx, as a file browser offers them, mean PREFIX
+    size_t plen = strlen(d->prefix);
+    if (plen > 4 && (strcmp(d->prefix + plen - 4, ".bin") == 0 || strcmp(d->prefix + plen - 4, ".idx") == 0))
+        d->prefix[plen - 4] = 0;
+    prefix = d->prefix;
     char path[MT_PATH_MAX + 8];
     snprintf(path, sizeof path, "%s.idx", prefix);
     const char *hint = "--data-path takes the prefix of PREFIX.bin/PREFIX.idx as written by ./preprocess (e.g. "
@@ -7063,8 +7085,10 @@ static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, cons
 // checking that its layout and model are r's; saved[] receives the metadata values
 static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
     FILE *f = fopen(path, "rb");
-    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint was saved with another TP x PP layout, or is incomplete",
-                     path, strerror(errno));
+    if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint is incomplete, or was saved with another TP x PP layout "
+                     "(ls its iter_* directory: mp_rank_TT_PPP); convert it to this run's: ./train_gpt "
+                     "--convert-checkpoint --load SRC --save DST --target-tensor-parallel-size %d "
+                     "--target-pipeline-parallel-size %d", path, strerror(errno), r->ps.tp_size, r->ps.pp_size);
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
@@ -7806,7 +7830,7 @@ static float mt__evaluate(mt_rank *r, mt__batch_ctx *ctx, int split, int iterati
 static void mt__print_rank_tables(mt_rank *r) {
     const mt_config *cfg = r->cfg;
     int rank = r->ps.rank;
-    if (rank == 0) {
+    if (rank == 0 && cfg->train.verbose) {
         printf("rank 0 parameters (carve order = checkpoint order):");
         const char *sep = " ";
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -7967,10 +7991,10 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
                "number of skipped iterations: %3d | number of nan iterations: %3d | "
-               "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f | estimated time left: %s |\n",
+               "throughput per GPU (TFLOP/s/GPU): %.*f | tokens per second: %.0f | estimated time left: %s |\n",
                it, t->train_iters, (long long)samples, ms, (double)res->lr, t->global_batch_size,
                acc->count ? acc->loss / acc->count : (double)NAN, 1.0, (double)res->grad_norm, acc->skipped,
-               acc->nan_iters, tflops, tokens_per_s, left);
+               acc->nan_iters, tflops < 1.0 ? 3 : 1, tflops, tokens_per_s, left);   // a CPU's 0.004, not 0.0
         if (r->ps.pp_size > 1)
             printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res->idle_seconds / dt);
         if (r->ps.world_size > 1) {

@@ -50,7 +50,7 @@ def load_reference(pat_str=TIKTOKEN_PAT):
 
     for path, want in ((VOCAB, VOCAB_SHA256), (MERGES, MERGES_SHA256)):
         if not os.path.isfile(path):
-            sys.exit(f"error: {path} is missing\nhint: cp /work/shared/data/* data/ (see data/README.md)")
+            sys.exit(f"error: {path} is missing\nhint: the file ships in the repository's data/ folder: git checkout -- data/ (see data/README.md)")
         got = hashlib.sha256(open(path, "rb").read()).hexdigest()
         if got != want:
             sys.exit(f"error: {path} is not GPT-2's file (sha256 {got})")

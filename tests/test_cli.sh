@@ -1,0 +1,67 @@
+#!/bin/sh
+# tests/test_cli.sh - what a newcomer sees of ./train_gpt and the Makefile (issue 15's papercuts):
+# --help shows one default per flag and marks the required ones; the start of a run is short
+# (the carve table only with --verbose); the CPU iteration line shows a real TFLOP/s figure;
+# --print-schedule keeps labels apart from micro-batch 10 on; --data-path accepts PREFIX.bin and
+# PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; make debug
+# never writes ./train_gpt. Run from the repository root after `make`; prints "N passed, N failed".
+passed=0; failed=0
+ok() { passed=$((passed + 1)); echo "PASS $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+tmp=build/test_cli
+rm -rf "$tmp"; mkdir -p "$tmp"
+
+./train_gpt --help > "$tmp/help" 2>&1
+# a flag whose help states a derived default gets no second, raw "[default 0]"
+check "help: one default per flag" "! grep -E 'default .*\[default' '$tmp/help' > /dev/null"
+check "help: --train-iters is marked required" "grep -E -- '--train-iters .*\[required\]' '$tmp/help' > /dev/null"
+check "help: --data-path is marked required" "grep -E -- '--data-path .*\[required\]' '$tmp/help' > /dev/null"
+check "help: --gemm lists wgmma" "grep -E -- '--gemm .*wgmma' '$tmp/help' > /dev/null"
+
+# the bundled corpus, cut to its first 8 documents: enough for a few tiny steps
+head -n 8 data/corpus.jsonl > "$tmp/small.jsonl"
+./preprocess --input "$tmp/small.jsonl" --output-prefix "$tmp/small" --vocab-file data/gpt2-vocab.json \
+  --merge-file data/gpt2-merges.txt --append-eod > /dev/null 2>&1 || bad "preprocess the small corpus"
+P=$tmp/small_text_document
+M="--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+   --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --vocab-file data/gpt2-vocab.json
+   --merge-file data/gpt2-merges.txt --split 949,50,1 --log-interval 2 --eval-interval 100 --eval-iters 1"
+./train_gpt $M --train-iters 2 --data-path "$P" > "$tmp/run" 2>&1 || bad "tiny run exits 0"
+check "no carve table without --verbose" "! grep 'carve order' '$tmp/run' > /dev/null"
+# the CPU's throughput is a few GFLOP/s: printed with 3 decimals, never as 0.0
+check "TFLOP/s/GPU printed with its digits" "grep -E 'TFLOP/s/GPU\): 0\.[0-9]{3} \|' '$tmp/run' > /dev/null"
+./train_gpt $M --train-iters 2 --data-path "$P" --verbose > "$tmp/runv" 2>&1
+check "carve table with --verbose" "grep 'carve order' '$tmp/runv' > /dev/null"
+
+# PREFIX.bin and PREFIX.idx mean PREFIX: the same losses as the prefix itself
+./train_gpt $M --train-iters 2 --data-path "$P.bin" > "$tmp/run_bin" 2>&1
+./train_gpt $M --train-iters 2 --data-path "$P.idx" > "$tmp/run_idx" 2>&1
+loss() { grep -o 'lm loss: [0-9.E+-]*' "$1"; }
+check "--data-path PREFIX.bin" "[ -n \"\$(loss $tmp/run)\" ] && [ \"\$(loss $tmp/run)\" = \"\$(loss $tmp/run_bin)\" ]"
+check "--data-path PREFIX.idx" "[ -n \"\$(loss $tmp/run)\" ] && [ \"\$(loss $tmp/run)\" = \"\$(loss $tmp/run_idx)\" ]"
+
+# micro-batch 10 and up: every label stands apart ("F10 B7", never "F10B7")
+./train_gpt --print-schedule --pipeline-model-parallel-size 2 --nproc-per-node 2 --num-layers 2 \
+  --micro-batch-size 1 --global-batch-size 12 > "$tmp/sched" 2>&1
+check "schedule: labels apart from micro-batch 10 on" \
+  "grep 'F10 ' '$tmp/sched' > /dev/null && ! grep '^stage' '$tmp/sched' | grep -E '[0-9][FB][0-9]' > /dev/null"
+./train_gpt --print-schedule --pipeline-model-parallel-size 2 --nproc-per-node 2 --num-layers 4 \
+  --num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 1 --global-batch-size 12 > "$tmp/sched_v" 2>&1
+check "interleaved schedule: labels apart" \
+  "grep 'F10.1 ' '$tmp/sched_v' > /dev/null && ! grep '^stage' '$tmp/sched_v' | grep -E '[0-9][FB][0-9]' > /dev/null"
+
+# a PP=2 checkpoint loaded by a PP=1 run: the hint names --convert-checkpoint
+./train_gpt $M --train-iters 2 --data-path "$P" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
+  --save "$tmp/ckpt_pp2" > /dev/null 2>&1
+./train_gpt $M --train-iters 4 --data-path "$P" --load "$tmp/ckpt_pp2" > "$tmp/load" 2>&1
+check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
+  "grep '^hint: .*--convert-checkpoint' '$tmp/load' > /dev/null"
+
+# make debug writes its own binaries; ./train_gpt stays the optimised one
+check "make debug never writes ./train_gpt" \
+  "make -n debug 2>/dev/null | grep -E -- '-o (train_gpt|preprocess) ' > /dev/null; [ \$? -ne 0 ]"
+check "make debug writes ./train_gpt_debug" "make -n -B debug 2>/dev/null | grep -- '-o train_gpt_debug ' > /dev/null"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

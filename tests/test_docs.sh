@@ -1,0 +1,110 @@
+#!/bin/sh
+# tests/test_docs.sh - every command the docs show, run; every output line they quote, checked.
+#
+# In README.md and docs/*.md a shell block is marked by its fence's info string:
+#   ```sh runnable        run by `make test` on the CPU build (tiny models: the whole suite stays fast)
+#   ```sh runnable fails  the same, but the command must exit non-zero (the error pages show errors)
+#   ```sh gpu             needs GPUs: skipped here, run by `make test-gpu` (tests/test_docs.sh --gpu)
+#   ```sh                 shown, never run (a long run, more GPUs than the test machine has, make itself)
+# A ```text output block right after a run block quotes what it prints. Each of its lines must
+# be found in one line of the real output; "..." in a quoted line stands for anything (trimmed
+# numbers, timings), and a line that is only "..." is skipped. The docs run in file order in one
+# scratch directory (build/doctest/work, with the programs, data/ and configs/ linked in), so a
+# later block sees the files an earlier one wrote; a block whose text was already run (the
+# Chinese tutorial repeats the English one's commands) is checked against the first run's output.
+#
+# Also checked: every relative link points at a file; every `mt_...` name is defined in
+# megatron.h or kernels.cuh; every "§N" is one of megatron.h's 12 sections.
+# Prints "N passed, N failed"; run from the repository root after `make`.
+mode=cpu
+[ "$1" = "--gpu" ] && mode=gpu
+passed=0; failed=0
+ok() { passed=$((passed + 1)); echo "PASS $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+root=$(pwd)
+dir=build/doctest
+rm -rf "$dir"; mkdir -p "$dir/blocks" "$dir/work/data"
+for f in data/*; do ln -s "$root/$f" "$dir/work/data/$(basename "$f")"; done
+for f in train_gpt preprocess train_gpt_cuda configs; do [ -e "$f" ] && ln -s "$root/$f" "$dir/work/$f"; done
+docs="README.md $(ls docs/*.md | sort)"
+
+# 1. the blocks: blocks/NNN.sh (+ NNN.expect), and a list "NNN kind file:line"
+awk -v out="$dir/blocks" '
+  FNR == 1 { fence = 0; last = "" }
+  /^```/ {
+    if (fence) { fence = 0; if (cur != "") close(cur); cur = ""; next }
+    fence = 1; info = substr($0, 4); cur = ""
+    if (info ~ /^sh (runnable|gpu)/) {
+      n++; last = sprintf("%03d", n); kind = info; sub(/^sh /, "", kind); gsub(/ +/, "-", kind)
+      print last " " kind " " FILENAME ":" FNR > (out "/list")
+      cur = out "/" last ".sh"; printf "" > cur
+    } else if (info ~ /^text output/ && last != "") {
+      cur = out "/" last ".expect"; printf "" > cur; last = ""
+    } else last = ""
+    next
+  }
+  fence && cur != "" { print > cur }
+' $docs
+[ -f "$dir/blocks/list" ] || : > "$dir/blocks/list"
+
+# does every quoted line of $1 appear in the output $2? prints the first one that does not
+missing() {
+  awk 'NR == FNR { lines[++n] = $0; next }
+       { q = $0; gsub(/^[ \t]+|[ \t]+$/, "", q); if (q == "" || q == "...") next
+         k = split(q, frag, /\.\.\./); found = 0
+         for (i = 1; i <= n && !found; i++) {
+           rest = lines[i]; good = 1
+           for (j = 1; j <= k; j++) {
+             s = frag[j]; gsub(/^[ \t]+|[ \t]+$/, "", s); if (s == "") continue
+             p = index(rest, s); if (!p) { good = 0; break }
+             rest = substr(rest, p + length(s))
+           }
+           if (good) found = 1
+         }
+         if (!found) { print q; exit } }' "$2" "$1"
+}
+
+# 2. run them in order
+while read -r id kind where; do
+  case "$kind" in
+    gpu*) [ "$mode" = gpu ] || { echo "SKIP $where (needs GPUs: make test-gpu)"; continue; } ;;
+    *) ;;   # CPU blocks run in both modes: the GPU blocks need their data
+  esac
+  sum=$(cksum < "$dir/blocks/$id.sh" | cut -d' ' -f1)
+  if [ -f "$dir/blocks/ran.$sum" ]; then
+    first=$(cat "$dir/blocks/ran.$sum"); cp "$dir/blocks/$first.out" "$dir/blocks/$id.out"
+    cp "$dir/blocks/$first.rc" "$dir/blocks/$id.rc"
+  else
+    (cd "$dir/work" && timeout 300 sh -e "../blocks/$id.sh") > "$dir/blocks/$id.out" 2>&1
+    echo $? > "$dir/blocks/$id.rc"; echo "$id" > "$dir/blocks/ran.$sum"
+  fi
+  rc=$(cat "$dir/blocks/$id.rc")
+  case "$kind" in
+    *fails) [ "$rc" -ne 0 ] && ok "$where exits non-zero" || bad "$where should fail, exit $rc" ;;
+    *) if [ "$rc" -eq 0 ]; then ok "$where runs"
+       else bad "$where exit $rc:"; tail -n 5 "$dir/blocks/$id.out"; fi ;;
+  esac
+  if [ -f "$dir/blocks/$id.expect" ]; then
+    m=$(missing "$dir/blocks/$id.expect" "$dir/blocks/$id.out")
+    if [ -z "$m" ]; then ok "$where prints what the doc quotes"
+    else bad "$where does not print: $m"; fi
+  fi
+done < "$dir/blocks/list"
+[ "$mode" = gpu ] && { echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; }
+
+# 3. links, names of functions and sections
+for doc in $docs; do
+  d=$(dirname "$doc")
+  for link in $(grep -oE '\]\([^)# ]+' "$doc" | sed 's/^](//' | grep -v '^[a-z]*:' | sort -u); do
+    [ -e "$d/$link" ] && ok "$doc links $link" || bad "$doc links $link, which does not exist"
+  done
+  for name in $(grep -o '`mt_[A-Za-z0-9_]*' "$doc" | sed 's/^`//' | sort -u); do
+    grep -q "\\b$name\\b" megatron.h kernels.cuh && ok "$doc names $name" \
+      || bad "$doc names $name, which megatron.h and kernels.cuh do not define"
+  done
+  for s in $(grep -o '§[0-9]*' "$doc" | sed 's/^§//' | sort -u); do
+    grep -q "^// $s\. " megatron.h && ok "$doc cites section $s" || bad "$doc cites section $s, which does not exist"
+  done
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
