@@ -953,6 +953,8 @@ int mt_pretrain(mt_config *cfg);
 #include <unistd.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 // =============================================================================================
 // 1. UTILITIES, ERRORS & CONFIG
@@ -1654,12 +1656,27 @@ static int mt__parse_int(const char *flag, const char *s) {
     return (int)v;
 }
 
+// a real number; NaN and infinities are refused (no flag means anything by them)
 static double mt__parse_double(const char *flag, const char *s) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || end == s) mt_fatal("%s expects a number, got '%s'", flag, s);
+    if (errno || *end || end == s || !isfinite(v))
+        mt_fatal("%s expects a finite number, got '%s'\nhint: e.g. %s 0.5", flag, s, flag);
     return v;
+}
+
+// a whole number in [lo, hi], written as an integer or as a real with no fraction (4e7); range
+// checked before any conversion, so 1e30 is an error and not undefined behaviour
+static long long mt__parse_integer(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!errno && !*end && end != s && (double)v >= lo && (double)v <= hi) return v;
+    double d = mt__parse_double(flag, s);
+    if (d != floor(d) || d < lo || d > hi)
+        mt_fatal("%s expects a whole number from %.0f to %.0f, got '%s'", flag, lo, hi, s);
+    return (long long)d;
 }
 
 static int mt__is_number(const char *s) {
@@ -1675,9 +1692,17 @@ static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *v
     const char *v = nvalues > 0 ? values[0] : NULL;
     switch (f->type) {
     case MT__INT: *(int *)(base + f->offset) = mt__parse_int(f->name, v); break;
-    case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_double(f->name, v); break;
-    case MT__U64: *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_double(f->name, v); break;
-    case MT__FLOAT: *(float *)(base + f->offset) = (float)mt__parse_double(f->name, v); break;
+    case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_integer(f->name, v, 0, 9007199254740992.0); break;
+    case MT__U64:   // a seed: 0 .. 2^53 (Megatron's is a Python int; every such value is exact in a double)
+        *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_integer(f->name, v, 0,
+                9007199254740992.0);
+        break;
+    case MT__FLOAT: {
+        double d = mt__parse_double(f->name, v);
+        if (fabs(d) > 3.0e38) mt_fatal("%s: %s does not fit in a float", f->name, v);
+        *(float *)(base + f->offset) = (float)d;
+        break;
+    }
     case MT__DOUBLE: *(double *)(base + f->offset) = mt__parse_double(f->name, v); break;
     case MT__BOOL: *(int *)(base + f->offset) = 1; break;
     case MT__STR:
@@ -1776,6 +1801,12 @@ static void mt__nearest_key(const char *flag, char *out, size_t cap) {
 void mt_config_load_json(mt_config *cfg, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open config file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        fclose(f);
+        mt_fatal("config file %s is %s\nhint: --config names a JSON file", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file of at most 64 MB");
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -1825,8 +1856,16 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
             mt__nearest_key(flag, suggestion, sizeof suggestion);
             mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, mt_json_line(&j), key, suggestion);
         }
+        if (fl->type == MT__CONFIG_FILE)   // a config naming itself would recurse for ever
+            mt_fatal("%s:%d: a config file cannot name another (\"%s\")\nhint: merge them into one file", path,
+                     mt_json_line(&j), key);
+        if (fl->type == MT__BOOL && !is_bool && !is_null)
+            mt_fatal("%s:%d: \"%s\" is true or false, got %s", path, mt_json_line(&j), key, value);
+        if (fl->type != MT__BOOL && is_bool)
+            mt_fatal("%s:%d: \"%s\" takes a value, not %s\nhint: write a number or a string (null keeps the default)",
+                     path, mt_json_line(&j), key, value);
         if (fl->type == MT__BOOL) { if (bool_value) mt__set_flag(cfg, fl, NULL, 0); }
-        else if (is_bool || is_null) { /* null / false for a valued key: keep the default */ }
+        else if (is_null) { /* null for a valued key: keep the default */ }
         else { const char *vp = value; mt__set_flag(cfg, fl, &vp, 1); }
     } while (mt_json_eat(&j, ','));
     if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}'");
@@ -1868,28 +1907,65 @@ void mt_print_help(FILE *f) {
 
 int mt_pad_vocab_size(int vocab_size, int divisible_by, int tp_size) {
     // Megatron's _vocab_size_with_padding: round up to a multiple of divisible_by * TP, so
-    // every TP rank holds the same number of embedding rows.
-    int multiple = divisible_by * tp_size;
-    return (vocab_size + multiple - 1) / multiple * multiple;
+    // every TP rank holds the same number of embedding rows. (In 64 bits: the caller checks
+    // that the result fits in an int; mt_config_derive does.)
+    if (divisible_by < 1 || tp_size < 1 || vocab_size < 1)
+        mt_fatal("cannot pad a vocabulary of %d to a multiple of %d x TP %d\n"
+                 "hint: --make-vocab-size-divisible-by and TP must be at least 1", vocab_size, divisible_by, tp_size);
+    int64_t multiple = (int64_t)divisible_by * tp_size;
+    int64_t padded = ((int64_t)vocab_size + multiple - 1) / multiple * multiple;
+    return padded > INT32_MAX ? INT32_MAX : (int)padded;
+}
+
+// every size the model keeps in an int must fit in one, products included (4C, 3C, Vp*TP, B*T):
+// checked once here in 64 bits, so later int arithmetic cannot overflow
+#define MT__MAX_DIM 1048576   /* 2^20: far above any GPT's hidden size, sequence or batch */
+static void mt__check_range(const char *flag, long long v, long long lo, long long hi) {
+    if (v < lo || v > hi) mt_fatal("%s %lld is out of range\nhint: use a value from %lld to %lld", flag, v, lo, hi);
 }
 
 void mt_config_derive(mt_config *cfg) {
     mt_model_config *m = &cfg->model;
     mt_parallel_config *p = &cfg->parallel;
     mt_train_config *t = &cfg->train;
+    if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
+        mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
+    // sizes: 0 means "derive it"; anything else must be positive and small enough that every
+    // product the model forms (4C, 3C, Vp x C rows, B x T) fits in its int
+    mt__check_range("--hidden-size", m->hidden_size, 1, MT__MAX_DIM);
+    mt__check_range("--num-layers", m->num_layers, 1, 65536);
+    mt__check_range("--seq-length", m->seq_length, 1, MT__MAX_DIM);
+    mt__check_range("--ffn-hidden-size", m->ffn_hidden_size, 0, 4 * MT__MAX_DIM);
+    mt__check_range("--max-position-embeddings", m->max_position_embeddings, 0, MT__MAX_DIM);
+    mt__check_range("--vocab-size", m->vocab_size, 0, 64 * MT__MAX_DIM);
+    mt__check_range("--make-vocab-size-divisible-by", m->make_vocab_size_divisible_by, 1, MT__MAX_DIM);
+    mt__check_range("--micro-batch-size", t->micro_batch_size, 1, MT__MAX_DIM);
+    mt__check_range("--global-batch-size", t->global_batch_size, 0, 1LL << 30);
+    mt__check_range("--nproc-per-node", p->nproc_per_node, 0, 4096);
+    mt__check_range("--tensor-model-parallel-size", p->tensor_model_parallel_size, 1, 4096);
+    mt__check_range("--pipeline-model-parallel-size", p->pipeline_model_parallel_size, 1, 4096);
+    mt__check_range("--num-layers-per-virtual-pipeline-stage", p->num_layers_per_virtual_pipeline_stage, 0, 65536);
+    mt__check_range("--ddp-bucket-size", p->ddp_bucket_size, 1, 1LL << 40);
+    mt__check_range("--train-iters", t->train_iters, 0, INT32_MAX / 2);
+    mt__check_range("--tokens-to-generate", t->tokens_to_generate, 0, MT__MAX_DIM);
+    mt__check_range("--top-k", t->top_k, 0, INT32_MAX);
+    // real numbers: NaN and infinities are refused by the parser; here the ranges
+    if (!(m->init_method_std >= 0)) mt_fatal("--init-method-std must be >= 0, got %g", (double)m->init_method_std);
+    if (!(t->lr >= 0) || !(t->min_lr >= 0)) mt_fatal("--lr and --min-lr must be >= 0\nhint: e.g. --lr 3e-4");
+    if (!(t->temperature >= 0))
+        mt_fatal("--temperature must be >= 0 (0 = greedy), got %g", (double)t->temperature);
     if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
     if (m->max_position_embeddings == 0) m->max_position_embeddings = m->seq_length;
     if (m->vocab_size == 0) m->vocab_size = 50257;   // GPT-2's; the trainer sets it from the vocab file
-    if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
-        mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
     if (m->hidden_size % m->num_attention_heads)
         mt_fatal("--hidden-size %d is not divisible by --num-attention-heads %d\n"
                  "hint: pick heads that divide the hidden size", m->hidden_size, m->num_attention_heads);
     if (m->seq_length > m->max_position_embeddings)
         mt_fatal("--seq-length %d is longer than --max-position-embeddings %d\nhint: raise --max-position-embeddings",
                  m->seq_length, m->max_position_embeddings);
-    if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 || m->attention_dropout >= 1)
-        mt_fatal("dropout probabilities must be in [0, 1)");
+    if (!(m->hidden_dropout >= 0 && m->hidden_dropout < 1) || !(m->attention_dropout >= 0 && m->attention_dropout < 1))
+        mt_fatal("dropout probabilities must be in [0, 1): --hidden-dropout %g, --attention-dropout %g",
+                 (double)m->hidden_dropout, (double)m->attention_dropout);
     int TP = p->tensor_model_parallel_size, PP = p->pipeline_model_parallel_size;
     if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least "
                                    "1");
@@ -1922,6 +1998,7 @@ void mt_config_derive(mt_config *cfg) {
     }
     int DP = cfg->data_parallel_size, B = t->micro_batch_size;
     if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
+    if ((int64_t)B * DP > (1LL << 30)) mt_fatal("--micro-batch-size %d x data-parallel size %d is too large", B, DP);
     if (t->global_batch_size == 0) t->global_batch_size = B * DP;
     if (t->global_batch_size % (B * DP))
         mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\n"
@@ -4705,8 +4782,6 @@ void mt_rank_free(mt_rank *r) {
 // Mirrors megatron/core/datasets/{indexed_dataset.py, gpt_dataset.py, blended_dataset.py,
 // helpers.cpp} and tools/preprocess_data.py. The files are Megatron's, byte for byte.
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 
 // ---------------------------------------------------------------------------------------------
 // the indexed dataset format (Megatron's "MMIDIDX", version 1), little-endian:
@@ -6647,8 +6722,10 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
     uint64_t header_len = len;
     int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
-    float *buf = (float *)mt_malloc((size_t)(F > V ? F : V) * (size_t)(C > F ? C : F) * sizeof(float) * 3 + 16,
-                                    "export");
+    size_t largest = 0;   // the buffer holds the largest tensor of the list (wte, wpe or an MLP matrix)
+    for (int i = 0; i < n; i++)
+        if ((size_t)list[i].rows * (size_t)list[i].cols > largest) largest = (size_t)list[i].rows * (size_t)list[i].cols;
+    float *buf = (float *)mt_malloc(largest * sizeof(float), "export");
     for (int i = 0; i < n && ok; i++) {
         const hf_tensor *t = &list[i];
         size_t per = (size_t)t->rows * t->cols;
@@ -6824,7 +6901,7 @@ static void mt__print_eval(mt_rank *r, const char *what, float loss) {
     if (r->ps.rank != r->ps.world_size - 1) return;
     char line[256];
     int n = snprintf(line, sizeof line, " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", what,
-                     (double)loss, exp((double)loss < 700 ? (double)loss : 700.0));
+                     (double)loss, isfinite(loss) ? exp((double)loss < 700 ? (double)loss : 700.0) : (double)NAN);
     char dashes[260];
     memset(dashes, '-', (size_t)n);
     dashes[n] = 0;
@@ -6932,16 +7009,58 @@ static void mt__training_log(mt_rank *r, int it, const mt_step_result *res, doub
     memset(acc, 0, sizeof *acc);
 }
 
+// a checkpoint only of a finite state: a NaN or an infinity in the parameters or in AdamW's
+// moments would be resumed for ever. One sum of squares per buffer and one all-reduce over the
+// world (every rank must agree, since rank 0 moves the tracker); cheap beside the write.
+static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed, int last_was_nan) {
+    if (last_was_nan) {   // the same on every rank: the loss is all-reduced, the skip follows the global norm
+        if (r->ps.rank == r->ps.world_size - 1) {
+            printf("WARNING: not saving a checkpoint at iteration %d: its loss was NaN or its step skipped\n",
+                   iteration);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    double sum = mt_sum_squares(r, r->model.params_memory, r->model.num_params) +
+                 mt_sum_squares(r, r->optim.m_memory, r->model.num_params) +
+                 mt_sum_squares(r, r->optim.v_memory, r->model.num_params);
+    double bad = isfinite(sum) ? 0.0 : 1.0;
+    if (r->ps.world_size > 1) mt_all_reduce_double(&r->groups.world, &bad, 1, MT_SUM);
+    if (bad > 0) {
+        if (r->ps.rank == r->ps.world_size - 1) {
+            printf("WARNING: not saving a checkpoint at iteration %d: the parameters or the optimizer state are not "
+                   "finite (NaN or inf)\n", iteration);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    mt_checkpoint_save(r, dir, iteration, valid_consumed);
+    return 1;
+}
+
+// Megatron skips a step whose gradients are not finite and goes on; a run whose loss stays NaN
+// would go on for ever, so after this many such iterations in a row we stop, with the usual causes
+#define MT_MAX_BAD_ITERATIONS 5
+
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
 // Returns the last iteration trained (--exit-interval may stop it early).
-static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved) {
+static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved,
+                     int *ended_bad) {
     const mt_train_config *t = &r->cfg->train;
     mt__log_interval acc;
     memset(&acc, 0, sizeof acc);
+    int bad_in_a_row = 0;   // iterations with a NaN/inf loss or a skipped step (the same on every rank)
     for (int it = first_iteration; it <= t->train_iters; it++) {
         double t0 = mt_time_seconds();
         mt_step_result res = mt_train_step(r, mt__data_batch, ctx, it);
         mt__training_log(r, it, &res, mt_time_seconds() - t0, &acc);
+        bad_in_a_row = !isfinite(res.loss) || res.skipped ? bad_in_a_row + 1 : 0;
+        *ended_bad = bad_in_a_row > 0;
+        if (bad_in_a_row >= MT_MAX_BAD_ITERATIONS)
+            mt_fatal("the loss or the gradients were NaN or infinite for %d iterations in a row (up to iteration %d); "
+                     "no checkpoint was saved from that state\n"
+                     "hint: the learning rate (--lr %g) is likely too high, or the loss scale (fp16) too large; "
+                     "resume from the last checkpoint with a lower --lr", bad_in_a_row, it, (double)t->lr);
         if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
             char what[64];
             snprintf(what, sizeof what, "iteration %d", it);
@@ -6950,7 +7069,7 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
         int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
         if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
             mt_barrier(&r->groups.world);   // the valid iterator position is final for this iteration
-            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
+            mt__save_if_finite(r, t->save, it, job->data->valid_consumed, bad_in_a_row > 0);
             *last_saved = it;
         }
         if (exiting) {
@@ -7020,11 +7139,12 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     int first_iteration = mt__resume(r, job);
     mt_barrier(&r->groups.world);
     int last_saved = 0;
-    int last_iteration = mt__train(r, job, &ctx, first_iteration, &last_saved);
+    int ended_bad = 0;   // the last iteration's loss was NaN or its step skipped: no final save
+    int last_iteration = mt__train(r, job, &ctx, first_iteration, &last_saved, &ended_bad);
     // Megatron saves once more at the end when the last iteration was not a save point
     if (t->save[0] && last_saved != last_iteration && first_iteration <= last_iteration) {
         mt_barrier(&r->groups.world);
-        mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
+        mt__save_if_finite(r, t->save, last_iteration, job->data->valid_consumed, ended_bad);
     }
     if (last_iteration == t->train_iters && t->eval_iters > 0) {   // not stopped by --exit-interval
         if (job->data->has_split[1])

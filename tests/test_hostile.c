@@ -1,0 +1,288 @@
+/* tests/test_hostile.c - hostile inputs and faults (issue 14): no crash, no hang, nothing lost.
+ *
+ * Each case runs ./train_gpt or ./preprocess as a user would, with a bad flag, a damaged file
+ * or a fault, and expects one clear error: exit status 1 (not a signal: 134 abort, 136 SIGFPE,
+ * 139 SIGSEGV), "error: " and a word naming the cause on stderr, and files already on disk
+ * untouched. Every case here crashed, hung or was silently accepted before its fix.
+ */
+#define MEGATRON_IMPLEMENTATION
+#include "../megatron.h"
+#include "harness.h"
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define DIR "build/hostile"
+#define DATA DIR "/data"
+// a tiny model that trains in well under a second on one core
+#define TINY "./train_gpt --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 " \
+             "--micro-batch-size 2 --global-batch-size 4 --vocab-size 101 --log-interval 1 --eval-iters 0 "
+
+static char out_text[65536];
+
+// runs cmd (through sh, with a 60 s limit so that a hang fails instead of blocking the suite),
+// stdout and stderr into out_text; returns the exit status (128 + signal for a signal)
+static int run(const char *cmd) {
+    char full[8192];
+    snprintf(full, sizeof full, "timeout -s KILL 60 sh -c '%s' > " DIR "/out.txt 2>&1", cmd);
+    int rc = system(full);
+    FILE *f = fopen(DIR "/out.txt", "r");
+    out_text[0] = 0;
+    if (f) { size_t n = fread(out_text, 1, sizeof out_text - 1, f); out_text[n] = 0; fclose(f); }
+    if (WIFSIGNALED(rc)) return 128 + WTERMSIG(rc);
+    return WEXITSTATUS(rc);
+}
+
+// the command must fail with exit status 1, "error: " and `want` in its output
+static void expect_error(const char *cmd, const char *want) {
+    int rc = run(cmd);
+    mt_expect(rc == 1, "'%s' exited with %d, want 1 (a clear error); output:\n%.400s", cmd, rc, out_text);
+    mt_expect(strstr(out_text, "error: ") && strstr(out_text, want), "'%s' printed:\n%.400s\n(want '%s')", cmd,
+              out_text, want);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static int same_file_bytes(const char *a, const char *b) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+    return system(cmd) == 0;
+}
+
+static void write_dataset(const char *prefix, int V, int ndocs) {
+    mt_indexed_builder *b = mt_indexed_builder_open(prefix, mt_dtype_for_vocab(V));
+    int32_t doc[400];
+    for (int d = 0; d < ndocs; d++) {
+        int n = 50 + (int)(mt_hash64((uint64_t)d) % 300);
+        for (int i = 0; i < n; i++) doc[i] = (d + 3 * i) % V;
+        mt_indexed_builder_add_document(b, doc, (size_t)n);
+    }
+    mt_indexed_builder_finish(b);
+}
+
+// a checkpoint at iteration 2 in DIR/ckpt (TP=1, PP=2, so the converter has stages to split)
+static void make_checkpoint(void) {
+    (void)system("rm -rf " DIR "/ckpt");
+    int rc = run(TINY "--train-iters 2 --data-path " DATA " --save " DIR "/ckpt "
+                 "--pipeline-model-parallel-size 2 --nproc-per-node 2");
+    mt_expect(rc == 0, "making the test checkpoint failed (%d):\n%s", rc, out_text);
+}
+
+// 1. a source checkpoint is never a destination, however it is spelled; an existing checkpoint
+//    directory is not overwritten unless asked
+MT_TEST(convert_never_overwrites_a_checkpoint) {
+    make_checkpoint();
+    const char *file = DIR "/ckpt/iter_0000002/mp_rank_00_000/model_optim_rng.safetensors";
+    (void)system("cp " DIR "/ckpt/iter_0000002/mp_rank_00_000/model_optim_rng.safetensors " DIR "/before.st");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ckpt --save " DIR "/ckpt/", "same");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ckpt --save " DIR "/../hostile/ckpt", "same");
+    mt_expect(same_file_bytes(file, DIR "/before.st"), "the source checkpoint changed");
+    // into another run's checkpoint directory: refused, unless --overwrite
+    (void)system("rm -rf " DIR "/other && cp -r " DIR "/ckpt " DIR "/other");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ckpt --save " DIR "/other", "--overwrite");
+    int rc = run(TINY "--convert-checkpoint --load " DIR "/ckpt --save " DIR "/other --overwrite");
+    mt_expect(rc == 0, "--overwrite did not convert (%d): %s", rc, out_text);
+    // a new run (no --load) saving into an old run's --save directory
+    expect_error(TINY "--train-iters 2 --data-path " DATA " --save " DIR "/ckpt "
+                 "--pipeline-model-parallel-size 2 --nproc-per-node 2", "--overwrite");
+    mt_expect(same_file_bytes(file, DIR "/before.st"), "the old run's checkpoint changed");
+}
+
+// 2. heap overflows: the export's buffer, a negative MLP size
+MT_TEST(no_heap_overflows) {
+    (void)system("rm -rf " DIR "/ck4096 " DIR "/hf");
+    int rc = run(TINY "--train-iters 1 --data-path " DATA " --max-position-embeddings 4096 --save " DIR "/ck4096");
+    mt_expect(rc == 0, "training with 4096 positions failed (%d): %s", rc, out_text);
+    rc = run(TINY "--load " DIR "/ck4096 --export-hf " DIR "/hf");
+    mt_expect(rc == 0, "export with 4096 positions exited %d: %s", rc, out_text);
+    mt_expect(file_size(DIR "/hf/model.safetensors") > 4096L * 32 * 4, "no model.safetensors");
+    expect_error(TINY "--train-iters 1 --data-path " DATA " --ffn-hidden-size -4", "--ffn-hidden-size");
+}
+
+// 3. division by zero: the vocabulary's padding multiple, from a flag or from a checkpoint
+MT_TEST(no_division_by_zero) {
+    expect_error(TINY "--train-iters 1 --data-path " DATA " --make-vocab-size-divisible-by 0",
+                 "--make-vocab-size-divisible-by");
+    expect_error(TINY "--train-iters 1 --data-path " DATA " --make-vocab-size-divisible-by -128",
+                 "--make-vocab-size-divisible-by");
+}
+
+// 4. recursion: a config that names itself; deep nesting in a safetensors header
+MT_TEST(no_stack_overflows) {
+    write_text(DIR "/self.json", "{\"config\": \"" DIR "/self.json\"}");
+    expect_error(TINY "--config " DIR "/self.json", "config");
+    // a safetensors header nested 200k levels deep, then load and convert
+    make_checkpoint();
+    const char *file = DIR "/ckpt/iter_0000002/mp_rank_00_000/model_optim_rng.safetensors";
+    size_t depth = 200000, len = 2 * depth;
+    char *deep = (char *)malloc(len + 8);
+    uint64_t hl = len;
+    memcpy(deep, &hl, 8);
+    for (size_t i = 0; i < depth; i++) { deep[8 + i] = '['; deep[8 + depth + i] = ']'; }
+    FILE *f = fopen(file, "wb");
+    if (f) { fwrite(deep, 1, len + 8, f); fclose(f); }
+    free(deep);
+    expect_error(TINY "--train-iters 3 --data-path " DATA " --load " DIR "/ckpt --pipeline-model-parallel-size 2 "
+                 "--nproc-per-node 2", "deep");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ckpt --save " DIR "/conv_deep", "deep");
+}
+
+// 4. metadata with a damaged consumed_valid_samples
+static void set_metadata(const char *file, const char *key, const char *value) {
+    // rewrites "key":"old" in the header in place, padding with spaces (the header length stays)
+    FILE *f = fopen(file, "r+b");
+    if (!f) return;
+    uint64_t hl = 0;
+    if (fread(&hl, 8, 1, f) != 1 || hl > 1 << 20) { fclose(f); return; }
+    char *h = (char *)malloc(hl + 1);
+    if (fread(h, 1, hl, f) != hl) { fclose(f); free(h); return; }
+    h[hl] = 0;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    char *p = strstr(h, pat);
+    if (p) {
+        char *v = p + strlen(pat), *e = strchr(v, '"');
+        size_t old = (size_t)(e - v), n = strlen(value);
+        // the new value must fit in the old one's place plus the padding at the header's end
+        char *rest = strdup(e);
+        snprintf(v, hl + 1 - (size_t)(v - h), "%s%s", value, rest);
+        free(rest);
+        size_t l = strlen(h);
+        while (l < hl) h[l++] = ' ';
+        (void)old; (void)n;
+        fseek(f, 8, SEEK_SET);
+        fwrite(h, 1, hl, f);
+    }
+    fclose(f);
+    free(h);
+}
+
+static void make_checkpoint_pp1(const char *extra) {
+    char cmd[2048];
+    (void)system("rm -rf " DIR "/ck1");
+    snprintf(cmd, sizeof cmd, TINY "--train-iters 2 --data-path " DATA " --save " DIR "/ck1 %s", extra);
+    int rc = run(cmd);
+    mt_expect(rc == 0, "making the test checkpoint failed (%d):\n%s", rc, out_text);
+}
+#define CK1 DIR "/ck1/iter_0000002/mp_rank_00/model_optim_rng.safetensors"
+#define RESUME TINY "--train-iters 3 --eval-iters 1 --split 50,50,0 --data-path " DATA " --load " DIR "/ck1"
+
+MT_TEST(damaged_checkpoint_metadata) {
+    const char *bad_valid[] = {"-1000", "9223372036854775807"};
+    for (int k = 0; k < 2; k++) {
+        make_checkpoint_pp1("");
+        set_metadata(CK1, "consumed_valid_samples", bad_valid[k]);
+        expect_error(RESUME, "consumed_valid_samples");
+    }
+    make_checkpoint_pp1("");
+    set_metadata(CK1, "iteration", "7");
+    expect_error(RESUME, "iteration");
+    make_checkpoint_pp1("");
+    set_metadata(CK1, "optimizer_step", "-5");
+    expect_error(RESUME, "optimizer_step");
+    make_checkpoint_pp1("");
+    set_metadata(CK1, "optimizer_step", "99999999999");
+    expect_error(RESUME, "optimizer_step");
+    // a tracker that is not a plain number blames the tracker, not the layout
+    make_checkpoint_pp1("");
+    write_text(DIR "/ck1/latest_checkpointed_iteration.txt", "1e3");
+    expect_error(RESUME, "latest_checkpointed_iteration.txt");
+    // pipeline_model_parallel_size 0 in a converter's source: no SIGFPE
+    make_checkpoint_pp1("");
+    set_metadata(CK1, "pipeline_model_parallel_size", "0");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ck1 --save " DIR "/conv0", "pipeline_model_parallel_size");
+    make_checkpoint_pp1("");
+    set_metadata(CK1, "make_vocab_size_divisible_by", "0");
+    expect_error(TINY "--load " DIR "/ck1 --export-hf " DIR "/hf0", "make_vocab_size_divisible_by");
+}
+
+// 10. nonsense values: one clear error each
+MT_TEST(nonsense_flags_are_errors) {
+    struct { const char *args, *want; } cases[] = {
+        {"--nproc-per-node -4", "--nproc-per-node"},
+        {"--hidden-dropout nan", "--hidden-dropout"},
+        {"--temperature nan", "--temperature"},
+        {"--temperature -1", "--temperature"},
+        {"--lr nan", "--lr"},
+        {"--lr inf", "--lr"},
+        {"--init-method-std nan", "--init-method-std"},
+        {"--seed -1", "--seed"},
+        {"--seed 1e30", "--seed"},
+        {"--ddp-bucket-size 1e30", "--ddp-bucket-size"},
+        {"--hidden-size 1000000000 --num-attention-heads 1", "--hidden-size"},
+        {"--tokens-to-generate 2147483647", "--tokens-to-generate"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, TINY "--train-iters 1 --data-path " DATA " %s", cases[k].args);
+        expect_error(cmd, cases[k].want);
+    }
+}
+
+MT_TEST(nonsense_config_files_are_errors) {
+    struct { const char *text, *want; } cases[] = {
+        {"{\"hidden_size\": true}", "hidden_size"},
+        {"{\"print_layout\": 5}", "print_layout"},
+        {"{\"num_layers\": 2} garbage", "after"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        write_text(DIR "/bad.json", cases[k].text);
+        expect_error(TINY "--train-iters 1 --data-path " DATA " --config " DIR "/bad.json", cases[k].want);
+    }
+    // a 5000-character path is an error, not cut short
+    char text[6000] = "{\"save\": \"";
+    for (int i = 0; i < 5000; i++) strcat(text, "a");
+    strcat(text, "\"}");
+    write_text(DIR "/bad.json", text);
+    expect_error(TINY "--train-iters 1 --data-path " DATA " --config " DIR "/bad.json", "too long");
+    expect_error(TINY "--train-iters 1 --data-path " DATA " --config " DIR, "directory");
+}
+
+// 7. a NaN loss: no NaN checkpoint, a bounded number of NaN iterations, a non-zero exit
+MT_TEST(nan_loss_stops_training) {
+    (void)system("rm -rf " DIR "/nan");
+    int rc = run(TINY "--train-iters 40 --data-path " DATA " --lr 1e30 --save " DIR "/nan --save-interval 1");
+    mt_expect(rc == 1, "a NaN run exited %d, want 1: %.3000s", rc, out_text);
+    mt_expect(strstr(out_text, "learning rate") != NULL, "the message does not name the learning rate: %.3000s",
+              out_text);
+    mt_expect(strstr(out_text, " iteration       40/") == NULL, "trained to the end on NaN");
+    mt_expect(strstr(out_text, "PPL: 1.0") == NULL, "prints a PPL for a NaN loss");
+    // what was saved is finite: every checkpoint's parameters load and train
+    FILE *t = fopen(DIR "/nan/latest_checkpointed_iteration.txt", "r");
+    int it = 0;
+    if (t) { if (fscanf(t, "%d", &it) != 1) it = -1; fclose(t); }
+    mt_expect(it <= 1, "the tracker moved to iteration %d, past the last finite state", it);
+}
+
+// 6. preprocess: a worker thread that cannot start is an error, not a hang
+MT_TEST(preprocess_without_threads) {
+    write_text(DIR "/in.jsonl", "{\"text\": \"hello world\"}\n{\"text\": \"again\"}\n");
+    // a small address space: the workers' stacks (8 MB each) cannot be mapped
+    int rc = run("ulimit -v 60000; ./preprocess --input " DIR "/in.jsonl --output-prefix " DIR "/pp "
+                 "--vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt "
+                 "--tokenizer-type GPT2BPETokenizer --workers 8");
+    mt_expect(rc != 137 && rc != 0 ? 1 : rc == 0, "preprocess under ulimit -v exited %d: %s", rc, out_text);
+}
+
+int main(void) {
+    alarm(600);
+    (void)system("mkdir -p " DIR);
+    write_dataset(DATA, 101, 40);
+    mt_run_test(convert_never_overwrites_a_checkpoint);
+    mt_run_test(no_heap_overflows);
+    mt_run_test(no_division_by_zero);
+    mt_run_test(no_stack_overflows);
+    mt_run_test(damaged_checkpoint_metadata);
+    mt_run_test(nonsense_flags_are_errors);
+    mt_run_test(nonsense_config_files_are_errors);
+    mt_run_test(nan_loss_stops_training);
+    mt_run_test(preprocess_without_threads);
+    return mt_test_summary();
+}
