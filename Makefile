@@ -38,7 +38,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
+TESTS = tests/test_header tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile
 
 .PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 

@@ -125,6 +125,8 @@ double mt_time_seconds(void);                        /* monotonic clock */
 FILE *mt_atomic_open(const char *path, char *tmp_path_out, size_t tmp_cap);
 void mt_atomic_commit(FILE *f, const char *tmp_path, const char *path);
 void mt_atomic_abort(FILE *f, const char *tmp_path);
+void mt_atomic_cleanup(void);                        /* removes every temporary still open (error paths) */
+void mt_remove_stale_temporaries(const char *dir, int depth);   /* PATH.tmp.PID of dead processes, said */
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and JSON: one reader for every file we parse (config, vocab.json, safetensors headers,
@@ -220,6 +222,7 @@ typedef struct {
     char save[MT_PATH_MAX];    // --save DIR
     char load[MT_PATH_MAX];    // --load DIR
     int convert_checkpoint;    // --convert-checkpoint: rewrite --load for the --target-* layout into --save, then exit
+    int overwrite;             // --overwrite: --save may write into a directory holding another run's checkpoints
     int target_tp, target_pp;  // --target-tensor-parallel-size, --target-pipeline-parallel-size (default 1)
     int target_vp_layers;      // --target-num-layers-per-virtual-pipeline-stage (default 0: not interleaved)
     char export_hf[MT_PATH_MAX];   // --export-hf DIR: write --load as Hugging Face GPT-2, then exit
@@ -915,6 +918,10 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
 int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
 /* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
 int mt_checkpoint_export_hf(const char *src, const char *out_dir);
+/* before writing checkpoints into dir: dir is never src (compared as files, however spelled;
+   same_ok: it may be, for a run that resumes in place), never a directory that holds another
+   run's checkpoints unless overwrite (--overwrite); stale temporaries there are removed */
+void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int overwrite);
 /* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
 void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
 
@@ -955,6 +962,8 @@ int mt_pretrain(mt_config *cfg);
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <dirent.h>
+#include <signal.h>
 
 // =============================================================================================
 // 1. UTILITIES, ERRORS & CONFIG
@@ -973,6 +982,7 @@ void mt_fatal(const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     mt__abort_world_from_rank(msg);   /* in a rank thread of a multi-rank world: does not return */
+    mt_atomic_cleanup();              /* no temporary outlives the error */
     fflush(stdout);
     fprintf(stderr, "error: %s\n", msg);
     exit(1);
@@ -1012,11 +1022,39 @@ double mt_time_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// Temporaries in flight. Every error path must remove them (a checkpoint's is up to hundreds of
+// MB), and an error can come from anywhere (out of memory, another rank's mt_fatal), so the
+// open ones are listed here, process-wide (the one exception to "nothing global": like atexit,
+// it belongs to the process, not to a rank), and mt_atomic_cleanup removes them all; mt_fatal
+// and an aborted world call it. A kill leaves them behind: the next run removes those
+// (mt_remove_stale_temporaries).
+#define MT__MAX_TEMPORARIES 256
+static pthread_mutex_t mt__temp_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *mt__temps[MT__MAX_TEMPORARIES];
+
+static void mt__temp_track(const char *tmp, int add) {
+    pthread_mutex_lock(&mt__temp_mu);
+    for (int i = 0; i < MT__MAX_TEMPORARIES; i++) {
+        if (add && !mt__temps[i]) { mt__temps[i] = strdup(tmp); break; }
+        if (!add && mt__temps[i] && strcmp(mt__temps[i], tmp) == 0) { free(mt__temps[i]); mt__temps[i] = NULL; break; }
+    }
+    pthread_mutex_unlock(&mt__temp_mu);
+}
+
+void mt_atomic_cleanup(void) {
+    pthread_mutex_lock(&mt__temp_mu);
+    for (int i = 0; i < MT__MAX_TEMPORARIES; i++)
+        if (mt__temps[i]) { remove(mt__temps[i]); free(mt__temps[i]); mt__temps[i] = NULL; }
+    pthread_mutex_unlock(&mt__temp_mu);
+}
+
 FILE *mt_atomic_open(const char *path, char *tmp, size_t cap) {
-    snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+    int n = snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= cap) mt_fatal("the path %s is too long\nhint: use a shorter directory", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) mt_fatal("cannot create %s: %s\nhint: check that the directory exists and is writable", tmp,
                      strerror(errno));
+    mt__temp_track(tmp, 1);
     return f;
 }
 
@@ -1024,13 +1062,50 @@ void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
     int bad = fflush(f) != 0 || ferror(f);
     if (!bad && fsync(fileno(f)) != 0) bad = 1;
     if (fclose(f) != 0) bad = 1;
-    if (bad) { remove(tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
-    if (rename(tmp, path) != 0) { remove(tmp); mt_fatal("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+    if (bad) {
+        int err = errno;
+        remove(tmp);
+        mt__temp_track(tmp, 0);
+        mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        remove(tmp);
+        mt__temp_track(tmp, 0);
+        mt_fatal("cannot rename %s to %s: %s", tmp, path, strerror(err));
+    }
+    mt__temp_track(tmp, 0);
 }
 
 void mt_atomic_abort(FILE *f, const char *tmp) {
     if (f) fclose(f);
     remove(tmp);
+    mt__temp_track(tmp, 0);
+}
+
+// after a kill: FILE.tmp.PID of ours (PID a process that no longer runs) in dir and in its
+// subdirectories down to `depth` levels are removed, each with a note on stdout
+void mt_remove_stale_temporaries(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
+        char path[MT_PATH_MAX + 512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) { if (depth > 0) mt_remove_stale_temporaries(path, depth - 1); continue; }
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || !S_ISREG(st.st_mode)) continue;
+        while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp.");
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end || end == t + 5 || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   // its writer may still run: leave it
+        if (remove(path) == 0) printf("removed %s, a temporary left by an interrupted run (process %ld)\n", path, pid);
+    }
+    closedir(d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1542,6 +1617,8 @@ static const mt__flag mt__flags[] = {
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
     {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing",
      "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
+    {"--overwrite", MT__BOOL, MT__OFF(train.overwrite), 0, "checkpointing",
+     "let --save write into a directory that holds another run's checkpoints (never into --load's own)"},
     {"--target-tensor-parallel-size", MT__INT, MT__OFF(train.target_tp), 0, "checkpointing",
      "TP of the converted checkpoint"},
     {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing",
@@ -2485,6 +2562,7 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
     }
     const char *error = mt_world_error(w);
     if (!error) return 0;
+    mt_atomic_cleanup();   // every rank has stopped: the temporaries of the unfinished writes go
     fflush(stdout);
     fprintf(stderr, "error: %s\n", error);   // exactly as mt_fatal prints it
     return 1;
@@ -6378,6 +6456,26 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
     }
 }
 
+static int mt__same_dir(const char *a, const char *b) {   // the same directory, however spelled
+    struct stat sa, sb;
+    return a[0] && b[0] && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int overwrite) {
+    int same = src && mt__same_dir(dir, src);
+    if (same && !same_ok)
+        mt_fatal("--save %s and --load %s are the same directory: converting would overwrite the source\n"
+                 "hint: write the converted checkpoint into a new directory", dir, src);
+    char tracker[MT_PATH_MAX + 64];
+    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", dir);
+    struct stat st;
+    if (!same && !overwrite && stat(tracker, &st) == 0)
+        mt_fatal("--save %s already holds the checkpoints of another run (%s exists)\n"
+                 "hint: resume that run with --load %s, pick a new --save directory, or add --overwrite", dir,
+                 tracker, dir);
+    mt_remove_stale_temporaries(dir, 2);   // DIR, DIR/iter_N, DIR/iter_N/mp_rank_TT
+}
+
 // ---------------------------------------------------------------------------------------------
 // reading a safetensors header (with the JSON reader of section 1)
 // a reader positioned at the value of member `key` of the object at obj; 0 when absent
@@ -6392,13 +6490,18 @@ static int mt__ckpt_latest(const char *dir) {
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    int iteration = 0;
-    int got = fscanf(f, "%d", &iteration);
+    char text[32];   // Megatron writes the bare number ("300"), perhaps with a newline
+    size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
-    if (got != 1
-        || iteration <= 0) mt_fatal("%s does not hold an iteration number\n"
-                                    "hint: the checkpoint directory is damaged; point --load at a good one", path);
-    return iteration;
+    text[n] = 0;
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) text[--n] = 0;
+    char *end;
+    errno = 0;
+    long iteration = strtol(text, &end, 10);
+    if (n == 0 || *end || errno || text[0] < '0' || text[0] > '9' || iteration <= 0 || iteration > 9999999)
+        mt_fatal("%s does not hold an iteration number (it holds \"%.20s\")\n"
+                 "hint: the checkpoint directory is damaged; point --load at a good one", path, text);
+    return (int)iteration;
 }
 
 // a file's JSON header (NUL-terminated, to free); fatal if the file is not safetensors
@@ -6430,7 +6533,38 @@ static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, cons
         if (required) mt_fatal("%s: metadata \"%s\" is missing", path, key);
         return fallback;
     }
-    return strtoll(v.p + 1, NULL, 10);
+    char *end;
+    errno = 0;
+    long long value = strtoll(v.p + 1, &end, 10);
+    if (errno || end == v.p + 1 || *end != '"')
+        mt_fatal("%s: metadata \"%s\" is not a whole number\nhint: the file is damaged", path, key);
+    return value;
+}
+
+// a metadata value that must lie in [lo, hi]: a damaged file is an error here, not a crash later
+static long long mt__ckpt_meta_checked(const char *json, uint64_t header_len, const char *path, const char *key,
+                                       long long lo, long long hi, long long fallback) {
+    long long v = mt__ckpt_meta_value(json, header_len, path, key, 1, fallback);
+    if (v < lo || v > hi)
+        mt_fatal("%s: metadata \"%s\" is %lld, outside [%lld, %lld]\nhint: the file is damaged; load another "
+                 "checkpoint", path, key, v, lo, hi);
+    return v;
+}
+
+// the counters a resume trusts: the iteration must be the tracker's, the optimizer's step at most
+// the iteration (skipped steps do not count), the validation position a sane sample count
+#define MT__MAX_SAMPLES (1LL << 50)
+static void mt__ckpt_check_counters(const char *path, int tracker_iteration, const long long saved[4]) {
+    if (saved[0] != tracker_iteration)
+        mt_fatal("%s says iteration %lld, latest_checkpointed_iteration.txt says %d\n"
+                 "hint: the checkpoint directory is damaged; load another iteration", path, saved[0],
+                 tracker_iteration);
+    if (saved[1] < 0 || saved[1] > saved[0])
+        mt_fatal("%s: metadata \"optimizer_step\" is %lld, outside [0, iteration %lld]\nhint: the file is damaged",
+                 path, saved[1], saved[0]);
+    if (saved[3] < 0 || saved[3] > MT__MAX_SAMPLES)
+        mt_fatal("%s: metadata \"consumed_valid_samples\" is %lld, outside [0, 2^50]\nhint: the file is damaged",
+                 path, saved[3]);
 }
 
 // reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
@@ -6506,6 +6640,7 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
+    mt__ckpt_check_counters(path, iteration, saved);
     float *dest[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
     for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k],
                                                    r->model.num_params * sizeof(float)); free(host[k]); }
@@ -6533,7 +6668,8 @@ static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp
 }
 
 // the model and layout a checkpoint file was saved with, as a config (DP = 1)
-static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *step, long long *valid_consumed) {
+static void mt__ckpt_source_config(const char *path, int tracker_iteration, mt_config *cfg, long long *step,
+                                   long long *valid_consumed) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path,
                      strerror(errno));
@@ -6542,27 +6678,37 @@ static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
     fclose(f);
     mt_config_defaults(cfg);
-    cfg->model.num_layers = (int)mt__ckpt_meta_value(json, header_len, path, "num_layers", 1, 0);
-    cfg->model.hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "hidden_size", 1, 0);
-    cfg->model.num_attention_heads = (int)mt__ckpt_meta_value(json, header_len, path, "num_attention_heads", 1, 0);
-    cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "ffn_hidden_size", 1, 0);
-    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_value(json, header_len, path, "max_position_embeddings", 1,
-                                                                  0);
+    // every size positive and in the ranges mt_config_derive allows, before any division by one
+    cfg->model.num_layers = (int)mt__ckpt_meta_checked(json, header_len, path, "num_layers", 1, 65536, 0);
+    cfg->model.hidden_size = (int)mt__ckpt_meta_checked(json, header_len, path, "hidden_size", 1, MT__MAX_DIM, 0);
+    cfg->model.num_attention_heads = (int)mt__ckpt_meta_checked(json, header_len, path, "num_attention_heads", 1,
+                                                                MT__MAX_DIM, 0);
+    cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_checked(json, header_len, path, "ffn_hidden_size", 1,
+                                                            4 * MT__MAX_DIM, 0);
+    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_checked(json, header_len, path,
+                                                                    "max_position_embeddings", 1, MT__MAX_DIM, 0);
     cfg->model.seq_length = cfg->model.max_position_embeddings;
-    cfg->model.vocab_size = (int)mt__ckpt_meta_value(json, header_len, path, "vocab_size", 1, 0);
-    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_value(json, header_len, path,
-            "make_vocab_size_divisible_by", 1, 128);
-    int tp = (int)mt__ckpt_meta_value(json, header_len, path, "tensor_model_parallel_size", 1, 0);
-    int pp = (int)mt__ckpt_meta_value(json, header_len, path, "pipeline_model_parallel_size", 1, 0);
-    int vp = (int)mt__ckpt_meta_value(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 1);
+    cfg->model.vocab_size = (int)mt__ckpt_meta_checked(json, header_len, path, "vocab_size", 1, 64 * MT__MAX_DIM, 0);
+    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_checked(json, header_len, path,
+            "make_vocab_size_divisible_by", 1, MT__MAX_DIM, 128);
+    int tp = (int)mt__ckpt_meta_checked(json, header_len, path, "tensor_model_parallel_size", 1, 4096, 0);
+    int pp = (int)mt__ckpt_meta_checked(json, header_len, path, "pipeline_model_parallel_size", 1, 4096, 0);
+    int vp = (int)mt__ckpt_meta_checked(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 65536, 1);
+    if (cfg->model.num_layers % (pp * vp))
+        mt_fatal("%s: %d layers do not split into pipeline_model_parallel_size %d x virtual %d\n"
+                 "hint: the file is damaged", path, cfg->model.num_layers, pp, vp);
     cfg->parallel.tensor_model_parallel_size = tp;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp;
     if (vp > 1) cfg->parallel.num_layers_per_virtual_pipeline_stage = cfg->model.num_layers / pp / vp;
     cfg->train.global_batch_size = vp > 1 ? pp : 1;   // any valid batch: no training happens
     cfg->train.train_iters = 1;
-    *step = mt__ckpt_meta_value(json, header_len, path, "optimizer_step", 1, 0);
-    *valid_consumed = mt__ckpt_meta_value(json, header_len, path, "consumed_valid_samples", 1, 0);
+    long long counters[4] = {mt__ckpt_meta_value(json, header_len, path, "iteration", 1, 0),
+                             mt__ckpt_meta_value(json, header_len, path, "optimizer_step", 1, 0), 0,
+                             mt__ckpt_meta_value(json, header_len, path, "consumed_valid_samples", 1, 0)};
+    mt__ckpt_check_counters(path, tracker_iteration, counters);
+    *step = counters[1];
+    *valid_consumed = counters[3];
     free(json);
     mt_config_derive(cfg);
 }
@@ -6587,7 +6733,7 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
     FILE *probe = fopen(path, "rb");   // PP = 1 names its files mp_rank_TT, else mp_rank_TT_PPP
     if (probe) fclose(probe);
     else mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 2);
-    mt__ckpt_source_config(path, &full->cfg, &full->step, &full->valid_consumed);
+    mt__ckpt_source_config(path, full->iteration, &full->cfg, &full->step, &full->valid_consumed);
     const mt_config *cfg = &full->cfg;
     int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
     for (int tp = 0; tp < TP; tp++)
@@ -7197,9 +7343,7 @@ int mt_pretrain(mt_config *cfg) {
         if (cfg->train.convert_checkpoint) {
             if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint "
                                               "goes)");
-            if (strcmp(cfg->train.save, cfg->train.load) == 0)
-                mt_fatal("--convert-checkpoint: --save and --load are the same directory\n"
-                         "hint: write the converted checkpoint somewhere else");
+            mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 0, cfg->train.overwrite);
             mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp,
                                   cfg->train.target_vp_layers);
         }
@@ -7217,6 +7361,7 @@ int mt_pretrain(mt_config *cfg) {
     if (cfg->train.save_interval > 0 && !cfg->train.save[0])
         mt_fatal("--save-interval %d without --save\nhint: add --save DIR (the checkpoint directory)",
                  cfg->train.save_interval);
+    if (cfg->train.save[0]) mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 1, cfg->train.overwrite);
     mt_device_check_precision(cfg);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);

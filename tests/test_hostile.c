@@ -136,32 +136,43 @@ MT_TEST(no_stack_overflows) {
 
 // 4. metadata with a damaged consumed_valid_samples
 static void set_metadata(const char *file, const char *key, const char *value) {
-    // rewrites "key":"old" in the header in place, padding with spaces (the header length stays)
-    FILE *f = fopen(file, "r+b");
+    // rewrites "key":"old" in the header as "key":"value"; the header is padded again to a
+    // multiple of 8 bytes and the data follows it unchanged
+    FILE *f = fopen(file, "rb");
     if (!f) return;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *all = (char *)malloc((size_t)size + 1);
+    size_t got = fread(all, 1, (size_t)size, f);
+    fclose(f);
     uint64_t hl = 0;
-    if (fread(&hl, 8, 1, f) != 1 || hl > 1 << 20) { fclose(f); return; }
-    char *h = (char *)malloc(hl + 1);
-    if (fread(h, 1, hl, f) != hl) { fclose(f); free(h); return; }
-    h[hl] = 0;
+    memcpy(&hl, all, 8);
+    if (got != (size_t)size || hl > (uint64_t)size - 8) { free(all); return; }
+    char *h = (char *)calloc(hl + 256, 1);
+    memcpy(h, all + 8, hl);
+    while (hl > 0 && h[hl - 1] == ' ') h[--hl] = 0;
     char pat[128];
     snprintf(pat, sizeof pat, "\"%s\":\"", key);
     char *p = strstr(h, pat);
     if (p) {
         char *v = p + strlen(pat), *e = strchr(v, '"');
-        size_t old = (size_t)(e - v), n = strlen(value);
-        // the new value must fit in the old one's place plus the padding at the header's end
         char *rest = strdup(e);
-        snprintf(v, hl + 1 - (size_t)(v - h), "%s%s", value, rest);
+        sprintf(v, "%s%s", value, rest);
         free(rest);
-        size_t l = strlen(h);
-        while (l < hl) h[l++] = ' ';
-        (void)old; (void)n;
-        fseek(f, 8, SEEK_SET);
-        fwrite(h, 1, hl, f);
     }
-    fclose(f);
+    size_t nl = strlen(h);
+    while (nl % 8) h[nl++] = ' ';
+    uint64_t new_hl = nl;
+    f = fopen(file, "wb");
+    if (f) {
+        fwrite(&new_hl, 8, 1, f);
+        fwrite(h, 1, nl, f);
+        fwrite(all + 8 + (size_t)(memcpy(&hl, all, 8), hl), 1, (size_t)size - 8 - (size_t)hl, f);
+        fclose(f);
+    }
     free(h);
+    free(all);
 }
 
 static void make_checkpoint_pp1(const char *extra) {
