@@ -4963,6 +4963,15 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
         if (docs[i] < 0 || (uint64_t)docs[i] > S || (i > 0 && docs[i] < docs[i - 1]))
             mt_fatal("%s.idx has a corrupt document index (entry %llu)", prefix, (unsigned long long)i);
     if ((uint64_t)docs[D - 1] != S) mt_fatal("%s.idx: the document index does not end at the sequence count", prefix);
+    // the reader walks a document from its first sequence's pointer on, so a document's sequences
+    // must lie back to back in .bin, as Megatron's builder writes them (one pass, O(S))
+    for (uint64_t i = 0; i + 1 < D; i++)
+        for (int64_t q = docs[i] + 1; q < docs[i + 1]; q++)
+            if (pointers[q] != pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size)
+                mt_fatal("%s.idx: the sequences of document %llu are not adjacent in %s (sequence %lld starts at byte "
+                         "%lld, not %lld)\nhint: the index is damaged or was not written by Megatron's builder; run "
+                         "./preprocess again", prefix, (unsigned long long)i, path, (long long)q,
+                         (long long)pointers[q], (long long)(pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size));
 }
 
 void mt_indexed_dataset_close(mt_indexed_dataset *d) {

@@ -272,14 +272,79 @@ MT_TEST(nan_loss_stops_training) {
     mt_expect(it <= 1, "the tracker moved to iteration %d, past the last finite state", it);
 }
 
-// 6. preprocess: a worker thread that cannot start is an error, not a hang
+// 6. preprocess: a worker thread that cannot start is an error (or fewer workers), not a hang.
+//    ulimit -v 28000 (KB) leaves room for the tokenizer but not for the threads' 8 MB stacks here;
+//    on another machine it may fail earlier (out of memory: also a clear error) or not at all (0)
 MT_TEST(preprocess_without_threads) {
     write_text(DIR "/in.jsonl", "{\"text\": \"hello world\"}\n{\"text\": \"again\"}\n");
-    // a small address space: the workers' stacks (8 MB each) cannot be mapped
-    int rc = run("ulimit -v 60000; ./preprocess --input " DIR "/in.jsonl --output-prefix " DIR "/pp "
+    int rc = run("ulimit -v 28000; timeout 20 ./preprocess --input " DIR "/in.jsonl --output-prefix " DIR "/pp "
                  "--vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt "
                  "--tokenizer-type GPT2BPETokenizer --workers 8");
-    mt_expect(rc != 137 && rc != 0 ? 1 : rc == 0, "preprocess under ulimit -v exited %d: %s", rc, out_text);
+    mt_expect(rc == 0 || (rc == 1 && strstr(out_text, "error: ")), "preprocess under ulimit -v exited %d (124: a hang): "
+              "%.600s", rc, out_text);
+    mt_expect(system("ls " DIR " | grep -q '\\.tmp\\.'") != 0, "a temporary was left in " DIR);
+}
+
+// 8. no temporary outlives an error: a save that hits the file size limit (as a full disk
+//    would: EFBIG instead of ENOSPC) on two ranks at once, and a preprocess run whose second
+//    --json-keys output fails; then a kill in the middle of a save leaves one that the next run
+//    removes, saying so
+static int count_temporaries(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "find %s -name '*.tmp.*' 2>/dev/null | wc -l > " DIR "/count.txt", dir);
+    if (system(cmd) != 0) return -1;
+    FILE *f = fopen(DIR "/count.txt", "r");
+    int n = -1;
+    if (f) { if (fscanf(f, "%d", &n) != 1) n = -1; fclose(f); }
+    return n;
+}
+
+MT_TEST(no_temporaries_left_behind) {
+    (void)system("rm -rf " DIR "/full");
+    // 30 k parameters x 3 buffers x 4 bytes = 360 KB per file; 64 blocks (32 or 64 KB) do not hold it
+    expect_error("trap \"\" XFSZ; ulimit -f 64; " TINY "--train-iters 2 --data-path " DATA " --save " DIR "/full "
+                 "--pipeline-model-parallel-size 2 --nproc-per-node 2", "failed");
+    mt_expect(count_temporaries(DIR "/full") == 0, "%d temporaries left after a failed save",
+              count_temporaries(DIR "/full"));
+    // preprocess with two keys, the second missing from a line: nothing under any name
+    write_text(DIR "/two.jsonl", "{\"text\": \"hello\", \"title\": \"a\"}\n{\"text\": \"again\"}\n");
+    expect_error("./preprocess --input " DIR "/two.jsonl --output-prefix " DIR "/two --vocab-file data/gpt2-vocab.json "
+                 "--merge-file data/gpt2-merges.txt --tokenizer-type GPT2BPETokenizer --json-keys text title",
+                 "title");
+    mt_expect(system("ls " DIR " | grep -q '^two_.*tmp'") != 0, "preprocess left a temporary");
+    // a stale temporary of a dead process (as a kill leaves it) is removed by the next run
+    make_checkpoint();
+    write_text(DIR "/ckpt/iter_0000002/mp_rank_00_000/model_optim_rng.safetensors.tmp.999999999", "partial");
+    int rc = run(TINY "--train-iters 3 --data-path " DATA " --load " DIR "/ckpt --save " DIR "/ckpt "
+                 "--pipeline-model-parallel-size 2 --nproc-per-node 2");
+    mt_expect(rc == 0, "resume failed (%d): %.600s", rc, out_text);
+    mt_expect(count_temporaries(DIR "/ckpt") == 0, "the stale temporary is still there");
+    mt_expect(strstr(out_text, "removed ") && strstr(out_text, ".tmp.999999999"), "the removal was not reported");
+}
+
+// 5. an index whose document's sequences are not adjacent in .bin: an error at open, not a read
+//    past the mapping. The last document is made of the last two sequences, and the first of them
+//    is pointed at the second's bytes, so walking the document would run off the end of .bin.
+MT_TEST(idx_with_non_adjacent_sequences) {
+    write_dataset(DIR "/adj", 101, 10);
+    FILE *f = fopen(DIR "/adj.idx", "r+b");
+    mt_expect(f != NULL, "no index");
+    if (!f) return;
+    uint64_t S = 0, D = 0;
+    fseek(f, 18, SEEK_SET);
+    mt_expect(fread(&S, 8, 1, f) == 1 && fread(&D, 8, 1, f) == 1 && S == 10 && D == 11, "unexpected header");
+    long lengths = 34, pointers = lengths + (long)S * 4, docs = pointers + (long)S * 8;
+    int64_t last_ptr, second_last_doc = (int64_t)S - 2;
+    fseek(f, pointers + (long)(S - 1) * 8, SEEK_SET);
+    mt_expect(fread(&last_ptr, 8, 1, f) == 1, "read");
+    fseek(f, pointers + (long)(S - 2) * 8, SEEK_SET);
+    fwrite(&last_ptr, 8, 1, f);                       // sequence S-2 now starts where S-1 does
+    fseek(f, docs + (long)(D - 2) * 8, SEEK_SET);
+    fwrite(&second_last_doc, 8, 1, f);                // document D-3 empty: the last holds S-2 and S-1
+    fseek(f, docs + (long)(D - 3) * 8, SEEK_SET);
+    fwrite(&second_last_doc, 8, 1, f);
+    fclose(f);
+    expect_error(TINY "--train-iters 2 --data-path " DIR "/adj", "not adjacent");
 }
 
 int main(void) {
@@ -294,6 +359,8 @@ int main(void) {
     mt_run_test(nonsense_flags_are_errors);
     mt_run_test(nonsense_config_files_are_errors);
     mt_run_test(nan_loss_stops_training);
+    mt_run_test(idx_with_non_adjacent_sequences);
+    mt_run_test(no_temporaries_left_behind);
     mt_run_test(preprocess_without_threads);
     return mt_test_summary();
 }
