@@ -306,8 +306,13 @@ MT_TEST(no_temporaries_left_behind) {
                  "--pipeline-model-parallel-size 2 --nproc-per-node 2", "failed");
     mt_expect(count_temporaries(DIR "/full") == 0, "%d temporaries left after a failed save",
               count_temporaries(DIR "/full"));
-    // preprocess with two keys, the second missing from a line: nothing under any name
+    // preprocess with two keys: the second one's output cannot be created (its name has a '/' into a
+    // directory that does not exist) after the first one's is open; then a line lacks the second key
     write_text(DIR "/two.jsonl", "{\"text\": \"hello\", \"title\": \"a\"}\n{\"text\": \"again\"}\n");
+    expect_error("./preprocess --input " DIR "/two.jsonl --output-prefix " DIR "/two --vocab-file data/gpt2-vocab.json "
+                 "--merge-file data/gpt2-merges.txt --tokenizer-type GPT2BPETokenizer --json-keys text no/such",
+                 "cannot create");
+    mt_expect(system("ls " DIR " | grep -q '^two_.*tmp'") != 0, "preprocess left a temporary");
     expect_error("./preprocess --input " DIR "/two.jsonl --output-prefix " DIR "/two --vocab-file data/gpt2-vocab.json "
                  "--merge-file data/gpt2-merges.txt --tokenizer-type GPT2BPETokenizer --json-keys text title",
                  "title");
