@@ -1016,6 +1016,33 @@ char *mt_strdup(const char *s) {
     return d;
 }
 
+// What a rank thread owns while it may be ended. A rank whose world aborts ends in pthread_exit
+// (section 2) from deep inside a call, so the frees after that call never run. Memory it must
+// not lose is registered here with its free function (mt__own) and unregistered when freed
+// normally (mt__disown); the thread's exit runs what is left (mt__free_owned). Per thread.
+typedef struct { void (*fn)(void *); void *p; } mt__owned;
+#define MT__MAX_OWNED 32
+static MT_THREAD_LOCAL mt__owned mt__owned_list[MT__MAX_OWNED];
+static MT_THREAD_LOCAL int mt__owned_count = 0;
+
+static void mt__own(void (*fn)(void *), void *p) {
+    if (mt__owned_count < MT__MAX_OWNED) { mt__owned_list[mt__owned_count].fn = fn; mt__owned_list[mt__owned_count++].p = p; }
+}
+
+static void mt__disown(void *p) {   // the latest entry for p goes (without running it)
+    for (int i = mt__owned_count - 1; i >= 0; i--)
+        if (mt__owned_list[i].p == p) {
+            for (int k = i; k + 1 < mt__owned_count; k++) mt__owned_list[k] = mt__owned_list[k + 1];
+            mt__owned_count--;
+            return;
+        }
+}
+
+static void mt__free_owned(void *unused) {   // newest first, as a stack unwinds
+    (void)unused;
+    while (mt__owned_count > 0) { mt__owned *o = &mt__owned_list[--mt__owned_count]; o->fn(o->p); }
+}
+
 double mt_time_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -2528,7 +2555,10 @@ static void *mt__rank_thread_main(void *p) {
     snprintf(name, sizeof name, "r%d", self->rank);
     mt_thread_set_name(name);   // gdb's `info threads` lists r0, r1, ...
     mt__this_rank = self;
+    // an aborted world ends this thread in pthread_exit: what the rank still owns is freed then
+    pthread_cleanup_push(mt__free_owned, NULL);
     self->fn(self->world, self->rank, self->arg);
+    pthread_cleanup_pop(1);
     mt__this_rank = NULL;
     mt__mark_rank_done(self->world, self->rank);
     return NULL;
@@ -4788,8 +4818,10 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     // 1. forward and backward of every micro-batch, in the order of the schedule
     size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
+    mt__own(free, list);
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
+    mt__disown(list);
     free(list);
     // 2. gradients: all-reduce over DP, tie the embedding copies
     mt_finish_grad_sync(r);
@@ -4810,8 +4842,10 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     r->state.loss_sum = 0.0;
     size_t max_steps = (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
+    mt__own(free, list);
     int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
+    mt__disown(list);
     free(list);
     return mt__batch_loss(r);
 }
@@ -6513,6 +6547,8 @@ static int mt__ckpt_latest(const char *dir) {
     return (int)iteration;
 }
 
+static void mt__fclose_owned(void *f) { fclose((FILE *)f); }
+
 // a file's JSON header (NUL-terminated, to free); fatal if the file is not safetensors
 static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, long *file_size) {
     fseek(f, 0, SEEK_END);
@@ -6522,12 +6558,17 @@ static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, lo
         mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\n"
                  "hint: the save was interrupted; load an earlier iteration", path, *file_size);
     char *json = (char *)mt_malloc(*header_len + 1, "checkpoint header");
-    if (fread(json, 1, *header_len, f) != *header_len) mt_fatal("%s: cannot read its header", path);
+    if (fread(json, 1, *header_len, f) != *header_len) { free(json); mt_fatal("%s: cannot read its header", path); }
     json[*header_len] = 0;
     mt_json j;
     mt_json_init(&j, json, (size_t)*header_len, 0);
     mt_json_skip(&j);
-    if (j.err) mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, j.err);
+    if (j.err) {
+        char err[256];
+        snprintf(err, sizeof err, "%s", j.err);
+        free(json);
+        mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, err);
+    }
     return json;
 }
 
@@ -6585,6 +6626,8 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
+    mt__own(free, json);             // a mismatch below ends a rank thread: these go with it
+    mt__own(mt__fclose_owned, f);
     mt_json header;
     mt_json_init(&header, json, (size_t)header_len, 0);
     // the layout and the model must be this run's
@@ -6629,6 +6672,8 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
         if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path,
                 tensors[i].name);
     }
+    mt__disown(f);
+    mt__disown(json);
     fclose(f);
     free(json);
 }
@@ -6646,13 +6691,19 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
     if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
     float *host[3];
-    for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
+    for (int k = 0; k < 3; k++) {
+        host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
+        mt__own(free, host[k]);   // a damaged file ends the rank inside the read
+    }
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
     mt__ckpt_check_counters(path, iteration, saved);
     float *dest[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
-    for (int k = 0; k < 3; k++) { mt_buffer_upload(r, dest[k], host[k],
-                                                   r->model.num_params * sizeof(float)); free(host[k]); }
+    for (int k = 0; k < 3; k++) {
+        mt_buffer_upload(r, dest[k], host[k], r->model.num_params * sizeof(float));
+        mt__disown(host[k]);
+        free(host[k]);
+    }
     r->optim.step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
@@ -7275,12 +7326,23 @@ static void mt__print_device_memory(mt_rank *r) {
     }
 }
 
+// after an abort: the rank's memory only. Its communicators and device are left alone (NCCL
+// cannot be torn down while peers may still be inside a collective); the process is ending.
+static void mt__free_rank_buffers(void *p) {
+    mt_rank *r = (mt_rank *)p;
+    mt_activations_free(r);
+    mt_optimizer_free(r);
+    mt_model_free(r);
+    free(r);
+}
+
 // one rank's whole job, on its own thread
 static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt__job *job = (mt__job *)arg;
     mt_config *cfg = job->cfg;
     const mt_train_config *t = &cfg->train;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt__own(mt__free_rank_buffers, r);   // if the world aborts, the rank's buffers go with the thread
     mt_rank_init(r, cfg, w, rank);
     char name[32];
     snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
@@ -7291,6 +7353,7 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     ctx.cfg = cfg;
     ctx.data = job->data;
     ctx.sample = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)(cfg->model.seq_length + 1), "sample");
+    mt__own(free, ctx.sample);
     int first_iteration = mt__resume(r, job);
     mt_barrier(&r->groups.world);
     int last_saved = 0;
@@ -7309,7 +7372,9 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     }
     if (t->tokens_to_generate > 0) mt__generate_sample(r, job);
     mt__print_device_memory(r);
+    mt__disown(ctx.sample);
     free(ctx.sample);
+    mt__disown(r);
     mt_rank_free(r);
     free(r);
 }
