@@ -922,6 +922,9 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir);
    same_ok: it may be, for a run that resumes in place), never a directory that holds another
    run's checkpoints unless overwrite (--overwrite); stale temporaries there are removed */
 void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int overwrite);
+/* a 64-bit checksum of n bytes, stored per tensor in the metadata ("checksum.NAME") and checked
+   on load: any change confined to one 8-byte word is always detected, others but for 2^-64 */
+uint64_t mt_checksum64(const void *data, size_t n);
 /* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
 void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
 
@@ -6395,6 +6398,27 @@ static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops 
     return nd;
 }
 
+// Checksums: a bit flipped on disk or in transit must not load silently. Four independent lanes
+// (so the multiplies overlap: several GB/s, far below the cost of reading the file) each take
+// one 8-byte word in four as h = (h ^ word) * K; both steps are bijections of the lane, so a
+// change confined to one word always changes that lane's value, and the lanes, each mixed once
+// more, are combined with the length.
+uint64_t mt_checksum64(const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    const uint64_t K = 0x9E3779B97F4A7C15ull;   // odd: multiplying by it is a bijection mod 2^64
+    uint64_t h[4] = {1, 2, 3, 4};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int l = 0; l < 4; l++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * (size_t)l, 8);
+            h[l] = (h[l] ^ w) * K;
+        }
+    for (; i + 8 <= n; i += 8) { uint64_t w; memcpy(&w, p + i, 8); h[0] = (h[0] ^ w) * K; }
+    for (; i < n; i++) h[1] = (h[1] ^ p[i]) * K;
+    return mt_hash64(h[0]) ^ mt_hash64(h[1] + 1) ^ mt_hash64(h[2] + 2) ^ mt_hash64(h[3] + 3) ^ mt_hash64(n);
+}
+
 // the metadata every file carries; a load compares the layout keys with its own
 typedef struct { const char *key; long long value; } mt__ckpt_meta;
 static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_consumed, mt__ckpt_meta *m) {
@@ -6429,13 +6453,17 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     if (slash) { *slash = 0; mt__mkdir_p(dirpath); }
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
     int nt = mt__ckpt_tensors(r, tensors);
-    size_t cap = 4096 + (size_t)nt * 160, len = 0;
+    size_t cap = 4096 + (size_t)nt * 256, len = 0;
     char *json = (char *)mt_malloc(cap, "checkpoint header");
     mt__ckpt_meta meta[32];
     int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
     for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key,
                                                          meta[i].value);
+    for (int i = 0; i < nt; i++)   // each tensor's checksum (metadata values are strings in safetensors)
+        len += (size_t)snprintf(json + len, cap - len, ",\"checksum.%s\":\"%016llx\"", tensors[i].name,
+                                (unsigned long long)mt_checksum64(host[tensors[i].which] + tensors[i].spec->offset,
+                                                                  mt__spec_numel(tensors[i].spec) * sizeof(float)));
     len += (size_t)snprintf(json + len, cap - len, "}");
     size_t offset = 0;
     for (int i = 0; i < nt; i++) {
@@ -6671,6 +6699,20 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
         fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
         if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path,
                 tensors[i].name);
+        // the checksum, when the file has one (files of older versions have none)
+        mt_json md, c;
+        char key[96] = "checksum.";   // + the name (at most 63 characters)
+        size_t name_len = strnlen(tensors[i].name, sizeof tensors[i].name - 1);
+        memcpy(key + 9, tensors[i].name, name_len);
+        key[9 + name_len] = 0;
+        if (mt__ckpt_member(&header, "__metadata__", &md) && mt__ckpt_member(&md, key, &c) && *c.p == '"') {
+            unsigned long long want = strtoull(c.p + 1, NULL, 16);
+            unsigned long long got = (unsigned long long)mt_checksum64(host[tensors[i].which] + s->offset, bytes);
+            if (got != want)
+                mt_fatal("%s: tensor %s is damaged (checksum %016llx, the file says %016llx)\n"
+                         "hint: the file was changed on disk or in a copy; load another checkpoint", path,
+                         tensors[i].name, got, want);
+        }
     }
     mt__disown(f);
     mt__disown(json);

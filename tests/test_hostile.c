@@ -327,6 +327,24 @@ MT_TEST(no_temporaries_left_behind) {
     mt_expect(strstr(out_text, "removed ") && strstr(out_text, ".tmp.999999999"), "the removal was not reported");
 }
 
+// 12. a bit flipped in a checkpoint's tensor data is found on load (and by the converter)
+MT_TEST(checkpoint_bit_flips_are_found) {
+    make_checkpoint_pp1("");
+    FILE *f = fopen(CK1, "r+b");
+    mt_expect(f != NULL, "no checkpoint file");
+    if (!f) return;
+    uint64_t hl = 0;
+    mt_expect(fread(&hl, 8, 1, f) == 1, "read");
+    long at = 8 + (long)hl + 1000;   // byte 1000 of the data: inside wte (128 x 32 floats)
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x10, f);              // one bit
+    fclose(f);
+    expect_error(RESUME, "damaged");
+    expect_error(TINY "--convert-checkpoint --load " DIR "/ck1 --save " DIR "/conv_flip", "damaged");
+}
+
 // 5. an index whose document's sequences are not adjacent in .bin: an error at open, not a read
 //    past the mapping. The last document is made of the last two sequences, and the first of them
 //    is pointed at the second's bytes, so walking the document would run off the end of .bin.
@@ -366,6 +384,7 @@ int main(void) {
     mt_run_test(nan_loss_stops_training);
     mt_run_test(idx_with_non_adjacent_sequences);
     mt_run_test(no_temporaries_left_behind);
+    mt_run_test(checkpoint_bit_flips_are_found);
     mt_run_test(preprocess_without_threads);
     return mt_test_summary();
 }
