@@ -3,6 +3,7 @@
 #   make            the CPU programs: ./train_gpt and ./preprocess (and a CUDA compile check where nvcc is)
 #   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
+#   make test-sanitize  the C suite under ASan + UBSan (leaks too) and the threaded tests under TSan (clang)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
@@ -40,7 +41,7 @@ endif
 
 TESTS = tests/test_header tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile
 
-.PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug clean
+.PHONY: all run test test-sanitize test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -91,6 +92,25 @@ tests/test_ref: tests/test_ref.c $(HEADERS)
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
 	@sh tests/run.sh $(TESTS)
+
+# the same suite under sanitizers (clang): every C test and the programs built with AddressSanitizer
+# and UndefinedBehaviorSanitizer (leak checking on, any report fails), test_hostile's train / convert /
+# preprocess runs through those builds (MT_BIN_DIR); then the threaded tests under ThreadSanitizer.
+#   make test-sanitize          (CI runs it; about 5 minutes on 2 cores)
+SAN_CC ?= clang
+ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
+TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
+TSAN_TESTS = tests/test_comm tests/test_pp
+build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
+build/tsan/%: %.c tests/harness.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
+test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(TESTS)) \
+               $(addprefix build/tsan/,$(TSAN_TESTS))
+	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
+	  sh tests/run.sh $(addprefix build/asan/,$(TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;

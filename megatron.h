@@ -1024,12 +1024,14 @@ char *mt_strdup(const char *s) {
 // not lose is registered here with its free function (mt__own) and unregistered when freed
 // normally (mt__disown); the thread's exit runs what is left (mt__free_owned). Per thread.
 typedef struct { void (*fn)(void *); void *p; } mt__owned;
-#define MT__MAX_OWNED 32
+#define MT__MAX_OWNED 64
 static MT_THREAD_LOCAL mt__owned mt__owned_list[MT__MAX_OWNED];
 static MT_THREAD_LOCAL int mt__owned_count = 0;
 
 static void mt__own(void (*fn)(void *), void *p) {
-    if (mt__owned_count < MT__MAX_OWNED) { mt__owned_list[mt__owned_count].fn = fn; mt__owned_list[mt__owned_count++].p = p; }
+    if (mt__owned_count == MT__MAX_OWNED) return;   // full: this one is not freed after an abort (a leak, no harm)
+    mt__owned_list[mt__owned_count].fn = fn;
+    mt__owned_list[mt__owned_count++].p = p;
 }
 
 static void mt__disown(void *p) {   // the latest entry for p goes (without running it)
@@ -4871,6 +4873,27 @@ int mt_schedule_max_alive(const mt_config *cfg, int pp_rank) {
     return most;
 }
 
+// the rank's memory, registered as owned by its thread (section 1's mt__own) so that an aborted
+// world frees it when it ends the thread. The pointers themselves are registered, not r: r may
+// live on the stack the abort unwinds. Communicators and device are left alone (NCCL cannot be
+// torn down while peers may still be inside a collective); the process is ending.
+static void mt__rank_own_buffers(mt_rank *r, int own) {
+    void *device[6] = {r->model.params_memory, r->model.grads_memory, r->optim.m_memory, r->optim.v_memory,
+                       r->acts.memory, r->scratch.memory};
+    void *device_ints = r->acts.ids_memory;
+    void *host[5] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.losses, r->host.p2p};
+    for (int i = 0; i < 6; i++) {
+        if (device[i] && own) mt__own(mt_buffer_free, device[i]);
+        else if (device[i]) mt__disown(device[i]);
+    }
+    if (device_ints && own) mt__own(mt_buffer_free, device_ints);
+    else if (device_ints) mt__disown(device_ints);
+    for (int i = 0; i < 5; i++) {
+        if (host[i] && own) mt__own(free, host[i]);
+        else if (host[i]) mt__disown(host[i]);
+    }
+}
+
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -4881,9 +4904,11 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_model_init(r);                                           // §5: parameters, gradients
     mt_optimizer_init(r);                                       // §6: AdamW's moments
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
+    mt__rank_own_buffers(r, 1);   // an aborted world ends this thread: the buffers go with it
 }
 
 void mt_rank_free(mt_rank *r) {
+    mt__rank_own_buffers(r, 0);
     mt_activations_free(r);
     mt_optimizer_free(r);
     mt_model_free(r);
@@ -5003,12 +5028,14 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
     // the reader walks a document from its first sequence's pointer on, so a document's sequences
     // must lie back to back in .bin, as Megatron's builder writes them (one pass, O(S))
     for (uint64_t i = 0; i + 1 < D; i++)
-        for (int64_t q = docs[i] + 1; q < docs[i + 1]; q++)
-            if (pointers[q] != pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size)
+        for (int64_t q = docs[i] + 1; q < docs[i + 1]; q++) {
+            int64_t want = pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size;
+            if (pointers[q] != want)
                 mt_fatal("%s.idx: the sequences of document %llu are not adjacent in %s (sequence %lld starts at byte "
                          "%lld, not %lld)\nhint: the index is damaged or was not written by Megatron's builder; run "
                          "./preprocess again", prefix, (unsigned long long)i, path, (long long)q,
-                         (long long)pointers[q], (long long)(pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size));
+                         (long long)pointers[q], (long long)want);
+        }
 }
 
 void mt_indexed_dataset_close(mt_indexed_dataset *d) {
@@ -6455,6 +6482,7 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     int nt = mt__ckpt_tensors(r, tensors);
     size_t cap = 4096 + (size_t)nt * 256, len = 0;
     char *json = (char *)mt_malloc(cap, "checkpoint header");
+    mt__own(free, json);
     mt__ckpt_meta meta[32];
     int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
@@ -6487,6 +6515,7 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
                                                  strerror(errno)); }
     mt_atomic_commit(f, tmp, path);
+    mt__disown(json);
     free(json);
 }
 
@@ -6511,10 +6540,11 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
         const float *dev[3] = {r->model.params_memory, r->optim.m_memory, r->optim.v_memory};
         for (int k = 0; k < 3; k++) {
             host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
+            mt__own(free, host[k]);   // a failed write ends the rank: these go with it
             mt_buffer_download(r, host[k], dev[k], r->model.num_params * sizeof(float));
         }
         mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
-        for (int k = 0; k < 3; k++) free(host[k]);
+        for (int k = 0; k < 3; k++) { mt__disown(host[k]); free(host[k]); }
     }
     // the tracker file last, once every rank's file is complete
     mt_barrier(&r->groups.world);
@@ -6972,7 +7002,8 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
     size_t largest = 0;   // the buffer holds the largest tensor of the list (wte, wpe or an MLP matrix)
     for (int i = 0; i < n; i++)
-        if ((size_t)list[i].rows * (size_t)list[i].cols > largest) largest = (size_t)list[i].rows * (size_t)list[i].cols;
+        if ((size_t)list[i].rows * (size_t)list[i].cols > largest)
+            largest = (size_t)list[i].rows * (size_t)list[i].cols;
     float *buf = (float *)mt_malloc(largest * sizeof(float), "export");
     for (int i = 0; i < n && ok; i++) {
         const hf_tensor *t = &list[i];
@@ -7368,23 +7399,13 @@ static void mt__print_device_memory(mt_rank *r) {
     }
 }
 
-// after an abort: the rank's memory only. Its communicators and device are left alone (NCCL
-// cannot be torn down while peers may still be inside a collective); the process is ending.
-static void mt__free_rank_buffers(void *p) {
-    mt_rank *r = (mt_rank *)p;
-    mt_activations_free(r);
-    mt_optimizer_free(r);
-    mt_model_free(r);
-    free(r);
-}
-
 // one rank's whole job, on its own thread
 static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt__job *job = (mt__job *)arg;
     mt_config *cfg = job->cfg;
     const mt_train_config *t = &cfg->train;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
-    mt__own(mt__free_rank_buffers, r);   // if the world aborts, the rank's buffers go with the thread
+    mt__own(free, r);   // if the world aborts: this frees r, mt_rank_init's entries its buffers
     mt_rank_init(r, cfg, w, rank);
     char name[32];
     snprintf(name, sizeof name, "r%d tp%d dp%d pp%d", rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank);
@@ -7416,8 +7437,8 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt__print_device_memory(r);
     mt__disown(ctx.sample);
     free(ctx.sample);
-    mt__disown(r);
     mt_rank_free(r);
+    mt__disown(r);
     free(r);
 }
 
