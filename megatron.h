@@ -52,6 +52,9 @@
                                NCCL error checks (section 1), the NCCL path of the communicators
                                (section 2), the backend seam (section 3). The model, the schedules,
                                the optimizer and the loop are the same code in both builds.
+     MT_FATAL_JMP              (fuzzers only; set globally) mt_fatal longjmps to *mt_fatal_jmp when the
+                               thread has set it, instead of exiting, so one process tries many inputs
+                               (tests/fuzz_parsers.c); it leaks what the failed call held
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op.
 
@@ -116,6 +119,10 @@ typedef struct mt_rank mt_rank;
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
  * run it aborts the whole world (every rank stops with this message) instead of exiting. */
 void mt_fatal(const char *fmt, ...);
+#ifdef MT_FATAL_JMP
+#include <setjmp.h>
+extern MT_THREAD_LOCAL jmp_buf *mt_fatal_jmp;   /* non-NULL: mt_fatal longjmps here (fuzzers) */
+#endif
 void *mt_malloc(size_t bytes, const char *what);     /* never returns NULL: fatal with "what" */
 void *mt_calloc(size_t count, size_t size, const char *what);
 void *mt_realloc(void *p, size_t bytes, const char *what);
@@ -978,12 +985,19 @@ int mt_pretrain(mt_config *cfg);
 // counter-based random numbers that make every layout initialise and drop out alike.
 static void mt__abort_world_from_rank(const char *msg);   /* §2: returns only if not in a rank thread */
 
+#ifdef MT_FATAL_JMP
+MT_THREAD_LOCAL jmp_buf *mt_fatal_jmp = NULL;
+#endif
+
 void mt_fatal(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+#ifdef MT_FATAL_JMP
+    if (mt_fatal_jmp) longjmp(*mt_fatal_jmp, 1);
+#endif
     mt__abort_world_from_rank(msg);   /* in a rank thread of a multi-rank world: does not return */
     mt_atomic_cleanup();              /* no temporary outlives the error */
     fflush(stdout);
