@@ -4,6 +4,7 @@
 #   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU, ~2 min)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
 #   make test-sanitize  the C suite under ASan + UBSan (leaks too) and the threaded tests under TSan (clang)
+#   make test-kill  the trainer killed mid-save many times: resumes, nothing lost, no temporaries left
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
@@ -42,7 +43,7 @@ endif
 
 TESTS = tests/test_header tests/test_comm tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile
 
-.PHONY: all run test test-sanitize fuzz test-ref test-gpu bench bench-tokenizer cuda-check debug clean
+.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu bench bench-tokenizer cuda-check debug clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -139,6 +140,13 @@ fuzz: build/fuzz/fuzz_parsers build/fuzz/seed/.ready
 	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=0 -max_len=300000 -print_final_stats=1 \
 	  corpus seed > fuzz.log 2>&1 && { tail -3 fuzz.log; echo "1 passed, 0 failed"; } \
 	  || { tail -40 fuzz.log; echo "0 passed, 1 failed"; exit 1; }
+
+# the trainer killed at random points (mostly mid-save) KILLS times: --load always resumes from a
+# complete checkpoint, an older one stays byte-identical, the next start removes the temporaries
+#   make test-kill              20 kills, about 10 s (CI)
+KILLS ?= 20
+test-kill: train_gpt
+	@sh tests/kill_test.sh $(KILLS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
