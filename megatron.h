@@ -2072,6 +2072,19 @@ void mt_config_derive(mt_config *cfg) {
     mt__check_range("--train-iters", t->train_iters, 0, INT32_MAX / 2);
     mt__check_range("--tokens-to-generate", t->tokens_to_generate, 0, MT__MAX_DIM);
     mt__check_range("--top-k", t->top_k, 0, INT32_MAX);
+    mt__check_range("--eval-iters", t->eval_iters, 0, INT32_MAX / 2);
+    mt__check_range("--eval-interval", t->eval_interval, 0, INT32_MAX);
+    mt__check_range("--save-interval", t->save_interval, 0, INT32_MAX);
+    mt__check_range("--exit-interval", t->exit_interval, 0, INT32_MAX);
+    mt__check_range("--lr-warmup-iters", t->lr_warmup_iters, 0, INT32_MAX / 2);
+    mt__check_range("--lr-decay-iters", t->lr_decay_iters, 0, INT32_MAX / 2);
+    if (!(t->lr_warmup_fraction >= 0 && t->lr_warmup_fraction <= 1))
+        mt_fatal("--lr-warmup-fraction must be in [0, 1], got %g", t->lr_warmup_fraction);
+    if (!(t->weight_decay >= 0) || !(t->clip_grad >= 0) || !(t->adam_eps >= 0))
+        mt_fatal("--weight-decay, --clip-grad and --adam-eps must be >= 0");
+    if (!(t->adam_beta1 >= 0 && t->adam_beta1 < 1) || !(t->adam_beta2 >= 0 && t->adam_beta2 < 1))
+        mt_fatal("--adam-beta1 and --adam-beta2 must be in [0, 1), got %g and %g", (double)t->adam_beta1,
+                 (double)t->adam_beta2);
     // real numbers: NaN and infinities are refused by the parser; here the ranges
     if (!(m->init_method_std >= 0)) mt_fatal("--init-method-std must be >= 0, got %g", (double)m->init_method_std);
     if (!(t->lr >= 0) || !(t->min_lr >= 0)) mt_fatal("--lr and --min-lr must be >= 0\nhint: e.g. --lr 3e-4");

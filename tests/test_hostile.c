@@ -250,6 +250,11 @@ MT_TEST(nonsense_flags_are_errors) {
         {"--ddp-bucket-size 1e30", "--ddp-bucket-size"},
         {"--hidden-size 1000000000 --num-attention-heads 1", "--hidden-size"},
         {"--tokens-to-generate 2147483647", "--tokens-to-generate"},
+        {"--eval-iters -3", "--eval-iters"},
+        {"--save-interval -1", "--save-interval"},
+        {"--adam-beta2 1.5", "--adam-beta2"},
+        {"--lr-warmup-fraction 2", "--lr-warmup-fraction"},
+        {"--micro-batch-size 2000000", "out of range"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char cmd[1024];
