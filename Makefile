@@ -4,6 +4,9 @@
 #   make run        preprocess the bundled corpus into data/ and train a small GPT on it (CPU; 16 min on a
 #                   shared 2-core machine, 11.5 CPU-minutes: docs/perf.md)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
+#   make test-sanitize  the C suite under ASan + UBSan (leaks too) and the threaded tests under TSan (clang)
+#   make test-kill  the trainer killed mid-save many times: resumes, nothing lost, no temporaries left
+#   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
@@ -40,9 +43,9 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile
 
-.PHONY: all run test test-ref test-gpu bench bench-tokenizer cuda-check debug debug-cuda clean
+.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu bench bench-tokenizer cuda-check debug debug-cuda clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -97,6 +100,59 @@ SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
 	@sh tests/run.sh $(TESTS) $(SCRIPT_TESTS)
+
+# the same suite under sanitizers (clang): every C test and the programs built with AddressSanitizer
+# and UndefinedBehaviorSanitizer (leak checking on, any report fails), test_hostile's train / convert /
+# preprocess runs through those builds (MT_BIN_DIR); then the threaded tests under ThreadSanitizer.
+#   make test-sanitize          (CI runs it; about 5 minutes on 2 cores)
+SAN_CC ?= clang
+ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
+TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
+TSAN_TESTS = tests/test_comm tests/test_pp
+build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
+build/tsan/%: %.c tests/harness.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
+test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(TESTS)) \
+               $(addprefix build/tsan/,$(TSAN_TESTS))
+	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
+	  sh tests/run.sh $(addprefix build/asan/,$(TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
+
+# libFuzzer on every parser of outside data (tests/fuzz_parsers.c: JSON, config, checkpoint, .idx/.bin,
+# vocabulary and merges, tracker, flags), from a seed corpus of real files; the cases in
+# tests/fuzz_cases/ (inputs that once failed) are replayed first. Any crash, hang (10 s), sanitizer
+# report or out-of-bounds access fails, and libFuzzer leaves the input as build/fuzz/crash-*.
+#   make fuzz                   30 s (CI runs FUZZ_SECONDS=30)
+#   make fuzz FUZZ_SECONDS=3600 an hour
+FUZZ_SECONDS ?= 30
+build/fuzz/fuzz_parsers: tests/fuzz_parsers.c $(HEADERS)
+	@mkdir -p build/fuzz
+	$(SAN_CC) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. -o $@ $< $(LDLIBS)
+build/fuzz/seed/.ready: tests/fuzz_seeds.py train_gpt
+	@mkdir -p build/fuzz && rm -rf build/fuzz/ck
+	$(PYTHON) tests/fuzz_seeds.py --dataset build/fuzz/data
+	./train_gpt --num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --vocab-size 101 \
+	  --micro-batch-size 2 --train-iters 2 --data-path build/fuzz/data --save build/fuzz/ck --eval-iters 0 > /dev/null
+	$(PYTHON) tests/fuzz_seeds.py build/fuzz/seed build/fuzz/ck/iter_0000002/mp_rank_00/model_optim_rng.safetensors \
+	  build/fuzz/data
+	@touch $@
+fuzz: build/fuzz/fuzz_parsers build/fuzz/seed/.ready
+	@mkdir -p build/fuzz/corpus
+	@ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 ./build/fuzz/fuzz_parsers tests/fuzz_cases/* \
+	  > build/fuzz/replay.log 2>&1 || { tail -40 build/fuzz/replay.log; echo "0 passed, 1 failed"; exit 1; }
+	@cd build/fuzz && ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 ./fuzz_parsers \
+	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=0 -max_len=300000 -print_final_stats=1 \
+	  corpus seed > fuzz.log 2>&1 && { tail -3 fuzz.log; echo "1 passed, 0 failed"; } \
+	  || { tail -40 fuzz.log; echo "0 passed, 1 failed"; exit 1; }
+
+# the trainer killed at random points (mostly mid-save) KILLS times: --load always resumes from a
+# complete checkpoint, an older one stays byte-identical, the next start removes the temporaries
+#   make test-kill              20 kills, about 10 s (CI)
+KILLS ?= 20
+test-kill: train_gpt
+	@sh tests/kill_test.sh $(KILLS)
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;

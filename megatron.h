@@ -54,6 +54,9 @@
                                NCCL error checks (section 1), the NCCL path of the communicators
                                (section 2), the backend seam (section 3). The model, the schedules,
                                the optimizer and the loop are the same code in both builds.
+     MT_FATAL_JMP              (fuzzers only; set globally) mt_fatal longjmps to *mt_fatal_jmp when the
+                               thread has set it, instead of exiting, so one process tries many inputs
+                               (tests/fuzz_parsers.c); it leaks what the failed call held
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank.
@@ -120,6 +123,10 @@ typedef struct mt_rank mt_rank;
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
  * run it aborts the whole world (every rank stops with this message) instead of exiting. */
 void mt_fatal(const char *fmt, ...);
+#ifdef MT_FATAL_JMP
+#include <setjmp.h>
+extern MT_THREAD_LOCAL jmp_buf *mt_fatal_jmp;   /* non-NULL: mt_fatal longjmps here (fuzzers) */
+#endif
 void *mt_malloc(size_t bytes, const char *what);     /* never returns NULL: fatal with "what" */
 void *mt_calloc(size_t count, size_t size, const char *what);
 void *mt_realloc(void *p, size_t bytes, const char *what);
@@ -129,6 +136,8 @@ double mt_time_seconds(void);                        /* monotonic clock */
 FILE *mt_atomic_open(const char *path, char *tmp_path_out, size_t tmp_cap);
 void mt_atomic_commit(FILE *f, const char *tmp_path, const char *path);
 void mt_atomic_abort(FILE *f, const char *tmp_path);
+void mt_atomic_cleanup(void);                        /* removes every temporary still open (error paths) */
+void mt_remove_stale_temporaries(const char *dir, int depth);   /* PATH.tmp.PID of dead processes, said */
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and JSON: one reader for every file we parse (config, vocab.json, safetensors headers,
@@ -227,6 +236,7 @@ typedef struct {
     char save[MT_PATH_MAX];    // --save DIR
     char load[MT_PATH_MAX];    // --load DIR
     int convert_checkpoint;    // --convert-checkpoint: rewrite --load for the --target-* layout into --save, then exit
+    int overwrite;             // --overwrite: --save may write into a directory holding another run's checkpoints
     int target_tp, target_pp;  // --target-tensor-parallel-size, --target-pipeline-parallel-size (default 1)
     int target_vp_layers;      // --target-num-layers-per-virtual-pipeline-stage (default 0: not interleaved)
     char export_hf[MT_PATH_MAX];   // --export-hf DIR: write --load as Hugging Face GPT-2, then exit
@@ -1039,6 +1049,13 @@ void mt_checkpoint_resolve_load(mt_config *cfg);
 int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
 /* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
 int mt_checkpoint_export_hf(const char *src, const char *out_dir);
+/* before writing checkpoints into dir: dir is never src (compared as files, however spelled;
+   same_ok: it may be, for a run that resumes in place), never a directory that holds another
+   run's checkpoints unless overwrite (--overwrite); stale temporaries there are removed */
+void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int overwrite);
+/* a 64-bit checksum of n bytes, stored per tensor in the metadata ("checksum.NAME") and checked
+   on load: any change confined to one 8-byte word is always detected, others but for 2^-64 */
+uint64_t mt_checksum64(const void *data, size_t n);
 /* the file of one (tp, pp) position; out needs MT_PATH_MAX + 64 bytes */
 void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, int tp_rank, int pp_rank, int pp_size);
 
@@ -1094,6 +1111,10 @@ int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_
 #include <unistd.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <dirent.h>
+#include <signal.h>
 
 // =============================================================================================
 // 1. UTILITIES, ERRORS & CONFIG
@@ -1105,13 +1126,21 @@ int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_
 // counter-based random numbers that make every layout initialise and drop out alike.
 static void mt__abort_world_from_rank(const char *msg);   /* §2: returns only if not in a rank thread */
 
+#ifdef MT_FATAL_JMP
+MT_THREAD_LOCAL jmp_buf *mt_fatal_jmp = NULL;
+#endif
+
 void mt_fatal(const char *fmt, ...) {
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+#ifdef MT_FATAL_JMP
+    if (mt_fatal_jmp) longjmp(*mt_fatal_jmp, 1);
+#endif
     mt__abort_world_from_rank(msg);   /* in a rank thread of a multi-rank world: does not return */
+    mt_atomic_cleanup();              /* no temporary outlives the error */
     fflush(stdout);
     fprintf(stderr, "error: %s\n", msg);
     exit(1);
@@ -1145,17 +1174,74 @@ char *mt_strdup(const char *s) {
     return d;
 }
 
+// What a rank thread owns while it may be ended. A rank whose world aborts ends in pthread_exit
+// (section 2) from deep inside a call, so the frees after that call never run. Memory it must
+// not lose is registered here with its free function (mt__own) and unregistered when freed
+// normally (mt__disown); the thread's exit runs what is left (mt__free_owned). Per thread.
+typedef struct { void (*fn)(void *); void *p; } mt__owned;
+#define MT__MAX_OWNED 64
+static MT_THREAD_LOCAL mt__owned mt__owned_list[MT__MAX_OWNED];
+static MT_THREAD_LOCAL int mt__owned_count = 0;
+
+static void mt__own(void (*fn)(void *), void *p) {
+    if (mt__owned_count == MT__MAX_OWNED) return;   // full: this one is not freed after an abort (a leak, no harm)
+    mt__owned_list[mt__owned_count].fn = fn;
+    mt__owned_list[mt__owned_count++].p = p;
+}
+
+static void mt__disown(void *p) {   // the latest entry for p goes (without running it)
+    for (int i = mt__owned_count - 1; i >= 0; i--)
+        if (mt__owned_list[i].p == p) {
+            for (int k = i; k + 1 < mt__owned_count; k++) mt__owned_list[k] = mt__owned_list[k + 1];
+            mt__owned_count--;
+            return;
+        }
+}
+
+static void mt__free_owned(void *unused) {   // newest first, as a stack unwinds
+    (void)unused;
+    while (mt__owned_count > 0) { mt__owned *o = &mt__owned_list[--mt__owned_count]; o->fn(o->p); }
+}
+
 double mt_time_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// Temporaries in flight. Every error path must remove them (a checkpoint's is up to hundreds of
+// MB), and an error can come from anywhere (out of memory, another rank's mt_fatal), so the
+// open ones are listed here, process-wide (the one exception to "nothing global": like atexit,
+// it belongs to the process, not to a rank), and mt_atomic_cleanup removes them all; mt_fatal
+// and an aborted world call it. A kill leaves them behind: the next run removes those
+// (mt_remove_stale_temporaries).
+#define MT__MAX_TEMPORARIES 256
+static pthread_mutex_t mt__temp_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *mt__temps[MT__MAX_TEMPORARIES];
+
+static void mt__temp_track(const char *tmp, int add) {
+    pthread_mutex_lock(&mt__temp_mu);
+    for (int i = 0; i < MT__MAX_TEMPORARIES; i++) {
+        if (add && !mt__temps[i]) { mt__temps[i] = strdup(tmp); break; }
+        if (!add && mt__temps[i] && strcmp(mt__temps[i], tmp) == 0) { free(mt__temps[i]); mt__temps[i] = NULL; break; }
+    }
+    pthread_mutex_unlock(&mt__temp_mu);
+}
+
+void mt_atomic_cleanup(void) {
+    pthread_mutex_lock(&mt__temp_mu);
+    for (int i = 0; i < MT__MAX_TEMPORARIES; i++)
+        if (mt__temps[i]) { remove(mt__temps[i]); free(mt__temps[i]); mt__temps[i] = NULL; }
+    pthread_mutex_unlock(&mt__temp_mu);
+}
+
 FILE *mt_atomic_open(const char *path, char *tmp, size_t cap) {
-    snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+    int n = snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= cap) mt_fatal("the path %s is too long\nhint: use a shorter directory", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) mt_fatal("cannot create %s: %s\nhint: check that the directory exists and is writable", tmp,
                      strerror(errno));
+    mt__temp_track(tmp, 1);
     return f;
 }
 
@@ -1163,13 +1249,50 @@ void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
     int bad = fflush(f) != 0 || ferror(f);
     if (!bad && fsync(fileno(f)) != 0) bad = 1;
     if (fclose(f) != 0) bad = 1;
-    if (bad) { remove(tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(errno)); }
-    if (rename(tmp, path) != 0) { remove(tmp); mt_fatal("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+    if (bad) {
+        int err = errno;
+        remove(tmp);
+        mt__temp_track(tmp, 0);
+        mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        remove(tmp);
+        mt__temp_track(tmp, 0);
+        mt_fatal("cannot rename %s to %s: %s", tmp, path, strerror(err));
+    }
+    mt__temp_track(tmp, 0);
 }
 
 void mt_atomic_abort(FILE *f, const char *tmp) {
     if (f) fclose(f);
     remove(tmp);
+    mt__temp_track(tmp, 0);
+}
+
+// after a kill: FILE.tmp.PID of ours (PID a process that no longer runs) in dir and in its
+// subdirectories down to `depth` levels are removed, each with a note on stdout
+void mt_remove_stale_temporaries(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (e->d_name[1] == 0 || (e->d_name[1] == '.' && e->d_name[2] == 0))) continue;
+        char path[MT_PATH_MAX + 512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) { if (depth > 0) mt_remove_stale_temporaries(path, depth - 1); continue; }
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || !S_ISREG(st.st_mode)) continue;
+        while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp.");
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end || end == t + 5 || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   // its writer may still run: leave it
+        if (remove(path) == 0) printf("removed %s, a temporary left by an interrupted run (process %ld)\n", path, pid);
+    }
+    closedir(d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1702,6 +1825,8 @@ static const mt__flag mt__flags[] = {
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
     {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing",
      "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
+    {"--overwrite", MT__BOOL, MT__OFF(train.overwrite), 0, "checkpointing",
+     "let --save write into a directory that holds another run's checkpoints (never into --load's own)"},
     {"--target-tensor-parallel-size", MT__INT, MT__OFF(train.target_tp), 0, "checkpointing",
      "TP of the converted checkpoint"},
     {"--target-pipeline-parallel-size", MT__INT, MT__OFF(train.target_pp), 0, "checkpointing",
@@ -1900,12 +2025,27 @@ static int mt__parse_int(const char *flag, const char *s) {
     return (int)v;
 }
 
+// a real number; NaN and infinities are refused (no flag means anything by them)
 static double mt__parse_double(const char *flag, const char *s) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || end == s) mt_fatal("%s expects a number, got '%s'", flag, s);
+    if (errno || *end || end == s || !isfinite(v))
+        mt_fatal("%s expects a finite number, got '%s'\nhint: e.g. %s 0.5", flag, s, flag);
     return v;
+}
+
+// a whole number in [lo, hi], written as an integer or as a real with no fraction (4e7); range
+// checked before any conversion, so 1e30 is an error and not undefined behaviour
+static long long mt__parse_integer(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!errno && !*end && end != s && (double)v >= lo && (double)v <= hi) return v;
+    double d = mt__parse_double(flag, s);
+    if (d != floor(d) || d < lo || d > hi)
+        mt_fatal("%s expects a whole number from %.0f to %.0f, got '%s'", flag, lo, hi, s);
+    return (long long)d;
 }
 
 static int mt__is_number(const char *s) {
@@ -1921,9 +2061,17 @@ static void mt__set_flag(mt_config *cfg, const mt__flag *f, const char *const *v
     const char *v = nvalues > 0 ? values[0] : NULL;
     switch (f->type) {
     case MT__INT: *(int *)(base + f->offset) = mt__parse_int(f->name, v); break;
-    case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_double(f->name, v); break;
-    case MT__U64: *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_double(f->name, v); break;
-    case MT__FLOAT: *(float *)(base + f->offset) = (float)mt__parse_double(f->name, v); break;
+    case MT__LONG: *(long *)(base + f->offset) = (long)mt__parse_integer(f->name, v, 0, 9007199254740992.0); break;
+    case MT__U64:   // a seed: 0 .. 2^53 (Megatron's is a Python int; every such value is exact in a double)
+        *(unsigned long long *)(base + f->offset) = (unsigned long long)mt__parse_integer(f->name, v, 0,
+                9007199254740992.0);
+        break;
+    case MT__FLOAT: {
+        double d = mt__parse_double(f->name, v);
+        if (fabs(d) > 3.0e38) mt_fatal("%s: %s does not fit in a float", f->name, v);
+        *(float *)(base + f->offset) = (float)d;
+        break;
+    }
     case MT__DOUBLE: *(double *)(base + f->offset) = mt__parse_double(f->name, v); break;
     case MT__BOOL: *(int *)(base + f->offset) = 1; break;
     case MT__STR:
@@ -2035,6 +2183,12 @@ static void mt__nearest_key(const char *flag, char *out, size_t cap) {
 void mt_config_load_json(mt_config *cfg, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open config file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        fclose(f);
+        mt_fatal("config file %s is %s\nhint: --config names a JSON file", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file of at most 64 MB");
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -2084,8 +2238,16 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
             mt__nearest_key(flag, suggestion, sizeof suggestion);
             mt_fatal("%s:%d: unknown key \"%s\"\nhint: did you mean \"%s\"?", path, mt_json_line(&j), key, suggestion);
         }
+        if (fl->type == MT__CONFIG_FILE)   // a config naming itself would recurse for ever
+            mt_fatal("%s:%d: a config file cannot name another (\"%s\")\nhint: merge them into one file", path,
+                     mt_json_line(&j), key);
+        if (fl->type == MT__BOOL && !is_bool && !is_null)
+            mt_fatal("%s:%d: \"%s\" is true or false, got %s", path, mt_json_line(&j), key, value);
+        if (fl->type != MT__BOOL && is_bool)
+            mt_fatal("%s:%d: \"%s\" takes a value, not %s\nhint: write a number or a string (null keeps the default)",
+                     path, mt_json_line(&j), key, value);
         if (fl->type == MT__BOOL) { if (bool_value) mt__set_flag(cfg, fl, NULL, 0); }
-        else if (is_bool || is_null) { /* null / false for a valued key: keep the default */ }
+        else if (is_null) { /* null for a valued key: keep the default */ }
         else { const char *vp = value; mt__set_flag(cfg, fl, &vp, 1); }
     } while (mt_json_eat(&j, ','));
     if (!j.err) mt_json_expect(&j, '}', "expected ',' or '}'");
@@ -2137,28 +2299,78 @@ void mt_print_help(FILE *f) {
 
 int mt_pad_vocab_size(int vocab_size, int divisible_by, int tp_size) {
     // Megatron's _vocab_size_with_padding: round up to a multiple of divisible_by * TP, so
-    // every TP rank holds the same number of embedding rows.
-    int multiple = divisible_by * tp_size;
-    return (vocab_size + multiple - 1) / multiple * multiple;
+    // every TP rank holds the same number of embedding rows. (In 64 bits: the caller checks
+    // that the result fits in an int; mt_config_derive does.)
+    if (divisible_by < 1 || tp_size < 1 || vocab_size < 1)
+        mt_fatal("cannot pad a vocabulary of %d to a multiple of %d x TP %d\n"
+                 "hint: --make-vocab-size-divisible-by and TP must be at least 1", vocab_size, divisible_by, tp_size);
+    int64_t multiple = (int64_t)divisible_by * tp_size;
+    int64_t padded = ((int64_t)vocab_size + multiple - 1) / multiple * multiple;
+    return padded > INT32_MAX ? INT32_MAX : (int)padded;
+}
+
+// every size the model keeps in an int must fit in one, products included (4C, 3C, Vp*TP, B*T):
+// checked once here in 64 bits, so later int arithmetic cannot overflow
+#define MT__MAX_DIM 1048576   /* 2^20: far above any GPT's hidden size, sequence or batch */
+static void mt__check_range(const char *flag, long long v, long long lo, long long hi) {
+    if (v < lo || v > hi) mt_fatal("%s %lld is out of range\nhint: use a value from %lld to %lld", flag, v, lo, hi);
 }
 
 void mt_config_derive(mt_config *cfg) {
     mt_model_config *m = &cfg->model;
     mt_parallel_config *p = &cfg->parallel;
     mt_train_config *t = &cfg->train;
+    if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
+        mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
+    // sizes: 0 means "derive it"; anything else must be positive and small enough that every
+    // product the model forms (4C, 3C, Vp x C rows, B x T) fits in its int
+    mt__check_range("--hidden-size", m->hidden_size, 1, MT__MAX_DIM);
+    mt__check_range("--num-layers", m->num_layers, 1, 65536);
+    mt__check_range("--seq-length", m->seq_length, 1, MT__MAX_DIM);
+    mt__check_range("--ffn-hidden-size", m->ffn_hidden_size, 0, 4 * MT__MAX_DIM);
+    mt__check_range("--max-position-embeddings", m->max_position_embeddings, 0, MT__MAX_DIM);
+    mt__check_range("--vocab-size", m->vocab_size, 0, 64 * MT__MAX_DIM);
+    mt__check_range("--make-vocab-size-divisible-by", m->make_vocab_size_divisible_by, 1, MT__MAX_DIM);
+    mt__check_range("--micro-batch-size", t->micro_batch_size, 1, MT__MAX_DIM);
+    mt__check_range("--global-batch-size", t->global_batch_size, 0, 1LL << 30);
+    mt__check_range("--nproc-per-node", p->nproc_per_node, 0, 4096);
+    mt__check_range("--tensor-model-parallel-size", p->tensor_model_parallel_size, 1, 4096);
+    mt__check_range("--pipeline-model-parallel-size", p->pipeline_model_parallel_size, 1, 4096);
+    mt__check_range("--num-layers-per-virtual-pipeline-stage", p->num_layers_per_virtual_pipeline_stage, 0, 65536);
+    mt__check_range("--ddp-bucket-size", p->ddp_bucket_size, 1, 1LL << 40);
+    mt__check_range("--train-iters", t->train_iters, 0, INT32_MAX / 2);
+    mt__check_range("--tokens-to-generate", t->tokens_to_generate, 0, MT__MAX_DIM);
+    mt__check_range("--top-k", t->top_k, 0, INT32_MAX);
+    mt__check_range("--eval-iters", t->eval_iters, 0, INT32_MAX / 2);
+    mt__check_range("--eval-interval", t->eval_interval, 0, INT32_MAX);
+    mt__check_range("--save-interval", t->save_interval, 0, INT32_MAX);
+    mt__check_range("--exit-interval", t->exit_interval, 0, INT32_MAX);
+    mt__check_range("--lr-warmup-iters", t->lr_warmup_iters, 0, INT32_MAX / 2);
+    mt__check_range("--lr-decay-iters", t->lr_decay_iters, 0, INT32_MAX / 2);
+    if (!(t->lr_warmup_fraction >= 0 && t->lr_warmup_fraction <= 1))
+        mt_fatal("--lr-warmup-fraction must be in [0, 1], got %g", t->lr_warmup_fraction);
+    if (!(t->weight_decay >= 0) || !(t->clip_grad >= 0) || !(t->adam_eps >= 0))
+        mt_fatal("--weight-decay, --clip-grad and --adam-eps must be >= 0");
+    if (!(t->adam_beta1 >= 0 && t->adam_beta1 < 1) || !(t->adam_beta2 >= 0 && t->adam_beta2 < 1))
+        mt_fatal("--adam-beta1 and --adam-beta2 must be in [0, 1), got %g and %g", (double)t->adam_beta1,
+                 (double)t->adam_beta2);
+    // real numbers: NaN and infinities are refused by the parser; here the ranges
+    if (!(m->init_method_std >= 0)) mt_fatal("--init-method-std must be >= 0, got %g", (double)m->init_method_std);
+    if (!(t->lr >= 0) || !(t->min_lr >= 0)) mt_fatal("--lr and --min-lr must be >= 0\nhint: e.g. --lr 3e-4");
+    if (!(t->temperature >= 0))
+        mt_fatal("--temperature must be >= 0 (0 = greedy), got %g", (double)t->temperature);
     if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
     if (m->max_position_embeddings == 0) m->max_position_embeddings = m->seq_length;
     if (m->vocab_size == 0) m->vocab_size = 50257;   // GPT-2's; the trainer sets it from the vocab file
-    if (m->num_layers <= 0 || m->hidden_size <= 0 || m->num_attention_heads <= 0 || m->seq_length <= 0)
-        mt_fatal("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive");
     if (m->hidden_size % m->num_attention_heads)
         mt_fatal("--hidden-size %d is not divisible by --num-attention-heads %d\n"
                  "hint: pick heads that divide the hidden size", m->hidden_size, m->num_attention_heads);
     if (m->seq_length > m->max_position_embeddings)
         mt_fatal("--seq-length %d is longer than --max-position-embeddings %d\nhint: raise --max-position-embeddings",
                  m->seq_length, m->max_position_embeddings);
-    if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 || m->attention_dropout >= 1)
-        mt_fatal("dropout probabilities must be in [0, 1)");
+    if (!(m->hidden_dropout >= 0 && m->hidden_dropout < 1) || !(m->attention_dropout >= 0 && m->attention_dropout < 1))
+        mt_fatal("dropout probabilities must be in [0, 1): --hidden-dropout %g, --attention-dropout %g",
+                 (double)m->hidden_dropout, (double)m->attention_dropout);
     int TP = p->tensor_model_parallel_size, PP = p->pipeline_model_parallel_size;
     if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least "
                                    "1");
@@ -2200,6 +2412,7 @@ void mt_config_derive(mt_config *cfg) {
                      t->gradient_accumulation_steps, t->global_batch_size, B, DP, t->gradient_accumulation_steps,
                      want);
     }
+    if ((int64_t)B * DP > (1LL << 30)) mt_fatal("--micro-batch-size %d x data-parallel size %d is too large", B, DP);
     if (t->global_batch_size == 0) t->global_batch_size = B * DP;
     if (t->global_batch_size % (B * DP))
         mt_fatal("--global-batch-size %d is not divisible by micro-batch-size %d x data-parallel size %d = %d\n"
@@ -2794,7 +3007,10 @@ static void *mt__rank_thread_main(void *p) {
     snprintf(name, sizeof name, "r%d", self->rank);
     mt_thread_set_name(name);   // gdb's `info threads` lists r0, r1, ...
     mt__this_rank = self;
+    // an aborted world ends this thread in pthread_exit: what the rank still owns is freed then
+    pthread_cleanup_push(mt__free_owned, NULL);
     self->fn(self->world, self->rank, self->arg);
+    pthread_cleanup_pop(1);
     mt__this_rank = NULL;
     mt__mark_rank_done(self->world, self->rank);
     return NULL;
@@ -2828,6 +3044,7 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
     }
     const char *error = mt_world_error(w);
     if (!error) return 0;
+    mt_atomic_cleanup();   // every rank has stopped: the temporaries of the unfinished writes go
     fflush(stdout);
     fprintf(stderr, "error: %s\n", error);   // exactly as mt_fatal prints it
     return 1;
@@ -5294,9 +5511,11 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     // 1. forward and backward of every micro-batch, in the order of the schedule
     size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
+    mt__own(free, list);
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
     double t_start = mt_time_seconds();
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
+    mt__disown(list);
     free(list);
     double t_fb = mt_time_seconds();
     // 2. gradients: all-reduce over DP, tie the embedding copies
@@ -5324,8 +5543,10 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     r->state.loss_sum = 0.0;
     size_t max_steps = (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
+    mt__own(free, list);
     int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
     for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
+    mt__disown(list);
     free(list);
     return mt__batch_loss(r);
 }
@@ -5348,6 +5569,27 @@ int mt_schedule_max_alive(const mt_config *cfg, int pp_rank) {
     return most;
 }
 
+// the rank's memory, registered as owned by its thread (section 1's mt__own) so that an aborted
+// world frees it when it ends the thread. The pointers themselves are registered, not r: r may
+// live on the stack the abort unwinds. Communicators and device are left alone (NCCL cannot be
+// torn down while peers may still be inside a collective); the process is ending.
+static void mt__rank_own_buffers(mt_rank *r, int own) {
+    void *device[7] = {r->model.params_memory, r->model.grads_memory, r->optim.m_memory, r->optim.v_memory,
+                       r->acts.memory, r->scratch.memory, r->acts.recompute_memory};
+    void *device_ints = r->acts.ids_memory;
+    void *host[6] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.losses, r->host.p2p, r->acts.where};
+    for (int i = 0; i < 7; i++) {
+        if (device[i] && own) mt__own(mt_buffer_free, device[i]);
+        else if (device[i]) mt__disown(device[i]);
+    }
+    if (device_ints && own) mt__own(mt_buffer_free, device_ints);
+    else if (device_ints) mt__disown(device_ints);
+    for (int i = 0; i < 6; i++) {
+        if (host[i] && own) mt__own(free, host[i]);
+        else if (host[i]) mt__disown(host[i]);
+    }
+}
+
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -5358,6 +5600,7 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_model_init(r);                                           // §5: parameters, gradients
     mt_optimizer_init(r);                                       // §6: AdamW's moments
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
+    mt__rank_own_buffers(r, 1);   // an aborted world ends this thread: the buffers go with it
 }
 
 void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
@@ -5368,6 +5611,7 @@ void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
 }
 
 void mt_rank_free(mt_rank *r) {
+    mt__rank_own_buffers(r, 0);
     mt_activations_free(r);
     mt_optimizer_free(r);
     mt_model_free(r);
@@ -5412,8 +5656,6 @@ void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
 // Mirrors megatron/core/datasets/{indexed_dataset.py, gpt_dataset.py, blended_dataset.py,
 // helpers.cpp} and tools/preprocess_data.py. The files are Megatron's, byte for byte.
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 
 // ---------------------------------------------------------------------------------------------
 // the indexed dataset format (Megatron's "MMIDIDX", version 1), little-endian:
@@ -5522,6 +5764,17 @@ void mt_indexed_dataset_open(mt_indexed_dataset *d, const char *prefix) {
         if (docs[i] < 0 || (uint64_t)docs[i] > S || (i > 0 && docs[i] < docs[i - 1]))
             mt_fatal("%s.idx has a corrupt document index (entry %llu)", prefix, (unsigned long long)i);
     if ((uint64_t)docs[D - 1] != S) mt_fatal("%s.idx: the document index does not end at the sequence count", prefix);
+    // the reader walks a document from its first sequence's pointer on, so a document's sequences
+    // must lie back to back in .bin, as Megatron's builder writes them (one pass, O(S))
+    for (uint64_t i = 0; i + 1 < D; i++)
+        for (int64_t q = docs[i] + 1; q < docs[i + 1]; q++) {
+            int64_t want = pointers[q - 1] + (int64_t)lengths[q - 1] * (int64_t)d->elem_size;
+            if (pointers[q] != want)
+                mt_fatal("%s.idx: the sequences of document %llu are not adjacent in %s (sequence %lld starts at byte "
+                         "%lld, not %lld)\nhint: the index is damaged or was not written by Megatron's builder; run "
+                         "./preprocess again", prefix, (unsigned long long)i, path, (long long)q,
+                         (long long)pointers[q], (long long)want);
+        }
 }
 
 void mt_indexed_dataset_close(mt_indexed_dataset *d) {
@@ -6911,6 +7164,27 @@ static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops 
     return nd;
 }
 
+// Checksums: a bit flipped on disk or in transit must not load silently. Four independent lanes
+// (so the multiplies overlap: several GB/s, far below the cost of reading the file) each take
+// one 8-byte word in four as h = (h ^ word) * K; both steps are bijections of the lane, so a
+// change confined to one word always changes that lane's value, and the lanes, each mixed once
+// more, are combined with the length.
+uint64_t mt_checksum64(const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    const uint64_t K = 0x9E3779B97F4A7C15ull;   // odd: multiplying by it is a bijection mod 2^64
+    uint64_t h[4] = {1, 2, 3, 4};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int l = 0; l < 4; l++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * (size_t)l, 8);
+            h[l] = (h[l] ^ w) * K;
+        }
+    for (; i + 8 <= n; i += 8) { uint64_t w; memcpy(&w, p + i, 8); h[0] = (h[0] ^ w) * K; }
+    for (; i < n; i++) h[1] = (h[1] ^ p[i]) * K;
+    return mt_hash64(h[0]) ^ mt_hash64(h[1] + 1) ^ mt_hash64(h[2] + 2) ^ mt_hash64(h[3] + 3) ^ mt_hash64(n);
+}
+
 // the metadata every file carries; a load compares the layout keys with its own
 typedef struct { const char *key; long long value; } mt__ckpt_meta;
 static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_consumed, mt__ckpt_meta *m) {
@@ -6945,13 +7219,18 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     if (slash) { *slash = 0; mt__mkdir_p(dirpath); }
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
     int nt = mt__ckpt_tensors(r, tensors);
-    size_t cap = 4096 + (size_t)nt * 160, len = 0;
+    size_t cap = 4096 + (size_t)nt * 256, len = 0;
     char *json = (char *)mt_malloc(cap, "checkpoint header");
+    mt__own(free, json);
     mt__ckpt_meta meta[32];
     int nm = mt__ckpt_metadata(r, iteration, valid_consumed, meta);
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
     for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key,
                                                          meta[i].value);
+    for (int i = 0; i < nt; i++)   // each tensor's checksum (metadata values are strings in safetensors)
+        len += (size_t)snprintf(json + len, cap - len, ",\"checksum.%s\":\"%016llx\"", tensors[i].name,
+                                (unsigned long long)mt_checksum64(host[tensors[i].which] + tensors[i].spec->offset,
+                                                                  mt__spec_numel(tensors[i].spec) * sizeof(float)));
     len += (size_t)snprintf(json + len, cap - len, "}");
     size_t offset = 0;
     for (int i = 0; i < nt; i++) {
@@ -6975,6 +7254,7 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     if (!ok) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
                                                  strerror(errno)); }
     mt_atomic_commit(f, tmp, path);
+    mt__disown(json);
     free(json);
 }
 
@@ -7009,10 +7289,11 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
         const float *dev[3] = {r->model.params_memory, full_m, full_v};
         for (int k = 0; k < 3; k++) {
             host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
+            mt__own(free, host[k]);   // a failed write ends the rank: these go with it
             mt_buffer_download(r, host[k], dev[k], r->model.num_params * sizeof(float));
         }
         mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
-        for (int k = 0; k < 3; k++) free(host[k]);
+        for (int k = 0; k < 3; k++) { mt__disown(host[k]); free(host[k]); }
     }
     if (full_m != o->m_memory) { mt_buffer_free(full_m); mt_buffer_free(full_v); }
     // the tracker file last, once every rank's file is complete
@@ -7024,6 +7305,26 @@ void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t vali
                mt_time_seconds() - t0);
         fflush(stdout);
     }
+}
+
+static int mt__same_dir(const char *a, const char *b) {   // the same directory, however spelled
+    struct stat sa, sb;
+    return a[0] && b[0] && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int overwrite) {
+    int same = src && mt__same_dir(dir, src);
+    if (same && !same_ok)
+        mt_fatal("--save %s and --load %s are the same directory: converting would overwrite the source\n"
+                 "hint: write the converted checkpoint into a new directory", dir, src);
+    char tracker[MT_PATH_MAX + 64];
+    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", dir);
+    struct stat st;
+    if (!same && !overwrite && stat(tracker, &st) == 0)
+        mt_fatal("--save %s already holds the checkpoints of another run (%s exists)\n"
+                 "hint: resume that run with --load %s, pick a new --save directory, or add --overwrite", dir,
+                 tracker, dir);
+    mt_remove_stale_temporaries(dir, 2);   // DIR, DIR/iter_N, DIR/iter_N/mp_rank_TT
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7040,14 +7341,21 @@ static int mt__ckpt_latest(const char *dir) {
     snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    int iteration = 0;
-    int got = fscanf(f, "%d", &iteration);
+    char text[32];   // Megatron writes the bare number ("300"), perhaps with a newline
+    size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
-    if (got != 1
-        || iteration <= 0) mt_fatal("%s does not hold an iteration number\n"
-                                    "hint: the checkpoint directory is damaged; point --load at a good one", path);
-    return iteration;
+    text[n] = 0;
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) text[--n] = 0;
+    char *end;
+    errno = 0;
+    long iteration = strtol(text, &end, 10);
+    if (n == 0 || *end || errno || text[0] < '0' || text[0] > '9' || iteration <= 0 || iteration > 9999999)
+        mt_fatal("%s does not hold an iteration number (it holds \"%.20s\")\n"
+                 "hint: the checkpoint directory is damaged; point --load at a good one", path, text);
+    return (int)iteration;
 }
+
+static void mt__fclose_owned(void *f) { fclose((FILE *)f); }
 
 // a file's JSON header (NUL-terminated, to free); fatal if the file is not safetensors
 static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, long *file_size) {
@@ -7058,12 +7366,17 @@ static char *mt__ckpt_header(FILE *f, const char *path, uint64_t *header_len, lo
         mt_fatal("%s is truncated or not a safetensors file (%ld bytes)\n"
                  "hint: the save was interrupted; load an earlier iteration", path, *file_size);
     char *json = (char *)mt_malloc(*header_len + 1, "checkpoint header");
-    if (fread(json, 1, *header_len, f) != *header_len) mt_fatal("%s: cannot read its header", path);
+    if (fread(json, 1, *header_len, f) != *header_len) { free(json); mt_fatal("%s: cannot read its header", path); }
     json[*header_len] = 0;
     mt_json j;
     mt_json_init(&j, json, (size_t)*header_len, 0);
     mt_json_skip(&j);
-    if (j.err) mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, j.err);
+    if (j.err) {
+        char err[256];
+        snprintf(err, sizeof err, "%s", j.err);
+        free(json);
+        mt_fatal("%s: the safetensors header is not valid JSON (%s)\nhint: the file is damaged", path, err);
+    }
     return json;
 }
 
@@ -7078,7 +7391,38 @@ static long long mt__ckpt_meta_value(const char *json, uint64_t header_len, cons
         if (required) mt_fatal("%s: metadata \"%s\" is missing", path, key);
         return fallback;
     }
-    return strtoll(v.p + 1, NULL, 10);
+    char *end;
+    errno = 0;
+    long long value = strtoll(v.p + 1, &end, 10);
+    if (errno || end == v.p + 1 || *end != '"')
+        mt_fatal("%s: metadata \"%s\" is not a whole number\nhint: the file is damaged", path, key);
+    return value;
+}
+
+// a metadata value that must lie in [lo, hi]: a damaged file is an error here, not a crash later
+static long long mt__ckpt_meta_checked(const char *json, uint64_t header_len, const char *path, const char *key,
+                                       long long lo, long long hi, long long fallback) {
+    long long v = mt__ckpt_meta_value(json, header_len, path, key, 1, fallback);
+    if (v < lo || v > hi)
+        mt_fatal("%s: metadata \"%s\" is %lld, outside [%lld, %lld]\nhint: the file is damaged; load another "
+                 "checkpoint", path, key, v, lo, hi);
+    return v;
+}
+
+// the counters a resume trusts: the iteration must be the tracker's, the optimizer's step at most
+// the iteration (skipped steps do not count), the validation position a sane sample count
+#define MT__MAX_SAMPLES (1LL << 50)
+static void mt__ckpt_check_counters(const char *path, int tracker_iteration, const long long saved[4]) {
+    if (saved[0] != tracker_iteration)
+        mt_fatal("%s says iteration %lld, latest_checkpointed_iteration.txt says %d\n"
+                 "hint: the checkpoint directory is damaged; load another iteration", path, saved[0],
+                 tracker_iteration);
+    if (saved[1] < 0 || saved[1] > saved[0])
+        mt_fatal("%s: metadata \"optimizer_step\" is %lld, outside [0, iteration %lld]\nhint: the file is damaged",
+                 path, saved[1], saved[0]);
+    if (saved[3] < 0 || saved[3] > MT__MAX_SAMPLES)
+        mt_fatal("%s: metadata \"consumed_valid_samples\" is %lld, outside [0, 2^50]\nhint: the file is damaged",
+                 path, saved[3]);
 }
 
 // reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
@@ -7092,6 +7436,8 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     uint64_t header_len = 0;
     long file_size = 0;
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
+    mt__own(free, json);             // a mismatch below ends a rank thread: these go with it
+    mt__own(mt__fclose_owned, f);
     mt_json header;
     mt_json_init(&header, json, (size_t)header_len, 0);
     // the layout and the model must be this run's
@@ -7135,7 +7481,23 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
         fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
         if (fread(host[tensors[i].which] + s->offset, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path,
                 tensors[i].name);
+        // the checksum, when the file has one (files of older versions have none)
+        mt_json md, c;
+        char key[96] = "checksum.";   // + the name (at most 63 characters)
+        size_t name_len = strnlen(tensors[i].name, sizeof tensors[i].name - 1);
+        memcpy(key + 9, tensors[i].name, name_len);
+        key[9 + name_len] = 0;
+        if (mt__ckpt_member(&header, "__metadata__", &md) && mt__ckpt_member(&md, key, &c) && *c.p == '"') {
+            unsigned long long want = strtoull(c.p + 1, NULL, 16);
+            unsigned long long got = (unsigned long long)mt_checksum64(host[tensors[i].which] + s->offset, bytes);
+            if (got != want)
+                mt_fatal("%s: tensor %s is damaged (checksum %016llx, the file says %016llx)\n"
+                         "hint: the file was changed on disk or in a copy; load another checkpoint", path,
+                         tensors[i].name, got, want);
+        }
     }
+    mt__disown(f);
+    mt__disown(json);
     fclose(f);
     free(json);
 }
@@ -7178,9 +7540,13 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
     if (is_logger) { printf("loading checkpoint from %s at iteration %d\n", dir, iteration); fflush(stdout); }
     float *host[3];
-    for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
+    for (int k = 0; k < 3; k++) {
+        host[k] = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "checkpoint");
+        mt__own(free, host[k]);   // a damaged file ends the rank inside the read
+    }
     long long saved[32];
     mt__ckpt_read_file(r, path, host, saved);
+    mt__ckpt_check_counters(path, iteration, saved);
     // the parameters whole; AdamW's moments: this rank's shard of them (all of them without the
     // distributed optimizer), the padding past num_params staying 0
     const mt_optimizer *o = &r->optim;
@@ -7192,7 +7558,10 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
                                                                          : r->model.num_params - o->shard_start;
         if (n) mt_buffer_upload(r, dest[k - 1], host[k] + o->shard_start, n * sizeof(float));
     }
-    for (int k = 0; k < 3; k++) free(host[k]);
+    for (int k = 0; k < 3; k++) {
+        mt__disown(host[k]);
+        free(host[k]);
+    }
     r->optim.step = (int)saved[1];
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
@@ -7217,7 +7586,8 @@ static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp
 }
 
 // the model and layout a checkpoint file was saved with, as a config (DP = 1)
-static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *step, long long *valid_consumed) {
+static void mt__ckpt_source_config(const char *path, int tracker_iteration, mt_config *cfg, long long *step,
+                                   long long *valid_consumed) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path,
                      strerror(errno));
@@ -7226,27 +7596,37 @@ static void mt__ckpt_source_config(const char *path, mt_config *cfg, long long *
     char *json = mt__ckpt_header(f, path, &header_len, &file_size);
     fclose(f);
     mt_config_defaults(cfg);
-    cfg->model.num_layers = (int)mt__ckpt_meta_value(json, header_len, path, "num_layers", 1, 0);
-    cfg->model.hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "hidden_size", 1, 0);
-    cfg->model.num_attention_heads = (int)mt__ckpt_meta_value(json, header_len, path, "num_attention_heads", 1, 0);
-    cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_value(json, header_len, path, "ffn_hidden_size", 1, 0);
-    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_value(json, header_len, path, "max_position_embeddings", 1,
-                                                                  0);
+    // every size positive and in the ranges mt_config_derive allows, before any division by one
+    cfg->model.num_layers = (int)mt__ckpt_meta_checked(json, header_len, path, "num_layers", 1, 65536, 0);
+    cfg->model.hidden_size = (int)mt__ckpt_meta_checked(json, header_len, path, "hidden_size", 1, MT__MAX_DIM, 0);
+    cfg->model.num_attention_heads = (int)mt__ckpt_meta_checked(json, header_len, path, "num_attention_heads", 1,
+                                                                MT__MAX_DIM, 0);
+    cfg->model.ffn_hidden_size = (int)mt__ckpt_meta_checked(json, header_len, path, "ffn_hidden_size", 1,
+                                                            4 * MT__MAX_DIM, 0);
+    cfg->model.max_position_embeddings = (int)mt__ckpt_meta_checked(json, header_len, path,
+                                                                    "max_position_embeddings", 1, MT__MAX_DIM, 0);
     cfg->model.seq_length = cfg->model.max_position_embeddings;
-    cfg->model.vocab_size = (int)mt__ckpt_meta_value(json, header_len, path, "vocab_size", 1, 0);
-    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_value(json, header_len, path,
-            "make_vocab_size_divisible_by", 1, 128);
-    int tp = (int)mt__ckpt_meta_value(json, header_len, path, "tensor_model_parallel_size", 1, 0);
-    int pp = (int)mt__ckpt_meta_value(json, header_len, path, "pipeline_model_parallel_size", 1, 0);
-    int vp = (int)mt__ckpt_meta_value(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 1);
+    cfg->model.vocab_size = (int)mt__ckpt_meta_checked(json, header_len, path, "vocab_size", 1, 64 * MT__MAX_DIM, 0);
+    cfg->model.make_vocab_size_divisible_by = (int)mt__ckpt_meta_checked(json, header_len, path,
+            "make_vocab_size_divisible_by", 1, MT__MAX_DIM, 128);
+    int tp = (int)mt__ckpt_meta_checked(json, header_len, path, "tensor_model_parallel_size", 1, 4096, 0);
+    int pp = (int)mt__ckpt_meta_checked(json, header_len, path, "pipeline_model_parallel_size", 1, 4096, 0);
+    int vp = (int)mt__ckpt_meta_checked(json, header_len, path, "virtual_pipeline_model_parallel_size", 1, 65536, 1);
+    if (cfg->model.num_layers % (pp * vp))
+        mt_fatal("%s: %d layers do not split into pipeline_model_parallel_size %d x virtual %d\n"
+                 "hint: the file is damaged", path, cfg->model.num_layers, pp, vp);
     cfg->parallel.tensor_model_parallel_size = tp;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp;
     if (vp > 1) cfg->parallel.num_layers_per_virtual_pipeline_stage = cfg->model.num_layers / pp / vp;
     cfg->train.global_batch_size = vp > 1 ? pp : 1;   // any valid batch: no training happens
     cfg->train.train_iters = 1;
-    *step = mt__ckpt_meta_value(json, header_len, path, "optimizer_step", 1, 0);
-    *valid_consumed = mt__ckpt_meta_value(json, header_len, path, "consumed_valid_samples", 1, 0);
+    long long counters[4] = {mt__ckpt_meta_value(json, header_len, path, "iteration", 1, 0),
+                             mt__ckpt_meta_value(json, header_len, path, "optimizer_step", 1, 0), 0,
+                             mt__ckpt_meta_value(json, header_len, path, "consumed_valid_samples", 1, 0)};
+    mt__ckpt_check_counters(path, tracker_iteration, counters);
+    *step = counters[1];
+    *valid_consumed = counters[3];
     free(json);
     mt_config_derive(cfg);
 }
@@ -7271,7 +7651,7 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
     FILE *probe = fopen(path, "rb");   // PP = 1 names its files mp_rank_TT, else mp_rank_TT_PPP
     if (probe) fclose(probe);
     else mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 2);
-    mt__ckpt_source_config(path, &full->cfg, &full->step, &full->valid_consumed);
+    mt__ckpt_source_config(path, full->iteration, &full->cfg, &full->step, &full->valid_consumed);
     const mt_config *cfg = &full->cfg;
     int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
     for (int tp = 0; tp < TP; tp++)
@@ -7406,8 +7786,11 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
     uint64_t header_len = len;
     int ok = fwrite(&header_len, 8, 1, f) == 1 && fwrite(json, 1, len, f) == len;
-    float *buf = (float *)mt_malloc((size_t)(F > V ? F : V) * (size_t)(C > F ? C : F) * sizeof(float) * 3 + 16,
-                                    "export");
+    size_t largest = 0;   // the buffer holds the largest tensor of the list (wte, wpe or an MLP matrix)
+    for (int i = 0; i < n; i++)
+        if ((size_t)list[i].rows * (size_t)list[i].cols > largest)
+            largest = (size_t)list[i].rows * (size_t)list[i].cols;
+    float *buf = (float *)mt_malloc(largest * sizeof(float), "export");
     for (int i = 0; i < n && ok; i++) {
         const hf_tensor *t = &list[i];
         size_t per = (size_t)t->rows * t->cols;
@@ -7799,7 +8182,7 @@ static void mt__print_eval(mt_rank *r, const char *what, float loss) {
     if (r->ps.rank != r->ps.world_size - 1) return;
     char line[256];
     int n = snprintf(line, sizeof line, " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", what,
-                     (double)loss, exp((double)loss < 700 ? (double)loss : 700.0));
+                     (double)loss, isfinite(loss) ? exp((double)loss < 700 ? (double)loss : 700.0) : (double)NAN);
     char dashes[260];
     memset(dashes, '-', (size_t)n);
     dashes[n] = 0;
@@ -8027,13 +8410,50 @@ static void mt__tb_validation(mt_rank *r, mt_tb_writer *tb, int it, float loss) 
     mt_tb_flush(tb);
 }
 
+// a checkpoint only of a finite state: a NaN or an infinity in the parameters or in AdamW's
+// moments would be resumed for ever. One sum of squares per buffer and one all-reduce over the
+// world (every rank must agree, since rank 0 moves the tracker); cheap beside the write.
+static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed, int last_was_nan) {
+    if (last_was_nan) {   // the same on every rank: the loss is all-reduced, the skip follows the global norm
+        if (r->ps.rank == r->ps.world_size - 1) {
+            printf("WARNING: not saving a checkpoint at iteration %d: its loss was NaN or its step skipped\n",
+                   iteration);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    // AdamW's moments: this rank's shard (the whole buffer without the distributed optimizer);
+    // the all-reduce below covers every shard
+    double sum = mt_sum_squares(r, r->model.params_memory, r->model.num_params) +
+                 mt_sum_squares(r, r->optim.m_memory, r->optim.shard_size) +
+                 mt_sum_squares(r, r->optim.v_memory, r->optim.shard_size);
+    double bad = isfinite(sum) ? 0.0 : 1.0;
+    if (r->ps.world_size > 1) mt_all_reduce_double(&r->groups.world, &bad, 1, MT_SUM);
+    if (bad > 0) {
+        if (r->ps.rank == r->ps.world_size - 1) {
+            printf("WARNING: not saving a checkpoint at iteration %d: the parameters or the optimizer state are not "
+                   "finite (NaN or inf)\n", iteration);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    mt_checkpoint_save(r, dir, iteration, valid_consumed);
+    return 1;
+}
+
+// Megatron skips a step whose gradients are not finite and goes on; a run whose loss stays NaN
+// would go on for ever, so after this many such iterations in a row we stop, with the usual causes
+#define MT_MAX_BAD_ITERATIONS 5
+
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
 // Returns the last iteration trained (--exit-interval may stop it early).
-static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved) {
+static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved,
+                     int *ended_bad) {
     const mt_train_config *t = &r->cfg->train;
     mt__log_interval acc;
     memset(&acc, 0, sizeof acc);
     mt__snapshot_comm(r, acc.comm);
+    int bad_in_a_row = 0;   // iterations with a NaN/inf loss or a skipped step (the same on every rank)
     for (int it = first_iteration; it <= t->train_iters; it++) {
         if (r->timeline) {   // --timeline: record the window [--profile-step-start, --profile-step-end)
             r->timeline->iteration = it;
@@ -8043,6 +8463,13 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
         mt_step_result res = mt_train_step(r, mt__data_batch, ctx, it);
         if (r->timeline) r->timeline->enabled = 0;
         mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
+        bad_in_a_row = !isfinite(res.loss) || res.skipped ? bad_in_a_row + 1 : 0;
+        *ended_bad = bad_in_a_row > 0;
+        if (bad_in_a_row >= MT_MAX_BAD_ITERATIONS)
+            mt_fatal("the loss or the gradients were NaN or infinite for %d iterations in a row (up to iteration %d); "
+                     "no checkpoint was saved from that state\n"
+                     "hint: the learning rate (--lr %g) is likely too high, or the loss scale (fp16) too large; "
+                     "resume from the last checkpoint with a lower --lr", bad_in_a_row, it, (double)t->lr);
         if (t->eval_interval > 0 && it % t->eval_interval == 0 && job->data->has_split[1]) {
             char what[64];
             snprintf(what, sizeof what, "iteration %d", it);
@@ -8053,7 +8480,7 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
         int exiting = t->exit_interval > 0 && it % t->exit_interval == 0 && it < t->train_iters;
         if (t->save[0] && ((t->save_interval > 0 && it % t->save_interval == 0) || exiting)) {
             mt_barrier(&r->groups.world);   // the valid iterator position is final for this iteration
-            mt_checkpoint_save(r, t->save, it, job->data->valid_consumed);
+            mt__save_if_finite(r, t->save, it, job->data->valid_consumed, bad_in_a_row > 0);
             *last_saved = it;
         }
         if (exiting) {
@@ -8129,6 +8556,7 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt_config *cfg = job->cfg;
     const mt_train_config *t = &cfg->train;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt__own(free, r);   // if the world aborts: this frees r, mt_rank_init's entries its buffers
     mt_rank_init(r, cfg, w, rank);
     if (job->spans) mt_rank_set_timeline(r, &job->spans[rank]);
     char name[32];
@@ -8140,14 +8568,16 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     ctx.cfg = cfg;
     ctx.data = job->data;
     ctx.sample = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)(cfg->model.seq_length + 1), "sample");
+    mt__own(free, ctx.sample);
     int first_iteration = mt__resume(r, job);
     mt_barrier(&r->groups.world);
     int last_saved = 0;
-    int last_iteration = mt__train(r, job, &ctx, first_iteration, &last_saved);
+    int ended_bad = 0;   // the last iteration's loss was NaN or its step skipped: no final save
+    int last_iteration = mt__train(r, job, &ctx, first_iteration, &last_saved, &ended_bad);
     // Megatron saves once more at the end when the last iteration was not a save point
     if (t->save[0] && last_saved != last_iteration && first_iteration <= last_iteration) {
         mt_barrier(&r->groups.world);
-        mt_checkpoint_save(r, t->save, last_iteration, job->data->valid_consumed);
+        mt__save_if_finite(r, t->save, last_iteration, job->data->valid_consumed, ended_bad);
     }
     if (last_iteration == t->train_iters && t->eval_iters > 0) {   // not stopped by --exit-interval
         if (job->data->has_split[1]) {
@@ -8161,8 +8591,10 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     mt__print_comm_summary(r, last_iteration - first_iteration + 1);
     if (t->tokens_to_generate > 0) mt__generate_sample(r, job);   // the generated text: the last line
     mt__print_device_memory(r);
+    mt__disown(ctx.sample);
     free(ctx.sample);
     mt_rank_free(r);
+    mt__disown(r);
     free(r);
 }
 
@@ -8208,9 +8640,7 @@ int mt_pretrain(mt_config *cfg) {
             fflush(stdout);
             if (!cfg->train.save[0]) mt_fatal("--convert-checkpoint needs --save DST (where the converted checkpoint "
                                               "goes)");
-            if (strcmp(cfg->train.save, cfg->train.load) == 0)
-                mt_fatal("--convert-checkpoint: --save and --load are the same directory\n"
-                         "hint: write the converted checkpoint somewhere else");
+            mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 0, cfg->train.overwrite);
             mt_checkpoint_convert(cfg->train.load, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp,
                                   cfg->train.target_vp_layers);
         }
@@ -8234,6 +8664,7 @@ int mt_pretrain(mt_config *cfg) {
     if (cfg->train.save_interval > 0 && !cfg->train.save[0])   // Megatron ignores it silently; we say so
         fprintf(stderr, "WARNING: --save-interval %d without --save: no checkpoints will be written "
                         "(add --save DIR to write them)\n", cfg->train.save_interval);
+    if (cfg->train.save[0]) mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 1, cfg->train.overwrite);
     mt_device_check_precision(cfg);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);

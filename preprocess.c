@@ -606,7 +606,22 @@ int main(int argc, char **argv) {
     pthread_cond_init(&pool.work, NULL);
     pthread_cond_init(&pool.done, NULL);
     pthread_t *threads = (pthread_t *)mt_calloc((size_t)a.workers, sizeof(pthread_t), "threads");
-    for (int w = 0; w < a.workers; w++) pthread_create(&threads[w], NULL, worker_main, &pool);
+    for (int w = 0; w < a.workers; w++) {
+        int err = pthread_create(&threads[w], NULL, worker_main, &pool);
+        if (err == 0) continue;
+        // no thread, no worker: the batches would wait for ever. With some workers running we go
+        // on with those; with none it is an error.
+        if (w == 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "cannot start a worker thread: %s\nhint: raise the memory or thread limit "
+                     "(ulimit -v, ulimit -u), or lower --workers", strerror(err));
+            fail_run(builders, a.n_keys, msg);
+        }
+        fprintf(stderr, "note: only %d of %d worker threads could start (%s); going on with %d\n", w, a.workers,
+                strerror(err), w);
+        a.workers = w;
+        break;
+    }
 
     pp_stats st;
     memset(&st, 0, sizeof st);

@@ -1,0 +1,59 @@
+"""tests/fuzz_seeds.py OUT_DIR CHECKPOINT_FILE IDX_PREFIX - the seed corpus of tests/fuzz_parsers.c.
+   tests/fuzz_seeds.py --dataset PREFIX - first, a small dataset in Megatron's format (vocabulary 101)
+   for the trainer to write the checkpoint that becomes a seed.
+
+Real files, each behind the byte that picks its parser (see the harness's top comment): the
+configs, a checkpoint file and an indexed dataset written by our programs, the head of GPT-2's
+vocabulary and merges, a tracker, and a command line of the tutorial.
+"""
+import json
+import os
+import struct
+import sys
+
+if sys.argv[1] == "--dataset":   # MMIDIDX v1, uint16 tokens, 20 documents of 40..80 tokens
+    docs = [[(d * 7 + 3 * i) % 101 for i in range(40 + 2 * d)] for d in range(20)]
+    with open(sys.argv[2] + ".bin", "wb") as f:
+        for doc in docs:
+            f.write(struct.pack("<%dH" % len(doc), *doc))
+    lengths, pointers, at = [len(d) for d in docs], [], 0
+    for n in lengths:
+        pointers.append(at)
+        at += 2 * n
+    with open(sys.argv[2] + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+        f.write(struct.pack("<%di" % len(docs), *lengths) + struct.pack("<%dq" % len(docs), *pointers))
+        f.write(struct.pack("<%dq" % (len(docs) + 1), *range(len(docs) + 1)))
+    sys.exit(0)
+out, ckpt, idx_prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(out, exist_ok=True)
+
+
+def seed(name, which, data):
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(bytes([which]) + data)
+
+
+def read(path, limit=None):
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+seed("json_obj", 0, b'{"text": "caf\\u00e9 \\ud83d\\ude00", "n": [1, 2.5e3, -0.0, true, null]}')
+for name in sorted(os.listdir("configs")):
+    seed("config_" + name, 1, read(os.path.join("configs", name)))
+seed("checkpoint", 2, read(ckpt))
+idx, bin_ = read(idx_prefix + ".idx"), read(idx_prefix + ".bin", 4096)
+seed("idx", 3, struct.pack("<I", len(idx)) + idx + bin_)
+# a vocabulary of the 256 byte tokens and a few merges (the real file is 1 MB: too slow to mutate)
+vocab_text = read("data/gpt2-vocab.json").decode("utf-8")
+merges = b"".join(read("data/gpt2-merges.txt").splitlines(keepends=True)[:40])
+vocab = json.loads(vocab_text)
+small = {k: v for k, v in vocab.items() if v < 300}
+small["<|endoftext|>"] = 300
+v = json.dumps(small).encode()
+seed("tokenizer", 4, struct.pack("<I", len(v)) + v + merges)
+seed("tracker", 5, b"300\n")
+seed("flags", 6, b"\0".join([b"--num-layers", b"2", b"--hidden-size", b"64", b"--num-attention-heads", b"4",
+                             b"--seq-length", b"32", b"--tensor-model-parallel-size", b"2", b"--nproc-per-node",
+                             b"4", b"--lr=3e-4", b"--data-path", b"0.5", b"a", b"0.5", b"b"]))
