@@ -2316,7 +2316,8 @@ static void mt__check_range(const char *flag, long long v, long long lo, long lo
     if (v < lo || v > hi) mt_fatal("%s %lld is out of range\nhint: use a value from %lld to %lld", flag, v, lo, hi);
 }
 
-void mt_config_derive(mt_config *cfg) {
+// every number in its range (sizes small enough that every product the model forms fits)
+static void mt__derive_check_ranges(mt_config *cfg) {
     mt_model_config *m = &cfg->model;
     mt_parallel_config *p = &cfg->parallel;
     mt_train_config *t = &cfg->train;
@@ -2359,6 +2360,11 @@ void mt_config_derive(mt_config *cfg) {
     if (!(t->lr >= 0) || !(t->min_lr >= 0)) mt_fatal("--lr and --min-lr must be >= 0\nhint: e.g. --lr 3e-4");
     if (!(t->temperature >= 0))
         mt_fatal("--temperature must be >= 0 (0 = greedy), got %g", (double)t->temperature);
+}
+
+// the model: the sizes derived from others (0 = derive), and what must divide what
+static void mt__derive_model(mt_config *cfg) {
+    mt_model_config *m = &cfg->model;
     if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
     if (m->max_position_embeddings == 0) m->max_position_embeddings = m->seq_length;
     if (m->vocab_size == 0) m->vocab_size = 50257;   // GPT-2's; the trainer sets it from the vocab file
@@ -2371,6 +2377,12 @@ void mt_config_derive(mt_config *cfg) {
     if (!(m->hidden_dropout >= 0 && m->hidden_dropout < 1) || !(m->attention_dropout >= 0 && m->attention_dropout < 1))
         mt_fatal("dropout probabilities must be in [0, 1): --hidden-dropout %g, --attention-dropout %g",
                  (double)m->hidden_dropout, (double)m->attention_dropout);
+}
+
+// the layout: world = TP x PP x DP, the heads, the MLP and the layers split evenly, virtual stages
+static void mt__derive_layout(mt_config *cfg) {
+    mt_model_config *m = &cfg->model;
+    mt_parallel_config *p = &cfg->parallel;
     int TP = p->tensor_model_parallel_size, PP = p->pipeline_model_parallel_size;
     if (TP < 1 || PP < 1) mt_fatal("--tensor-model-parallel-size and --pipeline-model-parallel-size must be at least "
                                    "1");
@@ -2401,7 +2413,13 @@ void mt_config_derive(mt_config *cfg) {
                      per_stage, p->num_layers_per_virtual_pipeline_stage);
         cfg->virtual_pipeline_size = per_stage / p->num_layers_per_virtual_pipeline_stage;
     }
-    int DP = cfg->data_parallel_size, B = t->micro_batch_size;
+}
+
+// the batch: global = micro-batch x DP x micro-batches (the accumulation steps)
+static void mt__derive_batch(mt_config *cfg) {
+    mt_parallel_config *p = &cfg->parallel;
+    mt_train_config *t = &cfg->train;
+    int DP = cfg->data_parallel_size, B = t->micro_batch_size, PP = p->pipeline_model_parallel_size;
     if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
     if (t->gradient_accumulation_steps > 0) {   // older Megatron's way to say the global batch
         int want = B * DP * t->gradient_accumulation_steps;
@@ -2422,6 +2440,11 @@ void mt_config_derive(mt_config *cfg) {
     if (cfg->virtual_pipeline_size > 1 && cfg->num_microbatches % PP)
         mt_fatal("the interleaved schedule needs the number of micro-batches (%d) to be a multiple of PP (%d)\n"
                  "hint: change --global-batch-size", cfg->num_microbatches, PP);
+}
+
+// the learning-rate schedule (Megatron's OptimizerParamScheduler's inputs)
+static void mt__derive_lr(mt_config *cfg) {
+    mt_train_config *t = &cfg->train;
     if (strcmp(t->lr_decay_style, "constant") == 0) cfg->lr_decay = MT_LR_CONSTANT;
     else if (strcmp(t->lr_decay_style, "linear") == 0) cfg->lr_decay = MT_LR_LINEAR;
     else if (strcmp(t->lr_decay_style, "cosine") == 0) cfg->lr_decay = MT_LR_COSINE;
@@ -2434,7 +2457,11 @@ void mt_config_derive(mt_config *cfg) {
     if (cfg->lr_warmup_steps > cfg->lr_decay_steps && cfg->lr_decay != MT_LR_CONSTANT)
         mt_fatal("lr warm-up (%g iterations) is longer than lr decay (%d)\n"
                  "hint: raise --lr-decay-iters or lower the warm-up", cfg->lr_warmup_steps, cfg->lr_decay_steps);
-    // activation recompute, as Megatron's arguments.py reads its flags
+}
+
+// activation recompute, as Megatron's arguments.py reads its flags
+static void mt__derive_recompute(mt_config *cfg) {
+    mt_train_config *t = &cfg->train;
     const char *gran = t->recompute_activations ? "selective" : t->recompute_granularity;
     cfg->recompute = MT_RECOMPUTE_NONE;
     cfg->recompute_num_layers = t->recompute_num_layers;
@@ -2456,6 +2483,18 @@ void mt_config_derive(mt_config *cfg) {
         mt_fatal("--recompute-method %s without --recompute-granularity full\nhint: add --recompute-granularity full",
                  t->recompute_method);
     }
+}
+
+// checks the configuration and fills the derived fields, in the order of the steps above
+// (Megatron's validate_args); idempotent, so calling it twice changes nothing
+void mt_config_derive(mt_config *cfg) {
+    mt__derive_check_ranges(cfg);
+    mt__derive_model(cfg);
+    mt__derive_layout(cfg);
+    mt__derive_batch(cfg);
+    mt__derive_lr(cfg);
+    mt__derive_recompute(cfg);
+    mt_train_config *t = &cfg->train;
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->tensorboard_log_interval < 1) t->tensorboard_log_interval = 1;
     if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
