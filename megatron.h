@@ -4763,6 +4763,8 @@ static void mt__model_sizes(mt_rank *r) {
     size_t block = 64 * (size_t)r->ps.dp_size;
     m->buffer_floats = r->cfg->parallel.use_distributed_optimizer ? (m->num_params + block - 1) / block * block
                                                                  : m->num_params;
+    r->memory.params = m->buffer_floats * sizeof(float);
+    r->memory.grads = m->buffer_floats * sizeof(float);
 }
 
 // parameters and gradients: one carve, two buffers. The initial values are computed on the
@@ -4779,8 +4781,6 @@ void mt_model_init(mt_rank *r) {
     m->grads_memory = mt_buffer_alloc(r, m->buffer_floats, "gradients");
     mt__carve_params(r, &m->params, m->params_memory, 1);
     mt__carve_params(r, &m->grads, m->grads_memory, 0);
-    r->memory.params = m->buffer_floats * sizeof(float);
-    r->memory.grads = m->buffer_floats * sizeof(float);
 }
 
 void mt_model_free(mt_rank *r) {
@@ -5073,6 +5073,14 @@ float mt_learning_rate(const mt_config *cfg, int step) {
     return (float)(min_lr + coeff * (max_lr - min_lr));
 }
 
+// the part [*a, *b) of tensor s inside the shard [lo, hi) of the buffer (empty: *a >= *b); with
+// the distributed optimizer a tensor may straddle two shards
+static void mt__shard_part(const mt_param_spec *s, size_t lo, size_t hi, size_t *a, size_t *b) {
+    size_t end = s->offset + mt__spec_numel(s);
+    *a = s->offset > lo ? s->offset : lo;
+    *b = end < hi ? end : hi;
+}
+
 // The global gradient norm, counting every parameter of the model exactly once:
 //   - TP-replicated tensors (layernorms, row-parallel biases, wpe) only on tp_rank 0,
 //   - the LM head's copy of wte on the last stage (PP > 1) not at all (the first stage's counts),
@@ -5087,7 +5095,8 @@ static double mt__grad_norm(mt_rank *r) {
         if (!s->present) continue;
         if (s->tp_replicated && r->ps.tp_rank != 0) continue;
         if (s->tied_copy) continue;
-        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + mt__spec_numel(s) < hi ? s->offset + mt__spec_numel(s) : hi;
+        size_t a, b;
+        mt__shard_part(s, lo, hi, &a, &b);
         if (a < b) sumsq += mt_sum_squares(r, r->model.grads_memory + a, b - a);
     }
     if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &sumsq, 1, MT_SUM);
@@ -5143,7 +5152,8 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
         const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
-        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + mt__spec_numel(s) < hi ? s->offset + mt__spec_numel(s) : hi;
+        size_t a, b;
+        mt__shard_part(s, lo, hi, &a, &b);
         if (a >= b) continue;
         mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
                  r->model.grads_memory + a, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
@@ -5667,7 +5677,6 @@ void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
     mt_parallel_state_init(&r->ps, cfg, rank);
     mt_dims_init(&r->dims, cfg, &r->ps);
     mt__model_sizes(r);
-    r->memory.params = r->memory.grads = r->model.buffer_floats * sizeof(float);
     mt__optimizer_sizes(r);
     mt__activation_sizes(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));
     *out = r->memory;
