@@ -165,14 +165,32 @@ void mt_zero_gpu(float *x, size_t n, cudaStream_t stream) {
     MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
     if (mt__sync_debug()) MT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
-// round to nearest even, as every bf16 conversion in this file
+// round to nearest even, as every bf16 conversion in this file. Two kernels: the vector one
+// takes 8 elements per thread (two 16-byte loads, one 16-byte store: the cast is bytes-bound and
+// one float per thread reaches only ~45% of the HBM bandwidth) over the first n8 * 8 elements
+// when both pointers are 16-byte aligned; the scalar one does the rest (or all, when they are not).
 __global__ void mt_cast_f32_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2bfloat16_rn(inp[i]);
 }
+__global__ void mt_cast_f32_to_bf16_vec8_kernel(__nv_bfloat16 *out, const float *inp, size_t n8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
+    __nv_bfloat162 o[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                           __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    ((uint4 *)out)[i] = *(const uint4 *)o;
+}
 void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    mt_cast_f32_to_bf16_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, inp, n);
+    size_t n8 = mt__aligned16(out) && mt__aligned16(inp) ? n / 8 : 0;
+    if (n8) {
+        mt_cast_f32_to_bf16_vec8_kernel<<<mt__blocks(n8, 256), 256, 0, stream>>>(out, inp, n8);
+        mt__launch_check("mt_cast_f32_to_bf16_vec8_kernel", stream);
+    }
+    size_t done = n8 * 8;
+    if (done == n) return;
+    mt_cast_f32_to_bf16_kernel<<<mt__blocks(n - done, 256), 256, 0, stream>>>(out + done, inp + done, n - done);
     mt__launch_check("mt_cast_f32_to_bf16_kernel", stream);
 }
 __global__ void mt_cast_bf16_to_f32_kernel(float *out, const __nv_bfloat16 *inp, size_t n) {
@@ -207,8 +225,8 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
 //   mt_attention_*_kernel                   FlashAttention-2: fp32 (CUDA cores, the reading version)
 //   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
-//   mt_gelu_forward_kernel / _backward      one thread per element
-//   mt_residual_forward_kernel              one thread per element
+//   mt_gelu_forward_kernel / _backward      one thread per element (forward: a float4 per thread
+//   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
 //   mt_cross_entropy_*_kernel (3)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -447,15 +465,25 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
         partial_dbias[(size_t)blockIdx.x * C + i] = db;
     }
 }
-// dweight[c] += sum over blocks (in order) of partial_dweight[block, c]; the same for dbias
+// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
+// 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
+// the eight in order. (One thread per channel walking all 512 partials of GPT-2's batch was a
+// 40 us chain of dependent loads on 3 SMs; this spreads it over C / 32 blocks of 8 warps.)
 __global__ void mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
                                                     const float *__restrict__ partial_dweight,
                                                     const float *__restrict__ partial_dbias, int nblocks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float sums[2][8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 7) / 8;
+    int k0 = threadIdx.y * per, k1 = min(nblocks, k0 + per);
     float dw = 0.0f, db = 0.0f;
-    for (int k = 0; k < nblocks; k++)
-        { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    if (c < C)
+        for (int k = k0; k < k1; k++) { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    sums[0][threadIdx.y][threadIdx.x] = dw;
+    sums[1][threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    dw = 0.0f; db = 0.0f;
+    for (int y = 0; y < 8; y++) { dw += sums[0][y][threadIdx.x]; db += sums[1][y][threadIdx.x]; }
     dweight[c] += dw;
     dbias[c] += db;
 }
@@ -476,8 +504,9 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial + (size_t)nblocks * C,
                                                                          dout, inp, weight, mean, rstd, N, C);
     mt__launch_check("mt_layernorm_backward_kernel", stream);
-    mt_layernorm_backward_reduce_kernel<<<mt__blocks(C, 256), 256, 0, stream>>>(
+    mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(
         dweight, dbias, partial, partial + (size_t)nblocks * C, nblocks, C);
+    mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
@@ -1306,6 +1335,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     const float4 *base = (const float4 *)g.workspace + wg * 4096 + q * 128 + lt;   // + slot * 8192
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!g.sk_workers) {
+#pragma unroll 4   // four partials in flight, added in z order
         for (int z = 0; z < g.splits; z++) {
             float4 v = __ldcs(base + ((size_t)t * g.splits + z) * 8192);   // streaming: read once
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
@@ -2391,16 +2421,31 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
 // GELU, tanh approximation
 // matches mt_gelu_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); N elements, one thread each.
+// Bytes-bound, so as the casts: a float4 kernel over the first N4 * 4 elements when the pointers
+// are 16-byte aligned, the one-element kernel for the rest. Both call mt__gelu: the same bits.
+__device__ static inline float mt__gelu(float x) {
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+}
 __global__ void mt_gelu_forward_kernel(float *__restrict__ out, const float *__restrict__ inp, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+    if (i < N) out[i] = mt__gelu(inp[i]);
+}
+__global__ void mt_gelu_forward_vec4_kernel(float4 *__restrict__ out, const float4 *__restrict__ inp, size_t N4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N4) return;
+    float4 x = inp[i];
+    out[i] = make_float4(mt__gelu(x.x), mt__gelu(x.y), mt__gelu(x.z), mt__gelu(x.w));
 }
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream) {
     if (N == 0) return;
-    mt_gelu_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, inp, N);
+    size_t N4 = mt__aligned16(out) && mt__aligned16(inp) ? N / 4 : 0;
+    if (N4) {
+        mt_gelu_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)inp, N4);
+        mt__launch_check("mt_gelu_forward_vec4_kernel", stream);
+    }
+    if (N4 * 4 == N) return;
+    mt_gelu_forward_kernel<<<mt__blocks(N - N4 * 4, 256), 256, 0, stream>>>(out + N4 * 4, inp + N4 * 4, N - N4 * 4);
     mt__launch_check("mt_gelu_forward_kernel", stream);
 }
 // matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Adds into dinp.
@@ -2427,13 +2472,28 @@ void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size
 // ---------------------------------------------------------------------------------------------
 // residual
 // matches mt_residual_forward_cpu (megatron.h, 3. OPS). Writes out with '='. out = a + b.
+// A float4 kernel over the aligned bulk, the one-element kernel for the rest (as GELU).
 __global__ void mt_residual_forward_kernel(float *out, const float *a, const float *b, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) out[i] = a[i] + b[i];
 }
+__global__ void mt_residual_forward_vec4_kernel(float4 *out, const float4 *a, const float4 *b, size_t N4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N4) return;
+    float4 x = a[i], y = b[i];
+    out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+}
 void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream) {
     if (N == 0) return;
-    mt_residual_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, a, b, N);
+    size_t N4 = mt__aligned16(out) && mt__aligned16(a) && mt__aligned16(b) ? N / 4 : 0;
+    if (N4) {
+        mt_residual_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)a,
+                                                                                (const float4 *)b, N4);
+        mt__launch_check("mt_residual_forward_vec4_kernel", stream);
+    }
+    if (N4 * 4 == N) return;
+    size_t d = N4 * 4;
+    mt_residual_forward_kernel<<<mt__blocks(N - d, 256), 256, 0, stream>>>(out + d, a + d, b + d, N - d);
     mt__launch_check("mt_residual_forward_kernel", stream);
 }
 
@@ -2443,11 +2503,19 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 // rank's columns [vocab_start, vocab_start + V_local); only the first
 // n = mt__real_columns(vocab_start, V_local, V) of them are real (the rest is padding).
 // One block of 256 threads per row; the block reductions have a fixed order (deterministic).
+// The logits are 3.3 GB at GPT-2 small's batch and each kernel reads them once: when rows start on
+// 16-byte boundaries (V_local % 4 == 0, the padded vocabulary), threads read float4s over the
+// first n / 4 * 4 columns and single floats over the rest (vec4 = 1).
 // matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
-__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n) {
+__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n, int vec4) {
     const float *l = logits + (size_t)blockIdx.x * V_local;
     float m = -INFINITY;
-    for (int v = threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
     m = mt__block_max(m);
     if (threadIdx.x == 0) maxv[blockIdx.x] = m;
 }
@@ -2455,7 +2523,8 @@ void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, in
                                     cudaStream_t stream) {
     if (BT == 0) return;
     mt_cross_entropy_local_max_kernel<<<BT, 256, 0, stream>>>(maxv, logits, V_local,
-                                                             mt__real_columns(vocab_start, V_local, V));
+                                                             mt__real_columns(vocab_start, V_local, V),
+                                                             V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_max_kernel", stream);
 }
 // matches mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS). Writes sumexp, target_logit with '='.
@@ -2463,11 +2532,16 @@ void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, in
 // the target is one of my real columns, else 0.
 __global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_logit, const float *logits,
                                                    const float *maxv, const int *targets, int V_local,
-                                                   int vocab_start, int n) {
+                                                   int vocab_start, int n, int vec4) {
     int i = blockIdx.x;
     const float *l = logits + (size_t)i * V_local;
     float m = maxv[i], s = 0.0f;
-    for (int v = threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
     s = mt__block_sum(s);
     if (threadIdx.x == 0) {
         sumexp[i] = s;
@@ -2480,7 +2554,8 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
                                      cudaStream_t stream) {
     if (BT == 0) return;
     mt_cross_entropy_local_sums_kernel<<<BT, 256, 0, stream>>>(sumexp, target_logit, logits, maxv, targets, V_local,
-                                                              vocab_start, mt__real_columns(vocab_start, V_local, V));
+                                                              vocab_start, mt__real_columns(vocab_start, V_local, V),
+                                                              V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
 }
 // matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
@@ -2488,14 +2563,24 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
 // dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss, 0 on padded columns.
 __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, const float *maxv, const float *sumexp,
                                                const float *target_logit, const int *targets, int V_local,
-                                               int vocab_start, int n, float dloss) {
+                                               int vocab_start, int n, float dloss, int vec4) {
     int i = blockIdx.x;
     if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
     if (!dlogits) return;
     float *l = dlogits + (size_t)i * V_local;
     float m = maxv[i], inv = 1.0f / sumexp[i];
     int local = targets[i] - vocab_start;
-    for (int v = threadIdx.x; v < V_local; v += blockDim.x) {
+    int v0 = vec4 ? V_local : 0;   // V_local % 4 == 0: the whole row in float4s
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(float4 *)(l + v);
+        float e[4] = {x.x, x.y, x.z, x.w};
+        for (int k = 0; k < 4; k++) {
+            float p = v + k < n ? expf(e[k] - m) * inv : 0.0f;
+            e[k] = (p - (v + k == local ? 1.0f : 0.0f)) * dloss;
+        }
+        *(float4 *)(l + v) = make_float4(e[0], e[1], e[2], e[3]);
+    }
+    for (int v = v0 + threadIdx.x; v < V_local; v += blockDim.x) {
         float p = v < n ? expf(l[v] - m) * inv : 0.0f;
         l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
     }
@@ -2506,7 +2591,7 @@ void mt_cross_entropy_finish_gpu(float *losses, float *dlogits, const float *max
     if (BT == 0) return;
     mt_cross_entropy_finish_kernel<<<BT, dlogits ? 256 : 32, 0, stream>>>(
         losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start,
-        mt__real_columns(vocab_start, V_local, V), dloss);
+        mt__real_columns(vocab_start, V_local, V), dloss, dlogits && V_local % 4 == 0 && mt__aligned16(dlogits));
     mt__launch_check("mt_cross_entropy_finish_kernel", stream);
 }
 
@@ -2541,13 +2626,26 @@ void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, size_t n,
 // ---------------------------------------------------------------------------------------------
 // bias add: matches the CPU branch of mt_bias_add (megatron.h, 3. OPS dispatch): out[i,o] += bias[o],
 // out (BT, OC), the row-parallel layer's bias after its all-reduce. One thread per element.
+// With OC % 4 == 0 and aligned pointers, a float4 per thread (rows then stay float4-aligned).
 __global__ void mt_bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] += bias[i % (size_t)OC];
 }
+__global__ void mt_bias_add_vec4_kernel(float4 *out, const float4 *bias, size_t n4, int OC4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 o = out[i], b = bias[i % (size_t)OC4];
+    out[i] = make_float4(o.x + b.x, o.y + b.y, o.z + b.z, o.w + b.w);
+}
 void mt_bias_add_gpu(float *out, const float *bias, int BT, int OC, cudaStream_t stream) {
     size_t n = (size_t)BT * OC;
     if (n == 0) return;
+    if (OC % 4 == 0 && mt__aligned16(out) && mt__aligned16(bias)) {
+        mt_bias_add_vec4_kernel<<<mt__blocks(n / 4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)bias, n / 4,
+                                                                           OC / 4);
+        mt__launch_check("mt_bias_add_vec4_kernel", stream);
+        return;
+    }
     mt_bias_add_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, bias, n, OC);
     mt__launch_check("mt_bias_add_kernel", stream);
 }
@@ -2602,13 +2700,26 @@ void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t st
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 // x *= s (the clip: s = clip_grad / (norm + 1e-6) when that is below 1). In place.
+// A float4 per thread over the aligned bulk, one float per thread for the rest.
 __global__ void mt_scale_kernel(float *x, float s, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
+__global__ void mt_scale_vec4_kernel(float4 *x, float s, size_t n4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = x[i];
+    x[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+}
 void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    mt_scale_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, s, n);
+    size_t n4 = mt__aligned16(x) ? n / 4 : 0;
+    if (n4) {
+        mt_scale_vec4_kernel<<<mt__blocks(n4, 256), 256, 0, stream>>>((float4 *)x, s, n4);
+        mt__launch_check("mt_scale_vec4_kernel", stream);
+    }
+    if (n4 * 4 == n) return;
+    mt_scale_kernel<<<mt__blocks(n - n4 * 4, 256), 256, 0, stream>>>(x + n4 * 4, s, n - n4 * 4);
     mt__launch_check("mt_scale_kernel", stream);
 }
 

@@ -530,6 +530,47 @@ MT_TEST(gelu_residual) {
     }
 }
 
+// the bytes-bound ops take a float4 (or 8-element) path over the 16-byte aligned bulk and a
+// one-element path for the rest: every split (pointer 4 bytes past a boundary, lengths that are
+// not multiples of 4 or 8, rows of width not % 4) must give the CPU's bits
+MT_TEST(vector_and_scalar_paths) {
+    size_t n = 4099;
+    for (int off = 0; off < 3; off++) {   // 0: aligned; 1, 2: 4 and 8 bytes past a boundary
+        float *x = host_random(n + 4, -4, 4), *y = host_random(n + 4, -1, 1), *want = (float *)mt_malloc((n + 4) * sizeof(float), "want");
+        float *d_x = dev_upload(x, n + 4), *d_y = dev_upload(y, n + 4), *d_out = dev_nan(n + 4);
+        mt_gelu_forward_cpu(want, x + off, n);
+        mt_gelu_forward_gpu(d_out + off, d_x + off, n, 0);
+        float *got = dev_download(d_out, n + 4);
+        double x_scale = 4.0;   // as in gelu_residual: the device tanhf's last bit at the scale of |x|
+        check_close_scale("gelu forward, offset path", got + off, want, n, 1e-5, x_scale); free(got);
+        mt_residual_forward_cpu(want, x + off, y + off, n);
+        mt_residual_forward_gpu(d_out + off, d_x + off, d_y + off, n, 0);
+        got = dev_download(d_out, n + 4);
+        check_close("residual forward, offset path", got + off, want, n, 0.0); free(got);
+        for (size_t i = 0; i < n; i++) want[i] = x[off + i] * 0.75f;
+        mt_scale_gpu(d_x + off, 0.75f, n, 0);
+        got = dev_download(d_x, n + 4);
+        check_close("scale, offset path", got + off, want, n, 0.0); free(got);
+        __nv_bfloat16 *b16 = (__nv_bfloat16 *)dev_alloc((n + 8) * sizeof(__nv_bfloat16));
+        mt_cast_f32_to_bf16_gpu(b16 + off, d_y + off, n, 0);
+        mt_cast_bf16_to_f32_gpu(d_out, b16 + off, n, 0);
+        for (size_t i = 0; i < n; i++) want[i] = __bfloat162float(__float2bfloat16_rn(y[off + i]));
+        got = dev_download(d_out, n);
+        check_close("cast fp32->bf16->fp32, offset path", got, want, n, 0.0); free(got);
+        int widths[] = {768, 30, 4};   // OC % 4 == 0 (float4 path when aligned) and not
+        for (int w = 0; w < 3; w++) {
+            int OC = widths[w], BT = (int)(n / OC);
+            for (size_t i = 0; i < (size_t)BT * OC; i++) want[i] = x[off + i];
+            mt_bias_add_cpu(want, y, BT, OC);
+            dev_set(d_out, x, n + 4);
+            mt_bias_add_gpu(d_out + off, d_y, BT, OC, 0);
+            got = dev_download(d_out, n + 4);
+            check_close("bias add", got + off, want, (size_t)BT * OC, 0.0); free(got);
+        }
+        free(x); free(y); free(want); dev_free(d_x); dev_free(d_y); dev_free(d_out); dev_free(b16);
+    }
+}
+
 MT_TEST(cross_entropy) {
     // BT, V_local, vocab_start, V (real vocabulary; columns >= V are padding)
     int shapes[][4] = {{1, 5, 0, 5}, {7, 130, 0, 128}, {100, 1000, 1000, 1900}, {50, 64, 128, 100}, {64, 50304, 0, 50257}};
@@ -913,6 +954,7 @@ int main(int argc, char **argv) {
         run("dropout", test_dropout);
         run("attention", test_attention);
         run("gelu_residual", test_gelu_residual);
+        run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);
         run("adamw", test_adamw);
         run("sum_squares", test_sum_squares);
