@@ -1591,8 +1591,9 @@ void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, co
 }
 // matches mt_matmul_backward_cpu (megatron.h, 3. OPS).
 // in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
-// so now: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout.
-// dinp may be NULL, dbias NULL when there is no bias.
+// so now: dinp = dout @ weight (written with '=': no zeroing pass), dweight += dout^T @ inp,
+// dbias += column sums of dout (accumulated over micro-batches). dinp may be NULL, dbias NULL
+// when there is no bias.
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
@@ -1601,7 +1602,7 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
         __nv_bfloat16 *dout16 = mt__bf16_copy(dout, BT, OC, OC, 1, stream);
         __nv_bfloat16 *w16 = dinp ? mt__bf16_copy(weight, OC, C, C, 1, stream) : NULL;
         __nv_bfloat16 *inp16 = mt__bf16_copy(inp, BT, C, C, 1, stream);
-        if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
+        if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 0, stream);
         mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
         MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
         if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
@@ -1610,7 +1611,7 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
-    if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
+    if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 0, stream);
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
     mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
@@ -1650,7 +1651,7 @@ void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t
 // from which the backward recomputes p[t,t2] = exp(s[t,t2] - lse[t]) tile by tile (the CPU
 // recomputes it row by row).
 // Shapes as the CPU: qkv (B,T,3*C_local) = [Q | K | V], head h in columns [h*hs, (h+1)*hs) of
-// each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), added into.
+// each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), written with '='.
 // Dropout on the probabilities: p' = p * mask / (1-p_drop) with the CPU's mask, element (t, t2)
 // of head h being global index (((sample_offset+b)*NH_global + head_offset+h)*T + t)*T + t2.
 // Forward (per block: a tile of queries of one (b, h)):
@@ -1678,7 +1679,7 @@ typedef struct {
     float *lse;                // (B, NH_local, T): written by the forward, read by the backward
     const float *dout;         // (B, T, C_local)
     float *dsum;               // (B, NH_local, T): D = rowsum(dout * out), backward scratch
-    float *dqkv;               // (B, T, 3*C_local), added into
+    float *dqkv;               // (B, T, 3*C_local), written with '='
     int B, T, C_local, NH_local;
     float scale;               // 1/sqrt(hs)
     float p_drop, keep_scale;  // dropout probability and 1/(1-p_drop)
@@ -1803,7 +1804,7 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
     if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
 }
 
-// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Adds into dqkv.
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Writes them with '='.
 // grid (T/32 key tiles, B*NH_local), 128 threads: thread (c = tid/4, quarter) owns key c of the
 // tile, the query rows quarter + 4j of each query tile, and channels quarter + 4i of dK and dV.
 // shared: K, V (the block's keys), Q, dO (the current query tile), P' and dS (key-major, 32 x 33),
@@ -1863,12 +1864,12 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel(mt__att
     float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
     #pragma unroll
     for (int i = 0; i < HS / 4; i++) {
-        dk_dst[quarter + 4 * i] += dk[i] * a.scale;
-        dv_dst[quarter + 4 * i] += dv[i];
+        dk_dst[quarter + 4 * i] = dk[i] * a.scale;
+        dv_dst[quarter + 4 * i] = dv[i];
     }
 }
 
-// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half. Adds into dqkv.
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half. Writes it with '='.
 // grid (T/32 query tiles, B*NH_local), 128 threads: thread (r = tid/4, quarter) owns query row r,
 // keys quarter + 4j of each key tile and channels quarter + 4i of dQ.
 template <int HS>
@@ -1916,7 +1917,7 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dq_kernel(mt__atten
     if (t >= T) return;
     float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
     #pragma unroll
-    for (int i = 0; i < HS / 4; i++) dq_dst[quarter + 4 * i] += dq[i] * a.scale;
+    for (int i = 0; i < HS / 4; i++) dq_dst[quarter + 4 * i] = dq[i] * a.scale;
 }
 
 // ---- bf16 tensor-core path ---------------------------------------------------------------------
@@ -2172,12 +2173,8 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt_
         float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
-            float2 *pk = (float2 *)(dk_dst + i * 8 + 2 * tq), *pv = (float2 *)(dv_dst + i * 8 + 2 * tq);
-            float2 k2 = *pk, v2 = *pv;
-            k2.x += dk[i][2 * half] * a.scale; k2.y += dk[i][2 * half + 1] * a.scale;
-            v2.x += dv[i][2 * half]; v2.y += dv[i][2 * half + 1];
-            *pk = k2;
-            *pv = v2;
+            *(float2 *)(dk_dst + i * 8 + 2 * tq) = make_float2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            *(float2 *)(dv_dst + i * 8 + 2 * tq) = make_float2(dv[i][2 * half], dv[i][2 * half + 1]);
         }
     }
 }
@@ -2273,11 +2270,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
         float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
-            float2 *p = (float2 *)(dq_dst + i * 8 + 2 * tq);
-            float2 v = *p;
-            v.x += dq[i][2 * half] * a.scale;
-            v.y += dq[i][2 * half + 1] * a.scale;
-            *p = v;
+            *(float2 *)(dq_dst + i * 8 + 2 * tq) = make_float2(dq[i][2 * half] * a.scale, dq[i][2 * half + 1] * a.scale);
         }
     }
 }
@@ -2391,7 +2384,7 @@ void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, i
     mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage(out, a.out, n_out, 1, stream);
 }
-// adds into dqkv (B,T,3*C_local). out and lse are the forward's. Scratch: D, B*NH_local*T floats.
+// writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
 void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global, int bf16, cudaStream_t stream) {
@@ -2401,7 +2394,7 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.dout = mt__staged(dout, n_out, bf16, 1, stream);
-    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 1, stream);
+    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 0, stream);
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
@@ -2448,7 +2441,7 @@ void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t st
     mt_gelu_forward_kernel<<<mt__blocks(N - N4 * 4, 256), 256, 0, stream>>>(out + N4 * 4, inp + N4 * 4, N - N4 * 4);
     mt__launch_check("mt_gelu_forward_kernel", stream);
 }
-// matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Adds into dinp.
+// matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Writes dinp with '='.
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
 __global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
@@ -2461,7 +2454,7 @@ __global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *_
     float th = tanhf(u);
     float sech2 = 1.0f - th * th;
     float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
 }
 void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size_t N, cudaStream_t stream) {
     if (N == 0) return;

@@ -350,7 +350,7 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
         if (with_dinp) {
             got = dev_download(d_dinp, nin);
             snprintf(label, sizeof label, "matmul %s dinp BT=%d C=%d OC=%d", name, BT, C, OC);
-            check_added(label, got, dinp_ref, dinp0, nin, tol); free(got);
+            check_close(label, got, dinp_ref, nin, tol); free(got);   // '=': the random start is gone
         }
         got = dev_download(d_dw, nw);
         snprintf(label, sizeof label, "matmul %s dweight BT=%d C=%d OC=%d", name, BT, C, OC);
@@ -477,7 +477,7 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
         check_close_scale(label, got, lse_ref, nlse, tol, attention_score_term_scale(qkv, B, T, C, NH)); free(got);
         got = dev_download(d_dqkv, nqkv);
         snprintf(label, sizeof label, "attention %s dqkv B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
-        check_added(label, got, dqkv_ref, dqkv0, nqkv, tol); free(got);
+        check_close(label, got, dqkv_ref, nqkv, tol); free(got);   // '=': the random start is gone
         dev_free(d_out_ref); dev_free(d_lse_ref);
     }
     free(qkv); free(dout); free(dqkv0); free(out_ref); free(lse_ref); free(lse_cpu); free(dqkv_ref);
@@ -519,7 +519,7 @@ MT_TEST(gelu_residual) {
         // device tanhf's last-bit difference from libm's lands at the scale of |dout|, not of the result
         double dout_scale = 0.0;
         for (size_t i = 0; i < n; i++) dout_scale = fmax(dout_scale, fabs((double)dout[i]));
-        check_added_scale("gelu backward", got, dinp_ref, dinp0, n, 1e-5, dout_scale); free(got);
+        check_close_scale("gelu backward", got, dinp_ref, n, 1e-5, dout_scale); free(got);   // '='
         mt_residual_forward_cpu(out_ref, x, y, n);
         dev_poison(d_out, n);
         mt_residual_forward_gpu(d_out, d_x, d_y, n, 0);
