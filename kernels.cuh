@@ -1525,6 +1525,13 @@ static __nv_bfloat16 *mt__bf16_copy(const float *x, int rows, int K, int ld, int
     if (span) mt_cast_f32_to_bf16_gpu(copy, x, span, stream);
     return copy;
 }
+// the same for a whole tensor of n elements (the attention kernels' bf16 operands)
+static __nv_bfloat16 *mt__bf16_flat_copy(const float *x, size_t n, cudaStream_t stream) {
+    __nv_bfloat16 *copy;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, (n + 8) * sizeof(__nv_bfloat16), stream));
+    mt_cast_f32_to_bf16_gpu(copy, x, n, stream);
+    return copy;
+}
 // C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]) with the layouts described above
 static void mt__gemm(mt_gemm_impl impl, float *c, const float *a, const float *b, const float *bias, int M, int N,
                      int K, int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
@@ -1670,11 +1677,15 @@ void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t
 //   mt_attention_*_kernel       fp32 on CUDA cores, 32x32 tiles, 4 threads per row. The reading version.
 //   mt_attention_*_kernel_mma   bf16 tensor cores: 4 warps x 16 rows; S and dP in fp32 mma
 //                               accumulators, reused in registers as the A operand of the next
-//                               product (the C and A fragment layouts line up); Q/K/V/dO rounded to
-//                               bf16 on their way to shared memory.
+//                               product (the C and A fragment layouts line up). The launcher rounds
+//                               qkv (and dout) to bf16 copies first; the kernels copy their tiles
+//                               with cp.async into a two-stage ring of shared memory, so the next
+//                               tile arrives while the tensor cores work on this one.
 // Head sizes 16, 32, 64 and 128 (a template argument, so per-thread rows live in registers).
 typedef struct {
     const float *qkv;          // (B, T, 3*C_local)
+    const __nv_bfloat16 *qkv16;   // the same rounded to bf16 (the tensor-core kernels read these)
+    const __nv_bfloat16 *dout16;  // dout rounded to bf16 (backward)
     float *out;                // (B, T, C_local): written by the forward, read by the backward
     float *lse;                // (B, NH_local, T): written by the forward, read by the backward
     const float *dout;         // (B, T, C_local)
@@ -1921,27 +1932,29 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dq_kernel(mt__atten
 }
 
 // ---- bf16 tensor-core path ---------------------------------------------------------------------
-// copy ROWS rows of HS floats (global row stride ld, first row t0, rows >= T read as 0) to a bf16
-// tile with row stride HS + 8: 16-byte loads, 8-byte stores. The +8 makes the row stride an odd
-// number of 16-byte units, so the 8 rows of an ldmatrix fall in 8 different bank groups.
-// blockDim.x = 128; a thread's float4 go in batches of up to 8 whose loads are all issued before
-// the first store (their latencies overlap: one trip to memory per batch, not per float4).
+// The tiles live in shared memory with row stride HS + 8 bf16: the +8 makes the row stride an
+// odd number of 16-byte units, so the 8 rows of an ldmatrix fall in 8 different bank groups.
+// cp.async (sm_80+): 16 bytes from global to shared memory without passing through registers;
+// the copy runs on while the thread goes on. Copies are grouped (commit_group); wait_group N
+// waits until at most N of this thread's groups are still in flight. A source size of 0 writes
+// 16 zero bytes (the rows past T).
+__device__ static inline void mt__cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ static inline void mt__cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ static inline void mt__cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// start copying ROWS rows of HS bf16 (global row stride ld, first row t0; rows >= T become 0)
+// into a shared tile with row stride HS + 8. Every thread of the 128 issues its 16-byte pieces;
+// the caller commits the group and waits for it before the tile is read.
 template <int HS, int ROWS>
-__device__ static inline void mt__att_load_bf16(__nv_bfloat16 *dst, const float *src, size_t ld, int t0, int T) {
-    const int per_thread = ROWS * HS / 4 / 128, batch = per_thread < 8 ? per_thread : 8;
-    for (int i0 = 0; i0 < per_thread; i0 += batch) {
-        float4 v[batch];
-#pragma unroll
-        for (int i = 0; i < batch; i++) {
-            int e = threadIdx.x + 128 * (i0 + i), r = e / (HS / 4), d = 4 * (e % (HS / 4));
-            v[i] = t0 + r < T ? __ldg((const float4 *)(src + (size_t)(t0 + r) * ld + d)) : make_float4(0.0f, 0.0f, 0.0f,
-                    0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < batch; i++) {
-            int e = threadIdx.x + 128 * (i0 + i), r = e / (HS / 4), d = 4 * (e % (HS / 4));
-            *(uint2 *)(dst + r * (HS + 8) + d) = make_uint2(mt__pack_bf16x2(v[i].x, v[i].y), mt__pack_bf16x2(v[i].z, v[i].w));
-        }
+__device__ static inline void mt__att_load_async(__nv_bfloat16 *dst, const __nv_bfloat16 *src, size_t ld, int t0,
+                                                 int T) {
+    for (int e = threadIdx.x; e < ROWS * HS / 8; e += 128) {
+        int r = e / (HS / 8), d = 8 * (e % (HS / 8)), in = t0 + r < T;
+        const __nv_bfloat16 *g = src + (size_t)(in ? t0 + r : 0) * ld + d;   // a valid address even when not read
+        mt__cp_async16(dst + r * (HS + 8) + d, g, in ? 16 : 0);
     }
 }
 // fragments from a bf16 tile with row stride ld (see the mma helpers in "matmul"):
@@ -1973,17 +1986,25 @@ __device__ static inline void mt__acc_to_frag_a(uint32_t a[4], const float c0[4]
 // the accumulators (a thread holds rows g and g+8, two columns of each n8 tile; row max and sum
 // over the 4 threads of a quad); P' becomes the A operand of O += P' V directly. Scores are kept
 // in base 2 (exp2 of s * scale * log2 e). Q stays in registers for the whole kernel.
-// shared: Q, K, V tiles, 64 x (HS+8) bf16 each.
+// shared: Q, then K and V of two key tiles (a ring of two stages), 64 x (HS+8) bf16 each: while
+// the warps work on tile kt in stage kt % 2, cp.async fills stage (kt+1) % 2 with tile kt+1.
 template <int HS>
 __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_kernel_mma(mt__attention_args a) {
     const int LD = HS + 8;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *Ks = Qs + 64 * LD, *Vs = Ks + 64 * LD;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *KVs = Qs + 64 * LD;   // stage s: K at KVs + 2s*64*LD, V after
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
     int T = a.T;
     size_t C3 = 3 * (size_t)a.C_local;
-    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
-    mt__att_load_bf16<HS, 64>(Qs, q_base, C3, qt * 64, T);
+    const __nv_bfloat16 *q_base = a.qkv16 + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local,
+                        *v_base = q_base + 2 * a.C_local;
+    int last_key = min(T - 1, qt * 64 + 63);
+    mt__att_load_async<HS, 64>(Qs, q_base, C3, qt * 64, T);   // group 0: Q
+    mt__cp_async_commit();
+    mt__att_load_async<HS, 64>(KVs, k_base, C3, 0, T);        // group 1: the first K, V
+    mt__att_load_async<HS, 64>(KVs + 64 * LD, v_base, C3, 0, T);
+    mt__cp_async_commit();
+    mt__cp_async_wait<1>();   // Q has landed (K, V may still fly)
     __syncthreads();
     uint32_t qf[HS / 16][4];
     #pragma unroll
@@ -1996,12 +2017,18 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     int t_row[2] = {qt * 64 + warp * 16 + gq, qt * 64 + warp * 16 + gq + 8};
     const float scale2 = a.scale * 1.4426950408889634f;   // exp(x * scale) = exp2(x * scale * log2 e)
-    int last_key = min(T - 1, qt * 64 + 63);
     for (int kt = 0; kt * 64 <= last_key; kt++) {
-        __syncthreads();   // the previous K, V tiles are no longer read
-        mt__att_load_bf16<HS, 64>(Ks, k_base, C3, kt * 64, T);
-        mt__att_load_bf16<HS, 64>(Vs, v_base, C3, kt * 64, T);
-        __syncthreads();
+        if ((kt + 1) * 64 <= last_key) {   // start the next tile's copy into the other stage
+            __nv_bfloat16 *next = KVs + ((kt + 1) % 2) * 2 * 64 * LD;
+            mt__att_load_async<HS, 64>(next, k_base, C3, (kt + 1) * 64, T);
+            mt__att_load_async<HS, 64>(next + 64 * LD, v_base, C3, (kt + 1) * 64, T);
+            mt__cp_async_commit();
+            mt__cp_async_wait<1>();   // this tile's group has landed (the next may still fly)
+        } else {
+            mt__cp_async_wait<0>();
+        }
+        __syncthreads();   // ... for every thread's pieces
+        const __nv_bfloat16 *Ks = KVs + (kt % 2) * 2 * 64 * LD, *Vs = Ks + 64 * LD;
         float s[8][4];
         #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -2062,6 +2089,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
                 mt__mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
         }
+        __syncthreads();   // this stage is read: the next iteration may start refilling it
     }
     #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -2081,37 +2109,50 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
 // query tile of BQ rows (64, or 32 when HS = 128 to keep the accumulators in registers), with
 // queries as the columns of every product:
 //   S^T = K Q^T, dP'^T = V dO^T  ->  P'^T, dS^T (elementwise)  ->  dV += P'^T dO, dK += dS^T Q
-// shared: K, V (64 x (HS+8)), Q, dO (BQ x (HS+8)) bf16; lse (in base 2) and D of the query tile.
+// shared: K, V (64 x (HS+8)) bf16; then two stages of the query tile's Q, dO (BQ x (HS+8) bf16),
+// lse (in base 2) and D (BQ floats each): cp.async fills stage qt+1 while the warps use stage qt.
 template <int HS>
 __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
     const int LD = HS + 8, BQ = HS <= 64 ? 64 : 32;
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)mt__att_smem, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + BQ * LD;
-    float *lse2_s = (float *)(dOs + BQ * LD), *D_s = lse2_s + BQ;
+    const int STAGE = 2 * BQ * LD + 2 * BQ * 2;   // bf16 elements per stage: Q, dO, then lse2 and D (floats)
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)mt__att_smem, *Vs = Ks + 64 * LD, *stages = Vs + 64 * LD;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     int kt = blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
     int T = a.T;
     size_t C3 = 3 * (size_t)a.C_local;
-    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
-    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    const __nv_bfloat16 *q_base = a.qkv16 + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local,
+                        *v_base = q_base + 2 * a.C_local;
+    const __nv_bfloat16 *do_base = a.dout16 + (size_t)b * T * a.C_local + h * HS;
     const float *lse_bh = a.lse + ((size_t)b * a.NH_local + h) * T, *D_bh = a.dsum + ((size_t)b * a.NH_local + h) * T;
     const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
-    mt__att_load_bf16<HS, 64>(Ks, k_base, C3, kt * 64, T);
-    mt__att_load_bf16<HS, 64>(Vs, v_base, C3, kt * 64, T);
+    int q_first = (kt * 64) / BQ;   // query tiles from the diagonal down
+    mt__att_load_async<HS, 64>(Ks, k_base, C3, kt * 64, T);   // group 0: K, V and the first Q, dO
+    mt__att_load_async<HS, 64>(Vs, v_base, C3, kt * 64, T);
+    mt__att_load_async<HS, BQ>(stages + (q_first % 2) * STAGE, q_base, C3, q_first * BQ, T);   // its stage
+    mt__att_load_async<HS, BQ>(stages + (q_first % 2) * STAGE + BQ * LD, do_base, a.C_local, q_first * BQ, T);
+    mt__cp_async_commit();
     float dk[HS / 8][4], dv[HS / 8][4];
     #pragma unroll
     for (int i = 0; i < HS / 8; i++)
         #pragma unroll
         for (int e = 0; e < 4; e++) { dk[i][e] = 0.0f; dv[i][e] = 0.0f; }
     int key_row[2] = {kt * 64 + warp * 16 + gq, kt * 64 + warp * 16 + gq + 8};
-    for (int qt = (kt * 64) / BQ; qt * BQ < T; qt++) {   // query tiles from the diagonal down
-        __syncthreads();
-        mt__att_load_bf16<HS, BQ>(Qs, q_base, C3, qt * BQ, T);
-        mt__att_load_bf16<HS, BQ>(dOs, do_base, a.C_local, qt * BQ, T);
-        for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+    for (int qt = q_first; qt * BQ < T; qt++) {
+        __nv_bfloat16 *Qs = stages + (qt % 2) * STAGE, *dOs = Qs + BQ * LD;
+        float *lse2_s = (float *)(dOs + BQ * LD), *D_s = lse2_s + BQ;
+        if ((qt + 1) * BQ < T) {   // start the next query tile's copy into the other stage
+            __nv_bfloat16 *next = stages + ((qt + 1) % 2) * STAGE;
+            mt__att_load_async<HS, BQ>(next, q_base, C3, (qt + 1) * BQ, T);
+            mt__att_load_async<HS, BQ>(next + BQ * LD, do_base, a.C_local, (qt + 1) * BQ, T);
+            mt__cp_async_commit();
+        }
+        for (int i = threadIdx.x; i < BQ; i += blockDim.x) {   // this stage's lse, D (plain loads)
             int t = qt * BQ + i;
             lse2_s[i] = t < T ? lse_bh[t] * log2e : 0.0f;
             D_s[i] = t < T ? D_bh[t] : 0.0f;
         }
+        if ((qt + 1) * BQ < T) mt__cp_async_wait<1>();   // this tile's group has landed
+        else mt__cp_async_wait<0>();
         __syncthreads();
         float st[BQ / 8][4], dpt[BQ / 8][4];   // S^T and dP'^T: rows = my 16 keys, columns = queries
         #pragma unroll
@@ -2165,6 +2206,7 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt_
                 mt__mma_bf16(dk[2 * dp + 1], sa, qb[2], qb[3]);
             }
         }
+        __syncthreads();   // this stage is read: the next iteration may start refilling it
     }
     #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -2183,20 +2225,25 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt_
 // grid (T/64 query tiles, B*NH_local), 128 threads = 4 warps, each 16 queries of the 64. Per key
 // tile of BK keys (64, or 32 when HS = 128) up to the diagonal:
 //   S = Q K^T, dP' = dO V^T  ->  dS (elementwise)  ->  dQ += dS K
-// shared: Q, dO (64 x (HS+8)), K, V (BK x (HS+8)) bf16.
+// shared: Q, dO (64 x (HS+8)), then two stages of K, V (BK x (HS+8)) bf16: cp.async fills stage
+// kt+1 while the warps use stage kt.
 template <int HS>
 __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_dq_kernel_mma(mt__attention_args a) {
     const int LD = HS + 8, BK = HS <= 64 ? 64 : 32;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *dOs = Qs + 64 * LD, *Ks = dOs + 64 * LD, *Vs = Ks + BK * LD;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)mt__att_smem, *dOs = Qs + 64 * LD, *KVs = dOs + 64 * LD;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     int qt = gridDim.x - 1 - blockIdx.x, b = blockIdx.y / a.NH_local, h = blockIdx.y % a.NH_local;
     int T = a.T;
     size_t C3 = 3 * (size_t)a.C_local;
-    const float *q_base = a.qkv + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local, *v_base = q_base + 2 * a.C_local;
-    const float *do_base = a.dout + (size_t)b * T * a.C_local + h * HS;
+    const __nv_bfloat16 *q_base = a.qkv16 + (size_t)b * T * C3 + h * HS, *k_base = q_base + a.C_local,
+                        *v_base = q_base + 2 * a.C_local;
+    const __nv_bfloat16 *do_base = a.dout16 + (size_t)b * T * a.C_local + h * HS;
     const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
-    mt__att_load_bf16<HS, 64>(Qs, q_base, C3, qt * 64, T);
-    mt__att_load_bf16<HS, 64>(dOs, do_base, a.C_local, qt * 64, T);
+    mt__att_load_async<HS, 64>(Qs, q_base, C3, qt * 64, T);   // group 0: Q, dO and the first K, V
+    mt__att_load_async<HS, 64>(dOs, do_base, a.C_local, qt * 64, T);
+    mt__att_load_async<HS, BK>(KVs, k_base, C3, 0, T);
+    mt__att_load_async<HS, BK>(KVs + BK * LD, v_base, C3, 0, T);
+    mt__cp_async_commit();
     int t_row[2] = {qt * 64 + warp * 16 + gq, qt * 64 + warp * 16 + gq + 8};
     float lse2[2], D[2];
     #pragma unroll
@@ -2212,10 +2259,17 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
         for (int e = 0; e < 4; e++) dq[i][e] = 0.0f;
     int last_key = min(T - 1, qt * 64 + 63);
     for (int kt = 0; kt * BK <= last_key; kt++) {
-        __syncthreads();   // (also publishes Q, dO on the first pass)
-        mt__att_load_bf16<HS, BK>(Ks, k_base, C3, kt * BK, T);
-        mt__att_load_bf16<HS, BK>(Vs, v_base, C3, kt * BK, T);
-        __syncthreads();
+        if ((kt + 1) * BK <= last_key) {   // start the next key tile's copy into the other stage
+            __nv_bfloat16 *next = KVs + ((kt + 1) % 2) * 2 * BK * LD;
+            mt__att_load_async<HS, BK>(next, k_base, C3, (kt + 1) * BK, T);
+            mt__att_load_async<HS, BK>(next + BK * LD, v_base, C3, (kt + 1) * BK, T);
+            mt__cp_async_commit();
+            mt__cp_async_wait<1>();   // this tile's group has landed (the next may still fly)
+        } else {
+            mt__cp_async_wait<0>();
+        }
+        __syncthreads();   // ... for every thread's pieces (and Q, dO on the first pass)
+        const __nv_bfloat16 *Ks = KVs + (kt % 2) * 2 * BK * LD, *Vs = Ks + BK * LD;
         float s[BK / 8][4], dp[BK / 8][4];
         #pragma unroll
         for (int i = 0; i < BK / 8; i++)
@@ -2262,6 +2316,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
                 mt__mma_bf16(dq[2 * dn + 1], sa, kb[2], kb[3]);
             }
         }
+        __syncthreads();   // this stage is read: the next iteration may start refilling it
     }
     #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -2313,17 +2368,18 @@ static void mt__unstage(float *p, float *staged, size_t n, int copy_out, cudaStr
     MT_CUDA_CHECK(cudaFreeAsync(staged, stream));
 }
 // shared memory of each attention kernel, in bytes
-static size_t mt__att_smem_fwd(int hs, int bf16) {
-    return bf16 ? (size_t)3 * 64 * (hs + 8) * sizeof(__nv_bfloat16) : ((size_t)3 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
+static size_t mt__att_smem_fwd(int hs, int bf16) {   // bf16: Q + two stages of K, V
+    return bf16 ? (size_t)5 * 64 * (hs + 8) * sizeof(__nv_bfloat16) : ((size_t)3 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
 }
-static size_t mt__att_smem_dkdv(int hs, int bf16) {
+static size_t mt__att_smem_dkdv(int hs, int bf16) {   // bf16: K, V + two stages of Q, dO, lse, D
     int bq = hs <= 64 ? 64 : 32;
-    return bf16 ? (size_t)(128 + 2 * bq) * (hs + 8) * sizeof(__nv_bfloat16) + 2 * bq * sizeof(float)
+    return bf16 ? (size_t)128 * (hs + 8) * sizeof(__nv_bfloat16) +
+                      2 * ((size_t)2 * bq * (hs + 8) * sizeof(__nv_bfloat16) + 2 * bq * sizeof(float))
                 : ((size_t)4 * 32 * (hs + 1) + 2 * 32 * 33 + 64) * sizeof(float);
 }
-static size_t mt__att_smem_dq(int hs, int bf16) {
+static size_t mt__att_smem_dq(int hs, int bf16) {   // bf16: Q, dO + two stages of K, V
     int bk = hs <= 64 ? 64 : 32;
-    return bf16 ? (size_t)(128 + 2 * bk) * (hs + 8) * sizeof(__nv_bfloat16)
+    return bf16 ? (size_t)(128 + 4 * bk) * (hs + 8) * sizeof(__nv_bfloat16)
                 : ((size_t)4 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
 }
 template <int HS>
@@ -2375,12 +2431,15 @@ void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, i
     a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.out = mt__staged(out, n_out, bf16, 0, stream);
     a.lse = lse;
+    __nv_bfloat16 *qkv16 = bf16 ? mt__bf16_flat_copy(qkv, n_qkv, stream) : NULL;   // the tensor cores' operand
+    a.qkv16 = qkv16;
     switch (C_local / NH_local) {
     case 16: mt__attention_forward_launch<16>(a, bf16, stream); break;
     case 32: mt__attention_forward_launch<32>(a, bf16, stream); break;
     case 64: mt__attention_forward_launch<64>(a, bf16, stream); break;
     case 128: mt__attention_forward_launch<128>(a, bf16, stream); break;
     }
+    if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
     mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage(out, a.out, n_out, 1, stream);
 }
@@ -2398,12 +2457,18 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
+    __nv_bfloat16 *qkv16 = bf16 ? mt__bf16_flat_copy(qkv, n_qkv, stream) : NULL;   // the tensor cores' operands
+    __nv_bfloat16 *dout16 = bf16 ? mt__bf16_flat_copy(dout, n_out, stream) : NULL;
+    a.qkv16 = qkv16;
+    a.dout16 = dout16;
     switch (C_local / NH_local) {
     case 16: mt__attention_backward_launch<16>(a, bf16, stream); break;
     case 32: mt__attention_backward_launch<32>(a, bf16, stream); break;
     case 64: mt__attention_backward_launch<64>(a, bf16, stream); break;
     case 128: mt__attention_backward_launch<128>(a, bf16, stream); break;
     }
+    if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
+    if (dout16) MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
     MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
     mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
@@ -2990,8 +3055,63 @@ void mt_device_free(mt_rank *r) {
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;
 }
-// the timeline's spans end when the rank's kernels (and the NCCL work they wait on) have run
-void mt_device_synchronize(mt_rank *r) { MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r))); }
+// the timeline's device clock: a pool of timed CUDA events per span log (one log per rank, used
+// by that rank's thread only). The first mark also records `base` and waits for it, pairing one
+// device instant with one host time; a mark's time is then base_seconds + (mark - base), the GPU
+// measuring the difference (cudaEventElapsedTime, ~0.5 us resolution). Events on the rank's
+// stream and on its communicators' streams share the GPU's clock.
+typedef struct {
+    cudaEvent_t base;
+    double base_seconds;
+    cudaEvent_t *events;
+    int n, cap;             // marks since the last resolve; events created
+} mt__device_clock;
+int mt_device_mark(mt_span_log *log, void *stream) {
+    if (!log || !log->enabled) return -1;
+    mt__device_clock *c = (mt__device_clock *)log->device_clock;
+    if (!c) {
+        c = (mt__device_clock *)mt_calloc(1, sizeof *c, "timeline clock");
+        MT_CUDA_CHECK(cudaEventCreate(&c->base));
+        MT_CUDA_CHECK(cudaEventRecord(c->base, (cudaStream_t)stream));
+        MT_CUDA_CHECK(cudaEventSynchronize(c->base));
+        c->base_seconds = mt_time_seconds();
+        log->device_clock = c;
+    }
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        c->events = (cudaEvent_t *)mt_realloc(c->events, (size_t)cap * sizeof(cudaEvent_t), "timeline events");
+        for (int i = c->cap; i < cap; i++) MT_CUDA_CHECK(cudaEventCreate(&c->events[i]));
+        c->cap = cap;
+    }
+    MT_CUDA_CHECK(cudaEventRecord(c->events[c->n], (cudaStream_t)stream));
+    return c->n++;
+}
+static double mt__mark_seconds(mt__device_clock *c, int mark) {
+    float ms = 0.0f;
+    MT_CUDA_CHECK(cudaEventSynchronize(c->events[mark]));
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, c->base, c->events[mark]));
+    return c->base_seconds + ms / 1000.0;
+}
+void mt_device_marks_resolve(mt_span_log *log) {
+    mt__device_clock *c = (mt__device_clock *)log->device_clock;
+    if (!c || c->n == 0) return;
+    for (size_t i = 0; i < log->n; i++) {
+        mt_span *s = &log->spans[i];
+        if (s->mark0 >= 0 && s->mark0 < c->n) s->t0 = mt__mark_seconds(c, s->mark0);
+        if (s->mark1 >= 0 && s->mark1 < c->n) s->t1 = mt__mark_seconds(c, s->mark1);
+        s->mark0 = s->mark1 = -1;
+    }
+    c->n = 0;   // the events are reused by the next iteration's marks
+}
+void mt_device_clock_free(mt_span_log *log) {
+    mt__device_clock *c = (mt__device_clock *)log->device_clock;
+    if (!c) return;
+    for (int i = 0; i < c->cap; i++) MT_CUDA_CHECK(cudaEventDestroy(c->events[i]));
+    MT_CUDA_CHECK(cudaEventDestroy(c->base));
+    free(c->events);
+    free(c);
+    log->device_clock = NULL;
+}
 // bytes in use on this rank's GPU (CUDA context included), as cudaMemGetInfo sees them
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r;

@@ -350,6 +350,8 @@ typedef enum { MT_SPAN_FORWARD = 0, MT_SPAN_BACKWARD = 1, MT_SPAN_OPTIMIZER = 2,
                MT_SPAN_RECV = 4 } mt_span_kind;   /* MT_SPAN_RECV: a pipeline recv, mostly waiting (idle) */
 typedef struct {
     double t0, t1;            // seconds (mt_time_seconds)
+    int mark0, mark1;         // GPU build: device marks (mt_device_mark, section 3) that give t0 and
+                              // t1 once resolved; -1: t0 / t1 are already host times (CPU build)
     mt_span_kind kind;
     int iteration, mb, chunk; // mb, chunk: -1 where they do not apply
     int layer_first, layer_last;   // the global layers of a forward / backward span
@@ -362,6 +364,7 @@ typedef struct {
     int iteration;            // stamped on every span added
     mt_span *spans;
     size_t n, cap;
+    void *device_clock;       // GPU build: the timed CUDA events behind the marks (section 3)
 } mt_span_log;
 void mt_span_add(mt_span_log *log, const mt_span *s);   /* copies s, stamps the iteration; no-op if disabled */
 void mt_span_log_free(mt_span_log *log);
@@ -400,6 +403,9 @@ typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
     unsigned long long bytes;      // bytes of the buffers those calls moved at this rank
     double seconds;                // time spent inside them (GPU build: enqueueing NCCL's work)
     mt_span_log *spans;            // the timeline's recorder (section 1): a span per call; NULL: none
+    int marks[2];                  // GPU build: the device marks around the last NCCL call (its
+                                   // timeline span's ends), -1 when none: set by the NCCL path,
+                                   // taken by the counters (section 2)
 } mt_comm;
 
 /* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
@@ -574,8 +580,15 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
    (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
 void mt_device_init(mt_rank *r);
 void mt_device_free(mt_rank *r);
-/* waits until the rank's queued device work is done (the timeline times spans with it); no-op on the CPU */
-void mt_device_synchronize(mt_rank *r);
+/* the timeline's device clock (section 1's spans). The GPU queues work and returns at once, so a
+   span's ends are marks in a stream: mt_device_mark records a timed CUDA event in `stream` (the
+   rank's, or a communicator's) and returns its id; mt_device_marks_resolve waits for the marks of
+   the log's spans and turns them into host seconds, once per iteration (no synchronisation per
+   span: the timeline does not slow what it shows). The CPU build's ops are done when they
+   return: mt_device_mark returns -1 and the spans keep their host times. */
+int mt_device_mark(mt_span_log *log, void *stream);
+void mt_device_marks_resolve(mt_span_log *log);
+void mt_device_clock_free(mt_span_log *log);
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
 void mt_device_check_precision(const mt_config *cfg);
 
@@ -2968,6 +2981,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     cudaStream_t stream = (cudaStream_t)c->stream;
     ncclRedOp_t op = arg == MT_MAX ? ncclMax : ncclSum;
     mt__nccl_begin(c);
+    if (c->spans) c->marks[0] = mt_device_mark(c->spans, c->stream);   // the span: NCCL's own time
     switch (kind) {
     case MT__COLL_ALL_REDUCE: MT_NCCL_CHECK(ncclAllReduce(send, recv, n, ncclFloat, op, comm, stream)); break;
     case MT__COLL_REDUCE_SCATTER: MT_NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, op, comm, stream)); break;
@@ -2975,6 +2989,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     case MT__COLL_BROADCAST: MT_NCCL_CHECK(ncclBroadcast(send, recv, n, ncclFloat, arg, comm, stream)); break;
     default: mt_fatal("internal: collective %d has no NCCL path", kind);
     }
+    if (c->spans) c->marks[1] = mt_device_mark(c->spans, c->stream);
     mt__nccl_end(c);
 }
 
@@ -3143,6 +3158,7 @@ void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *member
     c->members = g->members;
     c->name = "group";
     c->group = g;
+    c->marks[0] = c->marks[1] = -1;
 }
 
 // MT_TRACE=1: "[r3] all_reduce tp n=4096", one fputs per line so ranks' lines never interleave
@@ -3173,11 +3189,15 @@ static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0
     c->calls++;
     c->bytes += bytes;
     c->seconds += t1 - t0;
+    int mark0 = c->marks[0], mark1 = c->marks[1];   // the NCCL path's marks (GPU), or -1
+    c->marks[0] = c->marks[1] = -1;
     if (c->spans && c->spans->enabled) {
         mt_span s;
         memset(&s, 0, sizeof s);
         s.t0 = t0;
         s.t1 = t1;
+        s.mark0 = mark0;
+        s.mark1 = mark1;
         s.kind = strcmp(what, "recv") == 0 && strcmp(c->name, "pp") == 0 ? MT_SPAN_RECV : MT_SPAN_COMM;
         s.mb = s.chunk = s.layer_first = s.layer_last = -1;
         s.name = what;
@@ -4351,7 +4371,10 @@ void mt_device_init(mt_rank *r) {
 }
 
 void mt_device_free(mt_rank *r) { (void)r; }
-void mt_device_synchronize(mt_rank *r) { (void)r; }   // the CPU build's ops are done when they return
+// the timeline's clock is the host's: an op's work is done when it returns
+int mt_device_mark(mt_span_log *log, void *stream) { (void)log; (void)stream; return -1; }
+void mt_device_marks_resolve(mt_span_log *log) { (void)log; }
+void mt_device_clock_free(mt_span_log *log) { (void)log; }
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
     return 0;
@@ -5480,15 +5503,22 @@ static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
     return NULL;
 }
 
-// --timeline: a span for a piece of work that started at t0 (the device's queue drained first, so
-// that on the GPU build the span ends when the kernels end, not when they were queued)
-static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, double t0) {
+// --timeline: the start of a piece of work (host time, and a mark in the rank's stream on the
+// GPU build), then its span. On the GPU the marks time the kernels themselves, not their queueing.
+typedef struct { double seconds; int mark; } mt__span_start;
+static mt__span_start mt__work_start(mt_rank *r) {
+    mt__span_start s = {mt_time_seconds(), -1};
+    if (r->timeline && r->timeline->enabled) s.mark = mt_device_mark(r->timeline, r->dev.stream);
+    return s;
+}
+static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, mt__span_start start) {
     if (!r->timeline || !r->timeline->enabled) return;
-    mt_device_synchronize(r);
     mt_span sp;
     memset(&sp, 0, sizeof sp);
-    sp.t0 = t0;
+    sp.t0 = start.seconds;
+    sp.mark0 = start.mark;
     sp.t1 = mt_time_seconds();
+    sp.mark1 = mt_device_mark(r->timeline, r->dev.stream);
     sp.kind = kind;
     sp.mb = st.mb;
     sp.chunk = st.chunk;
@@ -5515,7 +5545,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         }
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
-        double t0 = mt_time_seconds();
+        mt__span_start t0 = mt__work_start(r);
         mt__forward_chunk(r, a, st.chunk);
         mt__work_span(r, MT_SPAN_FORWARD, st, t0);
         if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
@@ -5528,7 +5558,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         mt_activations *a = mt__slot_for(r, st.mb, 0);
         if (!mt__is_last_virtual(r, st.chunk))
             mt__recv(r, r->scratch.dresidual, BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(1, st.mb, st.chunk));
-        double t0 = mt_time_seconds();
+        mt__span_start t0 = mt__work_start(r);
         mt__backward_chunk(r, a, st.chunk);
         mt__work_span(r, MT_SPAN_BACKWARD, st, t0);
         if (!mt__is_first_virtual(r, st.chunk)) {
@@ -5575,11 +5605,11 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     res.grads_sync_seconds = mt_time_seconds() - t_fb;
     // 3. clip by the global norm and update the parameters (section 6)
     int skipped = 0;
-    double t0 = mt_time_seconds();
+    mt__span_start t0 = mt__work_start(r);
     res.grad_norm = (float)mt_optimizer_step(r, iteration, &skipped);
     mt_sched_step none = {MT_STEP_FORWARD, -1, 0};
     mt__work_span(r, MT_SPAN_OPTIMIZER, none, t0);
-    res.optimizer_seconds = mt_time_seconds() - t0;
+    res.optimizer_seconds = mt_time_seconds() - t0.seconds;
     res.skipped = skipped;
     res.lr = mt_learning_rate(cfg, iteration);
     res.idle_seconds = r->state.idle_seconds;
@@ -5662,6 +5692,7 @@ void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
 
 void mt_rank_free(mt_rank *r) {
     mt__rank_own_buffers(r, 0);
+    if (r->timeline) mt_device_clock_free(r->timeline);   // its events, on this rank's GPU
     mt_activations_free(r);
     mt_optimizer_free(r);
     mt_model_free(r);
@@ -8510,7 +8541,10 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
         }
         double t0 = mt_time_seconds();
         mt_step_result res = mt_train_step(r, mt__data_batch, ctx, it);
-        if (r->timeline) r->timeline->enabled = 0;
+        if (r->timeline) {   // the GPU's marks of this iteration become times, then stop recording
+            mt_device_marks_resolve(r->timeline);
+            r->timeline->enabled = 0;
+        }
         mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
         bad_in_a_row = !isfinite(res.loss) || res.skipped ? bad_in_a_row + 1 : 0;
         *ended_bad = bad_in_a_row > 0;

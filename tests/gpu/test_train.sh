@@ -55,6 +55,13 @@ for rc in "full_uniform1|--recompute-granularity full --recompute-method uniform
   ./tests/gpu/compare_logs build/gpu_1gpu_bf16.log build/gpu_recompute_$label.log 0 recompute_$label && passed=$((passed + 1)) || {
     echo "GPU recompute $label differs or failed"; tail -3 build/gpu_recompute_$label.log; failed=$((failed + 1)); }
 done
+# the timeline on the GPU build (issue 12): spans timed by CUDA events, no synchronisation per
+# span, so the losses equal the run without it (tolerance 0) and the spans add up to the step
+./train_gpt_cuda $M --bf16 --timeline build/gpu_timeline.json --profile-step-start 4 --profile-step-end 6 \
+  > build/gpu_timeline.log 2>&1 &&
+./tests/gpu/compare_logs build/gpu_1gpu_bf16.log build/gpu_timeline.log 0 timeline_losses &&
+python3 tests/gpu/check_timeline.py build/gpu_timeline.json build/gpu_timeline.log 2 2 && passed=$((passed + 1)) || {
+  echo "GPU timeline check failed"; tail -3 build/gpu_timeline.log; failed=$((failed + 1)); }
 [ "$skipped" -eq 0 ] || echo "$skipped checks SKIPPED for want of a second GPU (run make test-gpu on 2 GPUs for them)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
