@@ -3729,6 +3729,13 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
                    "..\n",
                 cfg->virtual_pipeline_size, lpc, lpc);
     }
+    if (cfg->parallel.sequence_parallel) {   // section 4: which positions each TP rank holds
+        int T = cfg->model.seq_length, T_sp = T / TP;
+        fprintf(f, "  sequence parallel: layernorms, dropouts and residuals hold T/TP = %d of the %d positions of every "
+                   "sample:", T_sp, T);
+        for (int t = 0; t < TP; t++) fprintf(f, "%s tp%d %d..%d", t ? "," : "", t, t * T_sp, (t + 1) * T_sp - 1);
+        fprintf(f, "\n");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
