@@ -1798,8 +1798,8 @@ static const mt__flag mt__flags[] = {
     {"--use-distributed-optimizer", MT__BOOL, MT__OFF(parallel.use_distributed_optimizer), 0, "parallel",
      "shard AdamW's state and the update over the DP ranks: reduce-scatter gradients, all-gather parameters"},
     {"--sequence-parallel", MT__BOOL, MT__OFF(parallel.sequence_parallel), 0, "parallel",
-     "split layernorm, dropout and residuals along the sequence over the TP ranks (T/TP tokens each); "
-     "all-gather before and reduce-scatter after the TP layers instead of all-reduce"},
+     "split layernorms, dropouts and residuals along the sequence over the TP ranks (T/TP positions each): "
+     "all-gather and reduce-scatter instead of all-reduce"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
     {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",

@@ -486,6 +486,33 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
     free(qkv); free(dout); free(dqkv0); free(out_ref); free(lse_ref); free(lse_cpu); free(dqkv_ref);
     dev_free(d_qkv_base); dev_free(d_dout_base); dev_free(d_out_base); dev_free(d_lse); dev_free(d_dqkv_base);
 }
+// the seam's strided copy (cudaMemcpy2D) against the CPU's rows of memcpy: the sequence-parallel
+// shards of a (B,T,C) tensor into the collectives' (TP,B,T/TP,C) order and back (section 4)
+MT_TEST(copy_strided) {
+    int shapes[][3] = {{2, 16, 32}, {4, 1024, 768}, {3, 6, 5}};   // B, T, C; TP = 2, T/2 positions each
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");   // stream 0, no profiling
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        size_t B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], Ts = T / 2, n = B * T * C, shard = B * Ts * C;
+        float *full = host_random(n, -1, 1), *ref = host_random(n, -1, 1), *back = host_random(n, -1, 1);
+        for (size_t j = 0; j < 2; j++)   // the reference, on the host: rank j's positions of every sample
+            for (size_t b = 0; b < B; b++)
+                memcpy(ref + j * shard + b * Ts * C, full + b * T * C + j * Ts * C, Ts * C * sizeof(float));
+        float *d_full = dev_upload(full, n), *d_work = dev_upload(back, n);
+        for (size_t j = 0; j < 2; j++)   // the GPU seam's
+            mt_buffer_copy_strided(r, d_work + j * shard, Ts * C, d_full + j * Ts * C, T * C, Ts * C, B);
+        float *got = dev_download(d_work, n);
+        check_close("copy strided: (B,T,C) -> (TP,B,T/TP,C)", got, ref, n, 0.0);   // a copy: exact
+        free(got);
+        MT_CUDA_CHECK(cudaMemset(d_full, 0, n * sizeof(float)));
+        for (size_t j = 0; j < 2; j++)
+            mt_buffer_copy_strided(r, d_full + j * Ts * C, T * C, d_work + j * shard, Ts * C, Ts * C, B);
+        got = dev_download(d_full, n);
+        check_close("copy strided: and back", got, full, n, 0.0);
+        free(got); free(full); free(ref); free(back); dev_free(d_full); dev_free(d_work);
+    }
+    free(r);
+}
+
 MT_TEST(attention) {
     // B, T, NH_local, hs, dropout p, head_offset, NH_global, misaligned
     attention_case(1, 1, 1, 16, 0.0f, 0, 1, 0);
@@ -914,6 +941,7 @@ int main(int argc, char **argv) {
         run("layernorm", test_layernorm);
         run("matmul", test_matmul);
         run("dropout", test_dropout);
+        run("copy_strided", test_copy_strided);
         run("attention", test_attention);
         run("gelu_residual", test_gelu_residual);
         run("cross_entropy", test_cross_entropy);
