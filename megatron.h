@@ -2540,10 +2540,11 @@ void mt_print_config(const mt_config *cfg, FILE *f) {
     fprintf(f, "model: L=%d C=%d NH=%d hs=%d F=%d T=%d maxT=%d V=%d Vp=%d\n", m->num_layers, m->hidden_size,
             m->num_attention_heads, cfg->head_size, m->ffn_hidden_size, m->seq_length, m->max_position_embeddings,
             m->vocab_size, cfg->padded_vocab_size);
-    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d | micro batch %d, global batch %d, %d "
+    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d%s | micro batch %d, global batch %d, %d "
                "micro-batches per rank\n",
             cfg->world_size, cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
-            cfg->data_parallel_size, cfg->virtual_pipeline_size, cfg->train.micro_batch_size,
+            cfg->data_parallel_size, cfg->virtual_pipeline_size,
+            cfg->parallel.sequence_parallel ? " sequence-parallel" : "", cfg->train.micro_batch_size,
             cfg->train.global_batch_size, cfg->num_microbatches);
 }
 
@@ -4466,9 +4467,11 @@ void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all
 //   X shard (B,T_sp,C) -LN-> g: all-gather -> X (B,T,C) -column-parallel-> ... -row-parallel->
 //   Z_r (B,T,C) partial sums -g-bar: reduce-scatter-> Z shard (B,T_sp,C) + bias -dropout, residual->
 //
-// An all-reduce is a reduce-scatter followed by an all-gather, so the bytes sent are those of
-// plain TP (the all-gather moved forward, to the next layer's input); what shrinks by TP is the
-// memory and the work of the regions between the layers. The backward runs the conjugates.
+// An all-reduce is a reduce-scatter followed by an all-gather, so the forward sends the bytes of
+// plain TP (the all-gather moved on, to the next layer's input); what shrinks by TP is the memory
+// and the work of the regions between the layers. The backward runs the conjugates, plus one
+// all-gather per column-parallel layer: its weight gradient needs the whole input again, which
+// the forward did not keep (Megatron's choice too: memory before bandwidth).
 // Parameters used inside those regions (the layernorms) now see T_sp positions per rank: their
 // gradients are partial sums, all-reduced over TP after the backward (section 7, as Megatron's
 // finalize_model_grads does for parameters marked sequence_parallel).

@@ -5,6 +5,7 @@
  *    the ranks' values in the all-reduce's rank order, and layernorm, dropout and the residual
  *    add treat each position on its own. So the first step's loss is the same float (tolerance
  *    0); only the layernorm gradients are summed in another order (per shard, then over TP).
+ *    Evaluation and greedy generation (forward only) give the same loss and the same tokens.
  *  - the activations of the regions between the TP layers (ln1, ln2 and their statistics,
  *    residual2, residual3, the chunk inputs, lnf) are 1/TP of plain TP's, the rest unchanged,
  *    counted here from the shapes; and the memory plan (--dry-run) is the allocation.
@@ -98,6 +99,40 @@ MT_TEST(sp_forward_is_tp_forward) {
         printf("  B=%d: step 1 loss %.9g with and without SP; grad norm %.9g without, %.9g with\n", micro[k],
                (double)sp.losses[0], (double)tp.norms[0], (double)sp.norms[0]);
     }
+}
+
+// the forward-only paths: evaluation and generation (section 11) before any training, the
+// same floats and the same tokens with and without SP
+typedef struct { mt_config cfg; float eval_loss; int32_t ids[32]; int n; } forward_run;
+
+static void forward_rank(mt_world *w, int rank, void *arg) {
+    forward_run *run = (forward_run *)arg;
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt_rank_init(r, &run->cfg, w, rank);
+    float loss = mt_eval_step(r, synthetic_batch, NULL, 1);
+    int32_t ids[32] = {5, 17, 42};
+    int n = mt_generate(r, ids, 3, 32, 12, 0.0f, 0, 1234);   // greedy
+    if (rank == 0) { run->eval_loss = loss; run->n = n; memcpy(run->ids, ids, sizeof ids); }
+    mt_rank_free(r);
+    free(r);
+}
+
+MT_TEST(sp_eval_and_generate) {
+    static forward_run tp, sp;
+    for (int k = 0; k < 2; k++) {
+        forward_run *run = k ? &sp : &tp;
+        configure(&run->cfg, 2, 1, 1, 0, k, 2, 4, "", 0);
+        mt_world *w = mt_world_create(run->cfg.world_size);
+        mt_expect(mt_world_run(w, forward_rank, run) == 0, "the forward-only run failed");
+        mt_world_destroy(w);
+    }
+    // tolerance 0: the same forward (see the top)
+    mt_expect(sp.eval_loss == tp.eval_loss, "eval loss %.9g with SP, %.9g without", (double)sp.eval_loss,
+              (double)tp.eval_loss);
+    int same = sp.n == tp.n && memcmp(sp.ids, tp.ids, sizeof(int32_t) * (size_t)tp.n) == 0;
+    mt_expect(same && tp.n == 15, "greedy generation differs with SP (or did not run: %d and %d tokens)", sp.n, tp.n);
+    printf("  eval loss %.9g with and without SP; 12 greedy tokens identical: %s\n", (double)sp.eval_loss,
+           same ? "yes" : "NO");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,6 +304,7 @@ int main(void) {
     mt_run_test(sp_flag_errors);
     mt_run_test(sp_print_layout);
     mt_run_test(sp_forward_is_tp_forward);
+    mt_run_test(sp_eval_and_generate);
     mt_run_test(sp_activation_memory);
     mt_run_test(sp_memory_plan_is_the_allocation);
     mt_run_test(sp_communication_counts);
