@@ -1627,21 +1627,28 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
 // ---------------------------------------------------------------------------------------------
 // dropout with a counter-based mask
 // matches mt_dropout_forward_cpu / mt_dropout_backward_cpu (megatron.h, 3. OPS). In place.
-// x (B, d->T, d->C) -> x * mask / (1-p), mask = [uniform(key, global index) >= p],
-// global index = ((sample_offset + b)*T + t)*C + c = sample_offset*T*C + (local index).
+// x (B, d->T_local, d->C) -> x * mask / (1-p), mask = [uniform(key, global index) >= p],
+// global index = ((sample_offset + b)*T + t_offset + t)*C + c. Local element i = b*row + j
+// (row = T_local*C floats of a sample) is global element first_index + b*T*C + j, with
+// first_index = (sample_offset*T + t_offset)*C; when the tensor holds whole samples (row = T*C)
+// that is first_index + i.
 // One thread per element; the backward is the same kernel on dx (the mask is asked again).
-__global__ void mt_dropout_kernel(float *x, size_t n, uint64_t prefix, float p, float scale, uint64_t first_index) {
+__global__ void mt_dropout_kernel(float *x, size_t n, uint64_t prefix, float p, float scale, uint64_t first_index,
+                                  size_t row, uint64_t sample_stride) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    x[i] = mt__gpu_rand_uniform(prefix, first_index + i) >= p ? x[i] * scale : 0.0f;
+    uint64_t g = first_index + (uint64_t)(i / row) * sample_stride + (uint64_t)(i % row);
+    x[i] = mt__gpu_rand_uniform(prefix, g) >= p ? x[i] * scale : 0.0f;
 }
 void mt_dropout_forward_gpu(float *x, const mt_dropout *d, int B, cudaStream_t stream) {
     if (d->p <= 0.0f) return;
-    size_t n = (size_t)B * d->T * d->C;
+    size_t row = (size_t)d->T_local * d->C, n = (size_t)B * row;
     if (n == 0) return;
     float scale = 1.0f / (1.0f - d->p);
-    uint64_t first_index = (uint64_t)d->sample_offset * (uint64_t)d->T * (uint64_t)d->C;
-    mt_dropout_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, n, mt__dropout_prefix(d), d->p, scale, first_index);
+    uint64_t first_index = ((uint64_t)d->sample_offset * (uint64_t)d->T + (uint64_t)d->t_offset) * (uint64_t)d->C;
+    uint64_t sample_stride = (uint64_t)d->T * (uint64_t)d->C;
+    mt_dropout_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, n, mt__dropout_prefix(d), d->p, scale, first_index,
+                                                              row, sample_stride);
     mt__launch_check("mt_dropout_kernel", stream);
 }
 // in the forward pass this was: y = x * mask / (1-p); so dx = dy * mask / (1-p), in place on dy
@@ -3005,6 +3012,15 @@ void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
     double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, mt__stream(r)));
     mt__profile_end(r, "buffer copy", t0);
+}
+// matches mt_buffer_copy_strided (megatron.h, 3. OPS): one 2D copy, pitches in bytes
+void mt_buffer_copy_strided(mt_rank *r, float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t row,
+                            size_t rows) {
+    if (row == 0 || rows == 0) return;
+    double t0 = mt__profile_begin(r);
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
+                                    row * sizeof(float), rows, cudaMemcpyDeviceToDevice, mt__stream(r)));
+    mt__profile_end(r, "buffer copy strided", t0);
 }
 // host <-> device, synchronous: for small things (token ids, losses, norms, pipeline messages)
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {

@@ -206,6 +206,8 @@ typedef struct {
     int num_layers_per_virtual_pipeline_stage; // --num-layers-per-virtual-pipeline-stage, 0 = not interleaved
     long ddp_bucket_size;                      // --ddp-bucket-size: gradient elements per DP all-reduce bucket
     int use_distributed_optimizer;             // --use-distributed-optimizer: AdamW state sharded over DP (ZeRO-1)
+    int sequence_parallel;                     // --sequence-parallel: layernorm/dropout/residual regions split
+                                               // along the sequence over the TP group (needs TP > 1)
     int print_layout;                          // --print-layout: print the rank groups and exit
     int print_schedule;                        // --print-schedule: print the pipeline time line and exit
     int dry_run;                               // --dry-run: print each rank's memory plan and exit
@@ -486,6 +488,9 @@ typedef struct {
     float p;                          // drop probability; 0 = dropout off
     int sample_offset;                // global sample index of local b = 0 (within the iteration)
     int T, C;                         // for hidden dropout (B,T,C): global index = ((sample*T + t)*C + c)
+    int t_offset, T_local;            // hidden dropout: the local tensor (B,T_local,C) holds positions
+                                      // [t_offset, t_offset + T_local) of each sample: 0 and T, or one
+                                      // sequence-parallel shard (section 4); attention ignores both
 } mt_dropout;
 void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, int B, int T, int C,
                               int vocab_start, int V_local);
@@ -573,6 +578,10 @@ int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what);
 void mt_buffer_free(void *p);
 void mt_buffer_zero(mt_rank *r, float *p, size_t n);
 void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n);
+/* rows copies of `row` floats: row i from src + i*src_stride to dst + i*dst_stride (cudaMemcpy2D);
+   the sequence-parallel shards of a (B,T,C) tensor are B such rows (section 4) */
+void mt_buffer_copy_strided(mt_rank *r, float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t row,
+                            size_t rows);
 /* host <-> buffer (bytes); synchronous, for small things: token ids, losses, pipeline messages */
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes);
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes);
@@ -594,10 +603,16 @@ void mt_device_check_precision(const mt_config *cfg);
 
 /* ============================================================================================= */
 /* 4. TENSOR-PARALLEL LAYERS
- * defines: f and g (mt_copy_to_tp_region, mt_reduce_from_tp_region), column- and
+ * defines: f and g (mt_copy_to_tp_region, mt_reduce_from_tp_region), their sequence-parallel
+ *          forms g and g-bar (all-gather / reduce-scatter along the sequence), column- and
  *          row-parallel linear, vocab-parallel embedding and cross-entropy */
 void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n);   /* g forward: all-reduce */
 void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n);      /* f backward: all-reduce */
+/* sequence parallel (--sequence-parallel): full is (B,T,K), shard is my positions (B,T/TP,K) */
+void mt_gather_from_sequence_parallel_region_forward(mt_rank *r, float *full, const float *shard, int K);
+void mt_gather_from_sequence_parallel_region_backward(mt_rank *r, float *dshard, const float *dfull, int K);
+void mt_reduce_scatter_to_sequence_parallel_region_forward(mt_rank *r, float *shard, const float *full, int K);
+void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *dfull, const float *dshard, int K);
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp);
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -675,6 +690,8 @@ typedef struct {
     int present;           // does this rank hold it (stage-dependent)
     mt_param_init init;    // how mt__init_params fills it
     int tied_copy;         // 1: a copy that another rank counts in the grad norm (wte on the last stage, PP > 1)
+    int sequence_parallel; // 1: used in the sequence-parallel regions (layernorms, with --sequence-parallel): each
+                           // TP rank's gradient sums only its positions; all-reduced over TP (section 7)
 } mt_param_spec;
 
 typedef struct {
@@ -719,9 +736,10 @@ typedef struct {
 } mt_layer_acts;
 
 typedef struct {
-    float *out_c;     // (B,T,C)     output of a row-parallel matmul before/after its all-reduce
-    float *dresidual; // (B,T,C)     gradient flowing down the residual stream
-    float *dln;       // (B,T,C)
+    // T_sp = T/TP with --sequence-parallel (my positions of the residual stream), else T
+    float *out_c;     // (B,T_sp,C)  output of a row-parallel layer, after its all-reduce / reduce-scatter
+    float *dresidual; // (B,T_sp,C)  gradient flowing down the residual stream
+    float *dln;       // (B,T_sp,C)
     float *dqkv;      // (B,T,3*C_tp)
     float *datty;     // (B,T,C_tp)
     float *dfch;      // (B,T,F_tp)
@@ -729,6 +747,10 @@ typedef struct {
     float *ce_max;    // (B,T)  cross-entropy all-reduced values
     float *ce_sum;    // (B,T)
     float *ce_target; // (B,T)
+    // sequence parallel only (section 4; NULL without it):
+    float *sp_full;   // (B,T,C)  a gathered sequence: a column-parallel input, a row-parallel output grad
+    float *sp_partial;// (B,T,C)  this rank's partial sums before a reduce-scatter
+    float *sp_work;   // (TP,B,T/TP,C) the shards in the order collectives lay them out (B > 1 only)
     float *memory;    // the one buffer the pointers above are carved from
 } mt_scratch;
 
@@ -746,6 +768,8 @@ typedef struct {
 // Each is allocated and freed in pairs by the section that owns it; mt_rank_init (§8) calls them.
 typedef struct {
     int B, T, C;                // micro-batch, sequence length, hidden size
+    int T_sp, t_offset;         // the residual stream's positions on this rank: [t_offset, t_offset + T_sp) of
+                                // each sample; T/TP and tp_rank*T/TP with --sequence-parallel, else T and 0
     int NH_tp, C_tp, F_tp;      // my heads, my share of C (NH_tp * hs), my share of the MLP's F
     int Vp_tp, vocab_start;     // my vocabulary rows [vocab_start, vocab_start + Vp_tp)
     int L_local;                // layers on this pipeline rank (all its chunks)
@@ -1786,6 +1810,9 @@ static const mt__flag mt__flags[] = {
      "gradient elements per data-parallel all-reduce bucket"},
     {"--use-distributed-optimizer", MT__BOOL, MT__OFF(parallel.use_distributed_optimizer), 0, "parallel",
      "shard AdamW's state and the update over the DP ranks: reduce-scatter gradients, all-gather parameters"},
+    {"--sequence-parallel", MT__BOOL, MT__OFF(parallel.sequence_parallel), 0, "parallel",
+     "split layernorms, dropouts and residuals along the sequence over the TP ranks (T/TP positions each): "
+     "all-gather and reduce-scatter instead of all-reduce"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
     {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
@@ -1914,7 +1941,6 @@ static const mt__flag mt__flags[] = {
 // Megatron flags that this build knows but does not implement yet: an error that says so
 // (instead of "unknown flag"), so a tutorial's user knows what to drop.
 static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
-    {"--sequence-parallel", "sequence parallelism"},
     {"--train-samples", "sample-based training: use --train-iters = samples / global batch size"},
     {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters"},
     {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction"},
@@ -2426,6 +2452,15 @@ static void mt__derive_layout(mt_config *cfg) {
                      per_stage, p->num_layers_per_virtual_pipeline_stage);
         cfg->virtual_pipeline_size = per_stage / p->num_layers_per_virtual_pipeline_stage;
     }
+    // sequence parallel (Korthikanti et al. 2022) splits the sequence over the TP group: without
+    // TP there is no group to split over (Megatron's ModelParallelConfig raises the same error)
+    if (p->sequence_parallel && TP < 2)
+        mt_fatal("--sequence-parallel needs tensor parallelism (--tensor-model-parallel-size > 1), TP is %d\n"
+                 "hint: drop --sequence-parallel, or add --tensor-model-parallel-size 2", TP);
+    if (p->sequence_parallel && m->seq_length % TP)
+        mt_fatal("--seq-length %d is not divisible by --tensor-model-parallel-size %d (--sequence-parallel)\n"
+                 "hint: each TP rank holds T/TP positions of every sample; use a --seq-length that is a multiple of %d",
+                 m->seq_length, TP, TP);
 }
 
 // the batch: global = micro-batch x DP x micro-batches (the accumulation steps)
@@ -2518,10 +2553,11 @@ void mt_print_config(const mt_config *cfg, FILE *f) {
     fprintf(f, "model: L=%d C=%d NH=%d hs=%d F=%d T=%d maxT=%d V=%d Vp=%d\n", m->num_layers, m->hidden_size,
             m->num_attention_heads, cfg->head_size, m->ffn_hidden_size, m->seq_length, m->max_position_embeddings,
             m->vocab_size, cfg->padded_vocab_size);
-    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d | micro batch %d, global batch %d, %d "
+    fprintf(f, "layout: world=%d TP=%d PP=%d DP=%d virtual stages=%d%s | micro batch %d, global batch %d, %d "
                "micro-batches per rank\n",
             cfg->world_size, cfg->parallel.tensor_model_parallel_size, cfg->parallel.pipeline_model_parallel_size,
-            cfg->data_parallel_size, cfg->virtual_pipeline_size, cfg->train.micro_batch_size,
+            cfg->data_parallel_size, cfg->virtual_pipeline_size,
+            cfg->parallel.sequence_parallel ? " sequence-parallel" : "", cfg->train.micro_batch_size,
             cfg->train.global_batch_size, cfg->num_microbatches);
 }
 
@@ -3714,6 +3750,13 @@ void mt_print_layout(const mt_config *cfg, FILE *f) {
                    "..\n",
                 cfg->virtual_pipeline_size, lpc, lpc);
     }
+    if (cfg->parallel.sequence_parallel) {   // section 4: which positions each TP rank holds
+        int T = cfg->model.seq_length, T_sp = T / TP;
+        fprintf(f, "  sequence parallel: layernorms, dropouts and residuals hold T/TP = %d of the %d positions of every "
+                   "sample:", T_sp, T);
+        for (int t = 0; t < TP; t++) fprintf(f, "%s tp%d %d..%d", t ? "," : "", t, t * T_sp, (t + 1) * T_sp - 1);
+        fprintf(f, "\n");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3965,15 +4008,16 @@ static inline int mt__dropout_keep(const mt_dropout *d, uint64_t global_index) {
     return mt_rand_uniform(d->seed, d->iteration, d->site, 0x0d0d, global_index) >= d->p;
 }
 
-// in place: x (B,T,C) -> x * mask / (1-p)
+// in place: x (B,T_local,C) -> x * mask / (1-p); x's position t is position t_offset + t of the
+// sample (everything but a sequence-parallel shard has t_offset = 0, T_local = T)
 void mt_dropout_forward_cpu(float *x, const mt_dropout *d, int B) {
     if (d->p <= 0.0f) return;
     float scale = 1.0f / (1.0f - d->p);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < d->T; t++)
+        for (int t = 0; t < d->T_local; t++)
             for (int c = 0; c < d->C; c++) {
-                uint64_t g = ((uint64_t)(d->sample_offset + b) * d->T + t) * d->C + c;
-                size_t i = ((size_t)b * d->T + t) * d->C + c;
+                uint64_t g = ((uint64_t)(d->sample_offset + b) * d->T + (uint64_t)(d->t_offset + t)) * d->C + c;
+                size_t i = ((size_t)b * d->T_local + t) * d->C + c;
                 x[i] = mt__dropout_keep(d, g) ? x[i] * scale : 0.0f;
             }
 }
@@ -4353,6 +4397,12 @@ void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n) {
     (void)r; memcpy(dst, src, n * sizeof(float));
 }
 
+void mt_buffer_copy_strided(mt_rank *r, float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t row,
+                            size_t rows) {
+    (void)r;
+    for (size_t i = 0; i < rows; i++) memcpy(dst + i * dst_stride, src + i * src_stride, row * sizeof(float));
+}
+
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
     (void)r; memcpy(dst, host_src, bytes);
 }
@@ -4424,19 +4474,115 @@ void mt_reduce_from_tp_region_forward(mt_rank *r, float *y, size_t n) { mt__tp_a
 void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all_reduce(r, dx, n); }
 
 // ---------------------------------------------------------------------------------------------
+// sequence parallel: the all-reduce split into all-gather and reduce-scatter along the sequence
+// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// section 4.2.2; Megatron's mappings.py, gather_from_sequence_parallel_region and
+// reduce_scatter_to_sequence_parallel_region)
+// ---------------------------------------------------------------------------------------------
+// Without SP everything between the TP layers (layernorms, dropouts, residual adds) is computed
+// whole and identically on every TP rank: the same work TP times, and TP copies of the (B,T,C)
+// activations those ops keep (ln1, residual2, ln2, residual3, the chunk inputs). These ops treat
+// each position on its own, so SP splits them along the sequence: TP rank r holds positions
+// [r*T/TP, (r+1)*T/TP) of every sample, (B, T/TP, C) = (B, T_sp, C). The TP layers still need the
+// whole sequence: f (identity) becomes the paper's g, an all-gather, and g (all-reduce) becomes
+// g-bar, a reduce-scatter; the backwards swap them:
+//
+//    op                                              | forward              | backward
+//    ------------------------------------------------+----------------------+---------------------
+//    g     mt_gather_from_sequence_parallel_region   | all-gather along T   | reduce-scatter along T
+//    g-bar mt_reduce_scatter_to_sequence_parallel_.. | reduce-scatter along T| all-gather along T
+//
+//   X shard (B,T_sp,C) -LN-> g: all-gather -> X (B,T,C) -column-parallel-> ... -row-parallel->
+//   Z_r (B,T,C) partial sums -g-bar: reduce-scatter-> Z shard (B,T_sp,C) + bias -dropout, residual->
+//
+// An all-reduce is a reduce-scatter followed by an all-gather, so the forward sends the bytes of
+// plain TP (the all-gather moved on, to the next layer's input); what shrinks by TP is the memory
+// and the work of the regions between the layers. The backward runs the conjugates, plus one
+// all-gather per column-parallel layer: its weight gradient needs the whole input again, which
+// the forward did not keep (Megatron's choice too: memory before bandwidth).
+// Parameters used inside those regions (the layernorms) now see T_sp positions per rank: their
+// gradients are partial sums, all-reduced over TP after the backward (section 7, as Megatron's
+// finalize_model_grads does for parameters marked sequence_parallel).
+//
+// Layout: Megatron keeps activations as (T, B, C), sequence first, so a shard of the sequence is
+// one contiguous block. We keep llm.c's (B, T, C): sample b's shard starts at b*T*C + r*T_sp*C, B
+// pieces. A collective lays the ranks' shards side by side, (TP, B, T_sp, C), so one strided copy
+// per rank moves them into (B, T, C) after an all-gather, and out of it before a reduce-scatter.
+// With B = 1 the two layouts are the same and nothing is copied. The reduce-scatter adds the
+// ranks' values in rank order, as the all-reduce does, so the sums are bit for bit plain TP's.
+
+// full (B,T,K) <- every rank's shard (B,T_sp,K)
+static void mt__sequence_all_gather(mt_rank *r, float *full, const float *shard, int K) {
+    int B = r->dims.B, T = r->dims.T, T_sp = r->dims.T_sp, TP = r->ps.tp_size;
+    size_t n = (size_t)B * T_sp * K;   // one shard
+    if (B == 1) { mt_all_gather(&r->groups.tp, shard, full, n); return; }
+    float *work = r->scratch.sp_work;  // (TP, B, T_sp, K): the shards as the all-gather leaves them
+    mt_all_gather(&r->groups.tp, shard, work, n);
+    for (int j = 0; j < TP; j++)       // rank j's B pieces to positions [j*T_sp, (j+1)*T_sp) of each sample
+        mt_buffer_copy_strided(r, full + (size_t)j * T_sp * K, (size_t)T * K, work + (size_t)j * n, (size_t)T_sp * K,
+                               (size_t)T_sp * K, (size_t)B);
+}
+
+// shard (B,T_sp,K) <- sum over the TP ranks of full (B,T,K), at my positions
+static void mt__sequence_reduce_scatter(mt_rank *r, float *shard, const float *full, int K) {
+    int B = r->dims.B, T = r->dims.T, T_sp = r->dims.T_sp, TP = r->ps.tp_size;
+    size_t n = (size_t)B * T_sp * K;
+    if (B == 1) { mt_reduce_scatter(&r->groups.tp, full, shard, n, MT_SUM); return; }
+    float *work = r->scratch.sp_work;
+    for (int j = 0; j < TP; j++)       // positions [j*T_sp, (j+1)*T_sp) of each sample, for rank j
+        mt_buffer_copy_strided(r, work + (size_t)j * n, (size_t)T_sp * K, full + (size_t)j * T_sp * K, (size_t)T * K,
+                               (size_t)T_sp * K, (size_t)B);
+    mt_reduce_scatter(&r->groups.tp, work, shard, n, MT_SUM);
+}
+
+// g forward: the whole sequence for a column-parallel layer; its backward: dX's partial sums
+// from every rank, summed, my positions kept
+void mt_gather_from_sequence_parallel_region_forward(mt_rank *r, float *full, const float *shard, int K) {
+    mt__sequence_all_gather(r, full, shard, K);
+}
+void mt_gather_from_sequence_parallel_region_backward(mt_rank *r, float *dshard, const float *dfull, int K) {
+    mt__sequence_reduce_scatter(r, dshard, dfull, K);
+}
+// g-bar forward: a row-parallel layer's partial sums, summed, my positions kept; its backward:
+// the whole sequence's dY for the row-parallel layer's backward
+void mt_reduce_scatter_to_sequence_parallel_region_forward(mt_rank *r, float *shard, const float *full, int K) {
+    mt__sequence_reduce_scatter(r, shard, full, K);
+}
+void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *dfull, const float *dshard, int K) {
+    mt__sequence_all_gather(r, dfull, dshard, K);
+}
+
+// ---------------------------------------------------------------------------------------------
 // column-parallel linear: Y_r = X A_r + b_r   (no communication forward)
 // math: Y = X @ A, A is (K, OC), split by COLUMNS A = [A_0 | A_1 | ...];
 // stored: weight is (OC_tp, K) = A_r^T, this rank's rows of the (OC, K) weight
-// inp (BT, K) whole on every rank, out (BT, OC_tp) this rank's columns
+// inp (BT, K) whole on every rank, out (BT, OC_tp) this rank's columns.
+// --sequence-parallel: inp is my shard (B, T_sp, K) of the (B, T, K) input (BT = B*T still counts
+// the output's rows), all-gathered first (g) into the scratch.
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
+        inp = r->scratch.sp_full;
+    }
     mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
 
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
 // dinp is written ('='): this rank's part, then all-reduced.
+// --sequence-parallel: inp and dinp are my shards (B, T_sp, K). dA_r = dY_r^T X needs the whole
+// X again: the forward kept only my shard, so it is all-gathered a second time (Megatron does the
+// same: the memory saved is the point). dX's partial sums are reduce-scattered (g's backward):
+// each rank gets the sum at its own positions.
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp) {
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_scratch *s = &r->scratch;
+        mt_gather_from_sequence_parallel_region_forward(r, s->sp_full, inp, K);
+        mt_matmul_backward(r, s->sp_partial, dweight, dbias, dout, s->sp_full, weight, BT, K, OC_tp);
+        mt_gather_from_sequence_parallel_region_backward(r, dinp, s->sp_partial, K);
+        return;
+    }
     mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
     mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
@@ -4445,9 +4591,17 @@ void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight,
 // row-parallel linear: Y = sum_r X_r W_r + b   (all-reduce forward)
 // math: Y = X @ W, W is (K, OC), split by ROWS W = [W_0 ; W_1 ; ...], X = [X_0 | X_1 | ...];
 // stored: weight is (OC, K_tp), this rank's columns of the (OC, K) weight
-// inp (BT, K_tp) this rank's slice, out (BT, OC) whole on every rank after the reduce
+// inp (BT, K_tp) this rank's slice, out (BT, OC) whole on every rank after the reduce.
+// --sequence-parallel: out is my shard (B, T_sp, OC): the partial sums go to the scratch and are
+// reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC) {
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_matmul_forward(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
+        mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
+        mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
+        return;
+    }
     mt_matmul_forward(r, out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
     mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
     mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
@@ -4456,8 +4610,16 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
 // dW_r = X_r^T dY and db = sum dY are all local. db is the same on every TP rank.
 // dinp is written ('=').
+// --sequence-parallel: dout is my shard (B, T_sp, OC); g-bar's backward all-gathers it into the
+// scratch first, and everything above holds, db included: it is summed over the whole gathered
+// dY, so it is whole and the same on every TP rank (Megatron sums its shard and all-reduces the
+// bias with the layernorms instead; the all-gather is already paid for here).
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
+        dout = r->scratch.sp_full;
+    }
     mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
 }
 
@@ -4465,17 +4627,32 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // vocab-parallel embedding: rank r holds rows [r*Vp_tp, (r+1)*Vp_tp) of wte.
 // forward: each rank looks up the tokens it owns (zeros elsewhere), then g: all-reduce, so
 // every rank has the full embedding; then positions are added (wpe is replicated).
-// writes out ('='), (B,T,C)
+// writes out ('='), (B,T,C).
+// --sequence-parallel: out is my shard (B, T_sp, C). The lookups are reduce-scattered instead of
+// all-reduced (g-bar: half the traffic, each rank keeps its positions) and only my positions'
+// rows of wpe are added (Megatron's embedding reduce-scatters likewise when it can).
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte,
                                          const float *wpe) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C;
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_embedding_forward(r, r->scratch.sp_partial, tokens, wte, B, T, C, r->dims.vocab_start, r->dims.Vp_tp);
+        mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, C);
+        mt_position_embedding_forward(r, out, wpe + (size_t)r->dims.t_offset * C, B, r->dims.T_sp, C);
+        return;
+    }
     mt_embedding_forward(r, out, tokens, wte, B, T, C, r->dims.vocab_start, r->dims.Vp_tp);
     mt_reduce_from_tp_region_forward(r, out, (size_t)B * T * C);
     mt_position_embedding_forward(r, out, wpe, B, T, C);
 }
 
-// backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows
+// backward: dout is whole on every rank (g's backward is identity); each rank adds to its rows.
+// --sequence-parallel: dout is my shard; g-bar's backward all-gathers it first. Then dwpe too is
+// summed over every position from the gathered dout: whole on every rank, no all-reduce needed.
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
+    if (r->cfg->parallel.sequence_parallel) {
+        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, r->dims.C);
+        dout = r->scratch.sp_full;
+    }
     mt_embedding_backward(r, dwte, dout, tokens, r->dims.B, r->dims.T, r->dims.C, r->dims.vocab_start, r->dims.Vp_tp);
     mt_position_embedding_backward(r, dwpe, dout, r->dims.B, r->dims.T, r->dims.C);
 }
@@ -4535,28 +4712,29 @@ static size_t mt__carve_params(mt_rank *r, mt_params *p, float *base, int fill_s
     int C3 = 3 * C, F = cfg->model.ffn_hidden_size;
     int first = r->ps.is_first_stage, last = r->ps.is_last_stage;
     int tied = r->ps.pp_size > 1 && !first;   // the last stage's wte: the LM head's copy
+    int sp = cfg->parallel.sequence_parallel;  // the layernorms' gradients are partial sums over TP
     const mt_param_init N = MT_INIT_NORMAL, S = MT_INIT_SCALED_NORMAL, ONE = MT_INIT_ONES, ZERO = MT_INIT_ZEROS;
     // name, pointer, offset (set below), layers, local rows, cols, global rows, cols, split, no_decay, tp_replicated,
-    // present, init, tied_copy
+    // present, init, tied_copy, sequence_parallel
     mt_param_spec table[MT_NUM_PARAM_TENSORS] = {
         {"wte", &p->wte, 0, 0, r->dims.Vp_tp, C, cfg->model.vocab_size, C, MT_SPLIT_VOCAB, 0, 0, first || last, N,
-         tied},
+         tied, 0},
         {"wpe", &p->wpe, 0, 0, cfg->model.max_position_embeddings, C, cfg->model.max_position_embeddings, C,
-         MT_SPLIT_NONE, 0, 1, first, N, 0},
-        {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0},
-        {"ln1b", &p->ln1b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
-        {"qkvw", &p->qkvw, 0, Ll, 3 * C_tp, C, C3, C, MT_SPLIT_QKV, 0, 0, 1, N, 0},
-        {"qkvb", &p->qkvb, 0, Ll, 3 * C_tp, 1, C3, 1, MT_SPLIT_QKV, 1, 0, 1, ZERO, 0},
-        {"attprojw", &p->attprojw, 0, Ll, C, C_tp, C, C, MT_SPLIT_COLS, 0, 0, 1, S, 0},
-        {"attprojb", &p->attprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
-        {"ln2w", &p->ln2w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0},
-        {"ln2b", &p->ln2b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
-        {"fcw", &p->fcw, 0, Ll, F_tp, C, F, C, MT_SPLIT_ROWS, 0, 0, 1, N, 0},
-        {"fcb", &p->fcb, 0, Ll, F_tp, 1, F, 1, MT_SPLIT_ROWS, 1, 0, 1, ZERO, 0},
-        {"fcprojw", &p->fcprojw, 0, Ll, C, F_tp, C, F, MT_SPLIT_COLS, 0, 0, 1, S, 0},
-        {"fcprojb", &p->fcprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0},
-        {"lnfw", &p->lnfw, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ONE, 0},
-        {"lnfb", &p->lnfb, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ZERO, 0},
+         MT_SPLIT_NONE, 0, 1, first, N, 0, 0},
+        {"ln1w", &p->ln1w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0, sp},
+        {"ln1b", &p->ln1b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0, sp},
+        {"qkvw", &p->qkvw, 0, Ll, 3 * C_tp, C, C3, C, MT_SPLIT_QKV, 0, 0, 1, N, 0, 0},
+        {"qkvb", &p->qkvb, 0, Ll, 3 * C_tp, 1, C3, 1, MT_SPLIT_QKV, 1, 0, 1, ZERO, 0, 0},
+        {"attprojw", &p->attprojw, 0, Ll, C, C_tp, C, C, MT_SPLIT_COLS, 0, 0, 1, S, 0, 0},
+        {"attprojb", &p->attprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0, 0},
+        {"ln2w", &p->ln2w, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ONE, 0, sp},
+        {"ln2b", &p->ln2b, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0, sp},
+        {"fcw", &p->fcw, 0, Ll, F_tp, C, F, C, MT_SPLIT_ROWS, 0, 0, 1, N, 0, 0},
+        {"fcb", &p->fcb, 0, Ll, F_tp, 1, F, 1, MT_SPLIT_ROWS, 1, 0, 1, ZERO, 0, 0},
+        {"fcprojw", &p->fcprojw, 0, Ll, C, F_tp, C, F, MT_SPLIT_COLS, 0, 0, 1, S, 0, 0},
+        {"fcprojb", &p->fcprojb, 0, Ll, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, 1, ZERO, 0, 0},
+        {"lnfw", &p->lnfw, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ONE, 0, sp},
+        {"lnfb", &p->lnfb, 0, 0, 1, C, 1, C, MT_SPLIT_NONE, 1, 1, last, ZERO, 0, sp},
     };
     size_t offset = 0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -4660,15 +4838,18 @@ static void mt__init_params(mt_rank *r) {
 //                     which our FlashAttention-style attention never stores at all)
 // The rebuilt tensors go to one recompute scratch per rank (one group's worth), shared by the
 // micro-batches in flight since only one backward runs at a time.
+// The tensors inside the TP layers span the whole sequence (B*T rows, split by columns); those of
+// the regions between them (layernorms, residuals) have B*T_sp rows: 1/TP of them with
+// --sequence-parallel (section 4), which is all SP saves.
 static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
-    size_t BT = (size_t)r->dims.B * r->dims.T, C = r->dims.C;
+    size_t BT = (size_t)r->dims.B * r->dims.T, BT_sp = (size_t)r->dims.B * r->dims.T_sp, C = r->dims.C;
     switch (k) {
     case MT_LT_QKV: return BT * 3 * (size_t)r->dims.C_tp;
     case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
     case MT_LT_FCH: case MT_LT_FCH_GELU: return BT * (size_t)r->dims.F_tp;
-    case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT;
-    default: return BT * C;   // ln1, residual2, ln2, residual3
+    case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT_sp;
+    default: return BT_sp * C;   // ln1, residual2, ln2, residual3
     }
 }
 // the recompute group of local layer l (full granularity): layers [*first, *last] of its chunk
@@ -4725,19 +4906,19 @@ static void mt__layer_acts(const mt_rank *r, const mt_activations *a, int l, mt_
 static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *base, const size_t layers[MT_LT_COUNT],
                                     int with_io) {
     size_t B = r->dims.B, T = r->dims.T, C = r->dims.C, vp = r->ps.vp_size;
-    size_t BT = B * T;
+    size_t BT = B * T, BT_sp = B * (size_t)r->dims.T_sp;   // the residual stream's rows (section 4)
     int last = r->ps.is_last_stage && with_io;
     size_t n[MT_LT_COUNT];
     for (int k = 0; k < MT_LT_COUNT; k++) n[k] = layers[k] * mt__layer_tensor_floats(r, k);
     struct { float **ptr; size_t n; } carve[] = {
-        {&a->input, with_io ? vp * BT * C : 0},
+        {&a->input, with_io ? vp * BT_sp * C : 0},
         {&a->ln1, n[MT_LT_LN1]}, {&a->ln1_mean, n[MT_LT_LN1_MEAN]}, {&a->ln1_rstd, n[MT_LT_LN1_RSTD]},
         {&a->qkv, n[MT_LT_QKV]}, {&a->atty, n[MT_LT_ATTY]}, {&a->lse, n[MT_LT_LSE]},
         {&a->residual2, n[MT_LT_RESIDUAL2]},
         {&a->ln2, n[MT_LT_LN2]}, {&a->ln2_mean, n[MT_LT_LN2_MEAN]}, {&a->ln2_rstd, n[MT_LT_LN2_RSTD]},
         {&a->fch, n[MT_LT_FCH]}, {&a->fch_gelu, n[MT_LT_FCH_GELU]},
         {&a->residual3, n[MT_LT_RESIDUAL3]},
-        {&a->lnf, last ? BT * C : 0}, {&a->lnf_mean, last ? BT : 0}, {&a->lnf_rstd, last ? BT : 0},
+        {&a->lnf, last ? BT_sp * C : 0}, {&a->lnf_mean, last ? BT_sp : 0}, {&a->lnf_rstd, last ? BT_sp : 0},
         {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
     };
     size_t offset = 0;
@@ -4749,16 +4930,19 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
 }
 
 static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
-    size_t BT = (size_t)r->dims.B * r->dims.T, C = r->dims.C;
+    size_t BT = (size_t)r->dims.B * r->dims.T, BT_sp = (size_t)r->dims.B * r->dims.T_sp, C = r->dims.C;
+    int sp = r->cfg->parallel.sequence_parallel;
     struct { float **ptr; size_t n; } carve[] = {
-        {&s->out_c, BT * C}, {&s->dresidual, BT * C}, {&s->dln, BT * C},
+        {&s->out_c, BT_sp * C}, {&s->dresidual, BT_sp * C}, {&s->dln, BT_sp * C},
         {&s->dqkv, BT * 3 * r->dims.C_tp}, {&s->datty, BT * r->dims.C_tp},
         {&s->dfch, BT * r->dims.F_tp}, {&s->dfch_gelu, BT * r->dims.F_tp},
         {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
+        {&s->sp_full, sp ? BT * C : 0}, {&s->sp_partial, sp ? BT * C : 0},
+        {&s->sp_work, sp && r->dims.B > 1 ? BT * C : 0},   // B = 1: the shards are already in place
     };
     size_t offset = 0;
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
-        *carve[i].ptr = base ? base + offset : NULL;
+        *carve[i].ptr = (base && carve[i].n) ? base + offset : NULL;
         offset += carve[i].n;
     }
     return offset;
@@ -4771,6 +4955,8 @@ void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps)
     d->B = cfg->train.micro_batch_size;
     d->T = cfg->model.seq_length;
     d->C = cfg->model.hidden_size;
+    d->T_sp = cfg->parallel.sequence_parallel ? d->T / TP : d->T;
+    d->t_offset = cfg->parallel.sequence_parallel ? ps->tp_rank * d->T_sp : 0;
     d->NH_tp = cfg->model.num_attention_heads / TP;
     d->C_tp = d->C / TP;
     d->F_tp = cfg->model.ffn_hidden_size / TP;
@@ -4880,10 +5066,15 @@ void mt_activations_free(mt_rank *r) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// one transformer layer, forward. x (B,T,C) is the layer's input (saved, not copied).
+// one transformer layer, forward. x (B,T_sp,C) is the layer's input (saved, not copied).
+// T_sp = T, or T/TP with --sequence-parallel: the layernorms, dropouts and residual adds work on
+// my positions only, (B,T_sp,C); the TP layers gather and scatter the sequence (section 4), and
+// everything between them (qkv, attention, the MLP's hidden layer) spans all B*T positions.
 static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
     const mt_config *cfg = r->cfg;
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
+    int T_sp = r->dims.T_sp;
+    size_t BTC_sp = (size_t)B * T_sp * C;
     mt_params *p = &r->model.params;
     int gl = mt_local_to_global_layer(r, l);
     // this layer's parameters and saved activations (llm.c's l_ names)
@@ -4901,34 +5092,37 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu, *l_residual3 = la.residual3;
     float *out_c = r->scratch.out_c;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
-                            r->state.training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C};
-    mt_dropout hid_drop = attn_drop;
+                            r->state.training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C, 0, T};
+    mt_dropout hid_drop = attn_drop;   // on the residual stream: my positions
     hid_drop.p = r->state.training ? cfg->model.hidden_dropout : 0.0f;
+    hid_drop.t_offset = r->dims.t_offset;
+    hid_drop.T_local = T_sp;
 
     // attention block
-    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T, C);
+    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T_sp, C);
     mt_column_parallel_linear_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp,
                              cfg->model.num_attention_heads);
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_forward(r, out_c, &hid_drop, B);
-    mt_residual_forward(r, l_residual2, x, out_c, (size_t)BT * C);
+    mt_residual_forward(r, l_residual2, x, out_c, BTC_sp);
     // MLP block
-    mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T, C);
+    mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T_sp, C);
     mt_column_parallel_linear_forward(r, l_fch, l_ln2, l_fcw, l_fcb, BT, C, F_tp);
     mt_gelu_forward(r, l_fch_gelu, l_fch, (size_t)BT * F_tp);
     mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_forward(r, out_c, &hid_drop, B);
-    mt_residual_forward(r, l_residual3, l_residual2, out_c, (size_t)BT * C);
+    mt_residual_forward(r, l_residual3, l_residual2, out_c, BTC_sp);
 }
 
 // one transformer layer, backward. On entry scratch.dresidual holds dL/d(residual3);
-// on exit it holds dL/dx. x is the layer's forward input.
+// on exit it holds dL/dx. x is the layer's forward input. (B,T_sp,C) as in the forward.
 static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
     const mt_config *cfg = r->cfg;
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
+    int T_sp = r->dims.T_sp;
     mt_params *p = &r->model.params, *g = &r->model.grads;
     mt_scratch *s = &r->scratch;
     int gl = mt_local_to_global_layer(r, l);
@@ -4951,34 +5145,36 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *l_ln2 = la.ln2, *l_ln2_mean = la.ln2_mean, *l_ln2_rstd = la.ln2_rstd;
     float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
-                            cfg->model.attention_dropout, sample_offset, T, C};
+                            cfg->model.attention_dropout, sample_offset, T, C, 0, T};
     mt_dropout hid_drop = attn_drop;
     hid_drop.p = cfg->model.hidden_dropout;
-    size_t BTC = (size_t)BT * C;
+    hid_drop.t_offset = r->dims.t_offset;
+    hid_drop.T_local = T_sp;
+    size_t BTC_sp = (size_t)B * T_sp * C;
 
     // MLP block. forward was: residual3 = residual2 + dropout(fcproj(gelu(fc(ln2(residual2)))))
     // the residual passes dresidual through unchanged; the branch gets a copy
-    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp,
                                     C);
     mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
-    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T,
-                          C);
+    mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
+                          T_sp, C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
     if (cfg->recompute == MT_RECOMPUTE_SELECTIVE)   // selective recompute: the attention core again
         mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                              r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
-    mt_buffer_copy(r, s->out_c, s->dresidual, BTC);
+    mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
     mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                           r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);
-    mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T, C);
+    mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T_sp, C);
 }
 
 // the embedding (first virtual stage) and the head (last virtual stage)
@@ -4991,23 +5187,26 @@ static void mt__embedding_forward(mt_rank *r, mt_activations *a) {
     mt_vocab_parallel_embedding_forward(r, a->input, a->tokens, r->model.params.wte, r->model.params.wpe);
     mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0,
                     r->state.training ? cfg->model.hidden_dropout : 0.0f,
-                    a->sample_offset, r->dims.T, r->dims.C};
+                    a->sample_offset, r->dims.T, r->dims.C, r->dims.t_offset, r->dims.T_sp};
     mt_dropout_forward(r, a->input, &d, r->dims.B);
 }
 
 static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
     const mt_config *cfg = r->cfg;
     mt_dropout d = {cfg->train.seed, (uint64_t)r->state.iteration, 0, cfg->model.hidden_dropout, a->sample_offset,
-                    r->dims.T, r->dims.C};
+                    r->dims.T, r->dims.C, r->dims.t_offset, r->dims.T_sp};
     mt_dropout_backward(r, r->scratch.dresidual, &d, r->dims.B);
     mt_vocab_parallel_embedding_backward(r, r->model.grads.wte, r->model.grads.wpe, r->scratch.dresidual, a->tokens);
 }
 
 // head: lnf = ln_f(x); logits = lnf @ wte^T (column-parallel over the vocabulary); loss.
 // dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP).
+// --sequence-parallel: x and lnf are my positions (B,T_sp,C); the column-parallel LM head gathers
+// the sequence (section 4), and the logits span all B*T positions, as without SP.
 static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
-    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->model.params.lnfw, r->model.params.lnfb, B, T, C);
+    mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->model.params.lnfw, r->model.params.lnfb, B,
+                         r->dims.T_sp, C);
     mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->model.params.wte, NULL, BT, C, r->dims.Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
@@ -5023,15 +5222,14 @@ static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
     // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
     mt_column_parallel_linear_backward(r, s->dln, r->model.grads.wte, NULL, a->logits, a->lnf, r->model.params.wte, BT,
                                        C, r->dims.Vp_tp);
-    mt_buffer_zero(r, s->dresidual, (size_t)BT * C);
+    mt_buffer_zero(r, s->dresidual, (size_t)B * r->dims.T_sp * C);
     mt_layernorm_backward(r, s->dresidual, r->model.grads.lnfw, r->model.grads.lnfb, s->dln, x, r->model.params.lnfw,
-                          a->lnf_mean,
-                              a->lnf_rstd, B, T, C);
+                          a->lnf_mean, a->lnf_rstd, B, r->dims.T_sp, C);
 }
 
 // the input and output of chunk c's layers
 static float *mt__chunk_input(const mt_rank *r, mt_activations *a, int chunk) {
-    return a->input + (size_t)chunk * r->dims.B * r->dims.T * r->dims.C;
+    return a->input + (size_t)chunk * r->dims.B * r->dims.T_sp * r->dims.C;
 }
 
 static float *mt__layer_input(const mt_rank *r, mt_activations *a, int l) {
@@ -5199,7 +5397,30 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
 // sums its two copies of dwte, so the tied weights stay tied (Megatron's
 // _allreduce_embedding_grads). With the distributed optimizer (section 6) the DP step is a
 // reduce-scatter instead: each DP rank needs only the gradients of the shard it updates.
+// With --sequence-parallel the TP group goes first (see below).
+
+// --sequence-parallel: the layernorms ran on my positions only, so each TP rank's gradient of
+// their weight and bias is a partial sum over T/TP positions: dw = sum_r dw_r, all-reduced over
+// TP (Megatron's finalize_model_grads, for the parameters marked sequence_parallel). Adjacent
+// tensors go in one call (ln1w|ln1b, ln2w|ln2b, lnfw|lnfb are neighbours in the carve). It runs
+// before the DP reduction, on the whole buffer: both are sums, so the order does not change the
+// result, and the distributed optimizer's DP shards may cut through these tensors.
+static void mt__sequence_parallel_grads_all_reduce(mt_rank *r) {
+    if (!r->cfg->parallel.sequence_parallel || r->ps.tp_size < 2) return;
+    size_t run_start = 0, run_end = 0;   // the run of adjacent sequence-parallel tensors being gathered
+    for (int i = 0; i <= MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = i < MT_NUM_PARAM_TENSORS ? &r->model.specs[i] : NULL;
+        int take = s && s->present && s->sequence_parallel;
+        if (take && run_end > run_start && s->offset == run_end) { run_end += mt__spec_numel(s); continue; }
+        if (run_end > run_start) mt_all_reduce(&r->groups.tp, r->model.grads_memory + run_start, run_end - run_start,
+                                               MT_SUM);
+        run_start = run_end = 0;
+        if (take) { run_start = s->offset; run_end = s->offset + mt__spec_numel(s); }
+    }
+}
+
 void mt_finish_grad_sync(mt_rank *r) {
+    mt__sequence_parallel_grads_all_reduce(r);
     if (r->optim.distributed) {
         // the tied embedding's two copies first (on the whole buffer: the two stages' buffers are
         // carved differently, so their DP shards would not line up), then each DP rank receives
@@ -5532,7 +5753,9 @@ static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, mt__s
 // run one step of a schedule
 static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
     int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
-    size_t BTC = (size_t)r->dims.B * r->dims.T * r->dims.C;
+    // a message is the residual stream: with --sequence-parallel my positions only (B,T/TP,C), as
+    // Megatron's p2p_communication divides the sequence length by TP
+    size_t BTC = (size_t)r->dims.B * r->dims.T_sp * r->dims.C;
     if (st.kind == MT_STEP_FORWARD) {
         int first_on_rank = st.chunk == 0;
         mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);

@@ -9,6 +9,11 @@
  * C/TP products per rank, then the all-reduce adds the partial sums), so results differ in the
  * last bits (fp32 epsilon 6e-8, a few ulps per op, compounded over 10 AdamW steps). DP and PP
  * change nothing but the place where sums happen: they agree to rounding too.
+ * Sequence parallel (§4) is one more such place: the layernorms' weight and bias gradients are
+ * summed over T/TP positions per rank and then across the TP ranks, instead of over all T at
+ * once; the same tolerance holds. The SP layouts run with micro-batches of 2 (the strided
+ * gather/scatter path) and of 1 (the shards already in place), with the distributed optimizer
+ * and with activation recompute.
  */
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
@@ -60,7 +65,16 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     free(r);
 }
 
-static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_virtual, float dropout, int dist) {
+// one layout to compare with 1x1x1
+typedef struct {
+    int tp, pp, dp, layers_per_virtual, dist;   // dist: --use-distributed-optimizer
+    int sp;                                     // --sequence-parallel
+    int micro;                                  // --micro-batch-size, 0: 2 (the global batch is always 8)
+    const char *recompute;                      // "" | "full" (uniform 1) | "selective"
+} layout;
+
+static void run_layout_with(layout_run *run, const layout *L, float dropout) {
+    int tp = L->tp, pp = L->pp, dp = L->dp;
     mt_config *cfg = &run->cfg;
     mt_config_defaults(cfg);
     cfg->model.num_layers = 4;
@@ -73,10 +87,14 @@ static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_v
     cfg->parallel.tensor_model_parallel_size = tp;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp * dp;
-    cfg->parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
+    cfg->parallel.num_layers_per_virtual_pipeline_stage = L->layers_per_virtual;
     cfg->parallel.ddp_bucket_size = 5000;   // several buckets
-    cfg->parallel.use_distributed_optimizer = dist;
-    cfg->train.micro_batch_size = 2;
+    cfg->parallel.use_distributed_optimizer = L->dist;
+    cfg->parallel.sequence_parallel = L->sp;
+    snprintf(cfg->train.recompute_granularity, sizeof cfg->train.recompute_granularity, "%s", L->recompute);
+    if (strcmp(L->recompute, "full") == 0) snprintf(cfg->train.recompute_method, sizeof cfg->train.recompute_method,
+                                                     "uniform");
+    cfg->train.micro_batch_size = L->micro ? L->micro : 2;
     cfg->train.global_batch_size = 8;
     cfg->train.train_iters = STEPS;
     cfg->train.lr = 3e-3f;
@@ -90,6 +108,11 @@ static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_v
     int rc = mt_world_run(w, rank_main, run);
     mt_world_destroy(w);
     mt_expect(rc == 0, "layout TP=%d PP=%d DP=%d failed to run", tp, pp, dp);
+}
+
+static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_virtual, float dropout, int dist) {
+    layout L = {tp, pp, dp, layers_per_virtual, dist, 0, 0, ""};
+    run_layout_with(run, &L, dropout);
 }
 
 static const char *tensor_names[MT_NUM_PARAM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
@@ -121,34 +144,43 @@ static int check_qkv_bias(const char *name, const layout_run *run, const layout_
 }
 
 static void compare_layouts(float dropout) {
-    static const int layouts[][5] = {   // TP, PP, DP, layers per virtual stage, distributed optimizer
-        {2, 1, 1, 0, 0}, {1, 2, 1, 0, 0}, {1, 1, 2, 0, 0}, {2, 1, 2, 0, 0}, {2, 2, 1, 0, 0}, {1, 2, 2, 0, 0},
-        {2, 2, 2, 0, 0}, {4, 1, 1, 0, 0}, {1, 4, 1, 0, 0}, {4, 2, 1, 0, 0}, {1, 2, 1, 1, 0},
+    static const layout layouts[] = {   // TP, PP, DP, layers per virtual stage, distributed optimizer, SP, B, recompute
+        {2, 1, 1, 0, 0, 0, 0, ""}, {1, 2, 1, 0, 0, 0, 0, ""}, {1, 1, 2, 0, 0, 0, 0, ""}, {2, 1, 2, 0, 0, 0, 0, ""},
+        {2, 2, 1, 0, 0, 0, 0, ""}, {1, 2, 2, 0, 0, 0, 0, ""}, {2, 2, 2, 0, 0, 0, 0, ""}, {4, 1, 1, 0, 0, 0, 0, ""},
+        {1, 4, 1, 0, 0, 0, 0, ""}, {4, 2, 1, 0, 0, 0, 0, ""}, {1, 2, 1, 1, 0, 0, 0, ""},
         // the distributed optimizer (ZeRO-1): shards cut through tensors; DP=4 cuts them finer
-        {1, 1, 2, 0, 1}, {1, 1, 4, 0, 1}, {2, 2, 2, 0, 1}, {1, 2, 2, 1, 1}};
+        {1, 1, 2, 0, 1, 0, 0, ""}, {1, 1, 4, 0, 1, 0, 0, ""}, {2, 2, 2, 0, 1, 0, 0, ""}, {1, 2, 2, 1, 1, 0, 0, ""},
+        // sequence parallel: TP 2 and 4, with DP, with PP (and interleaved), with the distributed
+        // optimizer, with full and selective recompute, with micro-batches of 1
+        {2, 1, 1, 0, 0, 1, 0, ""}, {2, 1, 2, 0, 0, 1, 0, ""}, {2, 2, 1, 0, 0, 1, 0, ""}, {4, 1, 1, 0, 0, 1, 0, ""},
+        {2, 1, 1, 0, 0, 1, 1, ""}, {4, 2, 1, 0, 0, 1, 1, ""}, {2, 2, 2, 0, 1, 1, 0, ""}, {2, 1, 2, 0, 1, 1, 0, ""},
+        {2, 2, 1, 1, 0, 1, 0, "full"}, {2, 1, 2, 0, 1, 1, 0, "selective"}, {4, 1, 1, 0, 0, 1, 0, "full"}};
     layout_run ref, run;
     run_layout(&ref, 1, 1, 1, 0, dropout, 0);
     mt_expect(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the reference run did not learn (%g -> %g)",
               (double)ref.losses[0], (double)ref.losses[STEPS - 1]);
     for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
-        const int *L = layouts[k];
-        run_layout(&run, L[0], L[1], L[2], L[3], dropout, L[4]);
-        char label[128];
-        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s%s dropout=%.1f losses", L[0], L[1], L[2],
-                 L[3] ? " interleaved" : "", L[4] ? " dist-opt" : "", (double)dropout);
+        const layout *L = &layouts[k];
+        run_layout_with(&run, L, dropout);
+        char what[96];   // the knobs beyond TP x PP x DP
+        snprintf(what, sizeof what, "%s%s%s%s%s%s", L->layers_per_virtual ? " interleaved" : "",
+                 L->dist ? " dist-opt" : "", L->sp ? " SP" : "", L->micro == 1 ? " B=1" : "",
+                 L->recompute[0] ? " recompute " : "", L->recompute);
+        char label[160];
+        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s dropout=%.1f losses", L->tp, L->pp, L->dp, what,
+                 (double)dropout);
         // 1e-5: reordered fp32 sums, see the top of this file
         int ok = mt_check_tensor(label, run.losses, ref.losses, STEPS, 1e-5);
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
             char name[160];
-            snprintf(name, sizeof name, "TP=%d PP=%d DP=%d%s%s %s", L[0], L[1], L[2], L[3] ? " vp" : "",
-                     L[4] ? " dist-opt" : "", tensor_names[i]);
+            snprintf(name, sizeof name, "TP=%d PP=%d DP=%d%s %s", L->tp, L->pp, L->dp, what, tensor_names[i]);
             size_t off = ref.global_offsets[i], n = ref.global_offsets[i + 1] - off;
             if (strcmp(tensor_names[i], "qkvb") == 0) { ok &= check_qkv_bias(name, &run, &ref); continue; }
             // 1e-5 of the tensor's scale (norm-wise): reordered sums round at the scale of their
             // terms, so near-zero elements carry errors set by the tensor's magnitude
             ok &= mt_check_tensor_normwise(name, run.global_params + off, ref.global_params + off, n, 1e-5);
         }
-        printf("  %-50s %s  (loss %.6f -> %.6f)\n", label, ok ? "same as 1x1x1" : "DIFFERS", (double)run.losses[0],
+        printf("  %-62s %s  (loss %.6f -> %.6f)\n", label, ok ? "same as 1x1x1" : "DIFFERS", (double)run.losses[0],
                (double)run.losses[STEPS - 1]);
         free(run.global_params);
     }

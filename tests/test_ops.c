@@ -351,7 +351,7 @@ MT_TEST(dropout) {
     float *x = alloc_f(N), *y = alloc_f(N);
     fill_uniform(x, N, &s, 1.0f, 2.0f);   // values in [1,3): never 0, so a 0 output means dropped
     memcpy(y, x, sizeof(float) * N);
-    mt_dropout d = {1234, 7, 3 * 8 + 2, p, 0, T, C};
+    mt_dropout d = {1234, 7, 3 * 8 + 2, p, 0, T, C, 0, T};
     mt_dropout_forward_cpu(y, &d, B);
     int kept = 0, scaled_ok = 1;
     for (int i = 0; i < N; i++) {
@@ -405,6 +405,22 @@ MT_TEST(dropout) {
         mt_dropout_forward_cpu(h + (size_t)b * T * C, &db, 1);
     }
     mt_check_tensor("dropout mask: B=4 vs one sample at a time", h, y, N, 0.0);
+    // sequence parallel (section 4): 4 shards (B, T/4, C), shard k at positions [k*T/4, ...), each
+    // dropped on its own with t_offset, then put back side by side, give the same output
+    enum { SHARDS = 4, TS = T / SHARDS };
+    float *shard = alloc_f((size_t)B * TS * C);
+    for (int k = 0; k < SHARDS; k++) {
+        for (int b = 0; b < B; b++)
+            memcpy(shard + (size_t)b * TS * C, x + ((size_t)b * T + (size_t)k * TS) * C, sizeof(float) * TS * C);
+        mt_dropout dk = d;
+        dk.t_offset = k * TS;
+        dk.T_local = TS;
+        mt_dropout_forward_cpu(shard, &dk, B);
+        for (int b = 0; b < B; b++)
+            memcpy(h + ((size_t)b * T + (size_t)k * TS) * C, shard + (size_t)b * TS * C, sizeof(float) * TS * C);
+    }
+    mt_check_tensor("dropout mask: B=4 vs 4 sequence shards with t_offset", h, y, N, 0.0);
+    free(shard);
     // another site or iteration gives another mask
     memcpy(h, x, sizeof(float) * N);
     mt_dropout dsite = d;
@@ -470,7 +486,7 @@ static double att_objective(const double *qkv, void *vctx) {
 static void attention_mask(float *mask, const mt_dropout *attn, int B, int T, int NH) {
     for (size_t i = 0; i < (size_t)B * NH * T * T; i++) mask[i] = 1.0f;
     mt_dropout d = *attn;
-    d.T = NH * T;
+    d.T = d.T_local = NH * T;
     d.C = T;
     mt_dropout_forward_cpu(mask, &d, B);
     for (size_t i = 0; i < (size_t)B * NH * T * T; i++) mask[i] = mask[i] != 0.0f ? 1.0f : 0.0f;
@@ -482,7 +498,7 @@ static void attention_fd_case(float p_drop) {
     float *qkv = alloc_f(N3), *R = alloc_f(N), *out = alloc_f(N), *lse = alloc_f(B * NH * T);
     fill_uniform(qkv, N3, &s, 1.0f, 0.0f);
     fill_uniform(R, N, &s, 1.0f, 0.0f);
-    mt_dropout drop = {99, 3, 1 * 8 + 1, p_drop, 5, T, C};   // sample_offset 5: a later part of the batch
+    mt_dropout drop = {99, 3, 1 * 8 + 1, p_drop, 5, T, C, 0, T};   // sample_offset 5: a later part of the batch
     mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
     float *mask = NULL;
     if (p_drop > 0) {
@@ -550,7 +566,7 @@ MT_TEST(attention_causal) {
         for (int t = t0 + 1; t < T; t++)
             for (int i = 0; i < 3 * C; i++) qkv2[((size_t)b * T + t) * 3 * C + i] += 5.0f;
     for (int pass = 0; pass < 2; pass++) {
-        mt_dropout drop = {5, 1, 9, pass ? 0.3f : 0.0f, 0, T, C};
+        mt_dropout drop = {5, 1, 9, pass ? 0.3f : 0.0f, 0, T, C, 0, T};
         mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
         mt_attention_forward_cpu(out2, lse, qkv2, B, T, C, NH, &drop, 0, NH);
         int same = 1, changed = 0;
@@ -596,7 +612,7 @@ MT_TEST(attention_heads_split) {
     float *dqkv = alloc_f(N3);
     fill_uniform(qkv, N3, &s, 1.0f, 0.0f);
     fill_uniform(dout, N, &s, 1.0f, 0.0f);
-    mt_dropout drop = {77, 2, 8 * 3 + 1, 0.3f, 4, T, C};
+    mt_dropout drop = {77, 2, 8 * 3 + 1, 0.3f, 4, T, C, 0, T};
     mt_attention_forward_cpu(out, lse, qkv, B, T, C, NH, &drop, 0, NH);
     mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
     for (int r = 0; r < TPN; r++) {

@@ -376,13 +376,16 @@ MT_TEST(matmul) {
 }
 
 MT_TEST(dropout) {
-    int shapes[][4] = {{1, 1, 1, 0}, {2, 7, 33, 5}, {4, 1024, 768, 12}};   // B, T, C, sample_offset
+    // B, T, C, sample_offset, t_offset, T_local (the last two: a sequence-parallel shard)
+    int shapes[][6] = {{1, 1, 1, 0, 0, 1}, {2, 7, 33, 5, 0, 7}, {4, 1024, 768, 12, 0, 1024}, {2, 64, 33, 5, 16, 16},
+                       {4, 1024, 768, 12, 512, 256}};
     float ps[] = {0.0f, 0.1f, 0.5f};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int k = 0; k < 3; k++) {
             int B = shapes[s][0];
-            mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), (uint64_t)rand_int(100), ps[k], shapes[s][3], shapes[s][1], shapes[s][2]};
-            size_t n = (size_t)B * d.T * d.C;
+            mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), (uint64_t)rand_int(100), ps[k], shapes[s][3],
+                            shapes[s][1], shapes[s][2], shapes[s][4], shapes[s][5]};
+            size_t n = (size_t)B * d.T_local * d.C;
             float *x = host_random(n, -1, 1), *ref = host_copy(x, n);
             mt_dropout_forward_cpu(ref, &d, B);
             float *d_x = dev_upload(x, n);
@@ -444,7 +447,7 @@ static double attention_score_term_scale(const float *qkv, int B, int T, int C_l
 static void attention_case(int B, int T, int NH, int hs, float p, int head_offset, int NH_global, int misalign) {
     int C = NH * hs;
     size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), 9, p, rand_int(4), T, C};
+    mt_dropout d = {(uint64_t)rand_u32(), (uint64_t)rand_int(1000), 9, p, rand_int(4), T, C, 0, T};
     float *qkv = host_random(nqkv, -1.5f, 1.5f), *dout = host_random(nout, -1, 1), *dqkv0 = host_random(nqkv, -1, 1);
     float *out_ref = (float *)mt_malloc(nout * sizeof(float), "ref"), *lse_ref = (float *)mt_malloc(nlse * sizeof(float), "ref");
     float *lse_cpu = (float *)mt_malloc(nlse * sizeof(float), "ref lse");
@@ -483,6 +486,33 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
     free(qkv); free(dout); free(dqkv0); free(out_ref); free(lse_ref); free(lse_cpu); free(dqkv_ref);
     dev_free(d_qkv_base); dev_free(d_dout_base); dev_free(d_out_base); dev_free(d_lse); dev_free(d_dqkv_base);
 }
+// the seam's strided copy (cudaMemcpy2D) against the CPU's rows of memcpy: the sequence-parallel
+// shards of a (B,T,C) tensor into the collectives' (TP,B,T/TP,C) order and back (section 4)
+MT_TEST(copy_strided) {
+    int shapes[][3] = {{2, 16, 32}, {4, 1024, 768}, {3, 6, 5}};   // B, T, C; TP = 2, T/2 positions each
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");   // stream 0, no profiling
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        size_t B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], Ts = T / 2, n = B * T * C, shard = B * Ts * C;
+        float *full = host_random(n, -1, 1), *ref = host_random(n, -1, 1), *back = host_random(n, -1, 1);
+        for (size_t j = 0; j < 2; j++)   // the reference, on the host: rank j's positions of every sample
+            for (size_t b = 0; b < B; b++)
+                memcpy(ref + j * shard + b * Ts * C, full + b * T * C + j * Ts * C, Ts * C * sizeof(float));
+        float *d_full = dev_upload(full, n), *d_work = dev_upload(back, n);
+        for (size_t j = 0; j < 2; j++)   // the GPU seam's
+            mt_buffer_copy_strided(r, d_work + j * shard, Ts * C, d_full + j * Ts * C, T * C, Ts * C, B);
+        float *got = dev_download(d_work, n);
+        check_close("copy strided: (B,T,C) -> (TP,B,T/TP,C)", got, ref, n, 0.0);   // a copy: exact
+        free(got);
+        MT_CUDA_CHECK(cudaMemset(d_full, 0, n * sizeof(float)));
+        for (size_t j = 0; j < 2; j++)
+            mt_buffer_copy_strided(r, d_full + j * Ts * C, T * C, d_work + j * shard, Ts * C, Ts * C, B);
+        got = dev_download(d_full, n);
+        check_close("copy strided: and back", got, full, n, 0.0);
+        free(got); free(full); free(ref); free(back); dev_free(d_full); dev_free(d_work);
+    }
+    free(r);
+}
+
 MT_TEST(attention) {
     // B, T, NH_local, hs, dropout p, head_offset, NH_global, misaligned
     attention_case(1, 1, 1, 16, 0.0f, 0, 1, 0);
@@ -690,7 +720,7 @@ MT_TEST(determinism) {
     float *d_out = dev_alloc_f(BT * C), *d_lse = dev_alloc_f((size_t)B * NH * T), *d_dqkv = dev_alloc_f(BT * 3 * C);
     float *d_dlnw = dev_alloc_f(C), *d_dlnb = dev_alloc_f(C);
     double *d_ss = (double *)dev_alloc(sizeof(double));
-    mt_dropout drop = {1, 2, 3, 0.1f, 0, T, C};
+    mt_dropout drop = {1, 2, 3, 0.1f, 0, T, C, 0, T};
     std::vector<std::vector<float> > runs[2];
     for (int r = 0; r < 2; r++) {
         for (int impl = 1; impl <= 2; impl++) {
@@ -835,7 +865,7 @@ static void bench(void) {
         snprintf(shape, sizeof shape, "B=%d NH=%d T=%d hs=%d", B, NH, T, hs);
         for (int variant = 0; variant < 3; variant++) {
             int bf16 = variant != 1;
-            mt_dropout d = {1, 2, 3, variant == 2 ? 0.1f : 0.0f, 0, T, C};
+            mt_dropout d = {1, 2, 3, variant == 2 ? 0.1f : 0.0f, 0, T, C, 0, T};
             char name[64];
             const char *mode = variant == 0 ? "bf16" : variant == 1 ? "fp32" : "bf16 dropout 0.1";
             int reps = bf16 ? 10 : 3;
@@ -862,7 +892,7 @@ static void bench(void) {
         report("layernorm backward", shape, ms, 0, 4.0 * n * 4);
         ms = time_ms([&] { mt_residual_forward_gpu(z, x, y, n, 0); }, 20);
         report("residual forward", shape, ms, 0, 3.0 * n * 4);
-        mt_dropout d = {1, 2, 3, 0.1f, 0, T, C};
+        mt_dropout d = {1, 2, 3, 0.1f, 0, T, C, 0, T};
         ms = time_ms([&] { mt_dropout_forward_gpu(z, &d, B, 0); }, 20);
         report("dropout (p=0.1)", shape, ms, 0, 2.0 * n * 4);
         snprintf(shape, sizeof shape, "N=%zu", nf);
@@ -952,6 +982,7 @@ int main(int argc, char **argv) {
         run("layernorm", test_layernorm);
         run("matmul", test_matmul);
         run("dropout", test_dropout);
+        run("copy_strided", test_copy_strided);
         run("attention", test_attention);
         run("gelu_residual", test_gelu_residual);
         run("vector_and_scalar_paths", test_vector_and_scalar_paths);
