@@ -120,32 +120,34 @@ test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $
 	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
 	  sh tests/run.sh $(addprefix build/asan/,$(TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
 
-# libFuzzer on every parser of outside data (tests/fuzz_parsers.c: JSON, config, checkpoint, .idx/.bin,
-# vocabulary and merges, tracker, flags), from a seed corpus of real files; the cases in
-# tests/fuzz_cases/ (inputs that once failed) are replayed first. Any crash, hang (10 s), sanitizer
-# report or out-of-bounds access fails, and libFuzzer leaves the input as build/fuzz/crash-*.
-#   make fuzz                   30 s (CI runs FUZZ_SECONDS=30)
-#   make fuzz FUZZ_SECONDS=3600 an hour
+# libFuzzer on every parser of outside data: tests/fuzz_parsers.c (JSON, config, checkpoint, .idx/.bin,
+# vocabulary and merges, tracker, the trainer's flags) and tests/fuzz_preprocess.c (preprocess's JSON
+# lines and text readers with GPT-2's real BPE, its flags), each from a seed corpus of real files;
+# the inputs that once failed (tests/fuzz_cases/, tests/fuzz_cases_preprocess/) are replayed first.
+# Any crash, hang (10 s), sanitizer report or out-of-bounds access fails, and libFuzzer leaves the
+# input as build/fuzz/crash-*. FUZZ_SECONDS is per harness.
+#   make fuzz                   30 s each (CI runs FUZZ_SECONDS=20)
+#   make fuzz FUZZ_SECONDS=3600 an hour each
 FUZZ_SECONDS ?= 30
 build/fuzz/fuzz_parsers: tests/fuzz_parsers.c $(HEADERS)
 	@mkdir -p build/fuzz
 	$(SAN_CC) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. -o $@ $< $(LDLIBS)
-build/fuzz/seed/.ready: tests/fuzz_seeds.py train_gpt
+build/fuzz/fuzz_preprocess: tests/fuzz_preprocess.c preprocess.c $(HEADERS)
+	@mkdir -p build/fuzz
+	$(SAN_CC) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. -o $@ $< $(LDLIBS)
+build/fuzz/seed_parsers/.ready: tests/fuzz_seeds.py train_gpt
 	@mkdir -p build/fuzz && rm -rf build/fuzz/ck
 	$(PYTHON) tests/fuzz_seeds.py --dataset build/fuzz/data
 	./train_gpt --num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --vocab-size 101 \
 	  --micro-batch-size 2 --train-iters 2 --data-path build/fuzz/data --save build/fuzz/ck --eval-iters 0 > /dev/null
-	$(PYTHON) tests/fuzz_seeds.py build/fuzz/seed build/fuzz/ck/iter_0000002/mp_rank_00/model_optim_rng.safetensors \
+	$(PYTHON) tests/fuzz_seeds.py build/fuzz/seed_parsers build/fuzz/ck/iter_0000002/mp_rank_00/model_optim_rng.safetensors \
 	  build/fuzz/data
 	@touch $@
-fuzz: build/fuzz/fuzz_parsers build/fuzz/seed/.ready
-	@mkdir -p build/fuzz/corpus
-	@ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 ./build/fuzz/fuzz_parsers tests/fuzz_cases/* \
-	  > build/fuzz/replay.log 2>&1 || { tail -40 build/fuzz/replay.log; echo "0 passed, 1 failed"; exit 1; }
-	@cd build/fuzz && ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 ./fuzz_parsers \
-	  -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=0 -max_len=300000 -print_final_stats=1 \
-	  corpus seed > fuzz.log 2>&1 && { tail -3 fuzz.log; echo "1 passed, 0 failed"; } \
-	  || { tail -40 fuzz.log; echo "0 passed, 1 failed"; exit 1; }
+build/fuzz/seed_preprocess/.ready: tests/fuzz_seeds.py
+	$(PYTHON) tests/fuzz_seeds.py --preprocess build/fuzz/seed_preprocess
+	@touch $@
+fuzz: build/fuzz/fuzz_parsers build/fuzz/fuzz_preprocess build/fuzz/seed_parsers/.ready build/fuzz/seed_preprocess/.ready
+	@sh tests/run_fuzz.sh $(FUZZ_SECONDS)
 
 # the trainer killed at random points (mostly mid-save) KILLS times: --load always resumes from a
 # complete checkpoint, an older one stays byte-identical, the next start removes the temporaries

@@ -1,6 +1,8 @@
 """tests/fuzz_seeds.py OUT_DIR CHECKPOINT_FILE IDX_PREFIX - the seed corpus of tests/fuzz_parsers.c.
    tests/fuzz_seeds.py --dataset PREFIX - first, a small dataset in Megatron's format (vocabulary 101)
    for the trainer to write the checkpoint that becomes a seed.
+   tests/fuzz_seeds.py --preprocess OUT_DIR - the seed corpus of tests/fuzz_preprocess.c: lines of
+   the bundled corpus, a text file, a damaged line, a command line of the tutorial.
 
 Real files, each behind the byte that picks its parser (see the harness's top comment): the
 configs, a checkpoint file and an indexed dataset written by our programs, the head of GPT-2's
@@ -24,6 +26,26 @@ if sys.argv[1] == "--dataset":   # MMIDIDX v1, uint16 tokens, 20 documents of 40
         f.write(b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
         f.write(struct.pack("<%di" % len(docs), *lengths) + struct.pack("<%dq" % len(docs), *pointers))
         f.write(struct.pack("<%dq" % (len(docs) + 1), *range(len(docs) + 1)))
+    sys.exit(0)
+if sys.argv[1] == "--preprocess":   # bytes: reader (0 json, 1 text, 2 flags), options, the file
+    out = sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    with open("data/corpus.jsonl", "rb") as f:
+        lines = [f.readline()[:600].rstrip(b"\n") for _ in range(4)]
+    docs = [json.dumps({"text": json.loads(l + b'"}' if not l.endswith(b"}") else l)["text"][:300],
+                        "title": "t"}).encode() for l in lines]
+    samples = {
+        "json_lines": (0, 1, b"\n".join(docs) + b"\n\n" + docs[0]),
+        "json_bom_bad": (0, 2, b"\xef\xbb\xbf" + docs[1] + b'\n{"text": "a\\ud800 b"}\n{"txt": 1}\n[1]\n'),
+        "text_blocks": (1, 0, b"First line of a document.\nIts second line.\n\n\nA second document\r\n"),
+        "text_lines": (1, 1, "caf\u00e9 \u00fc\n\t\nend\xff".encode("latin-1", "replace")),
+        "flags": (2, 0, b"\0".join([b"--input", b"data/corpus.jsonl", b"--output-prefix", b"x", b"--vocab-file",
+                                   b"v", b"--merge-file", b"m", b"--json-keys", b"text", b"title", b"--append-eod",
+                                   b"--workers", b"2", b"--tokenizer-type", b"GPT2BPETokenizer"])),
+    }
+    for name, (which, options, data) in samples.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(bytes([which, options]) + data)
     sys.exit(0)
 out, ckpt, idx_prefix = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(out, exist_ok=True)

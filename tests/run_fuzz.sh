@@ -1,0 +1,26 @@
+#!/bin/sh
+# make fuzz: each libFuzzer harness replays the inputs that once failed it, then fuzzes for
+# FUZZ_SECONDS from its seed corpus (and the corpus it grew before). Prints, per harness, the
+# executions, the coverage and what it found, and at the end "N passed, N failed".
+#   sh tests/run_fuzz.sh SECONDS
+secs=${1:-30}
+passed=0; failed=0
+export ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 MT_FUZZ_ROOT="$(pwd)"
+for h in parsers preprocess; do
+  cases=$(ls tests/fuzz_cases_$h/* 2> /dev/null)
+  [ "$h" = parsers ] && cases=$(ls tests/fuzz_cases/* 2> /dev/null)
+  if [ -n "$cases" ] && ! ./build/fuzz/fuzz_$h $cases > build/fuzz/replay_$h.log 2>&1; then
+    tail -40 build/fuzz/replay_$h.log; echo "fuzz_$h: an input that once failed fails again"; failed=$((failed + 1)); continue
+  fi
+  mkdir -p build/fuzz/corpus_$h
+  if (cd build/fuzz && ./fuzz_$h -max_total_time="$secs" -timeout=10 -rss_limit_mb=0 -max_len=300000 \
+        -print_final_stats=1 corpus_$h seed_$h > fuzz_$h.log 2>&1); then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' build/fuzz/fuzz_$h.log | grep -o '[0-9]*$')
+    cov=$(grep -o 'cov: [0-9]*' build/fuzz/fuzz_$h.log | tail -1)
+    echo "fuzz_$h: $runs executions in ${secs} s, $cov edges, nothing found"; passed=$((passed + 1))
+  else
+    tail -40 build/fuzz/fuzz_$h.log; echo "fuzz_$h: FAILED (the input is build/fuzz/crash-*)"; failed=$((failed + 1))
+  fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
