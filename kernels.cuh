@@ -18,7 +18,8 @@
  *                                on the device, fill / zero / fp32<->bf16 casts
  *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
  *                                naive, tiled, mma, wgmma), dropout, attention (FlashAttention-2, fp32 and
- *                                mma), GELU, residual, vocab-parallel cross-entropy, AdamW
+ *                                mma), attention over the KV cache (generation), GELU, residual, vocab-parallel
+ *                                cross-entropy, AdamW
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
  *                                device memory; the device's set-up, stream and memory in use
@@ -2438,6 +2439,99 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 }
 
 // ---------------------------------------------------------------------------------------------
+// attention over the KV cache (generation): Tq new tokens per sequence against every earlier
+// position of their sequence. Two kernels: the new keys and values into the cache, then one
+// block per (sequence, head, new token): scores of the query against positions 0..p in shared
+// memory, their max and sum by block reductions (fixed order), then the weighted sum of the
+// values, split over groups of hs threads that each take every G-th position, added in order.
+// The block reads p+1 rows of K and of V (hs floats each): one pass over the cache per token,
+// so decoding's attention runs at the cache's read bandwidth.
+// matches mt_attention_cached_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+__global__ void mt_kv_cache_store_kernel(float *kcache, float *vcache, const float *qkv, const int *start, int B,
+                                         int Tq, int C_local, int cap) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * Tq * C_local;
+    if (i >= n) return;
+    int c = (int)(i % C_local);
+    size_t bt = i / C_local;
+    int t = (int)(bt % Tq), b = (int)(bt / Tq);
+    size_t at = ((size_t)b * cap + (size_t)(start[b] + t)) * C_local + c;
+    const float *row = qkv + bt * 3 * C_local;
+    kcache[at] = row[C_local + c];
+    vcache[at] = row[2 * C_local + c];
+}
+
+__device__ float mt__block_reduce(float v, float *shared, int is_max) {   // every thread gets the result
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, other) : v + other;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = shared[0];
+    for (int w = 1; w < warps; w++) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
+    return r;
+}
+
+__global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, const float *kcache,
+        const float *vcache, const float *qkv, const int *start, int Tq, int C_local, int NH_local, int cap) {
+    extern __shared__ float smem[];   // q (hs) | scores (cap) | partial outputs (G, hs) | reduction (32)
+    int hs = C_local / NH_local;
+    int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
+    int p = start[b] + t;
+    float *q = smem, *score = smem + hs, *partial = score + cap, *red = partial + blockDim.x;
+    const float *q_g = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) q[i] = q_g[i];
+    __syncthreads();
+    const float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    float scale = 1.0f / sqrtf((float)hs), m = -INFINITY;
+    for (int p2 = threadIdx.x; p2 <= p; p2 += blockDim.x) {
+        const float *k = k_b + (size_t)p2 * C_local;
+        float s = 0.0f;
+        for (int i = 0; i < hs; i++) s += q[i] * k[i];
+        score[p2] = s * scale;
+        m = fmaxf(m, score[p2]);
+    }
+    m = mt__block_reduce(m, red, 1);
+    float sum = 0.0f;
+    for (int p2 = threadIdx.x; p2 <= p; p2 += blockDim.x) {
+        float e = __expf(score[p2] - m);
+        score[p2] = e;
+        sum += e;
+    }
+    sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
+    float inv = 1.0f / sum;
+    int G = blockDim.x / hs, g = threadIdx.x / hs, i = threadIdx.x % hs;
+    float acc = 0.0f;
+    if (g < G)
+        for (int p2 = g; p2 <= p; p2 += G) acc += score[p2] * v_b[(size_t)p2 * C_local + i];
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < hs) {
+        float o = 0.0f;
+        for (int k = 0; k < G; k++) o += partial[k * hs + threadIdx.x];
+        out[((size_t)b * Tq + t) * C_local + h * hs + threadIdx.x] = o * inv;
+    }
+}
+
+void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                     int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
+    int hs = C_local / NH_local;
+    if (B == 0 || Tq == 0) return;
+    if (hs > 128) mt_fatal("attention over the KV cache: head size %d is above 128\nhint: use more heads", hs);
+    size_t n = (size_t)B * Tq * C_local;
+    mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
+    mt__launch_check("mt_kv_cache_store_kernel", stream);
+    size_t smem = sizeof(float) * ((size_t)hs + (size_t)cap + 128 + 32);
+    mt__allow_smem((const void *)mt_attention_cached_forward_kernel, smem);
+    mt_attention_cached_forward_kernel<<<(unsigned)(B * NH_local * Tq), 128, smem, stream>>>(out, kcache, vcache, qkv,
+                                                                                            start, Tq, C_local,
+                                                                                            NH_local, cap);
+    mt__launch_check("mt_attention_cached_forward_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // cross-entropy over a vocabulary split across TP ranks: the three local steps, between which
 // mt_vocab_parallel_cross_entropy_* (megatron.h, 4.) all-reduces. logits (BT, V_local) hold this
 // rank's columns [vocab_start, vocab_start + V_local); only the first
@@ -2746,6 +2840,12 @@ void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const flo
     mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
                               r->dev.bf16, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
+}
+void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
+                                 const int *start, int B, int Tq, int C_local, int NH_local, int cap) {
+    double t0 = mt__profile_begin(r);
+    mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, mt__stream(r));
+    mt__profile_end(r, "attention over the KV cache", t0);
 }
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     double t0 = mt__profile_begin(r);
