@@ -38,11 +38,13 @@
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
                                       blending; GPT-2 byte-level BPE
      10. CHECKPOINTS                  Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout in safetensors;
-                                      converting between layouts; Hugging Face GPT-2 export
-     11. GENERATION                   sampling with the training forward (no KV cache yet)
+                                      converting between layouts; Hugging Face GPT-2 export and import
+     11. GENERATION                   sampling (temperature, top-k, top-p), the KV cache: prefill and
+                                      one token per step, batched, over TP x PP; the uncached reference
      12. TRAINING LOOP                pretrain(): the tokenizer, train, evaluate, save, Megatron's
                                       log lines, TensorBoard event files (--tensorboard-dir), the
-                                      timeline of every rank (--timeline, --timeline-svg)
+                                      timeline of every rank (--timeline, --timeline-svg); the
+                                      generation mode (--load without --train-iters) and its report
 
      The GPU build adds kernels.cuh: the CUDA kernels (numbered as the sections above, each next
      to the CPU function it must match) and, in its last section, the GPU half of the backend seam.
@@ -1084,7 +1086,7 @@ typedef struct {
     float temperature;   // --temperature; 0 (or --greedy) takes the most likely token
     int top_k;           // --top-k: only the k most likely tokens (0 = all)
     float top_p;         // --top-p: only the most likely tokens whose probability reaches p (0 = all)
-    uint64_t seed;       // --seed: token `position` of sequence `sequence` draws uniform(seed, sequence, position)
+    uint64_t seed;       // --seed: token `position` of sequence `sequence` draws uniform(seed, position, sequence)
 } mt_sampling;
 /* the next token from logits[0..V) */
 int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t sequence, uint64_t position);
@@ -2356,6 +2358,9 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
 
 void mt_print_help(FILE *f) {
     fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
+    fprintf(f, "       train_gpt --load DIR [generation flags]   generation mode, no --train-iters (Megatron's "
+               "tools/generate_samples_gpt.py): the model from the checkpoint, a KV cache, a report of tokens/s, "
+               "latency and memory\n");
     const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation",
                             "ignored"};
     // the flags a training run cannot do without (the others have working defaults)
@@ -8238,7 +8243,7 @@ int mt_checkpoint_import_hf(const char *hf_dir, const char *dst, int tp, int pp,
 // sampling (megatron/inference/text_generation/sampling.py): logits / temperature, keep the
 // top_k largest, keep the smallest head of the rest (sorted) whose probability reaches top_p,
 // renormalise, draw. The draw for token `position` of sequence `sequence` is the counter-based
-// uniform (seed, "next", sequence, position): the same tokens whatever the batch or layout.
+// uniform (seed, "next", position, sequence): the same tokens whatever the batch or layout.
 typedef struct { float logit; int id; } mt__candidate;
 static int mt__candidate_order(const void *a, const void *b) {   // larger logit first, then smaller id
     const mt__candidate *x = (const mt__candidate *)a, *y = (const mt__candidate *)b;
@@ -8251,7 +8256,7 @@ int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t s
     for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
     if (s->temperature <= 0.0f || s->top_k == 1) return best;   // greedy
     double inv_t = 1.0 / (double)s->temperature;
-    double u = (double)mt_rand_uniform(s->seed, 0x6e657874, sequence, position, 0);
+    double u = (double)mt_rand_uniform(s->seed, 0x6e657874, position, sequence, 0);   // sequence 0: as before the cache
     int filtered = (s->top_k > 0 && s->top_k < V) || (s->top_p > 0.0f && s->top_p < 1.0f);
     if (!filtered) {   // every token, in id order: p_v ~ exp((l_v - l_max) / T)
         double sum = 0.0, acc = 0.0;
