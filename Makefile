@@ -156,13 +156,14 @@ test-kill: train_gpt
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
-# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2;
+# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2, and a
+# GPT-2 written by a numpy reference imports (--import-hf) and decodes to the reference's logits;
 # TensorBoard's own reader reads our event files (whole and cut at every byte)
 $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors tensorboard matplotlib
 	@touch $@
-test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging train_gpt preprocess
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging tests/test_generate train_gpt preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 
