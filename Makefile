@@ -9,6 +9,7 @@
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
+#   make test-gpu-generate  (GPU machine) generation: GPU vs CPU logits, vs transformers, the benchmark
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
 #   make debug      -O0 -g builds for gdb, under their own names: ./train_gpt_debug, ./preprocess_debug
@@ -45,7 +46,7 @@ endif
 
 TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate
 
-.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu bench bench-tokenizer cuda-check debug debug-cuda clean
+.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -175,9 +176,17 @@ tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(
 # timed beside cuBLAS (linked here only, as the yardstick; the product never links it)
 tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -std=c++17 -o $@ tests/gpu/test_gemm_wgmma.cu -lcublas -lnccl
+# generation on the GPU: tests/test_generate.c built as the GPU build (its --hf-logits mode decodes on
+# the device), then tests/gpu/test_generate.sh: GPU logits against the CPU build, transformers' greedy
+# continuation of an imported model, and the benchmark against transformers (about 4 minutes)
+#   make test-gpu-generate      (GPU machine, with torch and transformers)
+tests/gpu/test_generate_cuda: tests/test_generate.c kernels.cuh tests/harness.h $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/test_generate.c -lm -lpthread -lnccl
+test-gpu-generate: train_gpt train_gpt_cuda tests/test_generate tests/gpu/test_generate_cuda
+	@sh tests/gpu/test_generate.sh
 tests/gpu/compare_logs: tests/gpu/compare_logs.c
 	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $< -lm
-test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs
+test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs tests/gpu/test_generate_cuda
 	@mkdir -p build
 	@./tests/gpu/test_kernels 2>&1 | tee build/test_kernels.log; \
 	 ./tests/gpu/test_gemm_wgmma 2>&1 | tee build/test_gemm_wgmma.log; \

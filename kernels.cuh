@@ -203,6 +203,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_matmul_kernel2_tiled                   1 thread per output | 128x128 fp32 tiles in shared
 //   mt_matmul_kernel3_mma                     memory | bf16 tensor cores (mma.sync m16n8k16) |
 //   mt_matmul_kernel4_wgmma                   TMA + wgmma, warp-specialised (Hopper)
+//   mt_matmul_kernel5_gemv                  at most 8 rows (decoding): a warp per output, split-K
 //   mt_matmul_splitk_reduce_kernel          adds split-K partial products in order
 //   mt_column_sum_*_kernel (2)              dbias = column sums of dout, in two deterministic passes
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
@@ -1553,10 +1554,79 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
     return MT_GEMM_NAIVE;
 }
 
+// ---------------------------------------------------------------------------------------------
+// matmul for a few rows (decoding: one token per sequence): a GEMV. A GEMM tile of 64-128 rows
+// would be mostly padding and the bf16 rungs would copy the whole weight to bf16 first; here
+// each warp reads its output row of the weight once (float4, coalesced) and dots it with every
+// input row (at most MT_GEMV_MAX_ROWS, held in registers), so the product runs at the speed of
+// reading the weight from HBM. Narrow outputs (OC < 2048: too few rows to fill the GPU) split
+// the reduction over SPLIT warps (split-K), whose partial sums are added in order (deterministic).
+// fp32 throughout, whatever the rung: decode-shaped products take this kernel on every build.
+// matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS. Writes out with '='.
+#define MT_GEMV_MAX_ROWS 8
+template <int SPLIT>
+__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, const float *__restrict__ inp,
+                                                              const float *__restrict__ weight,
+                                                              const float *__restrict__ bias, int BT, int C, int OC,
+                                                              int vec) {
+    __shared__ float partial[8][MT_GEMV_MAX_ROWS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int o = blockIdx.x * (8 / SPLIT) + warp / SPLIT, part = warp % SPLIT;
+    float acc[MT_GEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = 0.0f;
+    if (o < OC) {
+        const float *w = weight + (size_t)o * C;
+        int chunk = ((C + SPLIT - 1) / SPLIT + 3) & ~3;   // a multiple of 4: float4 loads stay inside a part
+        int k0 = part * chunk, k1 = min(C, k0 + chunk);
+        if (vec) {
+            for (int k = k0 + lane * 4; k < k1; k += 128) {
+                float4 w4 = *(const float4 *)(w + k);
+#pragma unroll
+                for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
+                    if (r < BT) {
+                        float4 x4 = *(const float4 *)(inp + (size_t)r * C + k);
+                        acc[r] += w4.x * x4.x + w4.y * x4.y + w4.z * x4.z + w4.w * x4.w;
+                    }
+            }
+        } else {
+            for (int k = k0 + lane; k < k1; k += 32)
+#pragma unroll
+                for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
+                    if (r < BT) acc[r] += w[k] * inp[(size_t)r * C + k];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = mt__warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) partial[warp][r] = acc[r];
+    __syncthreads();
+    if (o < OC && part == 0 && lane < BT) {
+        float s = 0.0f;
+        for (int p = 0; p < SPLIT; p++) s += partial[warp + p][lane];
+        out[(size_t)lane * OC + o] = s + (bias ? bias[o] : 0.0f);
+    }
+}
+static void mt__gemv(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
+                     cudaStream_t stream) {
+    int vec = C % 4 == 0 && mt__aligned16(inp) && mt__aligned16(weight);
+    if (OC < 2048) {
+        mt_matmul_kernel5_gemv<4><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
+    } else {
+        mt_matmul_kernel5_gemv<1><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
+    }
+    mt__launch_check("mt_matmul_kernel5_gemv", stream);
+}
+
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out (BT,OC) = inp (BT,C) @ weight^T + bias; weight (OC,C), bias (OC) or NULL.
 void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
                            mt_gemm_impl impl, cudaStream_t stream) {
+    if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) {   // decoding's shape: read the weight once
+        mt__gemv(out, inp, weight, bias, BT, C, OC, stream);
+        return;
+    }
     // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)
     mt__gemm(impl, out, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, stream);
 }
@@ -2996,6 +3066,30 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     *used_gib = (double)(total_b - free_b) / (1 << 30);
     *total_gib = (double)total_b / (1 << 30);
     return 1;
+}
+// CUDA graphs: the rank's stream is captured in thread-local mode (other rank threads keep
+// launching on their own streams meanwhile); a graph is instantiated once and replayed
+static MT_THREAD_LOCAL int mt__capturing;
+void mt_device_capture_begin(mt_rank *r) {
+    const char *env = getenv("MT_CUDA_GRAPH");
+    mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
+    if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
+}
+void *mt_device_capture_end(mt_rank *r) {
+    if (!mt__capturing) return NULL;
+    mt__capturing = 0;
+    cudaGraph_t graph;
+    MT_CUDA_CHECK(cudaStreamEndCapture(mt__stream(r), &graph));
+    cudaGraphExec_t exec;
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    return (void *)exec;
+}
+void mt_device_graph_launch(mt_rank *r, void *graph) {
+    if (graph) MT_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, mt__stream(r)));
+}
+void mt_device_graph_free(void *graph) {
+    if (graph) MT_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->train.fp16)

@@ -61,7 +61,8 @@
                                (tests/fuzz_parsers.c); it leaks what the failed call held
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
-     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank.
+     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
+     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph.
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
@@ -593,6 +594,15 @@ void mt_device_free(mt_rank *r);
 void mt_device_synchronize(mt_rank *r);
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
 void mt_device_check_precision(const mt_config *cfg);
+/* CUDA graphs (GPU build): the work a rank queues between capture_begin and capture_end is recorded,
+   not run, and capture_end returns it as one launchable graph; graph_launch replays it. Where there
+   is nothing to record (the CPU build; MT_CUDA_GRAPH=0, MT_PROFILE=1 or MT_SYNC_DEBUG=1 on the GPU)
+   the work runs as it is queued and capture_end returns NULL. The work must be collective-free and
+   read its varying inputs from device buffers. Generation's decode step uses it (section 11). */
+void mt_device_capture_begin(mt_rank *r);
+void *mt_device_capture_end(mt_rank *r);
+void mt_device_graph_launch(mt_rank *r, void *graph);
+void mt_device_graph_free(void *graph);
 
 /* ============================================================================================= */
 /* 4. TENSOR-PARALLEL LAYERS
@@ -1113,6 +1123,8 @@ typedef struct {
     float *host_msg;                           // (B,Tq,C) pipeline messages through the host
     float *host_logits, *host_gathered;        // (B,Vp) the whole rows, on the host (last stage)
     size_t bytes, cache_bytes;                 // device bytes allocated; of which the KV cache
+    void **graphs;                             // (max_batch) the decode step of b+1 sequences as a CUDA
+                                               // graph (GPU build, TP = PP = 1), recorded at its first use
 } mt_generator;
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
@@ -4520,6 +4532,12 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
     return 0;
 }
+
+// CUDA graphs: nothing to record on the CPU; the work ran as it was queued
+void mt_device_capture_begin(mt_rank *r) { (void)r; }
+void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
+void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
+void mt_device_graph_free(void *graph) { (void)graph; }
 
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->train.fp16 || cfg->train.bf16)
@@ -8395,12 +8413,15 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     size_t Vp = (size_t)r->cfg->padded_vocab_size;
     g->host_logits = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
     g->host_gathered = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
+    g->graphs = (void **)mt_calloc((size_t)max_batch, sizeof(void *), "decode graphs");
 }
 
 void mt_generator_free(mt_generator *g) {
     mt_buffer_free(g->memory);
     mt_buffer_free(g->ids);
     free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered);
+    for (int b = 0; b < g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
+    free(g->graphs);
     memset(g, 0, sizeof *g);
 }
 
@@ -8460,40 +8481,55 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         g->host_ids[2 * g->max_tokens + b] = start[b];
     }
     mt_buffer_upload(r, g->ids, g->host_ids, 3 * (size_t)g->max_tokens * sizeof(int));
-    for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
-        if (mt__is_first_virtual(r, chunk)) {
-            // x = wte[token] (vocab-parallel: g's all-reduce) + wpe[position]
-            mt_embedding_forward(r, g->x, g->tokens, r->model.params.wte, B, Tq, C, r->dims.vocab_start, r->dims.Vp_tp);
-            mt_reduce_from_tp_region_forward(r, g->x, BTC);
-            mt_embedding_forward(r, g->pos_emb, g->positions, r->model.params.wpe, B, Tq, C, 0,
-                                 r->cfg->model.max_position_embeddings);
-            mt_residual_forward(r, g->x, g->x, g->pos_emb, BTC);
-        } else {
-            mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
+    // A decode step on a rank that is the whole replica (TP = PP = 1: no collectives, no pipeline
+    // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
+    // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
+    int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
+    if (graphable && g->graphs[B - 1]) {
+        mt_device_graph_launch(r, g->graphs[B - 1]);
+    } else {
+        if (graphable) mt_device_capture_begin(r);
+        for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
+            if (mt__is_first_virtual(r, chunk)) {
+                // x = wte[token] (vocab-parallel: g's all-reduce) + wpe[position]
+                mt_embedding_forward(r, g->x, g->tokens, r->model.params.wte, B, Tq, C, r->dims.vocab_start,
+                                     r->dims.Vp_tp);
+                mt_reduce_from_tp_region_forward(r, g->x, BTC);
+                mt_embedding_forward(r, g->pos_emb, g->positions, r->model.params.wpe, B, Tq, C, 0,
+                                     r->cfg->model.max_position_embeddings);
+                mt_residual_forward(r, g->x, g->x, g->pos_emb, BTC);
+            } else {
+                mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
+            }
+            for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq);
+            if (!mt__is_last_virtual(r, chunk)) {
+                mt__gen_send(r, g, g->x, BTC, s < pp - 1 ? s + 1 : 0, s < pp - 1 ? chunk : chunk + 1);
+                continue;
+            }
+            // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T
+            for (int b = 0; b < B; b++)
+                mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
+            mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, g->last, r->model.params.lnfw,
+                                 r->model.params.lnfb, B, 1, C);
+            mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
         }
-        for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq);
-        if (!mt__is_last_virtual(r, chunk)) {
-            mt__gen_send(r, g, g->x, BTC, s < pp - 1 ? s + 1 : 0, s < pp - 1 ? chunk : chunk + 1);
-            continue;
+        if (graphable) {
+            g->graphs[B - 1] = mt_device_capture_end(r);   // NULL where the work already ran
+            mt_device_graph_launch(r, g->graphs[B - 1]);
         }
-        // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T
-        for (int b = 0; b < B; b++) mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C,
-                                                   (size_t)C);
-        mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, g->last, r->model.params.lnfw, r->model.params.lnfb,
-                             B, 1, C);
-        mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
-        // every TP rank gets the whole rows: [rank 0's (B,Vp_tp) | rank 1's | ...] -> (B, Vp)
-        size_t Vp_tp = (size_t)r->dims.Vp_tp, Vp = (size_t)r->cfg->padded_vocab_size;
-        if (r->ps.tp_size > 1) {
-            mt_all_gather(&r->groups.tp, g->logits, g->gathered, (size_t)B * Vp_tp);
-            mt_buffer_download(r, g->host_gathered, g->gathered, (size_t)B * Vp * sizeof(float));
-            for (int k = 0; k < r->ps.tp_size; k++)
-                for (int b = 0; b < B; b++)
-                    memcpy(g->host_logits + b * Vp + k * Vp_tp, g->host_gathered + ((size_t)k * B + b) * Vp_tp,
-                           Vp_tp * sizeof(float));
-        } else {
-            mt_buffer_download(r, g->host_logits, g->logits, (size_t)B * Vp * sizeof(float));
-        }
+    }
+    if (!r->ps.is_last_stage) return;
+    // every TP rank gets the whole rows: [rank 0's (B,Vp_tp) | rank 1's | ...] -> (B, Vp) on the host
+    size_t Vp_tp = (size_t)r->dims.Vp_tp, Vp = (size_t)r->cfg->padded_vocab_size;
+    if (r->ps.tp_size > 1) {
+        mt_all_gather(&r->groups.tp, g->logits, g->gathered, (size_t)B * Vp_tp);
+        mt_buffer_download(r, g->host_gathered, g->gathered, (size_t)B * Vp * sizeof(float));
+        for (int k = 0; k < r->ps.tp_size; k++)
+            for (int b = 0; b < B; b++)
+                memcpy(g->host_logits + b * Vp + k * Vp_tp, g->host_gathered + ((size_t)k * B + b) * Vp_tp,
+                       Vp_tp * sizeof(float));
+    } else {
+        mt_buffer_download(r, g->host_logits, g->logits, (size_t)B * Vp * sizeof(float));
     }
 }
 

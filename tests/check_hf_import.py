@@ -85,7 +85,10 @@ r = subprocess.run(["./tests/test_generate", "--hf-logits", ROOT, f"{ROOT}/token
 said = (r.stdout.strip().splitlines() or [""])[-1] if r.returncode == 0 else r.stderr.strip()
 check(r.returncode == 0, f"tests/test_generate --hf-logits imported and decoded: {said}")
 if r.returncode == 0:
-    ours = np.fromfile(f"{ROOT}/ours.bin", dtype=np.float32).reshape(T, V).astype(np.float64)
+    both = np.fromfile(f"{ROOT}/ours.bin", dtype=np.float32).reshape(T + 1, V).astype(np.float64)
+    ours, prefill = both[:T], both[T]
+    rel_p = np.abs(prefill - ref[-1]).max() / np.abs(ref[-1]).max()
+    check(rel_p <= 1e-5, f"the last position's logits after one prefill of all {T} tokens: rel diff {rel_p:.2e}")
     rel = np.abs(ours - ref).max() / np.abs(ref).max()
     check(bool(np.isfinite(ours).all()) and rel <= 1e-5,
           f"logits of the imported model, decoded through the KV cache at TP=2, vs the reference GPT-2: "

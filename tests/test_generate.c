@@ -11,9 +11,11 @@
  *    out, read back; the same file from TP=2 x PP=2; a shape flag that disagrees is one line;
  * 4. export to Hugging Face and import back: the same bits, for another TP x PP.
  *
- * ./tests/test_generate --hf-logits HF_DIR TOKENS OUT (used by tests/check_hf_import.py, make
- * test-ref): imports HF_DIR, decodes the tokens (int32, the first is the count) one per step
- * through the KV cache and writes the logits of every position (float32, (T, V)) to OUT.
+ * ./tests/test_generate --hf-logits HF_DIR TOKENS OUT [TP] [bf16] (used by tests/check_hf_import.py,
+ * make test-ref, and by tests/gpu/test_generate.sh through the GPU build of this file): imports
+ * HF_DIR for TP ranks (default 2), decodes the tokens (int32, the first is the count) one per step
+ * through the KV cache and writes the logits of every position, then those of the last position
+ * after one prefill of them all (float32, (T+1, V)) to OUT.
  */
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
@@ -426,18 +428,28 @@ static void logits_rank(mt_world *w, int rank, void *arg) {
         if (rank == j->cfg->world_size - 1) memcpy(j->out + (size_t)t * V, g.host_logits, sizeof(float) * V);
     }
     mt_generator_free(&g);
+    // and the prefill: all n tokens in one pass, the logits of the last (row n of the output)
+    mt_generator_init(&r, &g, 1, j->n, j->n);
+    int last = j->n - 1;
+    mt_generator_forward(&r, &g, j->ids, &zero, &last, 1, j->n);
+    if (rank == j->cfg->world_size - 1) memcpy(j->out + (size_t)j->n * V, g.host_logits, sizeof(float) * V);
+    mt_generator_free(&g);
     mt_rank_free(&r);
 }
-static int hf_logits(const char *hf_dir, const char *tokens_path, const char *out_path) {
-    if (system("rm -rf build/hf_import_ck")) {}
-    mt_checkpoint_import_hf(hf_dir, "build/hf_import_ck", 2, 1, 0);   // and decode with TP=2
+static int hf_logits(const char *hf_dir, const char *tokens_path, const char *out_path, int tp, int bf16) {
+    char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
+    snprintf(ck, sizeof ck, "%s.ck", out_path);   // the imported checkpoint, next to the output
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
+    if (system(cmd)) {}
+    mt_checkpoint_import_hf(hf_dir, ck, tp, 1, 0);
     mt__full_checkpoint full;
-    mt__ckpt_read_full("build/hf_import_ck", &full);
+    mt__ckpt_read_full(ck, &full);
     static mt_config cfg;
     cfg = full.cfg;
     mt__ckpt_free_full(&full);
     cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0f;
-    snprintf(cfg.train.load, sizeof cfg.train.load, "build/hf_import_ck");
+    cfg.train.bf16 = bf16;
+    snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
     mt_config_derive(&cfg);
     FILE *f = fopen(tokens_path, "rb");
     int32_t n = 0;
@@ -445,21 +457,24 @@ static int hf_logits(const char *hf_dir, const char *tokens_path, const char *ou
     int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
     if (fread(ids, 4, (size_t)n, f) != (size_t)n) return 1;
     fclose(f);
-    logits_job j = {ids, n, (float *)calloc((size_t)n * cfg.model.vocab_size, sizeof(float)), &cfg};
+    logits_job j = {ids, n, (float *)calloc((size_t)(n + 1) * cfg.model.vocab_size, sizeof(float)), &cfg};
     mt_world *w = mt_world_create(cfg.world_size);
     int rc = mt_world_run(w, logits_rank, &j);
     mt_world_destroy(w);
     f = fopen(out_path, "wb");
-    fwrite(j.out, sizeof(float), (size_t)n * cfg.model.vocab_size, f);
+    fwrite(j.out, sizeof(float), (size_t)(n + 1) * cfg.model.vocab_size, f);
     fclose(f);
-    printf("wrote the logits of %d positions (V = %d) to %s\n", n, cfg.model.vocab_size, out_path);
+    printf("wrote the logits of %d positions, decoded one per step, and of the last position again after a "
+           "prefill of all %d (V = %d, TP = %d%s) to %s\n", n, n, cfg.model.vocab_size, tp, bf16 ? ", bf16" : "",
+           out_path);
     free(ids);
     free(j.out);
     return rc;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && strcmp(argv[1], "--hf-logits") == 0) return hf_logits(argv[2], argv[3], argv[4]);
+    if (argc >= 5 && strcmp(argv[1], "--hf-logits") == 0)   // [TP, default 2] [bf16]
+        return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
     mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);
     mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
     mt_run_test(input_and_output_files_round_trip);
