@@ -7377,10 +7377,11 @@ static void mt__mkdir_p(const char *path) {   // every directory of path, like m
 
 // the tensors of a checkpoint, in file order: parameters, then exp_avg, then exp_avg_sq
 typedef struct { char name[64]; const mt_param_spec *spec; int which; } mt__ckpt_tensor;   // which: 0 param, 1 m, 2 v
-static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
+// (groups: 3 = all of them; 1 = the parameters only, what generation reads)
+static int mt__ckpt_tensor_groups(const mt_rank *r, mt__ckpt_tensor *out, int groups) {
     const char *prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
     int n = 0;
-    for (int which = 0; which < 3; which++)
+    for (int which = 0; which < groups; which++)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
             if (!r->model.specs[i].present) continue;
             snprintf(out[n].name, sizeof out[n].name, "%s%s", prefix[which], r->model.specs[i].name);
@@ -7390,6 +7391,7 @@ static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
         }
     return n;
 }
+static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) { return mt__ckpt_tensor_groups(r, out, 3); }
 
 static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops dimensions of size 1 (vectors)
     int nd = 0;
@@ -7660,9 +7662,9 @@ static void mt__ckpt_check_counters(const char *path, int tracker_iteration, con
                  path, saved[3]);
 }
 
-// reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
-// checking that its layout and model are r's; saved[] receives the metadata values
-static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
+// reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq; the first
+// `groups` of them), after checking that its layout and model are r's; saved[] receives the metadata
+static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host[3], long long saved[32], int groups) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint is incomplete, or was saved with another TP x PP layout "
                      "(ls its iter_* directory: mp_rank_TT_PPP); convert it to this run's: ./train_gpt "
@@ -7690,7 +7692,7 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     // the tensors, each checked against this rank's shapes and the file's size
     uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
-    int nt = mt__ckpt_tensors(r, tensors);
+    int nt = mt__ckpt_tensor_groups(r, tensors, groups);
     for (int i = 0; i < nt; i++) {
         const mt_param_spec *s = tensors[i].spec;
         mt_json t, v;
@@ -7735,6 +7737,10 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     mt__disown(json);
     fclose(f);
     free(json);
+}
+
+static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
+    mt__ckpt_read_groups(r, path, host, saved, 3);
 }
 
 // --load checkpoints/iter_0001000, the tutorial's way: an iteration's directory, not the root.
@@ -9578,8 +9584,17 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
             if (r->model.specs[i].present) mt_shard_copy(r, &r->model.specs[i], host, job->full->global[0][i], 1);
         mt_buffer_upload(r, r->model.params_memory, host, r->model.num_params * sizeof(float));
         free(host);
-    } else {
-        mt_checkpoint_load(r, t->load, NULL);
+    } else {   // my file, its parameters only (AdamW's moments are two thirds of it, and not needed)
+        char path[MT_PATH_MAX + 128];
+        mt_checkpoint_path(path, sizeof path, t->load, t->ckpt_step, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
+        if (logger) { printf("loading checkpoint from %s at iteration %d (parameters)\n", t->load, t->ckpt_step);
+                      fflush(stdout); }
+        float *host[3] = {(float *)mt_calloc(r->model.num_params + 1, sizeof(float), "parameters (host)"), NULL, NULL};
+        long long saved[32];
+        mt__ckpt_read_groups(r, path, host, saved, 1);
+        mt__ckpt_check_counters(path, t->ckpt_step, saved);
+        mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
+        free(host[0]);
     }
     // the decoding buffers: a batch of --micro-batch-size sequences, the longest prompt, its continuation
     int B = t->micro_batch_size < job->n ? t->micro_batch_size : job->n, longest = 1;
