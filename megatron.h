@@ -8110,6 +8110,8 @@ static double mt__hf_config_number(const char *json, size_t len, const char *pat
     }
     double v;
     if (!mt_json_number(&j, &v)) mt_fatal("%s: \"%s\" is not a number", path, key);
+    if (strcmp(key, "layer_norm_epsilon") != 0 && (v != floor(v) || v < 0 || v > (double)(1 << 26)))
+        mt_fatal("%s: \"%s\" is %g, not a size\nhint: the file is damaged", path, key, v);
     return v;
 }
 
