@@ -211,6 +211,8 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
 //   mt_gelu_forward_kernel / _backward      one thread per element
 //   mt_residual_forward_kernel              one thread per element
+//   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
+//   mt_argmax_rows_kernel                   generation's greedy token: a block per row
 //   mt_cross_entropy_*_kernel (3)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -2602,6 +2604,41 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 }
 
 // ---------------------------------------------------------------------------------------------
+// argmax of each row (greedy decoding): one block per row, each thread its strided share, then
+// a block reduction that keeps the larger value and, on a tie, the smaller index (deterministic)
+// matches mt_argmax_rows_cpu (megatron.h, 3. OPS). Writes out with '='.
+__global__ void mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
+    __shared__ float best_v[256];
+    __shared__ int best_i[256];
+    const float *row = x + (size_t)blockIdx.x * ld;
+    float bv = -INFINITY;
+    int bi = n;   // "none yet": any real index is smaller
+    for (int v = threadIdx.x; v < n; v += blockDim.x)
+        if (row[v] > bv || bi == n) { bv = row[v]; bi = v; }   // a thread's indices rise: > keeps the first
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) {
+            float ov = best_v[threadIdx.x + s];
+            int oi = best_i[threadIdx.x + s];
+            int mine = best_i[threadIdx.x];
+            if (oi < n && (mine == n || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < mine))) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] < n ? best_i[0] : 0;
+}
+void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
+    if (rows == 0) return;
+    mt_argmax_rows_kernel<<<(unsigned)rows, 256, 0, stream>>>(out, x, n, ld);
+    mt__launch_check("mt_argmax_rows_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // cross-entropy over a vocabulary split across TP ranks: the three local steps, between which
 // mt_vocab_parallel_cross_entropy_* (megatron.h, 4.) all-reduces. logits (BT, V_local) hold this
 // rank's columns [vocab_start, vocab_start + V_local); only the first
@@ -2916,6 +2953,11 @@ void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *v
     double t0 = mt__profile_begin(r);
     mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, mt__stream(r));
     mt__profile_end(r, "attention over the KV cache", t0);
+}
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
+    double t0 = mt__profile_begin(r);
+    mt_argmax_rows_gpu(out, x, rows, n, ld, mt__stream(r));
+    mt__profile_end(r, "argmax", t0);
 }
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     double t0 = mt__profile_begin(r);

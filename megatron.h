@@ -512,6 +512,8 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
 void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global);
+/* the index of the first largest of x[r*ld .. r*ld + n) for each row r: greedy decoding's token */
+void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld);
 /* attention of Tq new tokens per sequence over the KV cache (generation): see section 3 */
 void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap);
@@ -563,6 +565,7 @@ void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const flo
                            int head_offset, int NH_global);
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
@@ -1123,8 +1126,11 @@ typedef struct {
     float *host_msg;                           // (B,Tq,C) pipeline messages through the host
     float *host_logits, *host_gathered;        // (B,Vp) the whole rows, on the host (last stage)
     size_t bytes, cache_bytes;                 // device bytes allocated; of which the KV cache
-    void **graphs;                             // (max_batch) the decode step of b+1 sequences as a CUDA
-                                               // graph (GPU build, TP = PP = 1), recorded at its first use
+    int greedy;                                // set by the caller: the next tokens are the argmax, taken on
+                                               // the device (TP = 1): host_next, and host_logits is not filled
+    int *next, *host_next;                     // (B) the argmax of each row: on the device, on the host
+    void **graphs;                             // (2 x max_batch) the decode step of b+1 sequences (greedy or
+                                               // not) as a CUDA graph (GPU build, TP = PP = 1), made at first use
 } mt_generator;
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
@@ -4235,6 +4241,18 @@ void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, c
 }
 
 // ---------------------------------------------------------------------------------------------
+// argmax of each row (greedy decoding, section 11): out[r] = the first v < n with the largest
+// x[r*ld + v] (strictly larger replaces, so ties go to the smaller index, as mt_sample_token's)
+void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld) {
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * ld;
+        int best = 0;
+        for (int v = 1; v < n; v++) if (row[v] > row[best]) best = v;
+        out[r] = best;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // writes out with '='. inp/out have N elements.
 #define MT_GELU_SCALING_FACTOR 0.7978845608028654f   /* sqrt(2/pi) */
@@ -4446,6 +4464,10 @@ void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const flo
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap) {
     (void)r; mt_attention_cached_forward_cpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap);
+}
+
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
+    (void)r; mt_argmax_rows_cpu(out, x, rows, n, ld);
 }
 
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
@@ -8412,7 +8434,9 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     g->cache_bytes = 2 * (size_t)r->dims.L_local * (size_t)max_batch * (size_t)cap * (size_t)r->dims.C_tp *
                      sizeof(float);
     size_t BTq = (size_t)g->max_tokens;
-    g->ids = mt_buffer_alloc_ints(r, 3 * BTq, "decoding ids");   // tokens, positions, start
+    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + (size_t)max_batch, "decoding ids");   // tokens, positions, start, next
+    g->next = g->ids + 3 * BTq;
+    g->host_next = (int *)mt_calloc((size_t)max_batch, sizeof(int), "decoding ids");
     g->tokens = g->ids;
     g->positions = g->ids + BTq;
     g->start = g->ids + 2 * BTq;
@@ -8421,15 +8445,16 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     size_t Vp = (size_t)r->cfg->padded_vocab_size;
     g->host_logits = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
     g->host_gathered = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
-    g->graphs = (void **)mt_calloc((size_t)max_batch, sizeof(void *), "decode graphs");
+    g->graphs = (void **)mt_calloc(2 * (size_t)max_batch, sizeof(void *), "decode graphs");
 }
 
 void mt_generator_free(mt_generator *g) {
     mt_buffer_free(g->memory);
     mt_buffer_free(g->ids);
     free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered);
-    for (int b = 0; b < g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
+    for (int b = 0; b < 2 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
     free(g->graphs);
+    free(g->host_next);
     memset(g, 0, sizeof *g);
 }
 
@@ -8493,8 +8518,9 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
     // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
     // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
     int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
-    if (graphable && g->graphs[B - 1]) {
-        mt_device_graph_launch(r, g->graphs[B - 1]);
+    int greedy = g->greedy && r->ps.tp_size == 1, slot = 2 * (B - 1) + greedy;
+    if (graphable && g->graphs[slot]) {
+        mt_device_graph_launch(r, g->graphs[slot]);
     } else {
         if (graphable) mt_device_capture_begin(r);
         for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
@@ -8520,13 +8546,19 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
             mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, g->last, r->model.params.lnfw,
                                  r->model.params.lnfb, B, 1, C);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
+            // greedy: the token itself, on the device (B ids cross to the host instead of B x Vp logits)
+            if (greedy) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);
         }
         if (graphable) {
-            g->graphs[B - 1] = mt_device_capture_end(r);   // NULL where the work already ran
-            mt_device_graph_launch(r, g->graphs[B - 1]);
+            g->graphs[slot] = mt_device_capture_end(r);   // NULL where the work already ran
+            mt_device_graph_launch(r, g->graphs[slot]);
         }
     }
     if (!r->ps.is_last_stage) return;
+    if (greedy) {
+        mt_buffer_download(r, g->host_next, g->next, (size_t)B * sizeof(int));
+        return;
+    }
     // every TP rank gets the whole rows: [rank 0's (B,Vp_tp) | rank 1's | ...] -> (B, Vp) on the host
     size_t Vp_tp = (size_t)r->dims.Vp_tp, Vp = (size_t)r->cfg->padded_vocab_size;
     if (r->ps.tp_size > 1) {
@@ -8570,6 +8602,8 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
     }
     q->stopped_at_max_positions = 0;
     q->steps = 0;
+    // greedy without logits wanted: the argmax is taken on the device (it is mt_sample_token's greedy token)
+    g->greedy = (q->sampling.temperature <= 0.0f || q->sampling.top_k == 1) && !q->logits;
     double t0 = mt_time_seconds();
     mt_generator_forward(r, g, tok, start, last, B, Tp);   // prefill: every prompt token in one pass
     for (int step = 0;; step++) {
@@ -8578,6 +8612,7 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
             for (int b = 0; b < B; b++) {
                 if (done[b]) continue;
                 const float *row = g->host_logits + (size_t)b * Vp;
+                if (g->greedy && r->ps.tp_size == 1) { next[b] = (float)g->host_next[b]; continue; }
                 next[b] = (float)mt_sample_token(row, V, &q->sampling, (uint64_t)(q->first_sequence + b),
                                                  (uint64_t)pos[b]);
                 if (q->logits)
@@ -8608,6 +8643,7 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         for (int b = 0; b < B; b++) if (!done[b]) pos[b]++;
         q->steps++;
     }
+    g->greedy = 0;
     free(tok); free(start); free(last); free(pos); free(done); free(next);
 }
 

@@ -54,6 +54,7 @@ typedef struct {
     int logits_ok, logits_checked;
     double max_rel;
     int stop_count, stopped;      // the position limit: tokens of a prompt that fills the cache
+    int argmax_same;              // the tokens again without logits asked for: the same
 } cache_job;
 
 static void prompt_ids(int i, int32_t *ids, int V) {
@@ -85,6 +86,16 @@ static void cache_rank(mt_world *w, int rank, void *arg) {
     q.tokens = tokens;
     q.counts = counts;
     mt_generate_batch(&r, &g, &q);
+    // greedy without logits asked for: the argmax op takes the tokens (on the device, on the GPU build)
+    int32_t tokens2[NSEQ * NEW];
+    int counts2[NSEQ];
+    q.logits = NULL;
+    q.tokens = tokens2;
+    q.counts = counts2;
+    mt_generate_batch(&r, &g, &q);
+    if (rank == j->cfg->world_size - 1) j->argmax_same = memcmp(tokens, tokens2, sizeof tokens) == 0;
+    q.tokens = tokens;
+    q.counts = counts;
     mt_generator_free(&g);
     // the naive way, one sequence at a time, the same random numbers (sequence i, position n)
     float *ref = (float *)calloc((size_t)NEW * V, sizeof(float));
@@ -161,6 +172,8 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
                       "TP=%d PP=%d mode %d: cached tokens differ from the uncached ones", layouts[k][0], layouts[k][1],
                       m);
             for (int i = 0; i < NSEQ; i++) mt_expect(j.counts[i] == NEW, "sequence %d got %d tokens", i, j.counts[i]);
+            mt_expect(j.argmax_same, "TP=%d PP=%d mode %d: the tokens differ when no logits are asked for", layouts[k][0],
+                      layouts[k][1], m);
             mt_expect(j.stop_count == 3 && j.stopped == 1, "the prompt that fills the cache got %d tokens (stopped %d)",
                       j.stop_count, j.stopped);
             if (k == 0) one = j;
