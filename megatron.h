@@ -9783,6 +9783,11 @@ static int mt__generation_mode(const mt_config *cfg) {
 }
 
 static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double launch) {
+    if (cfg->train.tokens_to_generate > 0) {   // the trainer's own flag says how many, too
+        cfg->train.out_seq_length = cfg->train.tokens_to_generate;
+        mt__note("--tokens-to-generate %d in generation mode: --out-seq-length %d", cfg->train.tokens_to_generate,
+                 cfg->train.tokens_to_generate);
+    }
     mt_config src;
     mt__gen_config(cfg, &src);
     if (tok && tok->vocab_size != cfg->model.vocab_size)
