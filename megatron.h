@@ -8611,8 +8611,8 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         if (r->ps.is_last_stage)
             for (int b = 0; b < B; b++) {
                 if (done[b]) continue;
-                const float *row = g->host_logits + (size_t)b * Vp;
                 if (g->greedy && r->ps.tp_size == 1) { next[b] = (float)g->host_next[b]; continue; }
+                const float *row = g->host_logits + (size_t)b * Vp;
                 next[b] = (float)mt_sample_token(row, V, &q->sampling, (uint64_t)(q->first_sequence + b),
                                                  (uint64_t)pos[b]);
                 if (q->logits)
