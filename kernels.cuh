@@ -2532,7 +2532,7 @@ __global__ void mt_kv_cache_store_kernel(float *kcache, float *vcache, const flo
     vcache[at] = row[2 * C_local + c];
 }
 
-__device__ float mt__block_reduce(float v, float *shared, int is_max) {   // every thread gets the result
+__device__ static float mt__block_reduce(float v, float *shared, int is_max) {   // every thread gets the result
     for (int o = 16; o > 0; o >>= 1) {
         float other = __shfl_xor_sync(0xffffffffu, v, o);
         v = is_max ? fmaxf(v, other) : v + other;
