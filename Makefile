@@ -9,6 +9,7 @@
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training
+#   make test-gpu-generate  (GPU machine) generation: GPU vs CPU logits, vs transformers, the benchmark
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
 #   make debug      -O0 -g builds for gdb, under their own names: ./train_gpt_debug, ./preprocess_debug
@@ -43,9 +44,9 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate
 
-.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu bench bench-tokenizer cuda-check debug debug-cuda clean
+.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -158,13 +159,14 @@ test-kill: train_gpt
 
 # outside references (PyPI, in a local virtual environment made here; nothing at run time):
 # GPT-2 in JAX checks logits, loss and every gradient; tiktoken checks the tokenizer;
-# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2;
+# safetensors reads our checkpoints; our Hugging Face export runs as transformers runs GPT-2, and a
+# GPT-2 written by a numpy reference imports (--import-hf) and decodes to the reference's logits;
 # TensorBoard's own reader reads our event files (whole and cut at every byte)
 $(VENV)/.ready: Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check jax numpy tiktoken safetensors tensorboard matplotlib
 	@touch $@
-test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging train_gpt preprocess
+test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint tests/test_logging tests/test_generate train_gpt preprocess
 	@mkdir -p build
 	@sh tests/run_ref.sh
 
@@ -177,6 +179,14 @@ tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(
 # timed beside cuBLAS (linked here only, as the yardstick; the product never links it)
 tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -std=c++17 -o $@ tests/gpu/test_gemm_wgmma.cu -lcublas -lnccl
+# generation on the GPU: tests/test_generate.c built as the GPU build (its --hf-logits mode decodes on
+# the device), then tests/gpu/test_generate.sh: GPU logits against the CPU build, transformers' greedy
+# continuation of an imported model, and the benchmark against transformers (about 4 minutes)
+#   make test-gpu-generate      (GPU machine, with torch and transformers)
+tests/gpu/test_generate_cuda: tests/test_generate.c kernels.cuh tests/harness.h $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/test_generate.c -lm -lpthread -lnccl
+test-gpu-generate: train_gpt train_gpt_cuda tests/test_generate tests/gpu/test_generate_cuda
+	@sh tests/gpu/test_generate.sh
 tests/gpu/compare_logs: tests/gpu/compare_logs.c
 	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $< -lm
 test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs
@@ -213,4 +223,4 @@ train_gpt_cuda_debug: train_gpt.c kernels.cuh $(HEADERS)
 
 clean:
 	rm -f train_gpt_debug preprocess_debug train_gpt_cuda_debug
-	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs
+	rm -rf build train_gpt preprocess train_gpt_cuda $(TESTS) tests/tok_ids tests/test_ref tests/gpu/test_kernels tests/gpu/test_gemm_wgmma tests/gpu/compare_logs tests/gpu/test_generate_cuda

@@ -18,7 +18,8 @@
  *                                on the device, fill / zero / fp32<->bf16 casts
  *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
  *                                naive, tiled, mma, wgmma), dropout, attention (FlashAttention-2, fp32 and
- *                                mma), GELU, residual, vocab-parallel cross-entropy, AdamW
+ *                                mma), attention over the KV cache (generation), GELU, residual, vocab-parallel
+ *                                cross-entropy, AdamW
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
  *                                device memory; the device's set-up, stream and memory in use
@@ -220,6 +221,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_matmul_kernel2_tiled                   1 thread per output | 128x128 fp32 tiles in shared
 //   mt_matmul_kernel3_mma                     memory | bf16 tensor cores (mma.sync m16n8k16) |
 //   mt_matmul_kernel4_wgmma                   TMA + wgmma, warp-specialised (Hopper)
+//   mt_matmul_kernel5_gemv                  at most 8 rows (decoding): a warp per output, split-K
 //   mt_matmul_splitk_reduce_kernel          adds split-K partial products in order
 //   mt_column_sum_*_kernel (2)              dbias = column sums of dout, in two deterministic passes
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
@@ -227,6 +229,8 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
 //   mt_gelu_forward_kernel / _backward      one thread per element (forward: a float4 per thread
 //   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
+//   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
+//   mt_argmax_rows_kernel                   generation's greedy token: a block per row
 //   mt_cross_entropy_*_kernel (3)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -1589,10 +1593,79 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
     return MT_GEMM_NAIVE;
 }
 
+// ---------------------------------------------------------------------------------------------
+// matmul for a few rows (decoding: one token per sequence): a GEMV. A GEMM tile of 64-128 rows
+// would be mostly padding and the bf16 rungs would copy the whole weight to bf16 first; here
+// each warp reads its output row of the weight once (float4, coalesced) and dots it with every
+// input row (at most MT_GEMV_MAX_ROWS, held in registers), so the product runs at the speed of
+// reading the weight from HBM. Narrow outputs (OC < 2048: too few rows to fill the GPU) split
+// the reduction over SPLIT warps (split-K), whose partial sums are added in order (deterministic).
+// fp32 throughout, whatever the rung: decode-shaped products take this kernel on every build.
+// matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS. Writes out with '='.
+#define MT_GEMV_MAX_ROWS 8
+template <int SPLIT>
+__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, const float *__restrict__ inp,
+                                                              const float *__restrict__ weight,
+                                                              const float *__restrict__ bias, int BT, int C, int OC,
+                                                              int vec) {
+    __shared__ float partial[8][MT_GEMV_MAX_ROWS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int o = blockIdx.x * (8 / SPLIT) + warp / SPLIT, part = warp % SPLIT;
+    float acc[MT_GEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = 0.0f;
+    if (o < OC) {
+        const float *w = weight + (size_t)o * C;
+        int chunk = ((C + SPLIT - 1) / SPLIT + 3) & ~3;   // a multiple of 4: float4 loads stay inside a part
+        int k0 = part * chunk, k1 = min(C, k0 + chunk);
+        if (vec) {
+            for (int k = k0 + lane * 4; k < k1; k += 128) {
+                float4 w4 = *(const float4 *)(w + k);
+#pragma unroll
+                for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
+                    if (r < BT) {
+                        float4 x4 = *(const float4 *)(inp + (size_t)r * C + k);
+                        acc[r] += w4.x * x4.x + w4.y * x4.y + w4.z * x4.z + w4.w * x4.w;
+                    }
+            }
+        } else {
+            for (int k = k0 + lane; k < k1; k += 32)
+#pragma unroll
+                for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
+                    if (r < BT) acc[r] += w[k] * inp[(size_t)r * C + k];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = mt__warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) partial[warp][r] = acc[r];
+    __syncthreads();
+    if (o < OC && part == 0 && lane < BT) {
+        float s = 0.0f;
+        for (int p = 0; p < SPLIT; p++) s += partial[warp + p][lane];
+        out[(size_t)lane * OC + o] = s + (bias ? bias[o] : 0.0f);
+    }
+}
+static void mt__gemv(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
+                     cudaStream_t stream) {
+    int vec = C % 4 == 0 && mt__aligned16(inp) && mt__aligned16(weight);
+    if (OC < 2048) {
+        mt_matmul_kernel5_gemv<4><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
+    } else {
+        mt_matmul_kernel5_gemv<1><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
+    }
+    mt__launch_check("mt_matmul_kernel5_gemv", stream);
+}
+
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out (BT,OC) = inp (BT,C) @ weight^T + bias; weight (OC,C), bias (OC) or NULL.
 void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
                            mt_gemm_impl impl, cudaStream_t stream) {
+    if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) {   // decoding's shape: read the weight once
+        mt__gemv(out, inp, weight, bias, BT, C, OC, stream);
+        return;
+    }
     // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)
     mt__gemm(impl, out, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, stream);
 }
@@ -2563,6 +2636,134 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 }
 
 // ---------------------------------------------------------------------------------------------
+// attention over the KV cache (generation): Tq new tokens per sequence against every earlier
+// position of their sequence. Two kernels: the new keys and values into the cache, then one
+// block per (sequence, head, new token): scores of the query against positions 0..p in shared
+// memory, their max and sum by block reductions (fixed order), then the weighted sum of the
+// values, split over groups of hs threads that each take every G-th position, added in order.
+// The block reads p+1 rows of K and of V (hs floats each): one pass over the cache per token,
+// so decoding's attention runs at the cache's read bandwidth.
+// matches mt_attention_cached_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+__global__ void mt_kv_cache_store_kernel(float *kcache, float *vcache, const float *qkv, const int *start, int B,
+                                         int Tq, int C_local, int cap) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * Tq * C_local;
+    if (i >= n) return;
+    int c = (int)(i % C_local);
+    size_t bt = i / C_local;
+    int t = (int)(bt % Tq), b = (int)(bt / Tq);
+    size_t at = ((size_t)b * cap + (size_t)(start[b] + t)) * C_local + c;
+    const float *row = qkv + bt * 3 * C_local;
+    kcache[at] = row[C_local + c];
+    vcache[at] = row[2 * C_local + c];
+}
+
+__device__ static float mt__block_reduce(float v, float *shared, int is_max) {   // every thread gets the result
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, other) : v + other;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = shared[0];
+    for (int w = 1; w < warps; w++) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
+    return r;
+}
+
+__global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, const float *kcache,
+        const float *vcache, const float *qkv, const int *start, int Tq, int C_local, int NH_local, int cap) {
+    extern __shared__ float smem[];   // q (hs) | scores (cap) | partial outputs (G, hs) | reduction (32)
+    int hs = C_local / NH_local;
+    int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
+    int p = start[b] + t;
+    float *q = smem, *score = smem + hs, *partial = score + cap, *red = partial + blockDim.x;
+    const float *q_g = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) q[i] = q_g[i];
+    __syncthreads();
+    const float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    float scale = 1.0f / sqrtf((float)hs), m = -INFINITY;
+    for (int p2 = threadIdx.x; p2 <= p; p2 += blockDim.x) {
+        const float *k = k_b + (size_t)p2 * C_local;
+        float s = 0.0f;
+        for (int i = 0; i < hs; i++) s += q[i] * k[i];
+        score[p2] = s * scale;
+        m = fmaxf(m, score[p2]);
+    }
+    m = mt__block_reduce(m, red, 1);
+    float sum = 0.0f;
+    for (int p2 = threadIdx.x; p2 <= p; p2 += blockDim.x) {
+        float e = __expf(score[p2] - m);
+        score[p2] = e;
+        sum += e;
+    }
+    sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
+    float inv = 1.0f / sum;
+    int G = blockDim.x / hs, g = threadIdx.x / hs, i = threadIdx.x % hs;
+    float acc = 0.0f;
+    if (g < G)
+        for (int p2 = g; p2 <= p; p2 += G) acc += score[p2] * v_b[(size_t)p2 * C_local + i];
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < hs) {
+        float o = 0.0f;
+        for (int k = 0; k < G; k++) o += partial[k * hs + threadIdx.x];
+        out[((size_t)b * Tq + t) * C_local + h * hs + threadIdx.x] = o * inv;
+    }
+}
+
+void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                     int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
+    int hs = C_local / NH_local;
+    if (B == 0 || Tq == 0) return;
+    if (hs > 128) mt_fatal("attention over the KV cache: head size %d is above 128\nhint: use more heads", hs);
+    size_t n = (size_t)B * Tq * C_local;
+    mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
+    mt__launch_check("mt_kv_cache_store_kernel", stream);
+    size_t smem = sizeof(float) * ((size_t)hs + (size_t)cap + 128 + 32);
+    mt__allow_smem((const void *)mt_attention_cached_forward_kernel, smem);
+    mt_attention_cached_forward_kernel<<<(unsigned)(B * NH_local * Tq), 128, smem, stream>>>(out, kcache, vcache, qkv,
+                                                                                            start, Tq, C_local,
+                                                                                            NH_local, cap);
+    mt__launch_check("mt_attention_cached_forward_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// argmax of each row (greedy decoding): one block per row, each thread its strided share, then
+// a block reduction that keeps the larger value and, on a tie, the smaller index (deterministic)
+// matches mt_argmax_rows_cpu (megatron.h, 3. OPS). Writes out with '='.
+__global__ void mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
+    __shared__ float best_v[256];
+    __shared__ int best_i[256];
+    const float *row = x + (size_t)blockIdx.x * ld;
+    float bv = -INFINITY;
+    int bi = n;   // "none yet": any real index is smaller
+    for (int v = threadIdx.x; v < n; v += blockDim.x)
+        if (row[v] > bv || bi == n) { bv = row[v]; bi = v; }   // a thread's indices rise: > keeps the first
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) {
+            float ov = best_v[threadIdx.x + s];
+            int oi = best_i[threadIdx.x + s];
+            int mine = best_i[threadIdx.x];
+            if (oi < n && (mine == n || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < mine))) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] < n ? best_i[0] : 0;
+}
+void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
+    if (rows == 0) return;
+    mt_argmax_rows_kernel<<<(unsigned)rows, 256, 0, stream>>>(out, x, n, ld);
+    mt__launch_check("mt_argmax_rows_kernel", stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // cross-entropy over a vocabulary split across TP ranks: the three local steps, between which
 // mt_vocab_parallel_cross_entropy_* (megatron.h, 4.) all-reduces. logits (BT, V_local) hold this
 // rank's columns [vocab_start, vocab_start + V_local); only the first
@@ -2923,6 +3124,17 @@ void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const flo
                               r->dev.bf16, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
 }
+void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
+                                 const int *start, int B, int Tq, int C_local, int NH_local, int cap) {
+    double t0 = mt__profile_begin(r);
+    mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, mt__stream(r));
+    mt__profile_end(r, "attention over the KV cache", t0);
+}
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
+    double t0 = mt__profile_begin(r);
+    mt_argmax_rows_gpu(out, x, rows, n, ld, mt__stream(r));
+    mt__profile_end(r, "argmax", t0);
+}
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     double t0 = mt__profile_begin(r);
     mt_gelu_forward_gpu(out, inp, N, mt__stream(r));
@@ -3136,6 +3348,30 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     *used_gib = (double)(total_b - free_b) / (1 << 30);
     *total_gib = (double)total_b / (1 << 30);
     return 1;
+}
+// CUDA graphs: the rank's stream is captured in thread-local mode (other rank threads keep
+// launching on their own streams meanwhile); a graph is instantiated once and replayed
+static MT_THREAD_LOCAL int mt__capturing;
+void mt_device_capture_begin(mt_rank *r) {
+    const char *env = getenv("MT_CUDA_GRAPH");
+    mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
+    if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
+}
+void *mt_device_capture_end(mt_rank *r) {
+    if (!mt__capturing) return NULL;
+    mt__capturing = 0;
+    cudaGraph_t graph;
+    MT_CUDA_CHECK(cudaStreamEndCapture(mt__stream(r), &graph));
+    cudaGraphExec_t exec;
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    return (void *)exec;
+}
+void mt_device_graph_launch(mt_rank *r, void *graph) {
+    if (graph) MT_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, mt__stream(r)));
+}
+void mt_device_graph_free(void *graph) {
+    if (graph) MT_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->train.fp16)

@@ -38,11 +38,13 @@
       9. DATA & TOKENIZER             Megatron's indexed dataset (MMIDIDX), GPT samples, splits,
                                       blending; GPT-2 byte-level BPE
      10. CHECKPOINTS                  Megatron's SAVE/iter_N/mp_rank_TT[_PPP] layout in safetensors;
-                                      converting between layouts; Hugging Face GPT-2 export
-     11. GENERATION                   sampling with the training forward (no KV cache yet)
+                                      converting between layouts; Hugging Face GPT-2 export and import
+     11. GENERATION                   sampling (temperature, top-k, top-p), the KV cache: prefill and
+                                      one token per step, batched, over TP x PP; the uncached reference
      12. TRAINING LOOP                pretrain(): the tokenizer, train, evaluate, save, Megatron's
                                       log lines, TensorBoard event files (--tensorboard-dir), the
-                                      timeline of every rank (--timeline, --timeline-svg)
+                                      timeline of every rank (--timeline, --timeline-svg); the
+                                      generation mode (--load without --train-iters) and its report
 
      The GPU build adds kernels.cuh: the CUDA kernels (numbered as the sections above, each next
      to the CPU function it must match) and, in its last section, the GPU half of the backend seam.
@@ -59,7 +61,8 @@
                                (tests/fuzz_parsers.c); it leaks what the failed call held
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
-     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank.
+     MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
+     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph.
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
@@ -245,7 +248,15 @@ typedef struct {
     int tokens_to_generate;    // --tokens-to-generate N: after training, continue --prompt by N tokens
     char prompt[1024];         // --prompt TEXT (default: start from <|endoftext|>)
     float temperature;         // --temperature, default 1.0 (0 = greedy)
-    int top_k;                 // --top-k, default 0 (all tokens)
+    int top_k;                 // --top-k (--top_k), default 0 (all tokens)
+    float top_p;               // --top-p (--top_p), default 0 (all tokens): nucleus sampling
+    int greedy;                // --greedy: always the most likely token
+    int out_seq_length;        // --out-seq-length N: generation mode's new tokens per sequence, default 1024
+    int num_samples;           // --num-samples N: N samples of each prompt (of <|endoftext|> without one)
+    int ignore_eos;            // --ignore-eos: keep generating past <|endoftext|>
+    char sample_input_file[MT_PATH_MAX];    // --sample-input-file: one prompt per line
+    char sample_output_file[MT_PATH_MAX];   // --sample-output-file: JSON lines (prompt, text, tokens)
+    char import_hf[MT_PATH_MAX];   // --import-hf DIR: a Hugging Face GPT-2 (model.safetensors) into --save, then exit
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
     char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
     double data_weight[MT_MAX_DATA_PATHS];               // blend weights (normalised), 0 if not given
@@ -512,6 +523,11 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
 void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global);
+/* the index of the first largest of x[r*ld .. r*ld + n) for each row r: greedy decoding's token */
+void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld);
+/* attention of Tq new tokens per sequence over the KV cache (generation): see section 3 */
+void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                     int B, int Tq, int C_local, int NH_local, int cap);
 void mt_gelu_forward_cpu(float *out, const float *inp, size_t N);
 void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t N);
@@ -558,6 +574,9 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global);
+void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
+                                 const int *start, int B, int Tq, int C_local, int NH_local, int cap);
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
@@ -600,6 +619,15 @@ void mt_device_marks_resolve(mt_span_log *log);
 void mt_device_clock_free(mt_span_log *log);
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
 void mt_device_check_precision(const mt_config *cfg);
+/* CUDA graphs (GPU build): the work a rank queues between capture_begin and capture_end is recorded,
+   not run, and capture_end returns it as one launchable graph; graph_launch replays it. Where there
+   is nothing to record (the CPU build; MT_CUDA_GRAPH=0, MT_PROFILE=1 or MT_SYNC_DEBUG=1 on the GPU)
+   the work runs as it is queued and capture_end returns NULL. The work must be collective-free and
+   read its varying inputs from device buffers. Generation's decode step uses it (section 11). */
+void mt_device_capture_begin(mt_rank *r);
+void *mt_device_capture_end(mt_rank *r);
+void mt_device_graph_launch(mt_rank *r, void *graph);
+void mt_device_graph_free(void *graph);
 
 /* ============================================================================================= */
 /* 4. TENSOR-PARALLEL LAYERS
@@ -881,6 +909,9 @@ typedef struct {
     int training;               // 1 in a training step (dropout on, gradients), 0 in eval
     double loss_sum;            // sum of micro-batch mean losses (last stage)
     double idle_seconds;        // time spent waiting for pipeline messages
+    int decoding;               // 1 while the KV-cache generator runs its layers (section 11): the
+                                // tensors are (B, new tokens, C), whole on every TP rank, so the
+                                // layers run without sequence parallelism (as Megatron's inference)
 } mt_step_state;
 
 typedef struct {                // bytes of each buffer of this rank (printed at start)
@@ -1071,7 +1102,7 @@ size_t mt_gpt2_next_piece(const char *text, size_t len, size_t pos);
 /* ============================================================================================= */
 /* 10. CHECKPOINTS
  * defines: save and load in Megatron's layout (safetensors files), convert between
- *          layouts, export Hugging Face GPT-2 */
+ *          layouts, export Hugging Face GPT-2 and import it */
 /* SAVE/iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.safetensors, and SAVE/latest_checkpointed_iteration.txt.
    Every rank calls it (collective over the world); DP rank 0 of each (TP, PP) position writes. */
 void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed);
@@ -1086,6 +1117,9 @@ void mt_checkpoint_resolve_load(mt_config *cfg);
 int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual);
 /* writes the latest checkpoint of src as Hugging Face GPT-2: out_dir/model.safetensors, config.json */
 int mt_checkpoint_export_hf(const char *src, const char *out_dir);
+/* reads a Hugging Face GPT-2 directory (config.json, model.safetensors) and writes it as our checkpoint
+   (iteration 1, AdamW's moments 0) for TP x PP (and virtual stages) into dst; returns 1 */
+int mt_checkpoint_import_hf(const char *hf_dir, const char *dst, int tp, int pp, int layers_per_virtual);
 /* before writing checkpoints into dir: dir is never src (compared as files, however spelled;
    same_ok: it may be, for a run that resumes in place), never a directory that holds another
    run's checkpoints unless overwrite (--overwrite); stale temporaries there are removed */
@@ -1098,11 +1132,72 @@ void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, i
 
 /* ============================================================================================= */
 /* 11. GENERATION
- * defines: mt_generate: sampling with the training forward, collective over the ranks */
-/* continues ids[0..n) (capacity cap) by `count` tokens, sampled with temperature and top_k
-   (0: greedy / all) from the counter-based RNG keyed on seed; collective over all ranks (every
-   rank gets the tokens). Returns the new length. */
-int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed);
+ * defines: sampling (mt_sampling, mt_sample_token: greedy, temperature, top-k, top-p), the
+ *          uncached reference (mt_generate_uncached), the KV cache (mt_generator) and batched
+ *          decoding with it (mt_generate_batch), collective over the TP x PP ranks of one replica */
+typedef struct {
+    float temperature;   // --temperature; 0 (or --greedy) takes the most likely token
+    int top_k;           // --top-k: only the k most likely tokens (0 = all)
+    float top_p;         // --top-p: only the most likely tokens whose probability reaches p (0 = all)
+    uint64_t seed;       // --seed: token `position` of sequence `sequence` draws uniform(seed, position, sequence)
+} mt_sampling;
+/* the next token from logits[0..V) */
+int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t sequence, uint64_t position);
+/* the naive way (the tests' reference): continues ids[0..n) (capacity cap) by `count` tokens with the
+   training forward over the whole window (the last T tokens) for every token; logits_out (count, V) or
+   NULL receives the logits each token was sampled from (last stage). Returns the new length. */
+int mt_generate_uncached(mt_rank *r, int32_t *ids, int n, int cap, int count, const mt_sampling *s, uint64_t sequence,
+                         float *logits_out);
+
+/* the KV cache and the decoding buffers of one rank: its layers, its heads, its vocabulary slice */
+typedef struct {
+    int max_batch;        // sequences decoded together (B)
+    int max_tokens;       // B x Tq the work buffers hold (the prefill's B x longest prompt)
+    int cap;              // positions in the cache per sequence (<= --max-position-embeddings)
+    float *kcache, *vcache;                    // (L_local, max_batch, cap, C_tp) each
+    float *x, *res2, *ln, *ln_mean, *ln_rstd;  // (B,Tq,C), (B,Tq,C), (B,Tq,C), (B,Tq), (B,Tq)
+    float *qkv, *atty, *fch, *fch_gelu, *out_c;// (B,Tq,3*C_tp), (B,Tq,C_tp), (B,Tq,F_tp) x2, (B,Tq,C)
+    float *pos_emb;                            // (B,Tq,C) wpe rows (first stage)
+    float *last, *lnf, *lnf_mean, *lnf_rstd;   // (B,C) each sequence's last token, its ln_f (last stage)
+    float *logits, *gathered;                  // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's (last stage)
+    float *memory;                             // the buffer all of the above are carved from
+    int *ids, *tokens, *positions, *start;     // (B*Tq) tokens, (B*Tq) their positions, (B) first positions
+    int *host_ids;                             // host staging of ids
+    float *host_msg;                           // (B,Tq,C) pipeline messages through the host
+    float *host_logits, *host_gathered;        // (B,Vp) the whole rows, on the host (last stage)
+    size_t bytes, cache_bytes;                 // device bytes allocated; of which the KV cache
+    int greedy;                                // set by the caller: the next tokens are the argmax, taken on
+                                               // the device (TP = 1): host_next, and host_logits is not filled
+    int *next, *host_next;                     // (B) the argmax of each row: on the device, on the host
+    void **graphs;                             // (2 x max_batch) the decode step of b+1 sequences (greedy or
+                                               // not) as a CUDA graph (GPU build, TP = PP = 1), made at first use
+} mt_generator;
+void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
+void mt_generator_free(mt_generator *g);
+/* Tq new tokens (B,Tq) of each sequence at positions start[b] .. start[b]+Tq-1: through the layers,
+   extending the cache; on the last stage, g->host_logits (B,Vp) holds the logits of token last[b] */
+void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
+                          int Tq);
+typedef struct {
+    // in
+    int n;                          // sequences (at most the generator's max_batch)
+    const int32_t *const *prompts;  // (n) prompts[i][0 .. prompt_lens[i]), at least one token each
+    const int *prompt_lens;
+    int max_new_tokens;             // --out-seq-length
+    mt_sampling sampling;
+    int64_t first_sequence;         // sequence i draws its random numbers as sequence first_sequence + i
+    int eod;                        // a sequence ends after this token (-1: never)
+    float *logits;                  // NULL, or (n, max_new_tokens, V): what each token was sampled from (last stage)
+    double *step_seconds;           // NULL, or (max_new_tokens): each decode step's time
+    // out, on every rank
+    int32_t *tokens;                // (n, max_new_tokens) the generated ids
+    int *counts;                    // (n) how many each sequence got
+    int stopped_at_max_positions;   // sequences cut short by --max-position-embeddings
+    double prefill_seconds;         // prompts in, first tokens sampled: the time to first token
+    int steps;                      // decode steps run (step_seconds[0 .. steps))
+} mt_generate_request;
+/* prefill and decode one batch of prompts of any lengths; collective over the replica's ranks */
+void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q);
 
 /* ============================================================================================= */
 /* 12. TRAINING LOOP
@@ -1152,6 +1247,7 @@ int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_
 #include <sys/types.h>
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 // =============================================================================================
 // 1. UTILITIES, ERRORS & CONFIG
@@ -1758,6 +1854,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.target_tp = 1;
     cfg->train.target_pp = 1;
     cfg->train.temperature = 1.0f;
+    cfg->train.out_seq_length = 1024;   // Megatron's tools/generate_samples_gpt.py default
+    cfg->train.num_samples = 0;          // 0: one of each prompt (and read prompts from stdin without one)
     cfg->train.recompute_num_layers = 1;
     cfg->train.tensorboard_log_interval = 1;
     cfg->train.tensorboard_queue_size = 1000;
@@ -1876,11 +1974,33 @@ static const mt__flag mt__flags[] = {
     {"--export-hf", MT__STR, MT__OFF(train.export_hf), MT_PATH_MAX, "checkpointing",
      "write the --load checkpoint as Hugging Face GPT-2 (model.safetensors, config.json) into this directory, then "
      "exit"},
+    {"--import-hf", MT__STR, MT__OFF(train.import_hf), MT_PATH_MAX, "checkpointing",
+     "read a Hugging Face GPT2LMHeadModel directory (model.safetensors, config.json) and write it as our "
+     "checkpoint into --save for --target-tensor/pipeline-parallel-size, then exit"},
     {"--tokens-to-generate", MT__INT, MT__OFF(train.tokens_to_generate), 0, "generation",
-     "after training, continue --prompt by this many tokens"},
-    {"--prompt", MT__STR, MT__OFF(train.prompt), 1024, "generation", "the text to continue (default: a new document)"},
+     "after training, continue --prompt by this many tokens (with the KV cache)"},
+    {"--out-seq-length", MT__INT, MT__OFF(train.out_seq_length), 0, "generation",
+     "generation mode (--load without --train-iters): new tokens per sequence; a sequence also stops at "
+     "<|endoftext|> and at the last position (--max-position-embeddings), said at the end; the window "
+     "never slides"},
+    {"--prompt", MT__STR, MT__OFF(train.prompt), 1024, "generation",
+     "the text to continue (default: a new document; in generation mode without it, one prompt per line of "
+     "standard input; without --vocab-file, token ids separated by spaces)"},
+    {"--sample-input-file", MT__STR, MT__OFF(train.sample_input_file), MT_PATH_MAX, "generation",
+     "generation mode: one prompt per line"},
+    {"--sample-output-file", MT__STR, MT__OFF(train.sample_output_file), MT_PATH_MAX, "generation",
+     "generation mode: JSON lines {\"prompt\", \"text\", \"prompt_tokens\", \"tokens\"} instead of printing"},
+    {"--num-samples", MT__INT, MT__OFF(train.num_samples), 0, "generation",
+     "generation mode: samples of each prompt; without a prompt, unconditional samples from <|endoftext|>"},
     {"--temperature", MT__FLOAT, MT__OFF(train.temperature), 0, "generation", "sampling temperature (0 = greedy)"},
     {"--top-k", MT__INT, MT__OFF(train.top_k), 0, "generation", "sample among the k most likely tokens (0 = all)"},
+    {"--top_k", MT__INT, MT__OFF(train.top_k), 0, "generation", "--top-k as tools/generate_samples_gpt.py spells it"},
+    {"--top-p", MT__FLOAT, MT__OFF(train.top_p), 0, "generation",
+     "sample among the most likely tokens whose probabilities add up to p (nucleus; 0 = all)"},
+    {"--top_p", MT__FLOAT, MT__OFF(train.top_p), 0, "generation", "--top-p as tools/generate_samples_gpt.py spells it"},
+    {"--greedy", MT__BOOL, MT__OFF(train.greedy), 0, "generation", "always the most likely token"},
+    {"--ignore-eos", MT__BOOL, MT__OFF(train.ignore_eos), 0, "generation",
+     "generation mode: do not stop at <|endoftext|> (benchmarks: exactly --out-seq-length tokens)"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
     {"--split", MT__STR, MT__OFF(train.split), 64, "data",
      "train,valid,test proportions of the documents, e.g. 949,50,1"},
@@ -2298,6 +2418,9 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
 
 void mt_print_help(FILE *f) {
     fprintf(f, "usage: train_gpt [flags]   (Megatron-LM's pretrain_gpt.py flags; values after a space or '=')\n");
+    fprintf(f, "       train_gpt --load DIR [generation flags]   generation mode, no --train-iters (Megatron's "
+               "tools/generate_samples_gpt.py): the model from the checkpoint, a KV cache, a report of tokens/s, "
+               "latency and memory\n");
     const char *groups[] = {"model", "parallel", "training", "data", "logging", "checkpointing", "generation",
                             "ignored"};
     // the flags a training run cannot do without (the others have working defaults)
@@ -2381,6 +2504,12 @@ static void mt__derive_check_ranges(mt_config *cfg) {
     mt__check_range("--train-iters", t->train_iters, 0, INT32_MAX / 2);
     mt__check_range("--tokens-to-generate", t->tokens_to_generate, 0, MT__MAX_DIM);
     mt__check_range("--top-k", t->top_k, 0, INT32_MAX);
+    mt__check_range("--out-seq-length", t->out_seq_length, 0, MT__MAX_DIM);
+    mt__check_range("--num-samples", t->num_samples, 0, 1 << 24);
+    if (!(t->top_p >= 0.0f && t->top_p <= 1.0f)) mt_fatal("--top-p %g is outside [0, 1]\nhint: e.g. --top-p 0.95",
+                                                          (double)t->top_p);
+    if (!(t->temperature >= 0.0f)) mt_fatal("--temperature %g is negative\nhint: 0 is greedy, 1 samples as trained",
+                                            (double)t->temperature);
     mt__check_range("--eval-iters", t->eval_iters, 0, INT32_MAX / 2);
     mt__check_range("--eval-interval", t->eval_interval, 0, INT32_MAX);
     mt__check_range("--save-interval", t->save_interval, 0, INT32_MAX);
@@ -4127,6 +4256,74 @@ void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv,
 }
 
 // ---------------------------------------------------------------------------------------------
+// attention over a KV cache (generation, section 11): the causal attention above, for Tq new
+// tokens of each sequence that continue what the cache already holds. Writes out (B,Tq,C_local)
+// with '=', and first stores the new tokens' keys and values into the caches.
+//   qkv (B,Tq,3*C_local)  the new tokens' [Q | K | V], head h in columns [h*hs, (h+1)*hs)
+//   kcache, vcache (B,cap,C_local)  sequence b's keys and values at positions 0..cap-1
+//   start (B)  the position of sequence b's first new token (= the tokens it already has);
+//              new token t sits at p = start[b] + t < cap and sees the positions 0..p:
+//   s[p,p2] = q_p . k_p2 / sqrt(hs)  for p2 <= p;  out_p = sum_p2 softmax(s)[p,p2] v_p2
+// The arithmetic is mt_attention_forward_cpu's, in the same order, so a prompt run through
+// here gives the same numbers as the training forward (no dropout: generation never drops).
+void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                     int B, int Tq, int C_local, int NH_local, int cap) {
+    int hs = C_local / NH_local;
+    int C3 = 3 * C_local;
+    float scale = 1.0f / sqrtf((float)hs);
+    // 1. the new keys and values join the cache
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tq; t++) {
+            const float *qkv_bt = qkv + ((size_t)b * Tq + t) * C3;
+            size_t at = ((size_t)b * cap + (size_t)(start[b] + t)) * C_local;
+            memcpy(kcache + at, qkv_bt + C_local, (size_t)C_local * sizeof(float));
+            memcpy(vcache + at, qkv_bt + 2 * C_local, (size_t)C_local * sizeof(float));
+        }
+    // 2. each new query against the cache, three passes as in the training forward
+    float *row = (float *)mt_malloc(sizeof(float) * (size_t)cap, "attention row");
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH_local; h++)
+            for (int t = 0; t < Tq; t++) {
+                int p = start[b] + t;
+                const float *q = qkv + ((size_t)b * Tq + t) * C3 + h * hs;
+                const float *k_b = kcache + (size_t)b * cap * C_local + h * hs;
+                const float *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+                float maxval = -INFINITY;
+                for (int p2 = 0; p2 <= p; p2++) {
+                    row[p2] = mt__attention_score(q, k_b + (size_t)p2 * C_local, hs, scale);
+                    if (row[p2] > maxval) maxval = row[p2];
+                }
+                float sum = 0.0f;
+                for (int p2 = 0; p2 <= p; p2++) {
+                    float e = expf(row[p2] - maxval);
+                    row[p2] = e;
+                    sum += e;
+                }
+                float inv = 1.0f / sum;
+                float *o = out + ((size_t)b * Tq + t) * C_local + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                for (int p2 = 0; p2 <= p; p2++) {
+                    float pr = row[p2] * inv;
+                    const float *v = v_b + (size_t)p2 * C_local;
+                    for (int i = 0; i < hs; i++) o[i] += pr * v[i];
+                }
+            }
+    free(row);
+}
+
+// ---------------------------------------------------------------------------------------------
+// argmax of each row (greedy decoding, section 11): out[r] = the first v < n with the largest
+// x[r*ld + v] (strictly larger replaces, so ties go to the smaller index, as mt_sample_token's)
+void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld) {
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * ld;
+        int best = 0;
+        for (int v = 1; v < n; v++) if (row[v] > row[best]) best = v;
+        out[r] = best;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // writes out with '='. inp/out have N elements.
 #define MT_GELU_SCALING_FACTOR 0.7978845608028654f   /* sqrt(2/pi) */
@@ -4336,6 +4533,15 @@ void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const flo
     mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global);
 }
 
+void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
+                                 const int *start, int B, int Tq, int C_local, int NH_local, int cap) {
+    (void)r; mt_attention_cached_forward_cpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap);
+}
+
+void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
+    (void)r; mt_argmax_rows_cpu(out, x, rows, n, ld);
+}
+
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     (void)r; mt_gelu_forward_cpu(out, inp, N);
 }
@@ -4429,6 +4635,12 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
     return 0;
 }
+
+// CUDA graphs: nothing to record on the CPU; the work ran as it was queued
+void mt_device_capture_begin(mt_rank *r) { (void)r; }
+void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
+void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
+void mt_device_graph_free(void *graph) { (void)graph; }
 
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->train.fp16 || cfg->train.bf16)
@@ -4552,6 +4764,12 @@ void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *d
     mt__sequence_all_gather(r, dfull, dshard, K);
 }
 
+// are the layers' activations split along the sequence now? --sequence-parallel, except while
+// the KV-cache generator decodes (r->state.decoding)
+static int mt__sequence_parallel(const mt_rank *r) {
+    return r->cfg->parallel.sequence_parallel && !r->state.decoding;
+}
+
 // ---------------------------------------------------------------------------------------------
 // column-parallel linear: Y_r = X A_r + b_r   (no communication forward)
 // math: Y = X @ A, A is (K, OC), split by COLUMNS A = [A_0 | A_1 | ...];
@@ -4561,7 +4779,7 @@ void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *d
 // the output's rows), all-gathered first (g) into the scratch.
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
         inp = r->scratch.sp_full;
     }
@@ -4576,7 +4794,7 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
 // each rank gets the sum at its own positions.
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp) {
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_scratch *s = &r->scratch;
         mt_gather_from_sequence_parallel_region_forward(r, s->sp_full, inp, K);
         mt_matmul_backward(r, s->sp_partial, dweight, dbias, dout, s->sp_full, weight, BT, K, OC_tp);
@@ -4596,7 +4814,7 @@ void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight,
 // reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC) {
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_matmul_forward(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
         mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
@@ -4616,7 +4834,7 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // bias with the layernorms instead; the all-gather is already paid for here).
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
         dout = r->scratch.sp_full;
     }
@@ -4634,7 +4852,7 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte,
                                          const float *wpe) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C;
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_embedding_forward(r, r->scratch.sp_partial, tokens, wte, B, T, C, r->dims.vocab_start, r->dims.Vp_tp);
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, C);
         mt_position_embedding_forward(r, out, wpe + (size_t)r->dims.t_offset * C, B, r->dims.T_sp, C);
@@ -4649,7 +4867,7 @@ void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *toke
 // --sequence-parallel: dout is my shard; g-bar's backward all-gathers it first. Then dwpe too is
 // summed over every position from the gathered dout: whole on every rank, no all-reduce needed.
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
-    if (r->cfg->parallel.sequence_parallel) {
+    if (mt__sequence_parallel(r)) {
         mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, r->dims.C);
         dout = r->scratch.sp_full;
     }
@@ -7445,10 +7663,11 @@ static void mt__mkdir_p(const char *path) {   // every directory of path, like m
 
 // the tensors of a checkpoint, in file order: parameters, then exp_avg, then exp_avg_sq
 typedef struct { char name[64]; const mt_param_spec *spec; int which; } mt__ckpt_tensor;   // which: 0 param, 1 m, 2 v
-static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
+// (groups: 3 = all of them; 1 = the parameters only, what generation reads)
+static int mt__ckpt_tensor_groups(const mt_rank *r, mt__ckpt_tensor *out, int groups) {
     const char *prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
     int n = 0;
-    for (int which = 0; which < 3; which++)
+    for (int which = 0; which < groups; which++)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
             if (!r->model.specs[i].present) continue;
             snprintf(out[n].name, sizeof out[n].name, "%s%s", prefix[which], r->model.specs[i].name);
@@ -7458,6 +7677,7 @@ static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) {
         }
     return n;
 }
+static int mt__ckpt_tensors(const mt_rank *r, mt__ckpt_tensor *out) { return mt__ckpt_tensor_groups(r, out, 3); }
 
 static int mt__ckpt_shape(const mt_param_spec *s, size_t shape[3]) {   // drops dimensions of size 1 (vectors)
     int nd = 0;
@@ -7728,9 +7948,9 @@ static void mt__ckpt_check_counters(const char *path, int tracker_iteration, con
                  path, saved[3]);
 }
 
-// reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq), after
-// checking that its layout and model are r's; saved[] receives the metadata values
-static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
+// reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq; the first
+// `groups` of them), after checking that its layout and model are r's; saved[] receives the metadata
+static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host[3], long long saved[32], int groups) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint is incomplete, or was saved with another TP x PP layout "
                      "(ls its iter_* directory: mp_rank_TT_PPP); convert it to this run's: ./train_gpt "
@@ -7758,7 +7978,7 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     // the tensors, each checked against this rank's shapes and the file's size
     uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
-    int nt = mt__ckpt_tensors(r, tensors);
+    int nt = mt__ckpt_tensor_groups(r, tensors, groups);
     for (int i = 0; i < nt; i++) {
         const mt_param_spec *s = tensors[i].spec;
         mt_json t, v;
@@ -7803,6 +8023,10 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     mt__disown(json);
     fclose(f);
     free(json);
+}
+
+static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
+    mt__ckpt_read_groups(r, path, host, saved, 3);
 }
 
 // --load checkpoints/iter_0001000, the tutorial's way: an iteration's directory, not the root.
@@ -7986,6 +8210,29 @@ static void mt__ckpt_free_full(mt__full_checkpoint *full) {
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) free(full->global[k][i]);
 }
 
+// writes a whole checkpoint (parameters and AdamW's moments, full tensors) cut for the layout of
+// `target` into dst: every (TP, PP) file, then the tracker
+static void mt__ckpt_write_full(const mt__full_checkpoint *full, const mt_config *target, const char *dst) {
+    int tp = target->parallel.tensor_model_parallel_size, pp = target->parallel.pipeline_model_parallel_size;
+    for (int t = 0; t < tp; t++)
+        for (int p = 0; p < pp; p++) {
+            mt_rank r;
+            mt__shape_rank(&r, target, t, p);
+            r.optim.step = (int)full->step;
+            float *host[3];
+            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float),
+                                                                     "checkpoint");
+            for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
+                if (r.model.specs[i].present)
+                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full->global[k][i], 1);
+            char path[MT_PATH_MAX + 128];
+            mt_checkpoint_path(path, sizeof path, dst, full->iteration, t, p, pp);
+            mt__ckpt_write_file(&r, path, host, full->iteration, full->valid_consumed);
+            for (int k = 0; k < 3; k++) free(host[k]);
+        }
+    mt__ckpt_write_tracker(dst, full->iteration);
+}
+
 int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int layers_per_virtual) {
     mt__full_checkpoint full;
     mt__ckpt_read_full(src, &full);
@@ -7996,23 +8243,7 @@ int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int 
     target.parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
     target.train.global_batch_size = layers_per_virtual > 0 ? pp : 1;
     mt_config_derive(&target);   // checks that the model splits this way (heads, layers, ffn)
-    for (int t = 0; t < tp; t++)
-        for (int p = 0; p < pp; p++) {
-            mt_rank r;
-            mt__shape_rank(&r, &target, t, p);
-            r.optim.step = (int)full.step;
-            float *host[3];
-            for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float),
-                                                                     "checkpoint");
-            for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
-                if (r.model.specs[i].present)
-                    for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full.global[k][i], 1);
-            char path[MT_PATH_MAX + 128];
-            mt_checkpoint_path(path, sizeof path, dst, full.iteration, t, p, pp);
-            mt__ckpt_write_file(&r, path, host, full.iteration, full.valid_consumed);
-            for (int k = 0; k < 3; k++) free(host[k]);
-        }
-    mt__ckpt_write_tracker(dst, full.iteration);
+    mt__ckpt_write_full(&full, &target, dst);
     printf("converted %s (TP=%d, PP=%d) to %s (TP=%d, PP=%d%s) at iteration %d\n", src,
            full.cfg.parallel.tensor_model_parallel_size, full.cfg.parallel.pipeline_model_parallel_size, dst, tp, pp,
            layers_per_virtual > 0 ? ", interleaved" : "", full.iteration);
@@ -8021,22 +8252,13 @@ int mt_checkpoint_convert(const char *src, const char *dst, int tp, int pp, int 
     return iteration;
 }
 
-// Hugging Face GPT-2 (transformers' GPT2LMHeadModel): DIR/model.safetensors and DIR/config.json.
-// Names as in the published gpt2 checkpoint (wte.weight, h.0.attn.c_attn.weight, ...). GPT-2's
-// Conv1D layers store their weights as (in, out), the transpose of ours (out, in), so every
-// linear weight is transposed on the way out. The vocabulary is the real V rows (no padding);
-// the LM head is tied to wte, so it has no tensor of its own.
-int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
-    mt__full_checkpoint full;
-    mt__ckpt_read_full(src, &full);
-    const mt_config *cfg = &full.cfg;
+// GPT-2's tensors in the order transformers writes them, each with the tensor of ours it is:
+// (name, our tensor's index in the carve, layer or -1, rows, cols, transpose). Conv1D weights are
+// (in, out), ours (out, in): transpose = 1; rows x cols is our shape of one layer's tensor.
+typedef struct { char name[64]; int tensor, layer, rows, cols, transpose; } hf_tensor;
+static int mt__hf_tensors(const mt_config *cfg, hf_tensor *list) {
     int L = cfg->model.num_layers, C = cfg->model.hidden_size, F = cfg->model.ffn_hidden_size;
-    int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings;
-    mt__mkdir_p(out_dir);
-    // the tensors in file order: (name, source tensor index, layer or -1, rows, cols, transpose)
-    typedef struct { char name[64]; int tensor, layer, rows, cols, transpose; } hf_tensor;
-    int n = 0, cap = 4 + 12 * L;
-    hf_tensor *list = (hf_tensor *)mt_calloc((size_t)cap, sizeof(hf_tensor), "export");
+    int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings, n = 0;
     // carve order: 0 wte 1 wpe 2 ln1w 3 ln1b 4 qkvw 5 qkvb 6 attprojw 7 attprojb 8 ln2w 9 ln2b
     //              10 fcw 11 fcb 12 fcprojw 13 fcprojb 14 lnfw 15 lnfb
     snprintf(list[n].name, 64,
@@ -8065,6 +8287,23 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
              "ln_f.weight"); list[n].tensor = 14; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
     snprintf(list[n].name, 64,
              "ln_f.bias"); list[n].tensor = 15; list[n].layer = -1; list[n].rows = 1; list[n].cols = C; n++;
+    return n;
+}
+
+// Hugging Face GPT-2 (transformers' GPT2LMHeadModel): DIR/model.safetensors and DIR/config.json.
+// Names as in the published gpt2 checkpoint (wte.weight, h.0.attn.c_attn.weight, ...). GPT-2's
+// Conv1D layers store their weights as (in, out), the transpose of ours (out, in), so every
+// linear weight is transposed on the way out. The vocabulary is the real V rows (no padding);
+// the LM head is tied to wte, so it has no tensor of its own.
+int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
+    mt__full_checkpoint full;
+    mt__ckpt_read_full(src, &full);
+    const mt_config *cfg = &full.cfg;
+    int L = cfg->model.num_layers, C = cfg->model.hidden_size, F = cfg->model.ffn_hidden_size;
+    int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings;
+    mt__mkdir_p(out_dir);
+    hf_tensor *list = (hf_tensor *)mt_calloc((size_t)(4 + 12 * L), sizeof(hf_tensor), "export");
+    int n = mt__hf_tensors(cfg, list);
     // header: transformers wants metadata {"format": "pt"}
     size_t hcap = 256 + (size_t)n * 128, len = 0, offset = 0;
     char *json = (char *)mt_malloc(hcap, "export header");
@@ -8126,15 +8365,252 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     return iteration;
 }
 
+// The way back: a Hugging Face GPT-2 directory (config.json, model.safetensors as transformers'
+// save_pretrained writes it, or as our export does) into our checkpoint for any TP x PP. Names
+// may carry GPT2LMHeadModel's "transformer." prefix; lm_head.weight (tied to wte) and the
+// attention's mask buffers (attn.bias, attn.masked_bias of older versions) are skipped. F32, F16
+// and BF16 tensors are read (as fp32). The checkpoint is iteration 1 with AdamW's moments at 0:
+// fine-tuning from it starts at iteration 2. Export then import gives back the same bits.
+static float mt__half_to_float(uint16_t h) {   // IEEE binary16 -> binary32, exactly
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023u, bits;
+    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);          // inf, NaN
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);   // normal: rebias 15 -> 127
+    else if (!man) bits = sign;                                      // zero
+    else {                                                           // subnormal: normalise
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 1024u));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 1023u) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static double mt__hf_config_number(const char *json, size_t len, const char *path, const char *key, double fallback) {
+    mt_json j;
+    mt_json_init(&j, json, len, 0);
+    if (!mt_json_find(&j, key) || (j.p < j.end && *j.p == 'n')) {   // absent or null
+        if (fallback < 0) mt_fatal("%s has no \"%s\"\nhint: --import-hf reads a GPT2LMHeadModel's config.json", path,
+                                   key);
+        return fallback;
+    }
+    double v;
+    if (!mt_json_number(&j, &v)) mt_fatal("%s: \"%s\" is not a number", path, key);
+    if (strcmp(key, "layer_norm_epsilon") != 0 && (v != floor(v) || v < 0 || v > (double)(1 << 26)))
+        mt_fatal("%s: \"%s\" is %g, not a size\nhint: the file is damaged", path, key, v);
+    return v;
+}
+
+int mt_checkpoint_import_hf(const char *hf_dir, const char *dst, int tp, int pp, int layers_per_virtual) {
+    char path[MT_PATH_MAX + 64];
+    // config.json: GPT2Config
+    snprintf(path, sizeof path, "%s/config.json", hf_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s: %s\nhint: --import-hf DIR needs DIR/config.json and DIR/model.safetensors "
+                     "(transformers' save_pretrained writes both)", path, strerror(errno));
+    char *text = (char *)mt_malloc(1 << 20, "config.json");
+    size_t len = fread(text, 1, (1 << 20) - 1, f);
+    fclose(f);
+    text[len] = 0;
+    mt__full_checkpoint full;
+    memset(&full, 0, sizeof full);
+    mt_config *cfg = &full.cfg;
+    mt_config_defaults(cfg);
+    cfg->model.num_layers = (int)mt__hf_config_number(text, len, path, "n_layer", -1);
+    cfg->model.hidden_size = (int)mt__hf_config_number(text, len, path, "n_embd", -1);
+    cfg->model.num_attention_heads = (int)mt__hf_config_number(text, len, path, "n_head", -1);
+    cfg->model.ffn_hidden_size = (int)mt__hf_config_number(text, len, path, "n_inner", 0);   // null: 4C
+    cfg->model.max_position_embeddings = (int)mt__hf_config_number(text, len, path, "n_positions", -1);
+    cfg->model.seq_length = cfg->model.max_position_embeddings;
+    cfg->model.vocab_size = (int)mt__hf_config_number(text, len, path, "vocab_size", -1);
+    double eps = mt__hf_config_number(text, len, path, "layer_norm_epsilon", 1e-5);
+    mt_json j;
+    mt_json_init(&j, text, len, 0);
+    int gelu_new = !mt_json_find(&j, "activation_function") || strncmp(j.p, "\"gelu_new\"", 10) == 0;
+    mt_json_init(&j, text, len, 0);
+    int untied = mt_json_find(&j, "tie_word_embeddings") && strncmp(j.p, "false", 5) == 0;
+    free(text);
+    if (eps != 1e-5 || !gelu_new || untied)
+        mt_fatal("%s: a GPT-2 with %s; megatron.h's GPT is GPT-2's own (LayerNorm eps 1e-5, gelu_new, tied LM head)\n"
+                 "hint: import a GPT2LMHeadModel with the standard configuration", path,
+                 eps != 1e-5 ? "another layer_norm_epsilon" : !gelu_new ? "another activation_function"
+                                                             : "an untied LM head");
+    cfg->train.train_iters = 1;
+    mt_config_derive(cfg);   // the sizes must make a model (heads divide the width, ...)
+    // model.safetensors: every tensor GPT-2 has, in our layout
+    snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
+    f = fopen(path, "rb");
+    if (!f) mt_fatal("cannot open %s: %s\nhint: save the model with safe_serialization (transformers' default)", path,
+                     strerror(errno));
+    uint64_t header_len = 0;
+    long file_size = 0;
+    char *header = mt__ckpt_header(f, path, &header_len, &file_size);
+    uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
+    mt_rank shape;
+    mt__shape_rank(&shape, cfg, 0, 0);   // one rank holds everything: the full shapes
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *sp = &shape.model.specs[i];
+        full.count[i] = (size_t)(sp->layers ? cfg->model.num_layers : 1) * sp->grows * sp->gcols;
+        for (int k = 0; k < 3; k++) full.global[k][i] = (float *)mt_calloc(full.count[i] + 1, sizeof(float),
+                                                                           "imported checkpoint");
+    }
+    hf_tensor *list = (hf_tensor *)mt_calloc((size_t)(4 + 12 * cfg->model.num_layers), sizeof(hf_tensor), "import");
+    int n = mt__hf_tensors(cfg, list);
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        if ((size_t)list[i].rows * list[i].cols > largest) largest = (size_t)list[i].rows * list[i].cols;
+    unsigned char *raw = (unsigned char *)mt_malloc(largest * 4, "import");
+    float *buf = (float *)mt_malloc(largest * sizeof(float), "import");
+    for (int i = 0; i < n; i++) {
+        const hf_tensor *t = &list[i];
+        char name[96];
+        mt_json hdr, tj, v;
+        mt_json_init(&hdr, header, (size_t)header_len, 0);
+        snprintf(name, sizeof name, "transformer.%s", t->name);   // save_pretrained's names
+        if (!mt__ckpt_member(&hdr, name, &tj) && !mt__ckpt_member(&hdr, t->name, &tj))
+            mt_fatal("%s has no tensor %s\nhint: --import-hf reads GPT2LMHeadModel's weights", path, t->name);
+        int elem = 0;   // bytes per element: F32 4, F16 2 (code 2), BF16 2 (code 3)
+        int code = 0;
+        if (mt__ckpt_member(&tj, "dtype", &v)) {
+            if (strncmp(v.p, "\"F32\"", 5) == 0) { elem = 4; code = 1; }
+            else if (strncmp(v.p, "\"F16\"", 5) == 0) { elem = 2; code = 2; }
+            else if (strncmp(v.p, "\"BF16\"", 6) == 0) { elem = 2; code = 3; }
+        }
+        if (!elem) mt_fatal("%s: tensor %s is not F32, F16 or BF16", path, t->name);
+        long long shp[8], offs[2];
+        int nd = mt__ckpt_member(&tj, "shape", &v) ? mt_json_ints(&v, shp, 8) : -1;
+        // Conv1D weights are (in, out) = (cols, rows) of ours; vectors (cols); wte, wpe (rows, cols)
+        int want_nd = t->rows == 1 ? 1 : 2;
+        long long want0 = t->rows == 1 ? t->cols : t->transpose ? t->cols : t->rows;
+        long long want1 = t->transpose ? t->rows : t->cols;
+        if (nd != want_nd || shp[0] != want0 || (nd == 2 && shp[1] != want1))
+            mt_fatal("%s: tensor %s has another shape than config.json says\nhint: the directory mixes two models",
+                     path, t->name);
+        size_t count = (size_t)t->rows * t->cols, bytes = count * (size_t)elem;
+        int n_offs = mt__ckpt_member(&tj, "data_offsets", &v) ? mt_json_ints(&v, offs, 2) : -1;
+        if (n_offs != 2 || offs[0] < 0 || (uint64_t)(offs[1] - offs[0]) != bytes || (uint64_t)offs[1] > data_size)
+            mt_fatal("%s: tensor %s has bad data offsets (the file is truncated or damaged)", path, t->name);
+        fseek(f, (long)(data_start + (uint64_t)offs[0]), SEEK_SET);
+        if (fread(raw, 1, bytes, f) != bytes) mt_fatal("%s: short read of %s", path, t->name);
+        for (size_t e = 0; e < count; e++) {   // to fp32, in the file's order
+            if (code == 1) memcpy(&buf[e], raw + 4 * e, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, raw + 2 * e, 2);
+                if (code == 2) buf[e] = mt__half_to_float(h);
+                else { uint32_t bits = (uint32_t)h << 16; memcpy(&buf[e], &bits, 4); }
+            }
+        }
+        float *dst_t = full.global[0][t->tensor] + (t->layer >= 0 ? (size_t)t->layer * count : 0);
+        if (t->transpose)   // Conv1D's (in, out) -> ours (rows = out, cols = in)
+            for (int a = 0; a < t->rows; a++)
+                for (int b = 0; b < t->cols; b++) dst_t[(size_t)a * t->cols + b] = buf[(size_t)b * t->rows + a];
+        else memcpy(dst_t, buf, count * sizeof(float));
+    }
+    fclose(f);
+    free(raw); free(buf); free(list); free(header);
+    full.iteration = 1;
+    mt_config target = *cfg;
+    target.parallel.tensor_model_parallel_size = tp;
+    target.parallel.pipeline_model_parallel_size = pp;
+    target.parallel.nproc_per_node = tp * pp;
+    target.parallel.num_layers_per_virtual_pipeline_stage = layers_per_virtual;
+    target.train.global_batch_size = layers_per_virtual > 0 ? pp : 1;
+    mt_config_derive(&target);   // checks that the model splits this way (heads, layers, ffn)
+    mt__ckpt_write_full(&full, &target, dst);
+    printf("imported %s (GPT-2: L=%d C=%d NH=%d V=%d maxT=%d) into %s (TP=%d, PP=%d) as iteration 1\n", hf_dir,
+           cfg->model.num_layers, cfg->model.hidden_size, cfg->model.num_attention_heads, cfg->model.vocab_size,
+           cfg->model.max_position_embeddings, dst, tp, pp);
+    mt__ckpt_free_full(&full);
+    return 1;
+}
+
 // =============================================================================================
 // 11. GENERATION
 // =============================================================================================
-// Sampling text from the model with the training forward (llm.c's way: the whole window is
-// run again for every new token; no KV cache yet). A sequence of n tokens fills positions
-// 0..n-1 of every sample of one micro-batch (the rest is padding the causal mask never lets
-// position n-1 see); the last stage reads the logits at position n-1, the TP ranks gather their
-// vocabulary slices, every one of them samples the same token (same numbers, same counter-based
-// random number), and the pipeline's last stage tells the others.
+// Mirrors megatron/inference/text_generation (generation.py, sampling.py) and the KV cache of
+// its inference_params: text continued one token at a time, collective over the ranks of one
+// model replica (TP x PP). Three parts, the naive one first, as picotron puts them side by side:
+//   sampling     the next token from a row of logits: greedy, temperature, top-k, top-p
+//   uncached     the training forward run again over the whole window for every token (what
+//                --tokens-to-generate did before the cache; kept as the tests' reference)
+//   KV cache     the prompt in one pass (prefill), then one token per step that reads every
+//                earlier position's keys and values from the cache instead of recomputing them
+//
+//   prefill   tokens (B, Tp) -> x (B,Tp,C) -> layers, each storing K,V (B,Tp,C_tp) at 0..Tp-1
+//             -> the last prompt token's hidden (B,C) -> ln_f -> logits (B,Vp) -> sample
+//   decode    token (B,1) at position pos_b -> x (B,1,C) -> layers: K,V at pos_b, attention
+//             over 0..pos_b -> logits (B,Vp) -> sample; pos_b += 1
+//
+// Prompts of different lengths share a batch: they are right-padded to the longest, Tp. A
+// causal mask means a real token never sees the padding after it; the padding's keys land in
+// the cache past the prompt and are overwritten by the generated tokens before any query can
+// reach them (each sequence decodes at its own position pos_b, so none waits for the others).
+// Every parallel layout samples the same tokens as one rank: the TP ranks hold their heads'
+// K and V and their vocabulary slice of the logits (gathered before sampling, so every TP rank
+// samples the same token from the same numbers); the pipeline stages pass the hidden state
+// (B,Tq,C) forward and the last stage sends the sampled tokens back to all stages.
+
+// ---------------------------------------------------------------------------------------------
+// sampling (megatron/inference/text_generation/sampling.py): logits / temperature, keep the
+// top_k largest, keep the smallest head of the rest (sorted) whose probability reaches top_p,
+// renormalise, draw. The draw for token `position` of sequence `sequence` is the counter-based
+// uniform (seed, "next", position, sequence): the same tokens whatever the batch or layout.
+typedef struct { float logit; int id; } mt__candidate;
+static int mt__candidate_order(const void *a, const void *b) {   // larger logit first, then smaller id
+    const mt__candidate *x = (const mt__candidate *)a, *y = (const mt__candidate *)b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id - y->id;
+}
+
+int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t sequence, uint64_t position) {
+    int best = 0;
+    for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
+    if (s->temperature <= 0.0f || s->top_k == 1) return best;   // greedy
+    double inv_t = 1.0 / (double)s->temperature;
+    double u = (double)mt_rand_uniform(s->seed, 0x6e657874, position, sequence, 0);   // sequence 0: as before the cache
+    int filtered = (s->top_k > 0 && s->top_k < V) || (s->top_p > 0.0f && s->top_p < 1.0f);
+    if (!filtered) {   // every token, in id order: p_v ~ exp((l_v - l_max) / T)
+        double sum = 0.0, acc = 0.0;
+        for (int v = 0; v < V; v++) sum += exp((double)(logits[v] - logits[best]) * inv_t);
+        for (int v = 0; v < V; v++) {
+            acc += exp((double)(logits[v] - logits[best]) * inv_t);
+            if (acc > u * sum) return v;
+        }
+        return best;
+    }
+    // the candidates, most likely first
+    mt__candidate *c = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * (size_t)V, "sampling");
+    for (int v = 0; v < V; v++) { c[v].logit = logits[v]; c[v].id = v; }
+    qsort(c, (size_t)V, sizeof *c, mt__candidate_order);
+    int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;                    // top-k
+    double *p = (double *)mt_malloc(sizeof(double) * (size_t)keep, "sampling");
+    double sum = 0.0;
+    for (int i = 0; i < keep; i++) { p[i] = exp((double)(c[i].logit - c[0].logit) * inv_t); sum += p[i]; }
+    if (s->top_p > 0.0f && s->top_p < 1.0f) {   // top-p: drop token i when the ones before it reach p
+        double before = 0.0;                    // (Megatron: cumsum(probs) > top_p, shifted right by one)
+        int i = 0;
+        while (i < keep && (i == 0 || before / sum <= (double)s->top_p)) before += p[i++];
+        keep = i;
+        sum = before;
+    }
+    double acc = 0.0;
+    int token = c[keep - 1].id;
+    for (int i = 0; i < keep; i++) {
+        acc += p[i];
+        if (acc > u * sum) { token = c[i].id; break; }
+    }
+    free(p);
+    free(c);
+    return token;
+}
+
+// ---------------------------------------------------------------------------------------------
+// uncached: the training forward over the window, for every new token (llm.c's way). A sequence
+// of n tokens fills positions 0..n-1 of every sample of one micro-batch (the rest is padding the
+// causal mask never lets position n-1 see); the last stage reads the logits at position n-1,
+// the TP ranks gather their vocabulary slices, every one of them samples the same token, and the
+// pipeline's last stage tells the others. Past T tokens the window slides.
 typedef struct { const int32_t *ids; int n; } mt__gen_window;
 
 static void mt__gen_batch(mt_rank *r, void *vctx, int iteration, int mb, int *tokens, int *targets) {
@@ -8147,37 +8623,8 @@ static void mt__gen_batch(mt_rank *r, void *vctx, int iteration, int mb, int *to
         }
 }
 
-// the next token from a full row of logits (Vp floats, the first V real)
-static int mt__sample_token(const float *logits, int V, float temperature, int top_k, uint64_t seed, uint64_t step) {
-    int best = 0;
-    for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
-    if (temperature <= 0.0f) return best;   // greedy
-    // keep the top_k largest (all if top_k is 0): a threshold from a partial selection
-    float threshold = -INFINITY;
-    if (top_k > 0 && top_k < V) {
-        float *sorted = (float *)mt_malloc(sizeof(float) * (size_t)V, "sampling");
-        memcpy(sorted, logits, sizeof(float) * (size_t)V);
-        for (int i = 0; i < top_k; i++) {   // top_k is small: selection sort of the first top_k
-            int m = i;
-            for (int j = i + 1; j < V; j++) if (sorted[j] > sorted[m]) m = j;
-            float tmp = sorted[i]; sorted[i] = sorted[m]; sorted[m] = tmp;
-        }
-        threshold = sorted[top_k - 1];
-        free(sorted);
-    }
-    double sum = 0.0;
-    for (int v = 0; v < V; v++)
-        if (logits[v] >= threshold) sum += exp((double)(logits[v] - logits[best]) / temperature);
-    double u = (double)mt_rand_uniform(seed, 0x6e657874, step, 0, 0) * sum, acc = 0.0;
-    for (int v = 0; v < V; v++) {
-        if (logits[v] < threshold) continue;
-        acc += exp((double)(logits[v] - logits[best]) / temperature);
-        if (acc > u) return v;
-    }
-    return best;
-}
-
-int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float temperature, int top_k, uint64_t seed) {
+int mt_generate_uncached(mt_rank *r, int32_t *ids, int n, int cap, int count, const mt_sampling *s, uint64_t sequence,
+                         float *logits_out) {
     const mt_config *cfg = r->cfg;
     int V = cfg->model.vocab_size, Vp = cfg->padded_vocab_size, T = r->dims.T;
     float *row = (float *)mt_malloc(sizeof(float) * (size_t)Vp, "logits row");
@@ -8200,7 +8647,8 @@ int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float tempe
             } else {
                 mt_buffer_download(r, row, mine, sizeof(float) * (size_t)Vp);
             }
-            next = (float)mt__sample_token(row, V, temperature, top_k, seed, (uint64_t)n);
+            if (logits_out) memcpy(logits_out + (size_t)k * V, row, sizeof(float) * (size_t)V);
+            next = (float)mt_sample_token(row, V, s, sequence, (uint64_t)n);
         }
         a->mb = -1;
         if (r->ps.pp_size > 1) mt_broadcast(&r->groups.pp, &next, 1, r->ps.pp_size - 1);   // host value, threads
@@ -8209,6 +8657,260 @@ int mt_generate(mt_rank *r, int32_t *ids, int n, int cap, int count, float tempe
     free(row);
     if (gathered) mt_buffer_free(gathered);
     return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the KV cache and the decoding buffers: one allocation each, carved like the activations
+// ---------------------------------------------------------------------------------------------
+static size_t mt__carve_generator(const mt_rank *r, mt_generator *g, float *base) {
+    size_t BTq = (size_t)g->max_tokens, B = (size_t)g->max_batch, C = (size_t)r->dims.C;
+    size_t C_tp = (size_t)r->dims.C_tp, F_tp = (size_t)r->dims.F_tp, Vp_tp = (size_t)r->dims.Vp_tp;
+    size_t cache = (size_t)r->dims.L_local * B * (size_t)g->cap * C_tp;
+    int last = r->ps.is_last_stage, first = r->ps.is_first_stage;
+    struct { float **ptr; size_t n; } carve[] = {
+        {&g->kcache, cache}, {&g->vcache, cache},
+        {&g->x, BTq * C}, {&g->res2, BTq * C}, {&g->ln, BTq * C}, {&g->ln_mean, BTq}, {&g->ln_rstd, BTq},
+        {&g->qkv, BTq * 3 * C_tp}, {&g->atty, BTq * C_tp}, {&g->fch, BTq * F_tp}, {&g->fch_gelu, BTq * F_tp},
+        {&g->out_c, BTq * C}, {&g->pos_emb, first ? BTq * C : 0},
+        {&g->last, last ? B * C : 0}, {&g->lnf, last ? B * C : 0}, {&g->lnf_mean, last ? B : 0},
+        {&g->lnf_rstd, last ? B : 0}, {&g->logits, last ? B * Vp_tp : 0},
+        {&g->gathered, last && r->ps.tp_size > 1 ? B * Vp_tp * (size_t)r->ps.tp_size : 0},
+    };
+    size_t offset = 0;
+    for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
+        *carve[i].ptr = (base && carve[i].n) ? base + offset : NULL;
+        offset += carve[i].n;
+    }
+    return offset;
+}
+
+void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap) {
+    memset(g, 0, sizeof *g);
+    int maxT = r->cfg->model.max_position_embeddings;
+    if (cap > maxT) cap = maxT;
+    g->max_batch = max_batch;
+    g->max_tokens = max_tokens > max_batch ? max_tokens : max_batch;
+    g->cap = cap;
+    size_t n = mt__carve_generator(r, g, NULL);
+    g->memory = mt_buffer_alloc(r, n, "KV cache and decoding buffers");
+    mt__carve_generator(r, g, g->memory);
+    g->bytes = n * sizeof(float);
+    g->cache_bytes = 2 * (size_t)r->dims.L_local * (size_t)max_batch * (size_t)cap * (size_t)r->dims.C_tp *
+                     sizeof(float);
+    size_t BTq = (size_t)g->max_tokens;
+    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + (size_t)max_batch, "decoding ids");   // tokens, positions, start, next
+    g->next = g->ids + 3 * BTq;
+    g->host_next = (int *)mt_calloc((size_t)max_batch, sizeof(int), "decoding ids");
+    g->tokens = g->ids;
+    g->positions = g->ids + BTq;
+    g->start = g->ids + 2 * BTq;
+    g->host_ids = (int *)mt_calloc(3 * BTq, sizeof(int), "decoding ids");
+    g->host_msg = (float *)mt_calloc(BTq * (size_t)r->dims.C, sizeof(float), "pipeline messages");
+    size_t Vp = (size_t)r->cfg->padded_vocab_size;
+    g->host_logits = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
+    g->host_gathered = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
+    g->graphs = (void **)mt_calloc(2 * (size_t)max_batch, sizeof(void *), "decode graphs");
+}
+
+void mt_generator_free(mt_generator *g) {
+    mt_buffer_free(g->memory);
+    mt_buffer_free(g->ids);
+    free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered);
+    for (int b = 0; b < 2 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
+    free(g->graphs);
+    free(g->host_next);
+    memset(g, 0, sizeof *g);
+}
+
+// pipeline messages of generation: (B,Tq,C) hidden states through the host, as section 8's
+static void mt__gen_send(mt_rank *r, mt_generator *g, const float *buf, size_t n, int peer_stage, int chunk) {
+    mt_buffer_download(r, g->host_msg, buf, n * sizeof(float));
+    mt_send(&r->groups.pp, g->host_msg, n, peer_stage, mt__p2p_tag(0, 0, chunk));
+}
+static void mt__gen_recv(mt_rank *r, mt_generator *g, float *buf, size_t n, int peer_stage, int chunk) {
+    mt_recv(&r->groups.pp, g->host_msg, n, peer_stage, mt__p2p_tag(0, 0, chunk));
+    mt_buffer_upload(r, buf, g->host_msg, n * sizeof(float));
+}
+
+// one transformer layer over Tq new tokens per sequence, reading and extending layer l's cache:
+// section 5's mt__layer_forward with the attention over the cache and without dropout
+//   x (B,Tq,C) in, and out: x = res2 + fcproj(gelu(fc(ln2(res2)))), res2 = x + attproj(attn(ln1(x)))
+static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
+    int C = r->dims.C, BT = B * Tq, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
+    mt_params *p = &r->model.params;
+    float *l_ln1w = p->ln1w + (size_t)l * C, *l_ln1b = p->ln1b + (size_t)l * C;
+    float *l_qkvw = p->qkvw + (size_t)l * 3 * C_tp * C, *l_qkvb = p->qkvb + (size_t)l * 3 * C_tp;
+    float *l_attprojw = p->attprojw + (size_t)l * C * C_tp, *l_attprojb = p->attprojb + (size_t)l * C;
+    float *l_ln2w = p->ln2w + (size_t)l * C, *l_ln2b = p->ln2b + (size_t)l * C;
+    float *l_fcw = p->fcw + (size_t)l * F_tp * C, *l_fcb = p->fcb + (size_t)l * F_tp;
+    float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
+    size_t per_layer = (size_t)g->max_batch * g->cap * C_tp;   // this layer's (B, cap, C_tp) slab
+    float *l_kcache = g->kcache + (size_t)l * per_layer, *l_vcache = g->vcache + (size_t)l * per_layer;
+    // attention block
+    mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C);
+    mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
+    mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
+    mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
+    mt_residual_forward(r, g->res2, g->x, g->out_c, (size_t)BT * C);
+    // MLP block
+    mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->res2, l_ln2w, l_ln2b, B, Tq, C);
+    mt_column_parallel_linear_forward(r, g->fch, g->ln, l_fcw, l_fcb, BT, C, F_tp);
+    mt_gelu_forward(r, g->fch_gelu, g->fch, (size_t)BT * F_tp);
+    mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
+    mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);
+}
+
+void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
+                          int Tq) {
+    int C = r->dims.C, s = r->ps.pp_rank, pp = r->ps.pp_size, lpc = r->dims.layers_per_chunk;
+    size_t BT = (size_t)B * Tq, BTC = BT * (size_t)C;
+    r->state.decoding = 1;   // the layers see whole (B, Tq, C) tensors: no sequence parallelism
+    if (B > g->max_batch || (int)BT > g->max_tokens)
+        mt_fatal("internal: %d sequences x %d tokens do not fit the decoding buffers (%d x %d)", B, Tq, g->max_batch,
+                 g->max_tokens / g->max_batch);
+    for (int b = 0; b < B; b++) {
+        if (start[b] < 0 || start[b] + Tq > g->cap)
+            mt_fatal("internal: positions %d..%d of sequence %d are outside the KV cache (%d positions)", start[b],
+                     start[b] + Tq - 1, b, g->cap);
+        for (int t = 0; t < Tq; t++) {
+            g->host_ids[b * Tq + t] = tokens[b * Tq + t];
+            g->host_ids[g->max_tokens + b * Tq + t] = start[b] + t;   // its position
+        }
+        g->host_ids[2 * g->max_tokens + b] = start[b];
+    }
+    mt_buffer_upload(r, g->ids, g->host_ids, 3 * (size_t)g->max_tokens * sizeof(int));
+    // A decode step on a rank that is the whole replica (TP = PP = 1: no collectives, no pipeline
+    // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
+    // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
+    int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
+    int greedy = g->greedy && r->ps.tp_size == 1, slot = 2 * (B - 1) + greedy;
+    if (graphable && g->graphs[slot]) {
+        mt_device_graph_launch(r, g->graphs[slot]);
+    } else {
+        if (graphable) mt_device_capture_begin(r);
+        for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
+            if (mt__is_first_virtual(r, chunk)) {
+                // x = wte[token] (vocab-parallel: g's all-reduce) + wpe[position]
+                mt_embedding_forward(r, g->x, g->tokens, r->model.params.wte, B, Tq, C, r->dims.vocab_start,
+                                     r->dims.Vp_tp);
+                mt_reduce_from_tp_region_forward(r, g->x, BTC);
+                mt_embedding_forward(r, g->pos_emb, g->positions, r->model.params.wpe, B, Tq, C, 0,
+                                     r->cfg->model.max_position_embeddings);
+                mt_residual_forward(r, g->x, g->x, g->pos_emb, BTC);
+            } else {
+                mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
+            }
+            for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq);
+            if (!mt__is_last_virtual(r, chunk)) {
+                mt__gen_send(r, g, g->x, BTC, s < pp - 1 ? s + 1 : 0, s < pp - 1 ? chunk : chunk + 1);
+                continue;
+            }
+            // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T
+            for (int b = 0; b < B; b++)
+                mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
+            mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, g->last, r->model.params.lnfw,
+                                 r->model.params.lnfb, B, 1, C);
+            mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
+            // greedy: the token itself, on the device (B ids cross to the host instead of B x Vp logits)
+            if (greedy) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);
+        }
+        if (graphable) {
+            g->graphs[slot] = mt_device_capture_end(r);   // NULL where the work already ran
+            mt_device_graph_launch(r, g->graphs[slot]);
+        }
+    }
+    r->state.decoding = 0;   // the layers are done
+    if (!r->ps.is_last_stage) return;
+    if (greedy) {
+        mt_buffer_download(r, g->host_next, g->next, (size_t)B * sizeof(int));
+        return;
+    }
+    // every TP rank gets the whole rows: [rank 0's (B,Vp_tp) | rank 1's | ...] -> (B, Vp) on the host
+    size_t Vp_tp = (size_t)r->dims.Vp_tp, Vp = (size_t)r->cfg->padded_vocab_size;
+    if (r->ps.tp_size > 1) {
+        mt_all_gather(&r->groups.tp, g->logits, g->gathered, (size_t)B * Vp_tp);
+        mt_buffer_download(r, g->host_gathered, g->gathered, (size_t)B * Vp * sizeof(float));
+        for (int k = 0; k < r->ps.tp_size; k++)
+            for (int b = 0; b < B; b++)
+                memcpy(g->host_logits + b * Vp + k * Vp_tp, g->host_gathered + ((size_t)k * B + b) * Vp_tp,
+                       Vp_tp * sizeof(float));
+    } else {
+        mt_buffer_download(r, g->host_logits, g->logits, (size_t)B * Vp * sizeof(float));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// a batch of prompts, continued together: prefill, then decode steps until every sequence is
+// done (max_new_tokens, the end-of-document token, or the last position of the cache)
+// ---------------------------------------------------------------------------------------------
+void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
+    int B = q->n, V = r->cfg->model.vocab_size, Tp = 0;
+    size_t Vp = (size_t)r->cfg->padded_vocab_size;
+    for (int b = 0; b < B; b++) {
+        if (q->prompt_lens[b] < 1) mt_fatal("internal: prompt %d is empty (it needs at least <|endoftext|>)", b);
+        if (q->prompt_lens[b] > Tp) Tp = q->prompt_lens[b];
+    }
+    if (Tp > g->cap)
+        mt_fatal("a prompt of %d tokens does not fit in the %d positions of the model (--max-position-embeddings)\n"
+                 "hint: shorten the prompt", Tp, g->cap);
+    int32_t *tok = (int32_t *)mt_calloc((size_t)B * Tp, sizeof(int32_t), "decoding tokens");
+    int *start = (int *)mt_calloc((size_t)B, sizeof(int), "positions");
+    int *last = (int *)mt_calloc((size_t)B, sizeof(int), "positions");
+    int *pos = (int *)mt_calloc((size_t)B, sizeof(int), "positions");
+    int *done = (int *)mt_calloc((size_t)B, sizeof(int), "positions");
+    float *next = (float *)mt_calloc((size_t)B, sizeof(float), "sampled tokens");
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < q->prompt_lens[b]; t++) tok[b * Tp + t] = q->prompts[b][t];   // padding: id 0
+        last[b] = q->prompt_lens[b] - 1;
+        pos[b] = q->prompt_lens[b];   // where the next token goes
+        q->counts[b] = 0;
+        done[b] = q->max_new_tokens <= 0;
+    }
+    q->stopped_at_max_positions = 0;
+    q->steps = 0;
+    // greedy without logits wanted: the argmax is taken on the device (it is mt_sample_token's greedy token)
+    g->greedy = (q->sampling.temperature <= 0.0f || q->sampling.top_k == 1) && !q->logits;
+    double t0 = mt_time_seconds();
+    mt_generator_forward(r, g, tok, start, last, B, Tp);   // prefill: every prompt token in one pass
+    for (int step = 0;; step++) {
+        // sample each sequence's next token (the last stage, every TP rank alike), tell the stages
+        if (r->ps.is_last_stage)
+            for (int b = 0; b < B; b++) {
+                if (done[b]) continue;
+                if (g->greedy && r->ps.tp_size == 1) { next[b] = (float)g->host_next[b]; continue; }
+                const float *row = g->host_logits + (size_t)b * Vp;
+                next[b] = (float)mt_sample_token(row, V, &q->sampling, (uint64_t)(q->first_sequence + b),
+                                                 (uint64_t)pos[b]);
+                if (q->logits)
+                    memcpy(q->logits + ((size_t)b * q->max_new_tokens + q->counts[b]) * V, row, sizeof(float) * V);
+            }
+        if (r->ps.pp_size > 1) mt_broadcast(&r->groups.pp, next, (size_t)B, r->ps.pp_size - 1);   // host, threads
+        int active = 0;
+        for (int b = 0; b < B; b++) {
+            if (done[b]) continue;
+            int32_t id = (int32_t)next[b];
+            q->tokens[(size_t)b * q->max_new_tokens + q->counts[b]++] = id;
+            if (q->counts[b] >= q->max_new_tokens || id == q->eod) done[b] = 1;
+            else if (pos[b] >= g->cap) { done[b] = 1; q->stopped_at_max_positions++; }   // no position left for it
+            else active++;
+        }
+        double now = mt_time_seconds();
+        if (step == 0) q->prefill_seconds = now - t0;
+        else if (q->step_seconds) q->step_seconds[step - 1] = now - t0;
+        if (active == 0) break;
+        // decode: every sequence's newest token at its own position (a finished one idles at 0)
+        t0 = mt_time_seconds();
+        for (int b = 0; b < B; b++) {
+            tok[b] = done[b] ? 0 : (int32_t)next[b];
+            start[b] = done[b] ? 0 : pos[b];
+            last[b] = 0;
+        }
+        mt_generator_forward(r, g, tok, start, last, B, 1);
+        for (int b = 0; b < B; b++) if (!done[b]) pos[b]++;
+        q->steps++;
+    }
+    g->greedy = 0;
+    free(tok); free(start); free(last); free(pos); free(done); free(next);
 }
 
 // =============================================================================================
@@ -8800,16 +9502,43 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
     return t->train_iters;
 }
 
-// --tokens-to-generate: a sample of what the model learned, after training
+// the sampling flags as section 11 takes them
+static mt_sampling mt__sampling(const mt_train_config *t) {
+    mt_sampling s;
+    s.temperature = t->greedy ? 0.0f : t->temperature;
+    s.top_k = t->top_k;
+    s.top_p = t->top_p;
+    s.seed = t->seed;
+    return s;
+}
+
+// --tokens-to-generate: a sample of what the model learned, after training, with the KV cache
 static void mt__generate_sample(mt_rank *r, mt__job *job) {
     const mt_train_config *t = &r->cfg->train;
-    int cap = job->prompt_len + t->tokens_to_generate;
-    int32_t *ids = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)cap, "generation");
-    memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
-    int n = mt_generate(r, ids, job->prompt_len, cap, t->tokens_to_generate, t->temperature, t->top_k, t->seed);
+    mt_generator g;
+    mt_generator_init(r, &g, 1, job->prompt_len, job->prompt_len + t->tokens_to_generate);
+    mt_generate_request q;
+    memset(&q, 0, sizeof q);
+    const int32_t *prompts[1] = {job->prompt};
+    int32_t *out = (int32_t *)mt_calloc((size_t)t->tokens_to_generate + 1, sizeof(int32_t), "generation");
+    int count = 0;
+    q.n = 1;
+    q.prompts = prompts;
+    q.prompt_lens = &job->prompt_len;
+    q.max_new_tokens = t->tokens_to_generate;
+    q.sampling = mt__sampling(t);
+    q.eod = -1;   // a fixed count: the sample of a model still learning may well say <|endoftext|> early
+    q.tokens = out;
+    q.counts = &count;
+    mt_generate_batch(r, &g, &q);
+    mt_generator_free(&g);
     if (r->ps.rank == r->ps.world_size - 1) {
-        printf("generated (%d tokens, temperature %g, top-k %d):\n", n - job->prompt_len, (double)t->temperature,
-               t->top_k);
+        printf("generated (%d tokens, temperature %g, top-k %d%s):\n", count, (double)q.sampling.temperature,
+               t->top_k, q.stopped_at_max_positions ? ", stopped at --max-position-embeddings" : "");
+        int n = job->prompt_len + count;
+        int32_t *ids = (int32_t *)mt_malloc(sizeof(int32_t) * (size_t)n, "generation");
+        memcpy(ids, job->prompt, sizeof(int32_t) * (size_t)job->prompt_len);
+        memcpy(ids + job->prompt_len, out, sizeof(int32_t) * (size_t)count);
         if (job->tokenizer) {
             size_t len = mt_tokenizer_decode(job->tokenizer, ids, (size_t)n, NULL, 0);
             char *text = (char *)mt_malloc(len + 1, "generated text");
@@ -8820,8 +9549,9 @@ static void mt__generate_sample(mt_rank *r, mt__job *job) {
             for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
         }
         fflush(stdout);
+        free(ids);
     }
-    free(ids);
+    free(out);
 }
 
 // at the end, on a build with devices: each rank's device memory in use
@@ -8904,12 +9634,13 @@ static void mt__rank_main(mt_world *w, int rank, void *arg) {
     free(r);
 }
 
+static int mt__generation_mode(const mt_config *cfg);
 // the tokenizer, loaded once: it gives the vocabulary size (as in Megatron, unless --vocab-size
 // says) and turns --prompt into ids and generated ids into text. Returns 1 if it was loaded.
 static int mt__load_tokenizer(mt_config *cfg, mt_tokenizer *tok) {
     const mt_train_config *t = &cfg->train;
     int for_vocab = cfg->model.vocab_size == 0 && t->vocab_file[0] && strcmp(t->tokenizer_type, "NullTokenizer") != 0;
-    int for_text = t->tokens_to_generate > 0 && t->vocab_file[0] && t->merge_file[0];
+    int for_text = (t->tokens_to_generate > 0 || mt__generation_mode(cfg)) && t->vocab_file[0] && t->merge_file[0];
     if (!for_vocab && !for_text) return 0;
     if (!t->merge_file[0]) mt_fatal("--vocab-file needs --merge-file (GPT2BPETokenizer)");
     mt_tokenizer_load(tok, t->vocab_file, t->merge_file);
@@ -8931,9 +9662,461 @@ static void mt__encode_prompt(const mt_config *cfg, const mt_tokenizer *tok, mt_
         mt_fatal("--prompt is %zu tokens; keep it shorter than a few --seq-length", prompt->len);
 }
 
+// ---------------------------------------------------------------------------------------------
+// generation mode (Megatron's tools/generate_samples_gpt.py): --load and no --train-iters.
+// The model's shape comes from the checkpoint (as --use-checkpoint-args); the layout is this
+// run's (TP x PP; a checkpoint saved in another one is re-cut in memory). Prompts are read
+// before the ranks start; the last rank prints the text (or the main thread writes
+// --sample-output-file) and the report: time to first token, tokens/s, latency, memory.
+// ---------------------------------------------------------------------------------------------
+typedef struct {
+    mt_config *cfg;
+    const mt_tokenizer *tokenizer;   // NULL: prompts and outputs are token ids
+    mt__full_checkpoint *full;       // the checkpoint, whole, when it was saved in another layout
+    int n;                           // sequences: prompts x samples of each
+    char **text;                     // (n) each prompt as given
+    int32_t **prompt;                // (n) its ids
+    int *prompt_len;
+    int32_t *out;                    // (n, out_seq_length) generated ids (the last rank writes them)
+    int *count;                      // (n)
+    int eod;                         // the end-of-document id that ends a sequence, -1: none
+    double launch;                   // mt_pretrain's start (the start-up is measured from it)
+} mt__gen_job;
+
+// one prompt's text -> ids: the tokenizer's, or (without one) ids written as numbers
+static void mt__gen_encode(const mt_config *cfg, const mt_tokenizer *tok, const char *text, mt_int_list *ids,
+                           int eod) {
+    if (tok) {
+        mt_tokenizer_encode(tok, NULL, text, strlen(text), ids);
+    } else {
+        const char *p = text;
+        while (*p) {
+            char *end;
+            while (*p == ' ' || *p == '\t') p++;
+            if (!*p) break;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || errno || v < 0 || v >= cfg->model.vocab_size)
+                mt_fatal("prompt \"%.40s\" is not token ids below %d separated by spaces\n"
+                         "hint: give --vocab-file and --merge-file to write prompts as text", text,
+                         cfg->model.vocab_size);
+            mt_int_list_push(ids, (int32_t)v);
+            p = end;
+        }
+    }
+    if (ids->len == 0) mt_int_list_push(ids, eod);   // no prompt: a new document (unconditional)
+}
+
+// every line of a file (or of standard input, path NULL), without its end of line
+static char **mt__read_lines(const char *path, int *count) {
+    FILE *f = path ? fopen(path, "rb") : stdin;
+    if (!f) mt_fatal("cannot open --sample-input-file %s: %s\nhint: one prompt per line", path, strerror(errno));
+    size_t len = 0, cap = 1 << 16;
+    char *all = (char *)mt_malloc(cap, "prompts");
+    for (size_t got; (got = fread(all + len, 1, cap - len, f)) > 0;) {
+        len += got;
+        if (len == cap) all = (char *)mt_realloc(all, cap *= 2, "prompts");
+    }
+    if (path) fclose(f);
+    char **lines = NULL;
+    int n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && all[j] != '\n') j++;
+        size_t k = j;
+        if (k > i && all[k - 1] == '\r') k--;
+        lines = (char **)mt_realloc(lines, sizeof(char *) * (size_t)(n + 1), "prompts");
+        lines[n] = (char *)mt_malloc(k - i + 1, "prompt");
+        memcpy(lines[n], all + i, k - i);
+        lines[n][k - i] = 0;
+        n++;
+        i = j + 1;
+    }
+    free(all);
+    *count = n;
+    return lines;
+}
+
+// the prompts of the run: --prompt, --sample-input-file, --num-samples alone (unconditional), or
+// standard input; each repeated --num-samples times (every sample draws its own random numbers)
+static void mt__gen_prompts(mt__gen_job *job) {
+    const mt_train_config *t = &job->cfg->train;
+    char **lines = NULL;
+    int nlines = 0;
+    if (t->prompt[0]) {
+        lines = (char **)mt_malloc(sizeof(char *), "prompts");
+        lines[0] = mt_strdup(t->prompt);
+        nlines = 1;
+    } else if (t->sample_input_file[0]) {
+        lines = mt__read_lines(t->sample_input_file, &nlines);
+    } else if (t->num_samples > 0) {   // unconditional samples
+        lines = (char **)mt_malloc(sizeof(char *), "prompts");
+        lines[0] = mt_strdup("");
+        nlines = 1;
+    } else {
+        lines = mt__read_lines(NULL, &nlines);
+    }
+    if (nlines == 0) mt_fatal("no prompts: %s is empty\nhint: one prompt per line, or --prompt TEXT, or --num-samples N "
+                              "for unconditional samples", t->sample_input_file[0] ? t->sample_input_file
+                                                                                  : "standard input");
+    int per = t->num_samples > 0 ? t->num_samples : 1, maxT = job->cfg->model.max_position_embeddings;
+    job->n = nlines * per;
+    job->text = (char **)mt_calloc((size_t)job->n, sizeof(char *), "prompts");
+    job->prompt = (int32_t **)mt_calloc((size_t)job->n, sizeof(int32_t *), "prompts");
+    job->prompt_len = (int *)mt_calloc((size_t)job->n, sizeof(int), "prompts");
+    for (int i = 0; i < nlines; i++) {
+        mt_int_list ids = {NULL, 0, 0};
+        mt__gen_encode(job->cfg, job->tokenizer, lines[i], &ids, job->eod >= 0 ? job->eod
+                                                                              : job->cfg->model.vocab_size - 1);
+        if ((int)ids.len > maxT)
+            mt_fatal("prompt %d is %zu tokens, longer than the model's %d positions (--max-position-embeddings)\n"
+                     "hint: shorten it", i + 1, ids.len, maxT);
+        for (int k = 0; k < per; k++) {
+            int at = i * per + k;
+            job->text[at] = mt_strdup(lines[i]);
+            job->prompt[at] = (int32_t *)mt_malloc(sizeof(int32_t) * ids.len, "prompt");
+            memcpy(job->prompt[at], ids.data, sizeof(int32_t) * ids.len);
+            job->prompt_len[at] = (int)ids.len;
+        }
+        mt_int_list_free(&ids);
+        free(lines[i]);
+    }
+    free(lines);
+    job->out = (int32_t *)mt_calloc((size_t)job->n * (size_t)(t->out_seq_length > 0 ? t->out_seq_length : 1),
+                                    sizeof(int32_t), "generated tokens");
+    job->count = (int *)mt_calloc((size_t)job->n, sizeof(int), "generated tokens");
+}
+
+// the model and layout: the checkpoint's shape (given shape flags must agree), this run's TP x PP
+static void mt__gen_config(mt_config *cfg, mt_config *src) {
+    const char *dir = cfg->train.load;
+    int iteration = cfg->train.ckpt_step > 0 ? cfg->train.ckpt_step : mt__ckpt_latest(dir);
+    if (iteration == 0) mt_fatal("--load %s holds no checkpoint (no latest_checkpointed_iteration.txt)\n"
+                                 "hint: point --load at a directory written by --save or --import-hf", dir);
+    char path[MT_PATH_MAX + 128];
+    mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 1);
+    if (access(path, F_OK) != 0) mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 2);
+    long long step, valid;
+    mt__ckpt_source_config(path, iteration, src, &step, &valid);
+    mt_config d;
+    mt_config_defaults(&d);
+    mt_model_config *m = &cfg->model;
+    const mt_model_config *c = &src->model;
+    struct { const char *flag; int given, unset, saved; } shape[] = {
+        {"--num-layers", m->num_layers, d.model.num_layers, c->num_layers},
+        {"--hidden-size", m->hidden_size, d.model.hidden_size, c->hidden_size},
+        {"--num-attention-heads", m->num_attention_heads, d.model.num_attention_heads, c->num_attention_heads},
+        {"--ffn-hidden-size", m->ffn_hidden_size, d.model.ffn_hidden_size, c->ffn_hidden_size},
+        {"--max-position-embeddings", m->max_position_embeddings, d.model.max_position_embeddings,
+         c->max_position_embeddings},
+        {"--vocab-size (or the --vocab-file's)", m->vocab_size, d.model.vocab_size, c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i].given != shape[i].unset && shape[i].given != shape[i].saved)
+            mt_fatal("%s %d disagrees with the checkpoint's %d (%s)\nhint: drop the model-shape flags: generation "
+                     "takes the model from the checkpoint, as Megatron's --use-checkpoint-args", shape[i].flag,
+                     shape[i].given, shape[i].saved, path);
+    m->num_layers = c->num_layers;
+    m->hidden_size = c->hidden_size;
+    m->num_attention_heads = c->num_attention_heads;
+    m->ffn_hidden_size = c->ffn_hidden_size;
+    m->max_position_embeddings = c->max_position_embeddings;
+    m->seq_length = c->max_position_embeddings;
+    m->vocab_size = c->vocab_size;
+    m->make_vocab_size_divisible_by = c->make_vocab_size_divisible_by;
+    m->hidden_dropout = m->attention_dropout = 0.0f;
+    cfg->train.ckpt_step = iteration;
+    cfg->train.global_batch_size = cfg->parallel.num_layers_per_virtual_pipeline_stage > 0
+        ? cfg->train.micro_batch_size * cfg->parallel.pipeline_model_parallel_size : 0;
+    mt_config_derive(cfg);
+    if (cfg->data_parallel_size > 1)
+        mt_fatal("generation runs one model replica: %d ranks make DP = %d\nhint: drop --nproc-per-node (it is TP x PP "
+                 "= %d)", cfg->world_size, cfg->data_parallel_size, cfg->world_size / cfg->data_parallel_size);
+}
+
+// peak memory: the device's (GPU build, sampled after each batch) or the process's resident set
+static double mt__gen_peak_memory_gib(mt_rank *r, double peak, const char **what) {
+    double used = 0, total = 0;
+    if (mt_device_memory_in_use(r, &used, &total)) {
+        *what = "GPU memory in use, peak of the samples";
+        return used > peak ? used : peak;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *what = "resident memory of the process, peak";
+    return (double)ru.ru_maxrss / (1 << 20);   // KiB on Linux
+}
+
+static int mt__compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// the text of ids (NUL-terminated, to free): decoded, or the numbers
+static char *mt__gen_text(const mt_tokenizer *tok, const int32_t *ids, int n) {
+    if (tok) {
+        size_t len = mt_tokenizer_decode(tok, ids, (size_t)n, NULL, 0);
+        char *text = (char *)mt_malloc(len + 1, "generated text");
+        mt_tokenizer_decode(tok, ids, (size_t)n, text, len + 1);
+        return text;
+    }
+    char *text = (char *)mt_malloc((size_t)n * 12 + 1, "generated text");
+    size_t len = 0;
+    text[0] = 0;
+    for (int i = 0; i < n; i++) len += (size_t)sprintf(text + len, "%s%d", i ? " " : "", ids[i]);
+    return text;
+}
+
+static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
+    mt__gen_job *job = (mt__gen_job *)arg;
+    const mt_config *cfg = job->cfg;
+    const mt_train_config *t = &cfg->train;
+    // the rank for inference: parameters only (no gradients, optimizer or training activations)
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    r->cfg = cfg;
+    mt_parallel_state_init(&r->ps, cfg, rank);
+    mt_device_init(r);
+    mt_groups_init(&r->groups, w, cfg, &r->ps, r->dev.stream);
+    mt_dims_init(&r->dims, cfg, &r->ps);
+    mt__model_sizes(r);
+    r->model.params_memory = mt_buffer_alloc(r, r->model.buffer_floats, "parameters");
+    mt__carve_params(r, &r->model.params, r->model.params_memory, 1);
+    char name[32];
+    snprintf(name, sizeof name, "r%d tp%d pp%d", rank, r->ps.tp_rank, r->ps.pp_rank);
+    mt_thread_set_name(name);
+    int logger = r->ps.rank == r->ps.world_size - 1;   // a last-stage rank
+    if (job->full) {   // saved in another layout: my slices of the whole tensors
+        float *host = (float *)mt_calloc(r->model.num_params + 1, sizeof(float), "parameters (host)");
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
+            if (r->model.specs[i].present) mt_shard_copy(r, &r->model.specs[i], host, job->full->global[0][i], 1);
+        mt_buffer_upload(r, r->model.params_memory, host, r->model.num_params * sizeof(float));
+        free(host);
+    } else {   // my file, its parameters only (AdamW's moments are two thirds of it, and not needed)
+        char path[MT_PATH_MAX + 128];
+        mt_checkpoint_path(path, sizeof path, t->load, t->ckpt_step, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
+        if (logger) { printf("loading checkpoint from %s at iteration %d (parameters)\n", t->load, t->ckpt_step);
+                      fflush(stdout); }
+        float *host[3] = {(float *)mt_calloc(r->model.num_params + 1, sizeof(float), "parameters (host)"), NULL, NULL};
+        long long saved[32];
+        mt__ckpt_read_groups(r, path, host, saved, 1);
+        mt__ckpt_check_counters(path, t->ckpt_step, saved);
+        mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
+        free(host[0]);
+    }
+    // the decoding buffers: a batch of --micro-batch-size sequences, the longest prompt, its continuation
+    int B = t->micro_batch_size < job->n ? t->micro_batch_size : job->n, longest = 1;
+    for (int i = 0; i < job->n; i++) if (job->prompt_len[i] > longest) longest = job->prompt_len[i];
+    int new_tokens = t->out_seq_length;
+    mt_generator g;
+    mt_generator_init(r, &g, B, B * longest, longest + new_tokens);
+    mt_barrier(&r->groups.world);
+    double startup = mt_time_seconds() - job->launch, ttft_first = 0, elapsed = 0, peak = 0;
+    const char *peak_what = "";
+    int batches = 0;
+    long long generated = 0;
+    int stopped = 0;
+    double *steps = (double *)mt_calloc((size_t)(job->n / B + 1) * (size_t)(new_tokens + 1), sizeof(double),
+                                        "latencies");
+    double *ttft = (double *)mt_calloc((size_t)(job->n / B + 1), sizeof(double), "latencies");
+    size_t nsteps = 0;
+    for (int i0 = 0; i0 < job->n; i0 += B) {
+        int n = job->n - i0 < B ? job->n - i0 : B;
+        mt_generate_request q;
+        memset(&q, 0, sizeof q);
+        q.n = n;
+        q.prompts = (const int32_t *const *)(job->prompt + i0);
+        q.prompt_lens = job->prompt_len + i0;
+        q.max_new_tokens = new_tokens;
+        q.sampling = mt__sampling(t);
+        q.first_sequence = i0;
+        q.eod = job->eod;
+        q.step_seconds = steps + nsteps;
+        q.tokens = job->out + (size_t)i0 * (size_t)(new_tokens > 0 ? new_tokens : 1);
+        q.counts = job->count + i0;
+        int32_t *mine = NULL;   // ranks other than the logger keep their copy of the ids to themselves
+        int *mine_counts = NULL;
+        if (!logger) {
+            mine = (int32_t *)mt_calloc((size_t)n * (size_t)(new_tokens > 0 ? new_tokens : 1), sizeof(int32_t), "ids");
+            mine_counts = (int *)mt_calloc((size_t)n, sizeof(int), "ids");
+            q.tokens = mine;
+            q.counts = mine_counts;
+        }
+        double t0 = mt_time_seconds();
+        mt_generate_batch(r, &g, &q);
+        elapsed += mt_time_seconds() - t0;
+        if (batches == 0) ttft_first = q.prefill_seconds;
+        ttft[batches++] = q.prefill_seconds;
+        nsteps += (size_t)q.steps;
+        for (int b = 0; b < n; b++) generated += q.counts[b];
+        stopped += q.stopped_at_max_positions;
+        peak = mt__gen_peak_memory_gib(r, peak, &peak_what);
+        free(mine);
+        free(mine_counts);
+        if (logger && !t->sample_output_file[0])
+            for (int b = 0; b < n; b++) {
+                int i = i0 + b;
+                char *prompt = mt__gen_text(job->tokenizer, job->prompt[i], job->prompt_len[i]);
+                char *text = mt__gen_text(job->tokenizer, q.tokens + (size_t)b * (size_t)new_tokens, q.counts[b]);
+                printf("----- sample %d of %d (%d prompt tokens, %d generated)\n%s%s%s\n", i + 1, job->n,
+                       job->prompt_len[i], q.counts[b], prompt, job->tokenizer ? "" : " | ", text);
+                free(prompt);
+                free(text);
+            }
+        if (logger) fflush(stdout);
+    }
+    if (logger) {
+        // the report: prefill and decode timed on this rank, start-up (process set-up, the
+        // device, the communicators, the checkpoint read, the buffers) kept apart
+        qsort(steps, nsteps, sizeof(double), mt__compare_doubles);
+        qsort(ttft, (size_t)batches, sizeof(double), mt__compare_doubles);
+        double median = nsteps ? steps[nsteps / 2] : 0.0, p90 = nsteps ? steps[(size_t)(0.9 * (double)(nsteps - 1))]
+                                                                        : 0.0;
+        double per_seq = elapsed > 0 ? (double)generated / (double)job->n / (elapsed / batches) : 0.0;
+        if (stopped)
+            printf("note: %d sequence%s stopped at the model's last position (--max-position-embeddings %d); "
+                   "the window does not slide\n", stopped, stopped == 1 ? "" : "s",
+                   cfg->model.max_position_embeddings);
+        printf("generation report (%s, TP=%d PP=%d, batch %d, %d sequence%s in %d batch%s, temperature %g, "
+               "top-k %d, top-p %g):\n", r->dev.name[0] ? r->dev.name : "CPU", r->ps.tp_size, r->ps.pp_size, B, job->n,
+               job->n == 1 ? "" : "s", batches, batches == 1 ? "" : "es", (double)mt__sampling(t).temperature,
+               t->top_k, (double)t->top_p);
+        printf("  start-up: %.3f s (configuration, devices, communicators, checkpoint, KV cache); launch to first "
+               "token %.3f s\n", startup, startup + ttft_first);
+        printf("  time to first token: %.2f ms (median of %d batch%s; the prompt's prefill and the first sample)\n",
+               1e3 * ttft[batches / 2], batches, batches == 1 ? "" : "es");
+        printf("  tokens/s: %.1f total, %.1f per sequence (%lld tokens in %.3f s)\n",
+               elapsed > 0 ? (double)generated / elapsed : 0.0, per_seq, generated, elapsed);
+        printf("  per-token latency (one decode step): median %.3f ms, p90 %.3f ms over %zu steps\n", 1e3 * median,
+               1e3 * p90, nsteps);
+        printf("  memory: %.3f GiB (%s); KV cache %.1f MB, parameters %.1f MB on this rank\n", peak, peak_what,
+               (double)g.cache_bytes / 1e6, (double)r->model.num_params * sizeof(float) / 1e6);
+        fflush(stdout);
+    }
+    free(steps);
+    free(ttft);
+    mt_generator_free(&g);
+    mt_buffer_free(r->model.params_memory);
+    mt_groups_free(&r->groups);
+    mt_device_free(r);
+    free(r);
+}
+
+// a JSON string literal of bytes: escapes as JSON needs; a byte that is not UTF-8 (a token may
+// end inside a character) becomes U+FFFD, so the line stays valid JSON (the ids are exact)
+static void mt__json_write_string(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int len = mt_utf8_decode(s + i, n - i, &cp);
+        if (len == 0) { fputs("\\ufffd", f); i++; continue; }
+        if (cp == '"') fputs("\\\"", f);
+        else if (cp == '\\') fputs("\\\\", f);
+        else if (cp == '\n') fputs("\\n", f);
+        else if (cp == '\r') fputs("\\r", f);
+        else if (cp == '\t') fputs("\\t", f);
+        else if (cp < 0x20) fprintf(f, "\\u%04x", (unsigned)cp);
+        else fwrite(s + i, 1, (size_t)len, f);
+        i += (size_t)len;
+    }
+    fputc('"', f);
+}
+
+static void mt__gen_write_output(const mt__gen_job *job, const char *path) {
+    char tmp[MT_PATH_MAX + 64];
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    int per = job->cfg->train.out_seq_length > 0 ? job->cfg->train.out_seq_length : 1;
+    for (int i = 0; i < job->n; i++) {
+        const int32_t *ids = job->out + (size_t)i * (size_t)per;
+        fputs("{\"prompt\": ", f);
+        mt__json_write_string(f, job->text[i], strlen(job->text[i]));
+        fputs(", \"text\": ", f);
+        char *text = mt__gen_text(job->tokenizer, ids, job->count[i]);
+        mt__json_write_string(f, text, strlen(text));
+        free(text);
+        fputs(", \"prompt_tokens\": [", f);
+        for (int k = 0; k < job->prompt_len[i]; k++) fprintf(f, "%s%d", k ? ", " : "", job->prompt[i][k]);
+        fputs("], \"tokens\": [", f);
+        for (int k = 0; k < job->count[i]; k++) fprintf(f, "%s%d", k ? ", " : "", ids[k]);
+        fputs("]}\n", f);
+    }
+    if (ferror(f)) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
+                                                       strerror(errno)); }
+    mt_atomic_commit(f, tmp, path);
+    printf("wrote %d sample%s to %s\n", job->n, job->n == 1 ? "" : "s", path);
+}
+
+static int mt__generation_mode(const mt_config *cfg) {
+    const mt_train_config *t = &cfg->train;
+    return t->load[0] && t->train_iters == 0 && !t->convert_checkpoint && !t->export_hf[0] && !t->import_hf[0] &&
+           !cfg->parallel.print_layout && !cfg->parallel.print_schedule && !cfg->parallel.dry_run;
+}
+
+static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double launch) {
+    if (cfg->train.tokens_to_generate > 0) {   // the trainer's own flag says how many, too
+        cfg->train.out_seq_length = cfg->train.tokens_to_generate;
+        mt__note("--tokens-to-generate %d in generation mode: --out-seq-length %d", cfg->train.tokens_to_generate,
+                 cfg->train.tokens_to_generate);
+    }
+    mt_config src;
+    mt__gen_config(cfg, &src);
+    if (tok && tok->vocab_size != cfg->model.vocab_size)
+        mt_fatal("the tokenizer has %d ids, the checkpoint's model %d\nhint: give the --vocab-file it was trained "
+                 "with, or none (prompts as token ids)", tok->vocab_size, cfg->model.vocab_size);
+    mt__gen_job job;
+    memset(&job, 0, sizeof job);
+    job.cfg = cfg;
+    job.tokenizer = tok;
+    job.launch = launch;
+    int eod = tok ? tok->eod_id : cfg->model.vocab_size - 1;   // GPT-2's <|endoftext|> is its last id
+    job.eod = cfg->train.ignore_eos ? -1 : eod;
+    mt__gen_prompts(&job);
+    if (job.eod < 0) job.eod = -1;
+    mt__full_checkpoint full;
+    int same = src.parallel.tensor_model_parallel_size == cfg->parallel.tensor_model_parallel_size &&
+               src.parallel.pipeline_model_parallel_size == cfg->parallel.pipeline_model_parallel_size &&
+               src.virtual_pipeline_size == cfg->virtual_pipeline_size;
+    if (!same) {
+        fprintf(stderr, "note: the checkpoint was saved with TP=%d PP=%d; it is re-cut for this run's TP=%d PP=%d in "
+                        "memory\n", src.parallel.tensor_model_parallel_size,
+                src.parallel.pipeline_model_parallel_size, cfg->parallel.tensor_model_parallel_size,
+                cfg->parallel.pipeline_model_parallel_size);
+        mt__ckpt_read_full(cfg->train.load, &full);
+        job.full = &full;
+    }
+    mt_device_check_precision(cfg);
+    printf("generation: model L=%d C=%d NH=%d maxT=%d V=%d from %s; %d sequence%s, up to %d new tokens each\n",
+           cfg->model.num_layers, cfg->model.hidden_size, cfg->model.num_attention_heads,
+           cfg->model.max_position_embeddings, cfg->model.vocab_size, cfg->train.load, job.n, job.n == 1 ? "" : "s",
+           cfg->train.out_seq_length);
+    fflush(stdout);
+    mt_world *w = mt_world_create(cfg->world_size);
+    int rc = mt_world_run(w, mt__gen_rank_main, &job);
+    mt_world_destroy(w);
+    if (rc == 0 && cfg->train.sample_output_file[0]) mt__gen_write_output(&job, cfg->train.sample_output_file);
+    if (job.full) mt__ckpt_free_full(&full);
+    for (int i = 0; i < job.n; i++) { free(job.text[i]); free(job.prompt[i]); }
+    free(job.text); free(job.prompt); free(job.prompt_len); free(job.out); free(job.count);
+    return rc;
+}
+
 int mt_pretrain(mt_config *cfg) {
+    double launch = mt_time_seconds();
     mt_tokenizer tokenizer;
     int have_tokenizer = mt__load_tokenizer(cfg, &tokenizer);
+    if (cfg->train.import_hf[0]) {   // a Hugging Face GPT-2 into our checkpoint (section 10), then exit
+        if (!cfg->train.save[0]) mt_fatal("--import-hf needs --save DST (where our checkpoint goes)");
+        mt_checkpoint_claim_dir(cfg->train.save, cfg->train.import_hf, 0, cfg->train.overwrite);
+        mt_checkpoint_import_hf(cfg->train.import_hf, cfg->train.save, cfg->train.target_tp, cfg->train.target_pp,
+                                cfg->train.target_vp_layers);
+        if (have_tokenizer) mt_tokenizer_free(&tokenizer);
+        return 0;
+    }
+    if (mt__generation_mode(cfg)) {   // --load without --train-iters: generate (Megatron's generate_samples_gpt.py)
+        mt_checkpoint_resolve_load(cfg);
+        int rc = mt__generate_main(cfg, have_tokenizer ? &tokenizer : NULL, launch);
+        if (have_tokenizer) mt_tokenizer_free(&tokenizer);
+        return rc;
+    }
     mt_config_derive(cfg);
     if (cfg->train.load[0]) mt_checkpoint_resolve_load(cfg);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training

@@ -17,6 +17,7 @@ run .venv/bin/python tests/tiktoken_fuzz.py
 [ -f build/ckpt_ref/rank0_params.f32 ] && [ -f build/hf_ref/ours_logits.bin ] || ./tests/test_checkpoint > /dev/null 2>&1
 run .venv/bin/python tests/check_safetensors.py
 run .venv/bin/python tests/check_hf_export.py
+run .venv/bin/python tests/check_hf_import.py
 [ -f build/tb_ref/log.txt ] && [ -f build/test_timeline.svg ] || ./tests/test_logging > /dev/null 2>&1
 run .venv/bin/python tests/check_tensorboard.py
 echo "$passed passed, $failed failed"

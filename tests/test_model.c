@@ -139,8 +139,8 @@ MT_TEST(trainer_errors_are_one_clear_line) {
     }
 }
 
-// generation (§11): the same tokens in every layout (sampled with temperature and top-k, and
-// past the window of --seq-length), from the trainer as a user runs it
+// generation (§11): the same tokens in every layout (sampled with temperature and top-k, past
+// --seq-length, through the KV cache up to --max-position-embeddings), from the trainer as a user runs it
 static int last_line(const char *cmd, char *out, size_t cap) {
     FILE *p = popen(cmd, "r");
     if (!p) return 0;
@@ -151,7 +151,7 @@ static int last_line(const char *cmd, char *out, size_t cap) {
 }
 MT_TEST(generation_is_the_same_in_every_layout) {
     write_dataset(TEST_PREFIX, 101, 60);
-    const char *base = "./train_gpt --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    const char *base = "./train_gpt --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 64 "
                        "--micro-batch-size 2 --global-batch-size 8 --train-iters 30 --lr 3e-3 --vocab-size 101 "
                        "--data-path " TEST_PREFIX " --split 949,50,1 --log-interval 30 --eval-iters 0 "
                        "--tokens-to-generate 40 --temperature 0.8 --top-k 10 --hidden-dropout 0 --attention-dropout 0";

@@ -103,16 +103,42 @@ MT_TEST(sp_forward_is_tp_forward) {
 
 // the forward-only paths: evaluation and generation (section 11) before any training, the
 // same floats and the same tokens with and without SP
-typedef struct { mt_config cfg; float eval_loss; int32_t ids[32]; int n; } forward_run;
+typedef struct { mt_config cfg; float eval_loss; int32_t ids[32]; int n; int32_t cached[12]; int n_cached; float *logits; } forward_run;
 
 static void forward_rank(mt_world *w, int rank, void *arg) {
     forward_run *run = (forward_run *)arg;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
     mt_rank_init(r, &run->cfg, w, rank);
     float loss = mt_eval_step(r, synthetic_batch, NULL, 1);
-    int32_t ids[32] = {5, 17, 42};
-    int n = mt_generate(r, ids, 3, 32, 12, 0.0f, 0, 1234);   // greedy
-    if (rank == 0) { run->eval_loss = loss; run->n = n; memcpy(run->ids, ids, sizeof ids); }
+    // a prompt longer than a rank's sequence shard (T/TP = 8): a decoder that kept SP would cut it
+    int32_t ids[32] = {5, 17, 42, 7, 1, 30, 11, 2, 19, 23, 3};
+    mt_sampling greedy = {0.0f, 0, 0.0f, 1234};
+    int n = mt_generate_uncached(r, ids, 11, 32, 12, &greedy, 0, NULL);   // the training forward, SP on
+    // the KV-cache generator: its (B, new tokens, C) tensors are whole on every TP rank, SP off
+    mt_generator g;
+    mt_generator_init(r, &g, 1, 11, 32);
+    const int32_t prompt[11] = {5, 17, 42, 7, 1, 30, 11, 2, 19, 23, 3}, *prompts[1] = {prompt};
+    int prompt_len = 11, count = 0;
+    mt_generate_request q;
+    memset(&q, 0, sizeof q);
+    q.n = 1; q.prompts = prompts; q.prompt_lens = &prompt_len; q.max_new_tokens = 5; q.sampling = greedy;   // 11 + 5 = the 16 positions
+    q.eod = -1; q.tokens = run->cached; q.counts = &count;
+    int32_t cached[12];
+    q.tokens = cached;
+    // the logits each token was sampled from (an untrained model's greedy tokens barely depend
+    // on the context, so its logits are what shows a wrong row)
+    int V = r->cfg->model.vocab_size;
+    float *logits = (float *)mt_calloc((size_t)5 * V, sizeof(float), "logits");
+    q.logits = logits;
+    mt_generate_batch(r, &g, &q);
+    mt_generator_free(&g);
+    if (rank == 0) {
+        run->eval_loss = loss; run->n = n; memcpy(run->ids, ids, sizeof ids);
+        run->n_cached = count; memcpy(run->cached, cached, sizeof cached);
+        run->logits = logits;
+    } else {
+        free(logits);
+    }
     mt_rank_free(r);
     free(r);
 }
@@ -130,9 +156,16 @@ MT_TEST(sp_eval_and_generate) {
     mt_expect(sp.eval_loss == tp.eval_loss, "eval loss %.9g with SP, %.9g without", (double)sp.eval_loss,
               (double)tp.eval_loss);
     int same = sp.n == tp.n && memcmp(sp.ids, tp.ids, sizeof(int32_t) * (size_t)tp.n) == 0;
-    mt_expect(same && tp.n == 15, "greedy generation differs with SP (or did not run: %d and %d tokens)", sp.n, tp.n);
-    printf("  eval loss %.9g with and without SP; 12 greedy tokens identical: %s\n", (double)sp.eval_loss,
-           same ? "yes" : "NO");
+    mt_expect(same && tp.n == 23, "greedy generation differs with SP (or did not run: %d and %d tokens)", sp.n, tp.n);
+    // the KV cache's tokens: the same with SP (it decodes without it) and the same as the window's
+    int cached_same = sp.n_cached == 5 && tp.n_cached == 5 && memcmp(sp.cached, tp.cached, 5 * sizeof(int32_t)) == 0 &&
+                      memcmp(tp.cached, tp.ids + 11, 5 * sizeof(int32_t)) == 0 &&
+                      memcmp(sp.logits, tp.logits, (size_t)5 * tp.cfg.model.vocab_size * sizeof(float)) == 0;
+    free(sp.logits);
+    free(tp.logits);
+    mt_expect(cached_same, "the KV-cache generator's tokens differ with SP (%d and %d tokens)", sp.n_cached, tp.n_cached);
+    printf("  eval loss %.9g with and without SP; 12 greedy tokens identical: %s; 5 with the KV cache (and their logits): %s\n",
+           (double)sp.eval_loss, same ? "yes" : "NO", cached_same ? "yes" : "NO");
 }
 
 // ---------------------------------------------------------------------------------------------

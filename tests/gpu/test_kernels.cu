@@ -375,6 +375,57 @@ MT_TEST(matmul) {
     matmul_case(33, 768, 68, 1, 1, 1);
 }
 
+// generation (megatron.h §11): attention over the KV cache and the greedy argmax
+MT_TEST(decode) {
+    // B, Tq (new tokens per sequence), C_local, NH_local, cap; sequence b starts at start[b]
+    int shapes[][5] = {{1, 1, 64, 1, 16}, {3, 1, 768, 12, 1024}, {3, 5, 128, 2, 40}, {2, 16, 96, 1, 300}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], Tq = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], cap = shapes[s][4];
+        int start[3];
+        for (int b = 0; b < B; b++) start[b] = b == 0 ? 0 : rand_int(cap - Tq + 1);   // one at the very start
+        size_t nq = (size_t)B * Tq * 3 * C, nout = (size_t)B * Tq * C, nc = (size_t)B * cap * C;
+        float *qkv = host_random(nq, -1, 1), *k0 = host_random(nc, -1, 1), *v0 = host_random(nc, -1, 1);
+        float *k_ref = host_copy(k0, nc), *v_ref = host_copy(v0, nc);
+        float *out_ref = (float *)mt_malloc(nout * sizeof(float) + 16, "ref");
+        mt_attention_cached_forward_cpu(out_ref, k_ref, v_ref, qkv, start, B, Tq, C, NH, cap);
+        float *d_qkv = dev_upload(qkv, nq), *d_k = dev_upload(k0, nc), *d_v = dev_upload(v0, nc), *d_out = dev_nan(nout);
+        int *d_start = dev_upload_int(start, (size_t)B);
+        mt_attention_cached_forward_gpu(d_out, d_k, d_v, d_qkv, d_start, B, Tq, C, NH, cap, 0);
+        char label[128];
+        float *got = dev_download(d_out, nout);
+        snprintf(label, sizeof label, "attention over the KV cache B=%d Tq=%d C=%d NH=%d cap=%d", B, Tq, C, NH, cap);
+        check_close(label, got, out_ref, nout, 1e-5);   // fp32, __expf and another summation order
+        free(got);
+        got = dev_download(d_k, nc);
+        check_close("KV cache keys stored", got, k_ref, nc, 0.0);   // copies
+        free(got);
+        got = dev_download(d_v, nc);
+        check_close("KV cache values stored", got, v_ref, nc, 0.0);
+        free(got);
+        free(qkv); free(k0); free(v0); free(k_ref); free(v_ref); free(out_ref);
+        dev_free(d_qkv); dev_free(d_k); dev_free(d_v); dev_free(d_out); dev_free(d_start);
+    }
+    // argmax of rows of padded logits, ties planted (the smaller index wins), the padding ignored
+    int rows = 4, n = 50257, ld = 50304;
+    float *x = host_random((size_t)rows * ld, -1, 1);
+    for (int r = 0; r < rows; r++) {
+        int a = rand_int(n), b = rand_int(n);
+        x[(size_t)r * ld + a] = x[(size_t)r * ld + b] = 2.0f;   // a tie for the largest
+        x[(size_t)r * ld + n + 3] = 5.0f;                      // padding: never chosen
+    }
+    int want[4], got_i[4];
+    mt_argmax_rows_cpu(want, x, rows, n, ld);
+    float *d_x = dev_upload(x, (size_t)rows * ld);
+    int *d_i = (int *)dev_alloc(sizeof want);
+    mt_argmax_rows_gpu(d_i, d_x, rows, n, ld, 0);
+    MT_CUDA_CHECK(cudaMemcpy(got_i, d_i, sizeof got_i, cudaMemcpyDeviceToHost));
+    mt_expect(memcmp(got_i, want, sizeof want) == 0, "argmax rows: got %d %d %d %d, want %d %d %d %d", got_i[0], got_i[1],
+              got_i[2], got_i[3], want[0], want[1], want[2], want[3]);
+    free(x);
+    dev_free(d_x);
+    dev_free(d_i);
+}
+
 MT_TEST(dropout) {
     // B, T, C, sample_offset, t_offset, T_local (the last two: a sequence-parallel shard)
     int shapes[][6] = {{1, 1, 1, 0, 0, 1}, {2, 7, 33, 5, 0, 7}, {4, 1024, 768, 12, 0, 1024}, {2, 64, 33, 5, 16, 16},
@@ -984,6 +1035,7 @@ int main(int argc, char **argv) {
         run("dropout", test_dropout);
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
+        run("decode", test_decode);
         run("gelu_residual", test_gelu_residual);
         run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);

@@ -1,0 +1,496 @@
+/* tests/test_generate.c - generation (§11): the KV cache, sampling, the generation mode's files,
+ * the Hugging Face import (§10).
+ *
+ * 1. cached decoding (prefill, then one token per step through the KV cache) against the naive
+ *    way (the training forward over the whole window for every token), for a batch of prompts of
+ *    different lengths, on 1x1, TP=2, PP=2 and TP=2 x PP=2: the same tokens, the same logits
+ *    (fp32, 1e-5), and every layout the same tokens as one rank;
+ * 2. top-k and top-p draw only from the set a brute-force twin allows (on fixed logits), and
+ *    about as often as its renormalised probabilities say;
+ * 3. the trainer's generation mode: --sample-input-file in, --sample-output-file (JSON lines)
+ *    out, read back; the same file from TP=2 x PP=2; a shape flag that disagrees is one line;
+ * 4. export to Hugging Face and import back: the same bits, for another TP x PP.
+ *
+ * ./tests/test_generate --hf-logits HF_DIR TOKENS OUT [TP] [bf16] (used by tests/check_hf_import.py,
+ * make test-ref, and by tests/gpu/test_generate.sh through the GPU build of this file): imports
+ * HF_DIR for TP ranks (default 2), decodes the tokens (int32, the first is the count) one per step
+ * through the KV cache and writes the logits of every position, then those of the last position
+ * after one prefill of them all (float32, (T+1, V)) to OUT.
+ */
+#define MEGATRON_IMPLEMENTATION
+#include "../megatron.h"
+#include "harness.h"
+#include <sys/wait.h>
+
+// a small model; dropout off (generation never drops, the uncached forward must not either)
+static void small_config(mt_config *cfg, int tp, int pp, int V, int maxT) {
+    mt_config_defaults(cfg);
+    cfg->model.num_layers = 4;
+    cfg->model.hidden_size = 32;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.seq_length = maxT;
+    cfg->model.vocab_size = V;
+    cfg->model.hidden_dropout = cfg->model.attention_dropout = 0.0f;
+    cfg->model.init_method_std = 0.2f;   // large weights: peaked logits, so top-k/top-p matter
+    cfg->parallel.tensor_model_parallel_size = tp;
+    cfg->parallel.pipeline_model_parallel_size = pp;
+    cfg->train.micro_batch_size = 1;     // the uncached reference runs one sequence at a time
+    cfg->train.train_iters = 1;
+    cfg->train.seed = 7;
+    mt_config_derive(cfg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. cached == uncached, in every layout
+#define NSEQ 3
+#define NEW 8
+static const int prompt_lens[NSEQ] = {1, 6, 11};
+typedef struct {
+    mt_config *cfg;
+    mt_sampling sampling;
+    int32_t tokens[NSEQ * NEW];   // cached, from the logger rank
+    int counts[NSEQ];
+    int32_t uncached[NSEQ * NEW];
+    int logits_ok, logits_checked;
+    double max_rel;
+    int stop_count, stopped;      // the position limit: tokens of a prompt that fills the cache
+    int argmax_same;              // the tokens again without logits asked for: the same
+} cache_job;
+
+static void prompt_ids(int i, int32_t *ids, int V) {
+    for (int t = 0; t < prompt_lens[i]; t++) ids[t] = (int32_t)(mt_hash64((uint64_t)(100 * i + t)) % (uint64_t)V);
+}
+
+static void cache_rank(mt_world *w, int rank, void *arg) {
+    cache_job *j = (cache_job *)arg;
+    int V = j->cfg->model.vocab_size, maxT = j->cfg->model.max_position_embeddings;
+    mt_rank r;
+    mt_rank_init(&r, j->cfg, w, rank);   // the same weights in every layout (counter-based init)
+    int32_t prompts_mem[NSEQ][16];
+    const int32_t *prompts[NSEQ];
+    for (int i = 0; i < NSEQ; i++) { prompt_ids(i, prompts_mem[i], V); prompts[i] = prompts_mem[i]; }
+    mt_generator g;
+    mt_generator_init(&r, &g, NSEQ, NSEQ * 11, 11 + NEW);
+    mt_generate_request q;
+    memset(&q, 0, sizeof q);
+    int32_t tokens[NSEQ * NEW];
+    int counts[NSEQ];
+    float *logits = (float *)calloc((size_t)NSEQ * NEW * V, sizeof(float));
+    q.n = NSEQ;
+    q.prompts = prompts;
+    q.prompt_lens = prompt_lens;
+    q.max_new_tokens = NEW;
+    q.sampling = j->sampling;
+    q.eod = -1;
+    q.logits = logits;
+    q.tokens = tokens;
+    q.counts = counts;
+    mt_generate_batch(&r, &g, &q);
+    // greedy without logits asked for: the argmax op takes the tokens (on the device, on the GPU build)
+    int32_t tokens2[NSEQ * NEW];
+    int counts2[NSEQ];
+    q.logits = NULL;
+    q.tokens = tokens2;
+    q.counts = counts2;
+    mt_generate_batch(&r, &g, &q);
+    if (rank == j->cfg->world_size - 1) j->argmax_same = memcmp(tokens, tokens2, sizeof tokens) == 0;
+    q.tokens = tokens;
+    q.counts = counts;
+    mt_generator_free(&g);
+    // the naive way, one sequence at a time, the same random numbers (sequence i, position n)
+    float *ref = (float *)calloc((size_t)NEW * V, sizeof(float));
+    int logger = rank == j->cfg->world_size - 1;   // a last-stage rank: it has the logits
+    for (int i = 0; i < NSEQ; i++) {
+        int32_t ids[32];
+        memcpy(ids, prompts[i], sizeof(int32_t) * (size_t)prompt_lens[i]);
+        int n = mt_generate_uncached(&r, ids, prompt_lens[i], prompt_lens[i] + NEW, NEW, &j->sampling, (uint64_t)i,
+                                     ref);
+        if (!logger) continue;
+        memcpy(j->uncached + i * NEW, ids + prompt_lens[i], sizeof(int32_t) * (size_t)(n - prompt_lens[i]));
+        // compare the logits of every step both took the same token at
+        for (int k = 0; k < counts[i]; k++) {
+            const float *got = logits + ((size_t)i * NEW + k) * V, *want = ref + (size_t)k * V;
+            double maxabs = 0, maxdiff = 0;
+            for (int v = 0; v < V; v++) {
+                if (fabs(want[v]) > maxabs) maxabs = fabs(want[v]);
+                if (!(fabs(got[v] - want[v]) <= maxdiff)) maxdiff = fabs(got[v] - want[v]);
+            }
+            double rel = maxdiff / (maxabs > 0 ? maxabs : 1);
+            if (rel > j->max_rel || rel != rel) j->max_rel = rel;
+            j->logits_checked++;
+            if (tokens[i * NEW + k] != j->uncached[i * NEW + k]) break;   // later steps continue different texts
+        }
+    }
+    if (logger) {
+        memcpy(j->tokens, tokens, sizeof tokens);
+        memcpy(j->counts, counts, sizeof counts);
+    }
+    // the last position: a prompt of maxT - 2 tokens gets 3 (at positions maxT-2, maxT-1, maxT), then stops
+    mt_generator_init(&r, &g, 1, maxT, maxT);
+    int32_t long_prompt[64];
+    for (int t = 0; t < maxT - 2; t++) long_prompt[t] = t % V;
+    const int32_t *lp[1] = {long_prompt};
+    int lp_len = maxT - 2, c = 0;
+    mt_generate_request q2;
+    memset(&q2, 0, sizeof q2);
+    q2.n = 1; q2.prompts = lp; q2.prompt_lens = &lp_len; q2.max_new_tokens = NEW; q2.sampling = j->sampling;
+    q2.eod = -1; q2.tokens = tokens; q2.counts = &c;
+    mt_generate_batch(&r, &g, &q2);
+    mt_generator_free(&g);
+    if (logger) { j->stop_count = c; j->stopped = q2.stopped_at_max_positions; }
+    free(logits);
+    free(ref);
+    mt_rank_free(&r);
+}
+
+static int run_cache_job(cache_job *j, int tp, int pp, const mt_sampling *s) {
+    static mt_config cfg;
+    small_config(&cfg, tp, pp, 101, 32);
+    memset(j, 0, sizeof *j);
+    j->cfg = &cfg;
+    j->sampling = *s;
+    mt_world *w = mt_world_create(cfg.world_size);
+    int rc = mt_world_run(w, cache_rank, j);
+    mt_world_destroy(w);
+    return rc;
+}
+
+MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
+    const int layouts[4][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
+    mt_sampling modes[2] = {{0.0f, 0, 0.0f, 11}, {0.9f, 20, 0.9f, 11}};   // greedy; temperature + top-k + top-p
+    for (int m = 0; m < 2; m++) {
+        cache_job one;
+        for (int k = 0; k < 4; k++) {
+            cache_job j;
+            mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &modes[m]) == 0, "the world failed");
+            // cached and uncached: fp32 with the same summation order for every row; 1e-5 allows the
+            // TP all-reduces' different grouping of the partial sums of the projections
+            mt_expect(j.max_rel <= 1e-5, "TP=%d PP=%d mode %d: logits differ from the uncached forward by %.2e",
+                      layouts[k][0], layouts[k][1], m, j.max_rel);
+            mt_expect(j.logits_checked >= NSEQ * NEW, "compared %d rows of logits", j.logits_checked);
+            mt_expect(memcmp(j.tokens, j.uncached, sizeof j.tokens) == 0,
+                      "TP=%d PP=%d mode %d: cached tokens differ from the uncached ones", layouts[k][0], layouts[k][1],
+                      m);
+            for (int i = 0; i < NSEQ; i++) mt_expect(j.counts[i] == NEW, "sequence %d got %d tokens", i, j.counts[i]);
+            mt_expect(j.argmax_same, "TP=%d PP=%d mode %d: the tokens differ when no logits are asked for", layouts[k][0],
+                      layouts[k][1], m);
+            mt_expect(j.stop_count == 3 && j.stopped == 1, "the prompt that fills the cache got %d tokens (stopped %d)",
+                      j.stop_count, j.stopped);
+            if (k == 0) one = j;
+            else mt_expect(memcmp(j.tokens, one.tokens, sizeof j.tokens) == 0,
+                           "TP=%d PP=%d samples other tokens than one rank", layouts[k][0], layouts[k][1]);
+            printf("  TP=%d PP=%d %s: tokens as uncached and as 1x1, logits max rel diff %.2e over %d rows\n",
+                   layouts[k][0], layouts[k][1], m ? "sampled" : "greedy", j.max_rel, j.logits_checked);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. top-k and top-p against a brute-force twin on fixed logits
+// the twin: rank every token by (logit desc, id asc) by counting, keep the k best, then the
+// shortest head of them whose probability (after temperature, renormalised) reaches p
+static void allowed_set(const float *logits, int V, const mt_sampling *s, int *allowed, double *prob) {
+    int order[64];
+    for (int v = 0; v < V; v++) {
+        int rank = 0;
+        for (int u = 0; u < V; u++)
+            if (logits[u] > logits[v] || (logits[u] == logits[v] && u < v)) rank++;
+        order[rank] = v;
+    }
+    int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double z[64], total = 0;
+    for (int i = 0; i < keep; i++) { z[i] = exp(((double)logits[order[i]] - logits[order[0]]) / s->temperature);
+                                     total += z[i]; }
+    int n = keep;
+    if (s->top_p > 0 && s->top_p < 1) {
+        double cum = 0;
+        n = 0;
+        for (int i = 0; i < keep; i++) {
+            if (i > 0 && cum / total > s->top_p) break;
+            cum += z[i];
+            n++;
+        }
+        total = cum;
+    }
+    for (int v = 0; v < V; v++) { allowed[v] = 0; prob[v] = 0; }
+    for (int i = 0; i < n; i++) { allowed[order[i]] = 1; prob[order[i]] = z[i] / total; }
+}
+
+MT_TEST(top_k_and_top_p_sample_only_the_allowed_tokens) {
+    const int V = 40;
+    float logits[40];
+    for (int v = 0; v < V; v++) logits[v] = (float)((int)(mt_hash64((uint64_t)v) % 50)) / 10.0f;   // ties included
+    mt_sampling cases[] = {{1.0f, 5, 0.0f, 3}, {1.0f, 0, 0.5f, 3}, {0.7f, 10, 0.8f, 3}, {2.0f, 0, 0.9f, 3},
+                           {1.0f, 1, 0.0f, 3}, {1.0f, 0, 1.0f, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int allowed[40], hits[40] = {0};
+        double prob[40];
+        allowed_set(logits, V, &cases[c], allowed, prob);
+        const int draws = 20000;
+        int outside = 0;
+        for (int i = 0; i < draws; i++) {
+            int t = mt_sample_token(logits, V, &cases[c], 5, (uint64_t)i);
+            if (t < 0 || t >= V || !allowed[t]) outside++;
+            else hits[t]++;
+        }
+        mt_expect(outside == 0, "case %zu: %d draws outside the allowed set", c, outside);
+        // frequencies: 20000 draws give a standard error below 0.0036; 0.02 is over 5 of them
+        double worst = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)hits[v] / draws - prob[v]);
+            if (d > worst) worst = d;
+        }
+        mt_expect(worst < 0.02, "case %zu: a frequency is %.3f off its probability", c, worst);
+        int n = 0;
+        for (int v = 0; v < V; v++) n += allowed[v];
+        printf("  temperature %.1f top-k %d top-p %.1f: %d allowed tokens, frequencies within %.3f\n",
+               (double)cases[c].temperature, cases[c].top_k, (double)cases[c].top_p, n, worst);
+        // the same seed, the same token; another seed, other tokens somewhere
+        int same = 1, differ = 0;
+        mt_sampling other = cases[c];
+        other.seed = 4;
+        for (int i = 0; i < 200; i++) {
+            same &= mt_sample_token(logits, V, &cases[c], 5, (uint64_t)i) ==
+                    mt_sample_token(logits, V, &cases[c], 5, (uint64_t)i);
+            differ |= mt_sample_token(logits, V, &cases[c], 5, (uint64_t)i) !=
+                      mt_sample_token(logits, V, &other, 5, (uint64_t)i);
+        }
+        mt_expect(same && (n == 1 || differ), "case %zu: sampling is not reproducible by --seed", c);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. the generation mode of ./train_gpt: files in and out
+#define CK "build/test_generate_ck"
+// a checkpoint of a small GPT-2-vocabulary model (random weights), saved by one rank
+static void save_rank(mt_world *w, int rank, void *arg) {
+    mt_rank r;
+    mt_rank_init(&r, (mt_config *)arg, w, rank);
+    mt_checkpoint_save(&r, CK, 1, 0);
+    mt_rank_free(&r);
+}
+static void write_checkpoint(void) {
+    static mt_config cfg;
+    mt_config_defaults(&cfg);
+    cfg.model.num_layers = 2;
+    cfg.model.hidden_size = 32;
+    cfg.model.num_attention_heads = 4;
+    cfg.model.seq_length = 48;
+    cfg.model.vocab_size = 50257;
+    cfg.model.init_method_std = 0.1f;
+    cfg.train.train_iters = 1;
+    mt_config_derive(&cfg);
+    if (system("rm -rf " CK)) {}
+    mt_world *w = mt_world_create(1);
+    mt_world_run(w, save_rank, &cfg);
+    mt_world_destroy(w);
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { *len = 0; return NULL; }
+    char *buf = (char *)malloc(1 << 20);
+    *len = fread(buf, 1, (1 << 20) - 1, f);
+    buf[*len] = 0;
+    fclose(f);
+    return buf;
+}
+
+MT_TEST(input_and_output_files_round_trip) {
+    write_checkpoint();
+    const char *prompts[] = {"It is a truth universally acknowledged", "Hello", "\"quoted\" \\ back\tslash",
+                             "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", ""};
+    int np = 5;
+    FILE *f = fopen("build/test_generate_prompts.txt", "wb");
+    for (int i = 0; i < np; i++) fprintf(f, "%s\n", prompts[i]);
+    fclose(f);
+    const char *base = "./train_gpt --load " CK " --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt "
+                       "--sample-input-file build/test_generate_prompts.txt --out-seq-length 10 --top-p 0.9 "
+                       "--temperature 0.8 --micro-batch-size 2 --num-samples 2 --seed 3";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --sample-output-file build/test_generate_out.jsonl > build/test_generate.log 2>&1",
+             base);
+    mt_expect(system(cmd) == 0, "generation failed: %s (see build/test_generate.log)", cmd);
+    mt_tokenizer tok;
+    mt_tokenizer_load(&tok, "data/gpt2-vocab.json", "data/gpt2-merges.txt");
+    size_t len;
+    char *out = slurp("build/test_generate_out.jsonl", &len);
+    mt_expect(out != NULL, "no output file");
+    int lines = 0;
+    for (char *line = out; out && line < out + len && *line; lines++) {
+        char *end = strchr(line, '\n');
+        if (!end) break;
+        *end = 0;
+        mt_json j;
+        char text[4096];
+        size_t tlen = 0;
+        long long ids[64], prompt_ids[64];
+        mt_json_init(&j, line, strlen(line), 0);
+        int ok = mt_json_find(&j, "prompt") && mt_json_string_at(&j, text, &tlen);
+        int i = lines / 2;   // --num-samples 2: each prompt twice
+        mt_expect(ok && i < np && tlen == strlen(prompts[i]) && memcmp(text, prompts[i], tlen) == 0,
+                  "line %d: the prompt did not come back: %s", lines, line);
+        mt_json_init(&j, line, strlen(line), 0);
+        int n = mt_json_find(&j, "tokens") ? mt_json_ints(&j, ids, 64) : -1;
+        mt_json_init(&j, line, strlen(line), 0);
+        int np_ids = mt_json_find(&j, "prompt_tokens") ? mt_json_ints(&j, prompt_ids, 64) : -1;
+        mt_expect(n >= 1 && n <= 10, "line %d: %d tokens", lines, n);
+        mt_int_list enc = {NULL, 0, 0};
+        mt_tokenizer_encode(&tok, NULL, prompts[i], strlen(prompts[i]), &enc);
+        if (enc.len == 0) mt_int_list_push(&enc, tok.eod_id);   // an empty line: unconditional
+        int same = np_ids == (int)enc.len;
+        for (int k = 0; same && k < np_ids; k++) same = prompt_ids[k] == enc.data[k];
+        mt_expect(same, "line %d: prompt_tokens are not the prompt's ids", lines);
+        mt_int_list_free(&enc);
+        // text == decode(tokens) whenever that is valid UTF-8 (else the writer put U+FFFD in)
+        int32_t id32[64];
+        for (int k = 0; k < n; k++) id32[k] = (int32_t)ids[k];
+        char dec[4096];
+        size_t dlen = n > 0 ? mt_tokenizer_decode(&tok, id32, (size_t)n, dec, sizeof dec) : 0;
+        int valid = 1;
+        for (size_t p = 0; p < dlen;) {
+            uint32_t cp;
+            int l = mt_utf8_decode(dec + p, dlen - p, &cp);
+            if (!l) { valid = 0; break; }
+            p += (size_t)l;
+        }
+        mt_json_init(&j, line, strlen(line), 0);
+        ok = mt_json_find(&j, "text") && mt_json_string_at(&j, text, &tlen);
+        mt_expect(ok && (!valid || (tlen == dlen && memcmp(text, dec, dlen) == 0)), "line %d: text is not the tokens'",
+                  lines);
+        line = end + 1;
+    }
+    mt_expect(lines == 2 * np, "%d lines in the output, want %d", lines, 2 * np);
+    free(out);
+    mt_tokenizer_free(&tok);
+    // the same file from TP=2 x PP=2 (the checkpoint re-cut in memory), and from standard input
+    snprintf(cmd, sizeof cmd, "%s --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+             "--sample-output-file build/test_generate_out22.jsonl > build/test_generate.log 2>&1", base);
+    mt_expect(system(cmd) == 0, "generation with TP=2 PP=2 failed");
+    size_t l1, l2;
+    char *a = slurp("build/test_generate_out.jsonl", &l1), *b = slurp("build/test_generate_out22.jsonl", &l2);
+    mt_expect(a && b && l1 == l2 && memcmp(a, b, l1) == 0, "TP=2 x PP=2 wrote another file than one rank");
+    free(a);
+    free(b);
+    // a shape flag that disagrees with the checkpoint: one line, exit 1
+    int rc = system("./train_gpt --load " CK " --num-layers 3 --prompt 1 > build/test_generate.log 2>&1");
+    char *err = slurp("build/test_generate.log", &len);
+    mt_expect(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && err && strstr(err, "error: --num-layers 3 disagrees"),
+              "a wrong --num-layers: %s", err ? err : "");
+    free(err);
+    // token ids on standard input (no tokenizer), unconditional samples: both run and report
+    rc = system("printf '5 6 7\\n' | ./train_gpt --load " CK " --out-seq-length 4 > build/test_generate.log 2>&1 && "
+                "./train_gpt --load " CK " --num-samples 3 --out-seq-length 4 --greedy >> build/test_generate.log 2>&1");
+    err = slurp("build/test_generate.log", &len);
+    mt_expect(rc == 0 && err && strstr(err, "----- sample 1 of 1 (3 prompt tokens, 4 generated)\n5 6 7 | ") &&
+              strstr(err, "sample 3 of 3") && strstr(err, "time to first token") && strstr(err, "p90"),
+              "standard input / unconditional runs: %s", err ? err : "");
+    free(err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Hugging Face export then import: the same bits (and another layout on the way back)
+MT_TEST(hugging_face_export_import_round_trip_is_bit_exact) {
+    write_checkpoint();
+    if (system("rm -rf build/test_generate_hf build/test_generate_ck2")) {}
+    mt_checkpoint_export_hf(CK, "build/test_generate_hf");
+    mt_checkpoint_import_hf("build/test_generate_hf", "build/test_generate_ck2", 2, 2, 0);
+    mt__full_checkpoint a, b;
+    mt__ckpt_read_full(CK, &a);
+    mt__ckpt_read_full("build/test_generate_ck2", &b);
+    mt_expect(b.cfg.parallel.tensor_model_parallel_size == 2 && b.cfg.parallel.pipeline_model_parallel_size == 2,
+              "the import is not TP=2 x PP=2");
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
+        mt_expect(a.count[i] == b.count[i] && memcmp(a.global[0][i], b.global[0][i], a.count[i] * sizeof(float)) == 0,
+                  "tensor %d differs after export and import", i);
+    mt__ckpt_free_full(&a);
+    mt__ckpt_free_full(&b);
+    // and once more out: the same bytes as the first export
+    if (system("rm -rf build/test_generate_hf2")) {}
+    mt_checkpoint_export_hf("build/test_generate_ck2", "build/test_generate_hf2");
+    size_t l1, l2;
+    char *x = slurp("build/test_generate_hf/config.json", &l1), *y = slurp("build/test_generate_hf2/config.json", &l2);
+    mt_expect(x && y && l1 == l2 && memcmp(x, y, l1) == 0, "config.json differs after a round trip");
+    free(x);
+    free(y);
+    FILE *f1 = fopen("build/test_generate_hf/model.safetensors", "rb"), *f2 = fopen("build/test_generate_hf2/model.safetensors", "rb");
+    int same = f1 && f2;
+    while (same) {
+        int c1 = fgetc(f1), c2 = fgetc(f2);
+        if (c1 != c2) same = 0;
+        if (c1 == EOF || c2 == EOF) break;
+    }
+    if (f1) fclose(f1);
+    if (f2) fclose(f2);
+    mt_expect(same, "model.safetensors differs after export, import, export");
+}
+
+// ---------------------------------------------------------------------------------------------
+// --hf-logits: the reference's side of make test-ref (tests/check_hf_import.py)
+typedef struct { const int32_t *ids; int n; float *out; mt_config *cfg; } logits_job;
+static void logits_rank(mt_world *w, int rank, void *arg) {
+    logits_job *j = (logits_job *)arg;
+    mt_rank r;
+    mt_rank_init(&r, j->cfg, w, rank);
+    mt_checkpoint_load(&r, j->cfg->train.load, NULL);
+    mt_generator g;
+    mt_generator_init(&r, &g, 1, 1, j->n);
+    int V = j->cfg->model.vocab_size, zero = 0;
+    for (int t = 0; t < j->n; t++) {   // one token per step through the cache, as decoding does
+        mt_generator_forward(&r, &g, j->ids + t, &t, &zero, 1, 1);
+        if (rank == j->cfg->world_size - 1) memcpy(j->out + (size_t)t * V, g.host_logits, sizeof(float) * V);
+    }
+    mt_generator_free(&g);
+    // and the prefill: all n tokens in one pass, the logits of the last (row n of the output)
+    mt_generator_init(&r, &g, 1, j->n, j->n);
+    int last = j->n - 1;
+    mt_generator_forward(&r, &g, j->ids, &zero, &last, 1, j->n);
+    if (rank == j->cfg->world_size - 1) memcpy(j->out + (size_t)j->n * V, g.host_logits, sizeof(float) * V);
+    mt_generator_free(&g);
+    mt_rank_free(&r);
+}
+static int hf_logits(const char *hf_dir, const char *tokens_path, const char *out_path, int tp, int bf16) {
+    char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
+    snprintf(ck, sizeof ck, "%s.ck", out_path);   // the imported checkpoint, next to the output
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
+    if (system(cmd)) {}
+    mt_checkpoint_import_hf(hf_dir, ck, tp, 1, 0);
+    mt__full_checkpoint full;
+    mt__ckpt_read_full(ck, &full);
+    static mt_config cfg;
+    cfg = full.cfg;
+    mt__ckpt_free_full(&full);
+    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0f;
+    cfg.train.bf16 = bf16;
+    snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
+    mt_config_derive(&cfg);
+    FILE *f = fopen(tokens_path, "rb");
+    int32_t n = 0;
+    if (!f || fread(&n, 4, 1, f) != 1 || n < 1 || n > cfg.model.max_position_embeddings) return 1;
+    int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+    if (fread(ids, 4, (size_t)n, f) != (size_t)n) return 1;
+    fclose(f);
+    logits_job j = {ids, n, (float *)calloc((size_t)(n + 1) * cfg.model.vocab_size, sizeof(float)), &cfg};
+    mt_world *w = mt_world_create(cfg.world_size);
+    int rc = mt_world_run(w, logits_rank, &j);
+    mt_world_destroy(w);
+    f = fopen(out_path, "wb");
+    fwrite(j.out, sizeof(float), (size_t)(n + 1) * cfg.model.vocab_size, f);
+    fclose(f);
+    printf("wrote the logits of %d positions, decoded one per step, and of the last position again after a "
+           "prefill of all %d (V = %d, TP = %d%s) to %s\n", n, n, cfg.model.vocab_size, tp, bf16 ? ", bf16" : "",
+           out_path);
+    free(ids);
+    free(j.out);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "--hf-logits") == 0)   // [TP, default 2] [bf16]
+        return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
+    mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);
+    mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
+    mt_run_test(input_and_output_files_round_trip);
+    mt_run_test(hugging_face_export_import_round_trip_is_bit_exact);
+    return mt_test_summary();
+}
