@@ -23,12 +23,15 @@
                                       build), the TP/PP/DP rank layout, a rank's groups
       3. OPS: CPU REFERENCE & THE BACKEND SEAM  forward/backward pairs (embedding, layernorm,
                                       matmul, attention, GELU, dropout, cross-entropy, AdamW's
-                                      update), and the seam: each op on the rank's device, buffers
+                                      update), reduced precision (fp16 / bf16 rounding, the ops
+                                      that multiply in it), and the seam: each op on the rank's
+                                      device, buffers
       4. TENSOR-PARALLEL LAYERS       f/g, column- and row-parallel linear, vocab-parallel
                                       embedding and cross-entropy
       5. GPT MODEL                    parameters and activations carved from one buffer each,
                                       layer forward/backward, embedding, head
-      6. OPTIMIZER, CLIPPING, LEARNING RATE  AdamW's state and step (sharded over DP with
+      6. OPTIMIZER, CLIPPING, LEARNING RATE  loss scaling (--fp16: Megatron's dynamic grad
+                                      scaler), AdamW's state and step (sharded over DP with
                                       --use-distributed-optimizer), the global grad norm,
                                       Megatron's learning-rate schedule
       7. DATA PARALLEL                bucketed gradient all-reduce (reduce-scatter with the distributed
