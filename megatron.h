@@ -8049,7 +8049,7 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
         scaler->hysteresis_tracker = sc.hysteresis_tracker;
     } else if (scaler->kind == MT_SCALER_DYNAMIC && is_logger) {
         printf("WARNING: %s holds no loss-scaler state (saved without --fp16, or by an older version); the loss "
-               "scale starts again from --initial-loss-scale %g\n", path, (double)scaler->scale);
+               "scale starts again from --initial-loss-scale %.9g\n", path, (double)scaler->scale);
     }
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
