@@ -10,16 +10,19 @@
  *
  * THE RULE is the CPU's: every backward ADDS (+=) into its d-buffers and the caller zeroes them;
  * a kernel that writes with '=' says so. Storage is fp32 everywhere (parameters, gradients,
- * activations). bf16 is only a compute type: the GEMM and attention "mma" paths round their
- * fp32 operands to bf16 as they load them into shared memory and accumulate in fp32.
+ * activations). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
+ * attention tensor-core paths round their fp32 operands to bf16 or fp16 as they load them (a
+ * template parameter F16 picks the instruction's form) and accumulate in fp32. The CPU build
+ * emulates the same roundings (megatron.h, 3. OPS, "reduced precision").
  *
  * CONTENTS (numbered as megatron.h's sections)
  *   1. UTILITIES & ERRORS (GPU)  MT_CUDA_CHECK, launch checks, MT_SYNC_DEBUG, the counter-based RNG
- *                                on the device, fill / zero / fp32<->bf16 casts
+ *                                on the device, fill / zero / fp32<->bf16 and fp32->fp16 casts
  *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
  *                                naive, tiled, mma, wgmma), dropout, attention (FlashAttention-2, fp32 and
  *                                mma), GELU, residual, vocab-parallel cross-entropy, AdamW
- *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale
+ *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale, loss
+ *                                scaling's unscale-and-check (one pass, an inf/NaN flag)
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
  *                                device memory; the device's set-up, stream and memory in use
  *                                (megatron.h's section 3 has the CPU half, with the same names)

@@ -196,7 +196,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
 }
 
 // dt: precision; initial: the dynamic scaler's start (0: a static scale of 1024)
-static void train(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int dp) {
+static void train_dist(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int dp, int dist) {
     mt_config *cfg = &run->cfg;
     memset(run, 0, sizeof *run);
     mt_config_defaults(cfg);
@@ -210,6 +210,7 @@ static void train(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int d
     cfg->parallel.tensor_model_parallel_size = tp;
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp * dp;
+    cfg->parallel.use_distributed_optimizer = dist;
     cfg->train.micro_batch_size = 2;
     cfg->train.global_batch_size = 8;
     cfg->train.train_iters = STEPS;
@@ -225,6 +226,9 @@ static void train(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int d
     int rc = mt_world_run(w, rank_main, run);
     mt_world_destroy(w);
     mt_expect(rc == 0, "the run (dtype %d, TP=%d PP=%d DP=%d) failed", (int)dt, tp, pp, dp);
+}
+static void train(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int dp) {
+    train_dist(run, dt, initial, tp, pp, dp, 0);
 }
 
 // 3. From a huge scale the backward's fp16 operands overflow: the loss gradient at the logits is
@@ -300,11 +304,14 @@ MT_TEST(fp16_layouts_match_one_rank) {
     int nskip = 0;
     for (int s = 0; s < STEPS; s++) nskip += ref.skipped[s];
     mt_expect(nskip > 0 && nskip < STEPS - 3, "from 2^26: %d skipped steps, want a few", nskip);
-    static const int layouts[][3] = {{2, 1, 2}, {1, 2, 1}, {2, 2, 1}};
+    // TP, PP, DP, distributed optimizer (its DP ranks each check their own shard: the flag is
+    // all-reduced over DP too)
+    static const int layouts[][4] = {{2, 1, 2, 0}, {1, 2, 1, 0}, {2, 2, 1, 0}, {1, 2, 2, 1}};
     for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
-        train(&run, MT_DTYPE_FP16, 67108864.0f, layouts[k][0], layouts[k][1], layouts[k][2]);
+        train_dist(&run, MT_DTYPE_FP16, 67108864.0f, layouts[k][0], layouts[k][1], layouts[k][2], layouts[k][3]);
         char label[96];
-        snprintf(label, sizeof label, "fp16 TP=%d PP=%d DP=%d losses", layouts[k][0], layouts[k][1], layouts[k][2]);
+        snprintf(label, sizeof label, "fp16 TP=%d PP=%d DP=%d%s losses", layouts[k][0], layouts[k][1], layouts[k][2],
+                 layouts[k][3] ? " dist-opt" : "");
         int ok = mt_check_tensor(label, run.losses, ref.losses, STEPS, 1e-5);   // the layout tolerance
         for (int s = 0; s < STEPS; s++)
             ok &= run.skipped[s] == ref.skipped[s] && run.scales[s] == ref.scales[s];
