@@ -169,14 +169,32 @@ void mt_zero_gpu(float *x, size_t n, cudaStream_t stream) {
     MT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
     if (mt__sync_debug()) MT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
-// round to nearest even, as every bf16 conversion in this file
+// round to nearest even, as every bf16 conversion in this file. Two kernels: the vector one
+// takes 8 elements per thread (two 16-byte loads, one 16-byte store: the cast is bytes-bound and
+// one float per thread reaches only ~45% of the HBM bandwidth) over the first n8 * 8 elements
+// when both pointers are 16-byte aligned; the scalar one does the rest (or all, when they are not).
 __global__ void mt_cast_f32_to_bf16_kernel(__nv_bfloat16 *out, const float *inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2bfloat16_rn(inp[i]);
 }
+__global__ void mt_cast_f32_to_bf16_vec8_kernel(__nv_bfloat16 *out, const float *inp, size_t n8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
+    __nv_bfloat162 o[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                           __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    ((uint4 *)out)[i] = *(const uint4 *)o;
+}
 void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    mt_cast_f32_to_bf16_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, inp, n);
+    size_t n8 = mt__aligned16(out) && mt__aligned16(inp) ? n / 8 : 0;
+    if (n8) {
+        mt_cast_f32_to_bf16_vec8_kernel<<<mt__blocks(n8, 256), 256, 0, stream>>>(out, inp, n8);
+        mt__launch_check("mt_cast_f32_to_bf16_vec8_kernel", stream);
+    }
+    size_t done = n8 * 8;
+    if (done == n) return;
+    mt_cast_f32_to_bf16_kernel<<<mt__blocks(n - done, 256), 256, 0, stream>>>(out + done, inp + done, n - done);
     mt__launch_check("mt_cast_f32_to_bf16_kernel", stream);
 }
 // the same to fp16 (--fp16): past 65504 to inf, subnormals below 2^-14 (as mt_fp16_from_float)
@@ -221,8 +239,8 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
 //   mt_attention_*_kernel                   FlashAttention-2: fp32 (CUDA cores, the reading version)
 //   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
-//   mt_gelu_forward_kernel / _backward      one thread per element
-//   mt_residual_forward_kernel              one thread per element
+//   mt_gelu_forward_kernel / _backward      one thread per element (forward: a float4 per thread
+//   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
 //   mt_cross_entropy_*_kernel (3)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -461,15 +479,25 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
         partial_dbias[(size_t)blockIdx.x * C + i] = db;
     }
 }
-// dweight[c] += sum over blocks (in order) of partial_dweight[block, c]; the same for dbias
+// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
+// 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
+// the eight in order. (One thread per channel walking all 512 partials of GPT-2's batch was a
+// 40 us chain of dependent loads on 3 SMs; this spreads it over C / 32 blocks of 8 warps.)
 __global__ void mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
                                                     const float *__restrict__ partial_dweight,
                                                     const float *__restrict__ partial_dbias, int nblocks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float sums[2][8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 7) / 8;
+    int k0 = threadIdx.y * per, k1 = min(nblocks, k0 + per);
     float dw = 0.0f, db = 0.0f;
-    for (int k = 0; k < nblocks; k++)
-        { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    if (c < C)
+        for (int k = k0; k < k1; k++) { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+    sums[0][threadIdx.y][threadIdx.x] = dw;
+    sums[1][threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    dw = 0.0f; db = 0.0f;
+    for (int y = 0; y < 8; y++) { dw += sums[0][y][threadIdx.x]; db += sums[1][y][threadIdx.x]; }
     dweight[c] += dw;
     dbias[c] += db;
 }
@@ -490,8 +518,9 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial + (size_t)nblocks * C,
                                                                          dout, inp, weight, mean, rstd, N, C);
     mt__launch_check("mt_layernorm_backward_kernel", stream);
-    mt_layernorm_backward_reduce_kernel<<<mt__blocks(C, 256), 256, 0, stream>>>(
+    mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(
         dweight, dbias, partial, partial + (size_t)nblocks * C, nblocks, C);
+    mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
@@ -1384,6 +1413,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     const float4 *base = (const float4 *)g.workspace + wg * 4096 + q * 128 + lt;   // + slot * 8192
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!g.sk_workers) {
+#pragma unroll 4   // four partials in flight, added in z order
         for (int z = 0; z < g.splits; z++) {
             float4 v = __ldcs(base + ((size_t)t * g.splits + z) * 8192);   // streaming: read once
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
@@ -1685,9 +1715,10 @@ void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, co
 }
 // matches mt_matmul_backward_cpu (megatron.h, 3. OPS).
 // in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
-// so now: dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout.
-// dinp may be NULL, dbias NULL when there is no bias.
-// the wgmma rung's backward: the two products share dout, so one rounded copy (T: bf16 or fp16)
+// so now: dinp = dout @ weight (written with '=': no zeroing pass), dweight += dout^T @ inp,
+// dbias += column sums of dout (accumulated over micro-batches). dinp may be NULL, dbias NULL
+// when there is no bias.
+// The wgmma rung's backward: the two products share dout, so one rounded copy (T: bf16 or fp16)
 // serves both (for the LM head dout is the (BT, Vp) logits gradient, 824M elements at GPT-2
 // small's batch: a cast is ~2 ms)
 template <typename T>
@@ -1696,7 +1727,7 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, const float *
     T *dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
-    if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 1, stream);
+    if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 0, stream);   // '='
     mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
     if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
@@ -1712,7 +1743,7 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
-    if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 1, dtype, stream);
+    if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 0, dtype, stream);
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
     mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
@@ -1752,7 +1783,7 @@ void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t
 // from which the backward recomputes p[t,t2] = exp(s[t,t2] - lse[t]) tile by tile (the CPU
 // recomputes it row by row).
 // Shapes as the CPU: qkv (B,T,3*C_local) = [Q | K | V], head h in columns [h*hs, (h+1)*hs) of
-// each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), added into.
+// each; out (B,T,C_local); lse (B,NH_local,T); dqkv (B,T,3*C_local), written with '='.
 // Dropout on the probabilities: p' = p * mask / (1-p_drop) with the CPU's mask, element (t, t2)
 // of head h being global index (((sample_offset+b)*NH_global + head_offset+h)*T + t)*T + t2.
 // Forward (per block: a tile of queries of one (b, h)):
@@ -1780,7 +1811,7 @@ typedef struct {
     float *lse;                // (B, NH_local, T): written by the forward, read by the backward
     const float *dout;         // (B, T, C_local)
     float *dsum;               // (B, NH_local, T): D = rowsum(dout * out), backward scratch
-    float *dqkv;               // (B, T, 3*C_local), added into
+    float *dqkv;               // (B, T, 3*C_local), written with '='
     int B, T, C_local, NH_local;
     float scale;               // 1/sqrt(hs)
     float p_drop, keep_scale;  // dropout probability and 1/(1-p_drop)
@@ -1905,7 +1936,7 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
     if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
 }
 
-// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Adds into dqkv.
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Writes them with '='.
 // grid (T/32 key tiles, B*NH_local), 128 threads: thread (c = tid/4, quarter) owns key c of the
 // tile, the query rows quarter + 4j of each query tile, and channels quarter + 4i of dK and dV.
 // shared: K, V (the block's keys), Q, dO (the current query tile), P' and dS (key-major, 32 x 33),
@@ -1965,12 +1996,12 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel(mt__att
     float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
     #pragma unroll
     for (int i = 0; i < HS / 4; i++) {
-        dk_dst[quarter + 4 * i] += dk[i] * a.scale;
-        dv_dst[quarter + 4 * i] += dv[i];
+        dk_dst[quarter + 4 * i] = dk[i] * a.scale;
+        dv_dst[quarter + 4 * i] = dv[i];
     }
 }
 
-// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half. Adds into dqkv.
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dQ half. Writes it with '='.
 // grid (T/32 query tiles, B*NH_local), 128 threads: thread (r = tid/4, quarter) owns query row r,
 // keys quarter + 4j of each key tile and channels quarter + 4i of dQ.
 template <int HS>
@@ -2018,7 +2049,7 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dq_kernel(mt__atten
     if (t >= T) return;
     float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
     #pragma unroll
-    for (int i = 0; i < HS / 4; i++) dq_dst[quarter + 4 * i] += dq[i] * a.scale;
+    for (int i = 0; i < HS / 4; i++) dq_dst[quarter + 4 * i] = dq[i] * a.scale;
 }
 
 // ---- bf16 / fp16 tensor-core path --------------------------------------------------------------
@@ -2277,12 +2308,8 @@ __global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt_
         float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
-            float2 *pk = (float2 *)(dk_dst + i * 8 + 2 * tq), *pv = (float2 *)(dv_dst + i * 8 + 2 * tq);
-            float2 k2 = *pk, v2 = *pv;
-            k2.x += dk[i][2 * half] * a.scale; k2.y += dk[i][2 * half + 1] * a.scale;
-            v2.x += dv[i][2 * half]; v2.y += dv[i][2 * half + 1];
-            *pk = k2;
-            *pv = v2;
+            *(float2 *)(dk_dst + i * 8 + 2 * tq) = make_float2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+            *(float2 *)(dv_dst + i * 8 + 2 * tq) = make_float2(dv[i][2 * half], dv[i][2 * half + 1]);
         }
     }
 }
@@ -2378,11 +2405,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
         float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
-            float2 *p = (float2 *)(dq_dst + i * 8 + 2 * tq);
-            float2 v = *p;
-            v.x += dq[i][2 * half] * a.scale;
-            v.y += dq[i][2 * half + 1] * a.scale;
-            *p = v;
+            *(float2 *)(dq_dst + i * 8 + 2 * tq) = make_float2(dq[i][2 * half] * a.scale, dq[i][2 * half + 1] * a.scale);
         }
     }
 }
@@ -2515,7 +2538,7 @@ void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, i
     mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage(out, a.out, n_out, 1, stream);
 }
-// adds into dqkv (B,T,3*C_local). out and lse are the forward's. Scratch: D, B*NH_local*T floats.
+// writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
 void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global, int dtype, cudaStream_t stream) {
@@ -2526,7 +2549,7 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.dout = mt__staged(dout, n_out, bf16, 1, stream);
-    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 1, stream);
+    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 0, stream);
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
@@ -2546,19 +2569,34 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
 // GELU, tanh approximation
 // matches mt_gelu_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); N elements, one thread each.
+// Bytes-bound, so as the casts: a float4 kernel over the first N4 * 4 elements when the pointers
+// are 16-byte aligned, the one-element kernel for the rest. Both call mt__gelu: the same bits.
+__device__ static inline float mt__gelu(float x) {
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+}
 __global__ void mt_gelu_forward_kernel(float *__restrict__ out, const float *__restrict__ inp, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+    if (i < N) out[i] = mt__gelu(inp[i]);
+}
+__global__ void mt_gelu_forward_vec4_kernel(float4 *__restrict__ out, const float4 *__restrict__ inp, size_t N4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N4) return;
+    float4 x = inp[i];
+    out[i] = make_float4(mt__gelu(x.x), mt__gelu(x.y), mt__gelu(x.z), mt__gelu(x.w));
 }
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream) {
     if (N == 0) return;
-    mt_gelu_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, inp, N);
+    size_t N4 = mt__aligned16(out) && mt__aligned16(inp) ? N / 4 : 0;
+    if (N4) {
+        mt_gelu_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)inp, N4);
+        mt__launch_check("mt_gelu_forward_vec4_kernel", stream);
+    }
+    if (N4 * 4 == N) return;
+    mt_gelu_forward_kernel<<<mt__blocks(N - N4 * 4, 256), 256, 0, stream>>>(out + N4 * 4, inp + N4 * 4, N - N4 * 4);
     mt__launch_check("mt_gelu_forward_kernel", stream);
 }
-// matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Adds into dinp.
+// matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Writes dinp with '='.
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
 __global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
@@ -2571,7 +2609,7 @@ __global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *_
     float th = tanhf(u);
     float sech2 = 1.0f - th * th;
     float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
 }
 void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size_t N, cudaStream_t stream) {
     if (N == 0) return;
@@ -2582,13 +2620,28 @@ void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size
 // ---------------------------------------------------------------------------------------------
 // residual
 // matches mt_residual_forward_cpu (megatron.h, 3. OPS). Writes out with '='. out = a + b.
+// A float4 kernel over the aligned bulk, the one-element kernel for the rest (as GELU).
 __global__ void mt_residual_forward_kernel(float *out, const float *a, const float *b, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) out[i] = a[i] + b[i];
 }
+__global__ void mt_residual_forward_vec4_kernel(float4 *out, const float4 *a, const float4 *b, size_t N4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N4) return;
+    float4 x = a[i], y = b[i];
+    out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+}
 void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream) {
     if (N == 0) return;
-    mt_residual_forward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(out, a, b, N);
+    size_t N4 = mt__aligned16(out) && mt__aligned16(a) && mt__aligned16(b) ? N / 4 : 0;
+    if (N4) {
+        mt_residual_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)a,
+                                                                                (const float4 *)b, N4);
+        mt__launch_check("mt_residual_forward_vec4_kernel", stream);
+    }
+    if (N4 * 4 == N) return;
+    size_t d = N4 * 4;
+    mt_residual_forward_kernel<<<mt__blocks(N - d, 256), 256, 0, stream>>>(out + d, a + d, b + d, N - d);
     mt__launch_check("mt_residual_forward_kernel", stream);
 }
 
@@ -2598,11 +2651,19 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 // rank's columns [vocab_start, vocab_start + V_local); only the first
 // n = mt__real_columns(vocab_start, V_local, V) of them are real (the rest is padding).
 // One block of 256 threads per row; the block reductions have a fixed order (deterministic).
+// The logits are 3.3 GB at GPT-2 small's batch and each kernel reads them once: when rows start on
+// 16-byte boundaries (V_local % 4 == 0, the padded vocabulary), threads read float4s over the
+// first n / 4 * 4 columns and single floats over the rest (vec4 = 1).
 // matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
-__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n) {
+__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n, int vec4) {
     const float *l = logits + (size_t)blockIdx.x * V_local;
     float m = -INFINITY;
-    for (int v = threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
     m = mt__block_max(m);
     if (threadIdx.x == 0) maxv[blockIdx.x] = m;
 }
@@ -2610,7 +2671,8 @@ void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, in
                                     cudaStream_t stream) {
     if (BT == 0) return;
     mt_cross_entropy_local_max_kernel<<<BT, 256, 0, stream>>>(maxv, logits, V_local,
-                                                             mt__real_columns(vocab_start, V_local, V));
+                                                             mt__real_columns(vocab_start, V_local, V),
+                                                             V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_max_kernel", stream);
 }
 // matches mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS). Writes sumexp, target_logit with '='.
@@ -2618,11 +2680,16 @@ void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, in
 // the target is one of my real columns, else 0.
 __global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_logit, const float *logits,
                                                    const float *maxv, const int *targets, int V_local,
-                                                   int vocab_start, int n) {
+                                                   int vocab_start, int n, int vec4) {
     int i = blockIdx.x;
     const float *l = logits + (size_t)i * V_local;
     float m = maxv[i], s = 0.0f;
-    for (int v = threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
     s = mt__block_sum(s);
     if (threadIdx.x == 0) {
         sumexp[i] = s;
@@ -2635,7 +2702,8 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
                                      cudaStream_t stream) {
     if (BT == 0) return;
     mt_cross_entropy_local_sums_kernel<<<BT, 256, 0, stream>>>(sumexp, target_logit, logits, maxv, targets, V_local,
-                                                              vocab_start, mt__real_columns(vocab_start, V_local, V));
+                                                              vocab_start, mt__real_columns(vocab_start, V_local, V),
+                                                              V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
 }
 // matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
@@ -2643,14 +2711,24 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
 // dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss, 0 on padded columns.
 __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, const float *maxv, const float *sumexp,
                                                const float *target_logit, const int *targets, int V_local,
-                                               int vocab_start, int n, float dloss) {
+                                               int vocab_start, int n, float dloss, int vec4) {
     int i = blockIdx.x;
     if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
     if (!dlogits) return;
     float *l = dlogits + (size_t)i * V_local;
     float m = maxv[i], inv = 1.0f / sumexp[i];
     int local = targets[i] - vocab_start;
-    for (int v = threadIdx.x; v < V_local; v += blockDim.x) {
+    int v0 = vec4 ? V_local : 0;   // V_local % 4 == 0: the whole row in float4s
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(float4 *)(l + v);
+        float e[4] = {x.x, x.y, x.z, x.w};
+        for (int k = 0; k < 4; k++) {
+            float p = v + k < n ? expf(e[k] - m) * inv : 0.0f;
+            e[k] = (p - (v + k == local ? 1.0f : 0.0f)) * dloss;
+        }
+        *(float4 *)(l + v) = make_float4(e[0], e[1], e[2], e[3]);
+    }
+    for (int v = v0 + threadIdx.x; v < V_local; v += blockDim.x) {
         float p = v < n ? expf(l[v] - m) * inv : 0.0f;
         l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
     }
@@ -2661,7 +2739,7 @@ void mt_cross_entropy_finish_gpu(float *losses, float *dlogits, const float *max
     if (BT == 0) return;
     mt_cross_entropy_finish_kernel<<<BT, dlogits ? 256 : 32, 0, stream>>>(
         losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start,
-        mt__real_columns(vocab_start, V_local, V), dloss);
+        mt__real_columns(vocab_start, V_local, V), dloss, dlogits && V_local % 4 == 0 && mt__aligned16(dlogits));
     mt__launch_check("mt_cross_entropy_finish_kernel", stream);
 }
 
@@ -2696,13 +2774,26 @@ void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, size_t n,
 // ---------------------------------------------------------------------------------------------
 // bias add: matches the CPU branch of mt_bias_add (megatron.h, 3. OPS dispatch): out[i,o] += bias[o],
 // out (BT, OC), the row-parallel layer's bias after its all-reduce. One thread per element.
+// With OC % 4 == 0 and aligned pointers, a float4 per thread (rows then stay float4-aligned).
 __global__ void mt_bias_add_kernel(float *out, const float *bias, size_t n, int OC) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] += bias[i % (size_t)OC];
 }
+__global__ void mt_bias_add_vec4_kernel(float4 *out, const float4 *bias, size_t n4, int OC4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 o = out[i], b = bias[i % (size_t)OC4];
+    out[i] = make_float4(o.x + b.x, o.y + b.y, o.z + b.z, o.w + b.w);
+}
 void mt_bias_add_gpu(float *out, const float *bias, int BT, int OC, cudaStream_t stream) {
     size_t n = (size_t)BT * OC;
     if (n == 0) return;
+    if (OC % 4 == 0 && mt__aligned16(out) && mt__aligned16(bias)) {
+        mt_bias_add_vec4_kernel<<<mt__blocks(n / 4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)bias, n / 4,
+                                                                           OC / 4);
+        mt__launch_check("mt_bias_add_vec4_kernel", stream);
+        return;
+    }
     mt_bias_add_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, bias, n, OC);
     mt__launch_check("mt_bias_add_kernel", stream);
 }
@@ -2757,13 +2848,26 @@ void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t st
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 // x *= s (the clip: s = clip_grad / (norm + 1e-6) when that is below 1). In place.
+// A float4 per thread over the aligned bulk, one float per thread for the rest.
 __global__ void mt_scale_kernel(float *x, float s, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
+__global__ void mt_scale_vec4_kernel(float4 *x, float s, size_t n4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = x[i];
+    x[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+}
 void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    mt_scale_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(x, s, n);
+    size_t n4 = mt__aligned16(x) ? n / 4 : 0;
+    if (n4) {
+        mt_scale_vec4_kernel<<<mt__blocks(n4, 256), 256, 0, stream>>>((float4 *)x, s, n4);
+        mt__launch_check("mt_scale_vec4_kernel", stream);
+    }
+    if (n4 * 4 == n) return;
+    mt_scale_kernel<<<mt__blocks(n - n4 * 4, 256), 256, 0, stream>>>(x + n4 * 4, s, n - n4 * 4);
     mt__launch_check("mt_scale_kernel", stream);
 }
 // matches mt_unscale_check_cpu (megatron.h, 3. OPS): loss scaling's one pass over the gradients,

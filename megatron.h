@@ -3982,14 +3982,17 @@ void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, co
 }
 
 // in the forward pass this was: out[bt,o] = sum_i inp[bt,i] * weight[o,i] + bias[o]
-// so now: dinp[bt,i] += sum_o dout[bt,o] * weight[o,i]     (dinp = dout @ weight)
+// so now: dinp[bt,i] = sum_o dout[bt,o] * weight[o,i]      (dinp = dout @ weight, '=')
 //         dweight[o,i] += sum_bt dout[bt,o] * inp[bt,i]    (dweight = dout^T @ inp)
 //         dbias[o] += sum_bt dout[bt,o]
-// dinp may be NULL (nothing upstream needs it), dbias NULL when there is no bias.
+// dinp is an activation gradient, written ('='); dweight and dbias are parameter gradients,
+// accumulated over micro-batches ('+='). dinp may be NULL (nothing upstream needs it), dbias
+// NULL when there is no bias.
 // Each sum runs in increasing o (for dinp) or bt (for dweight, dbias) whatever the blocking.
 void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC) {
     if (dinp) {
+        memset(dinp, 0, (size_t)BT * C * sizeof(float));   // '=': the sums below start from 0
         for (int o0 = 0; o0 < OC; o0 += MT_MATMUL_BLOCK) {
             int o1 = o0 + MT_MATMUL_BLOCK < OC ? o0 + MT_MATMUL_BLOCK : OC;
             for (int bt = 0; bt < BT; bt++) {
@@ -4125,7 +4128,7 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
 //         ds[t,t2] = p[t,t2] (dp[t,t2] - D_t),  D_t = sum_t2 p[t,t2] dp[t,t2] = dout_t . out_t
 //         dq_t += sum_t2 ds[t,t2] k_t2 / sqrt(hs);  dk_t2 += ds[t,t2] q_t / sqrt(hs)
 // (D_t = dout_t . out_t because out_t = sum_t2 p' v_t2: FlashAttention-2's rowsum(dO * O).)
-// dqkv is (B,T,3*C_local); out (B,T,C_local) and lse (B,NH_local,T) are the forward's.
+// dqkv is (B,T,3*C_local), written ('='); out (B,T,C_local) and lse (B,NH_local,T) are the forward's.
 // dt: the type the GPU build multiplies p' (into dv) and ds (into dq, dk) in; fp32 changes nothing
 static void mt__attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                                    const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
@@ -4134,6 +4137,7 @@ static void mt__attention_backward(float *dqkv, const float *dout, const float *
     int C3 = 3 * C_local;
     float scale = 1.0f / sqrtf((float)hs);
     float keep_scale = drop->p > 0 ? 1.0f / (1.0f - drop->p) : 1.0f;
+    memset(dqkv, 0, (size_t)B * T * C3 * sizeof(float));   // '=': the sums below start from 0
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH_local; h++)
             for (int t = 0; t < T; t++) {
@@ -4185,6 +4189,7 @@ void mt_gelu_forward_cpu(float *out, const float *inp, size_t N) {
 
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
+// and dinp = dy/dx * dout, written ('=').
 void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N) {
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
@@ -4193,7 +4198,7 @@ void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size
         float th = tanhf(u);
         float sech2 = 1.0f - th * th;
         float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += grad * dout[i];
+        dinp[i] = grad * dout[i];
     }
 }
 
@@ -4695,10 +4700,9 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
 }
 
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
-// dinp is written ('='): zeroed here, filled with this rank's part, then all-reduced.
+// dinp is written ('='): this rank's part, then all-reduced.
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp) {
-    mt_buffer_zero(r, dinp, (size_t)BT * K);
     mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
     mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
@@ -4720,7 +4724,6 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // dinp is written ('=').
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
-    mt_buffer_zero(r, dinp, (size_t)BT * K_tp);
     mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
 }
 
@@ -5226,7 +5229,6 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp,
                                     C);
-    mt_buffer_zero(r, s->dfch, (size_t)BT * F_tp);
     mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B, T,
@@ -5239,7 +5241,6 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
-    mt_buffer_zero(r, s->dqkv, (size_t)BT * 3 * C_tp);
     mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                           r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);

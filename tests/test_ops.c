@@ -327,11 +327,12 @@ static void matmul_case(int with_bias) {
     // the same loops in the same order: tolerance 0
     mt_check_tensor("matmul dweight with dinp NULL", dw2, dw, OC * C, 0.0);
     if (bias) mt_check_tensor("matmul dbias with dinp NULL", db2, db, OC, 0.0);
-    // accumulation
+    // the parameter gradients accumulate; dinp (an activation gradient) is written ('=')
     float *dx1 = alloc_f(BT * C), *dw1 = alloc_f(OC * C), *db1 = alloc_f(OC);
     memcpy(dx1, dx, sizeof(float) * BT * C); memcpy(dw1, dw, sizeof(float) * OC * C); memcpy(db1, db, sizeof(float) * OC);
+    for (int i = 0; i < BT * C; i++) dx[i] = 1e9f;   // garbage that '=' must replace
     mt_matmul_backward_cpu(dx, dw, bias ? db : NULL, R, x, w, BT, C, OC);
-    expect_doubled("matmul dinp accumulates", dx, dx1, BT * C);
+    mt_check_tensor("matmul dinp is written, not added", dx, dx1, BT * C, 0.0);
     expect_doubled("matmul dweight accumulates", dw, dw1, OC * C);
     if (bias) expect_doubled("matmul dbias accumulates", db, db1, OC);
     free(x); free(w); free(bias); free(R); free(out); free(xd); free(wd); free(bd); free(Rd); free(want);
@@ -527,8 +528,9 @@ static void attention_fd_case(float p_drop) {
     mt_check_tensor(p_drop > 0 ? "attention dqkv (dropout)" : "attention dqkv", dqkv, num, N3, 1e-4);
     float *once = alloc_f(N3);
     memcpy(once, dqkv, sizeof(float) * N3);
+    for (size_t i = 0; i < N3; i++) dqkv[i] = 1e9f;   // garbage that '=' must replace
     mt_attention_backward_cpu(dqkv, R, qkv, out, lse, B, T, C, NH, &drop, 0, NH);
-    expect_doubled("attention dqkv accumulates", dqkv, once, N3);
+    mt_check_tensor("attention dqkv is written, not added", dqkv, once, N3, 0.0);
     free(qkv); free(R); free(out); free(lse); free(mask); free(qd); free(Rd); free(od); free(want);
     free(dqkv); free(num); free(once);
 }
@@ -673,8 +675,9 @@ MT_TEST(gelu) {
     mt_check_tensor("gelu dinp", dx, num, N, 1e-3);
     float *once = alloc_f(N);
     memcpy(once, dx, sizeof(float) * N);
+    for (size_t i = 0; i < N; i++) dx[i] = 1e9f;   // garbage that '=' must replace
     mt_gelu_backward_cpu(dx, x, R, N);
-    expect_doubled("gelu dinp accumulates", dx, once, N);
+    mt_check_tensor("gelu dinp is written, not added", dx, once, N, 0.0);
     free(x); free(y); free(R); free(want); free(xd); free(Rd); free(dx); free(num); free(once);
 }
 

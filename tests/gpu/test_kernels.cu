@@ -416,7 +416,7 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
         if (with_dinp) {
             got = dev_download(d_dinp, nin);
             snprintf(label, sizeof label, "matmul %s dinp BT=%d C=%d OC=%d", name, BT, C, OC);
-            check_added(label, got, dinp_r[dt], dinp0, nin, tol); free(got);
+            check_close(label, got, dinp_r[dt], nin, tol); free(got);   // '=': the random start is gone
         }
         got = dev_download(d_dw, nw);
         snprintf(label, sizeof label, "matmul %s dweight BT=%d C=%d OC=%d", name, BT, C, OC);
@@ -558,7 +558,7 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
         check_close_scale(label, got, lse_dt, nlse, tol, attention_score_term_scale(qkv, B, T, C, NH)); free(got);
         got = dev_download(d_dqkv, nqkv);
         snprintf(label, sizeof label, "attention %s dqkv B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
-        check_added(label, got, dqkv_dt, dqkv0, nqkv, tol); free(got);
+        check_close(label, got, dqkv_dt, nqkv, tol); free(got);   // '=': the random start is gone
         dev_free(d_out_ref); dev_free(d_lse_ref);
         if (dt) { free(out_dt); free(lse_dt); free(dqkv_dt); }
     }
@@ -601,7 +601,7 @@ MT_TEST(gelu_residual) {
         // device tanhf's last-bit difference from libm's lands at the scale of |dout|, not of the result
         double dout_scale = 0.0;
         for (size_t i = 0; i < n; i++) dout_scale = fmax(dout_scale, fabs((double)dout[i]));
-        check_added_scale("gelu backward", got, dinp_ref, dinp0, n, 1e-5, dout_scale); free(got);
+        check_close_scale("gelu backward", got, dinp_ref, n, 1e-5, dout_scale); free(got);   // '='
         mt_residual_forward_cpu(out_ref, x, y, n);
         dev_poison(d_out, n);
         mt_residual_forward_gpu(d_out, d_x, d_y, n, 0);
@@ -609,6 +609,47 @@ MT_TEST(gelu_residual) {
         check_close("residual forward", got, out_ref, n, 0.0); free(got);   // one addition
         free(x); free(dout); free(dinp0); free(y); free(out_ref); free(dinp_ref);
         dev_free(d_x); dev_free(d_out); dev_free(d_dout); dev_free(d_dinp); dev_free(d_y);
+    }
+}
+
+// the bytes-bound ops take a float4 (or 8-element) path over the 16-byte aligned bulk and a
+// one-element path for the rest: every split (pointer 4 bytes past a boundary, lengths that are
+// not multiples of 4 or 8, rows of width not % 4) must give the CPU's bits
+MT_TEST(vector_and_scalar_paths) {
+    size_t n = 4099;
+    for (int off = 0; off < 3; off++) {   // 0: aligned; 1, 2: 4 and 8 bytes past a boundary
+        float *x = host_random(n + 4, -4, 4), *y = host_random(n + 4, -1, 1), *want = (float *)mt_malloc((n + 4) * sizeof(float), "want");
+        float *d_x = dev_upload(x, n + 4), *d_y = dev_upload(y, n + 4), *d_out = dev_nan(n + 4);
+        mt_gelu_forward_cpu(want, x + off, n);
+        mt_gelu_forward_gpu(d_out + off, d_x + off, n, 0);
+        float *got = dev_download(d_out, n + 4);
+        double x_scale = 4.0;   // as in gelu_residual: the device tanhf's last bit at the scale of |x|
+        check_close_scale("gelu forward, offset path", got + off, want, n, 1e-5, x_scale); free(got);
+        mt_residual_forward_cpu(want, x + off, y + off, n);
+        mt_residual_forward_gpu(d_out + off, d_x + off, d_y + off, n, 0);
+        got = dev_download(d_out, n + 4);
+        check_close("residual forward, offset path", got + off, want, n, 0.0); free(got);
+        for (size_t i = 0; i < n; i++) want[i] = x[off + i] * 0.75f;
+        mt_scale_gpu(d_x + off, 0.75f, n, 0);
+        got = dev_download(d_x, n + 4);
+        check_close("scale, offset path", got + off, want, n, 0.0); free(got);
+        __nv_bfloat16 *b16 = (__nv_bfloat16 *)dev_alloc((n + 8) * sizeof(__nv_bfloat16));
+        mt_cast_f32_to_bf16_gpu(b16 + off, d_y + off, n, 0);
+        mt_cast_bf16_to_f32_gpu(d_out, b16 + off, n, 0);
+        for (size_t i = 0; i < n; i++) want[i] = __bfloat162float(__float2bfloat16_rn(y[off + i]));
+        got = dev_download(d_out, n);
+        check_close("cast fp32->bf16->fp32, offset path", got, want, n, 0.0); free(got);
+        int widths[] = {768, 30, 4};   // OC % 4 == 0 (float4 path when aligned) and not
+        for (int w = 0; w < 3; w++) {
+            int OC = widths[w], BT = (int)(n / OC);
+            for (size_t i = 0; i < (size_t)BT * OC; i++) want[i] = x[off + i];
+            mt_bias_add_cpu(want, y, BT, OC);
+            dev_set(d_out, x, n + 4);
+            mt_bias_add_gpu(d_out + off, d_y, BT, OC, 0);
+            got = dev_download(d_out, n + 4);
+            check_close("bias add", got + off, want, (size_t)BT * OC, 0.0); free(got);
+        }
+        free(x); free(y); free(want); dev_free(d_x); dev_free(d_y); dev_free(d_out); dev_free(b16);
     }
 }
 
@@ -995,6 +1036,7 @@ int main(int argc, char **argv) {
         run("dropout", test_dropout);
         run("attention", test_attention);
         run("gelu_residual", test_gelu_residual);
+        run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);
         run("adamw", test_adamw);
         run("sum_squares", test_sum_squares);
