@@ -112,6 +112,22 @@ MT_TEST(fp16_round_trip_and_nearest) {
         if (fabs(x) >= 65520.0 && !isinf(v)) bad++;
     }
     mt_expect(bad == 0, "%d random floats were not rounded to the nearest (even) fp16", bad);
+    // mt_round_to_dtype's fast path (normal results rounded in place) is the round trip's value
+    bad = 0;
+    for (int i = 0; i < 400000; i++) {
+        uint64_t rnd = mt_hash64(1000003 + (uint64_t)i);
+        float x = ldexpf((float)(rnd & 0xffffff) / 16777216.0f, (int)((rnd >> 24) % 48) - 30);   // 2^-30 .. 2^18
+        if (i % 5 == 0) x = ldexpf((float)(1 + 2 * (rnd % 2048)), (int)((rnd >> 32) % 40) - 36);   // ties
+        if (rnd >> 63) x = -x;
+        float want = mt_fp16_to_float(mt_fp16_from_float(x)), got = mt_round_to_dtype(x, MT_DTYPE_FP16);
+        if (memcmp(&want, &got, sizeof got) != 0) bad++;
+    }
+    float specials[] = {65504.0f, 65519.0f, 65520.0f, from_bits(0x38800000), from_bits(0x387fffff), INFINITY, -0.0f};
+    for (size_t k = 0; k < sizeof specials / sizeof specials[0]; k++) {
+        float want = mt_fp16_to_float(mt_fp16_from_float(specials[k])), got = mt_round_to_dtype(specials[k], MT_DTYPE_FP16);
+        if (memcmp(&want, &got, sizeof got) != 0) bad++;
+    }
+    mt_expect(bad == 0, "mt_round_to_dtype(fp16) differs from the round trip through the bits for %d values", bad);
 }
 
 // ---------------------------------------------------------------------------------------------
