@@ -23,12 +23,15 @@
                                       build), the TP/PP/DP rank layout, a rank's groups
       3. OPS: CPU REFERENCE & THE BACKEND SEAM  forward/backward pairs (embedding, layernorm,
                                       matmul, attention, GELU, dropout, cross-entropy, AdamW's
-                                      update), and the seam: each op on the rank's device, buffers
+                                      update), reduced precision (fp16 / bf16 rounding, the ops
+                                      that multiply in it), and the seam: each op on the rank's
+                                      device, buffers
       4. TENSOR-PARALLEL LAYERS       f/g, column- and row-parallel linear, vocab-parallel
                                       embedding and cross-entropy
       5. GPT MODEL                    parameters and activations carved from one buffer each,
                                       layer forward/backward, embedding, head
-      6. OPTIMIZER, CLIPPING, LEARNING RATE  AdamW's state and step (sharded over DP with
+      6. OPTIMIZER, CLIPPING, LEARNING RATE  loss scaling (--fp16: Megatron's dynamic grad
+                                      scaler), AdamW's state and step (sharded over DP with
                                       --use-distributed-optimizer), the global grad norm,
                                       Megatron's learning-rate schedule
       7. DATA PARALLEL                bucketed gradient all-reduce (reduce-scatter with the distributed
@@ -264,9 +267,14 @@ typedef struct {
     char vocab_file[MT_PATH_MAX];  // --vocab-file (GPT-2 vocab.json)
     char merge_file[MT_PATH_MAX];  // --merge-file (GPT-2 merges.txt)
     char tokenizer_type[32];       // --tokenizer-type GPT2BPETokenizer | NullTokenizer
-    int fp32;                  // --fp32 (the CPU build always computes in fp32)
-    int bf16;                  // --bf16 (GPU build)
-    int fp16;                  // --fp16 (GPU build)
+    int fp32;                  // --fp32: compute in fp32 (the default)
+    int bf16;                  // --bf16: GEMM and attention operands in bf16 (the CPU build rounds to it)
+    int fp16;                  // --fp16: GEMM and attention operands in fp16, with loss scaling (section 6)
+    float loss_scale;          // --loss-scale S: a static loss scale (fp16); 0 = dynamic scaling
+    float initial_loss_scale;  // --initial-loss-scale, default 2^32: where dynamic scaling starts
+    float min_loss_scale;      // --min-loss-scale, default 1: dynamic scaling never goes below it
+    int loss_scale_window;     // --loss-scale-window, default 1000: clean steps before the scale doubles
+    int hysteresis;            // --hysteresis, default 2: inf/nan steps before the scale halves
     char gemm[16];             // --gemm naive|tiled|mma|wgmma (GPU build): the GEMM kernel; default by precision
     char recompute_granularity[16];   // --recompute-granularity full|selective ('' = keep every activation)
     char recompute_method[16];        // --recompute-method uniform|block (full granularity)
@@ -294,6 +302,10 @@ typedef struct {
 } mt_train_config;
 
 typedef enum { MT_LR_CONSTANT = 0, MT_LR_LINEAR = 1, MT_LR_COSINE = 2 } mt_lr_decay_style;
+/* the compute type of the GEMM and attention operands (--fp32 | --bf16 | --fp16): what the GPU
+ * build's tensor cores multiply, and what the CPU build rounds those operands to (section 3).
+ * Storage, accumulation, master weights and the optimizer stay fp32 in every case. */
+typedef enum { MT_DTYPE_FP32 = 0, MT_DTYPE_BF16 = 1, MT_DTYPE_FP16 = 2 } mt_dtype;
 /* activation recompute (Megatron's --recompute-*): what the backward rebuilds instead of keeping */
 typedef enum {
     MT_RECOMPUTE_NONE = 0,      // keep every activation
@@ -318,6 +330,7 @@ typedef struct {
     mt_lr_decay_style lr_decay;   // --lr-decay-style as an enum (the schedule asks every step)
     mt_recompute recompute;       // from the --recompute-* flags
     int recompute_num_layers;     // N of the uniform / block methods
+    mt_dtype compute_dtype;       // from --fp32 / --bf16 / --fp16
 } mt_config;
 
 void mt_config_defaults(mt_config *cfg);
@@ -542,6 +555,26 @@ void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n,
                   float eps, float weight_decay, int step);
 void mt_scale_cpu(float *x, float s, size_t n);
 double mt_sum_squares_cpu(const float *x, size_t n);
+/* loss scaling's check (section 6 uses it): x *= inv_scale; returns 1 if any x was inf or NaN */
+int mt_unscale_check_cpu(float *x, float inv_scale, size_t n);
+// reduced precision: the bits of fp16 and bf16, and the ops whose operands the GPU build multiplies
+// in them (--bf16, --fp16), emulated by rounding exactly those operands (mt_dtype: section 1)
+uint16_t mt_fp16_from_float(float x);   /* round to nearest even; overflow -> inf, subnormals, NaN kept NaN */
+float mt_fp16_to_float(uint16_t h);
+uint16_t mt_bf16_from_float(float x);   /* round to nearest even; NaN kept NaN */
+float mt_bf16_to_float(uint16_t h);
+float mt_round_to_dtype(float x, mt_dtype dt);   /* x as dt holds it, back in fp32 (MT_DTYPE_FP32: x) */
+void mt_round_cpu(float *out, const float *inp, size_t n, mt_dtype dt);   /* out may be inp */
+void mt_matmul_forward_rounded_cpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                                   int OC, mt_dtype dt);
+void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                    const float *weight, int BT, int C, int OC, mt_dtype dt);
+void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
+                                      int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
+                                      mt_dtype dt);
+void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                       const float *lse, int B, int T, int C_local, int NH_local,
+                                       const mt_dropout *drop, int head_offset, int NH_global, mt_dtype dt);
 
 // THE BACKEND SEAM: the ops as the model calls them, on the rank's device (same arguments as
 // the _cpu functions, plus the rank); the memory they work on; the device's facts
@@ -549,7 +582,8 @@ typedef struct {
     int device;                 // CUDA device, -1 on the CPU build
     void *stream;               // cudaStream_t of every kernel of this rank (NULL on the CPU build)
     int gemm_impl;              // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
-    int bf16;                   // --bf16: GEMM and attention compute in bf16, accumulate in fp32
+    mt_dtype dtype;             // --bf16 / --fp16: GEMM and attention operands in it, fp32 accumulation
+                                // (the GPU's tensor cores; the CPU build rounds the operands to it)
     char name[64];              // for the log: "GPU 0, GEMM wgmma"; "" on the CPU build
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
@@ -591,6 +625,7 @@ void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, s
               float beta2, float eps, float weight_decay, int step);
 void mt_scale(mt_rank *r, float *x, float s, size_t n);
 double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the result on the host */
+int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n);   /* one pass; the flag on the host */
 /* buffers: host memory (CPU build) or the rank's device memory (GPU build), zeroed */
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what);
 int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what);
@@ -852,18 +887,40 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer
 
 /* ============================================================================================= */
 /* 6. OPTIMIZER, CLIPPING, LEARNING RATE
- * defines: mt_optimizer (AdamW's state), the global gradient norm and clipping,
- *          the AdamW step over the parameter table, Megatron's learning-rate schedule */
+ * defines: loss scaling (mt_grad_scaler), mt_optimizer (AdamW's state), the global gradient norm
+ *          and clipping, the AdamW step over the parameter table, Megatron's learning-rate schedule */
+/* loss scaling (--fp16): Megatron's ConstantGradScaler and DynamicGradScaler (grad_scaler.py) */
+typedef enum {
+    MT_SCALER_NONE = 0,         // fp32, bf16: the loss is not scaled
+    MT_SCALER_CONSTANT,         // --fp16 --loss-scale S: always S
+    MT_SCALER_DYNAMIC           // --fp16: from --initial-loss-scale, halved on inf/nan, doubled when clean
+} mt_scaler_kind;
+typedef struct {
+    mt_scaler_kind kind;
+    float scale;                // the loss is multiplied by it before the backward (1 with NONE)
+    int growth_tracker;         // DYNAMIC: clean steps since the last inf/nan or growth
+    int hysteresis_tracker;     // DYNAMIC: inf/nan steps left before the scale halves (goes <= 0)
+    float min_scale;            // --min-loss-scale
+    int growth_interval;        // --loss-scale-window
+    int hysteresis;             // --hysteresis
+} mt_grad_scaler;
+void mt_grad_scaler_init(mt_grad_scaler *s, const mt_config *cfg);
+/* after a step's check: found_inf = 1 if the gradients held inf or NaN (the step was skipped) */
+void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf);
+
 typedef struct {
     float *m_memory, *v_memory; // (shard_size) AdamW's first and second moments of this rank's shard
     int step;                   // optimizer steps taken (AdamW's bias correction)
+    int skipped;                // iterations whose step was skipped: the learning rate does not advance
+    mt_grad_scaler scaler;      // loss scaling (--fp16)
     int distributed;            // --use-distributed-optimizer: this DP rank owns one shard (ZeRO-1)
     size_t shard_start;         // the shard: parameters [shard_start, shard_start + shard_size) of the
     size_t shard_size;          // buffer (all of it without the distributed optimizer)
 } mt_optimizer;
 void mt_optimizer_init(mt_rank *r);
 void mt_optimizer_free(mt_rank *r);
-/* norm, clip, AdamW; returns the norm before clipping, *skipped = 1 if it was not finite */
+/* unscale and check (fp16), norm, clip, AdamW; returns the norm before clipping (NaN when fp16's
+   check found inf/nan), *skipped = 1 if the gradients held inf or NaN (the parameters did not move) */
 double mt_optimizer_step(mt_rank *r, int iteration, int *skipped);
 /* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
 float mt_learning_rate(const mt_config *cfg, int iteration);
@@ -900,6 +957,9 @@ typedef struct {
     float grad_norm;       // before clipping
     float lr;
     int skipped;           // 1 if the step was skipped (inf/nan gradients)
+    int overflow;          // 1 if skipped and fp16's dynamic scaling answers it (the scale was above its
+                           // minimum): expected while the scale settles, not a sign of divergence
+    float loss_scale;      // after this step's update (Megatron logs that one); 1 without fp16 scaling
     double idle_seconds;   // time this rank waited for pipeline messages
     double forward_backward_seconds, grads_sync_seconds, optimizer_seconds;   // Megatron's timers of the step
 } mt_step_result;
@@ -908,6 +968,7 @@ typedef struct {
     int iteration;              // current iteration (1-based during a step)
     int training;               // 1 in a training step (dropout on, gradients), 0 in eval
     double loss_sum;            // sum of micro-batch mean losses (last stage)
+    float loss_scale;           // the loss is multiplied by it before the backward (fp16, section 6)
     double idle_seconds;        // time spent waiting for pipeline messages
     int decoding;               // 1 while the KV-cache generator runs its layers (section 11): the
                                 // tensors are (B, new tokens, C), whole on every TP rank, so the
@@ -1845,6 +1906,10 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.adam_beta2 = 0.999f;
     cfg->train.adam_eps = 1e-8f;
     cfg->train.clip_grad = 1.0f;
+    cfg->train.initial_loss_scale = 4294967296.0f;   // 2^32, Megatron's
+    cfg->train.min_loss_scale = 1.0f;
+    cfg->train.loss_scale_window = 1000;
+    cfg->train.hysteresis = 2;
     cfg->train.seed = 1234;
     cfg->train.log_interval = 100;
     cfg->train.eval_interval = 1000;
@@ -1938,11 +2003,23 @@ static const mt__flag mt__flags[] = {
     {"--adam-eps", MT__FLOAT, MT__OFF(train.adam_eps), 0, "training", "AdamW epsilon"},
     {"--clip-grad", MT__FLOAT, MT__OFF(train.clip_grad), 0, "training", "clip gradients to this global norm (0 = off)"},
     {"--seed", MT__U64, MT__OFF(train.seed), 0, "training", "seed of init, data shuffling and dropout"},
-    {"--fp32", MT__BOOL, MT__OFF(train.fp32), 0, "training", "compute in fp32 (always so on the CPU build)"},
-    {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training", "compute in bf16 (GPU build)"},
-    {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training", "compute in fp16 (GPU build)"},
+    {"--fp32", MT__BOOL, MT__OFF(train.fp32), 0, "training", "compute in fp32 (the default)"},
+    {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training",
+     "GEMM and attention operands in bf16, fp32 accumulation (the CPU build emulates it)"},
+    {"--fp16", MT__BOOL, MT__OFF(train.fp16), 0, "training",
+     "GEMM and attention operands in fp16, with loss scaling (the CPU build emulates it)"},
+    {"--loss-scale", MT__FLOAT, MT__OFF(train.loss_scale), 0, "training",
+     "fp16: a static loss scale (0: dynamic scaling, the default)"},
+    {"--initial-loss-scale", MT__FLOAT, MT__OFF(train.initial_loss_scale), 0, "training",
+     "fp16 dynamic loss scaling: the first scale (Megatron's 2^32 = 4294967296)"},
+    {"--min-loss-scale", MT__FLOAT, MT__OFF(train.min_loss_scale), 0, "training",
+     "fp16 dynamic loss scaling: the scale never drops below it"},
+    {"--loss-scale-window", MT__INT, MT__OFF(train.loss_scale_window), 0, "training",
+     "fp16 dynamic loss scaling: steps without inf/nan before the scale doubles"},
+    {"--hysteresis", MT__INT, MT__OFF(train.hysteresis), 0, "training",
+     "fp16 dynamic loss scaling: inf/nan steps before the scale halves"},
     {"--gemm", MT__STR, MT__OFF(train.gemm), 16, "training",
-     "GPU GEMM kernel: naive | tiled | mma | wgmma (default: tiled for fp32; for bf16 wgmma on Hopper, else mma)"},
+     "GPU GEMM kernel: naive | tiled | mma | wgmma (default: tiled for fp32; for bf16 / fp16 wgmma on Hopper, else mma)"},
     {"--recompute-granularity", MT__STR, MT__OFF(train.recompute_granularity), 16, "training",
      "activation recompute: full (whole layers) | selective (the attention core)"},
     {"--recompute-method", MT__STR, MT__OFF(train.recompute_method), 16, "training",
@@ -2066,11 +2143,6 @@ static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
     {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction"},
     {"--rampup-batch-size", "batch-size ramp-up"},
     {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
-    {"--loss-scale", "fp16 loss scaling"},
-    {"--initial-loss-scale", "fp16 loss scaling"},
-    {"--min-loss-scale", "fp16 loss scaling"},
-    {"--loss-scale-window", "fp16 loss scaling"},
-    {"--hysteresis", "fp16 loss scaling"},
     {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)"},
     {"--eod-mask-loss", "masking the loss at end-of-document tokens"},
     {"--reset-position-ids", "resetting positions at document boundaries"},
@@ -2320,6 +2392,12 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
             i++;
         }
     }
+    // Megatron accepts the loss-scale flags with --bf16 (bf16 has fp32's range: nothing to scale)
+    const mt_train_config *t = &cfg->train;
+    if (t->bf16 && !t->fp16 && (t->loss_scale != 0.0f || t->initial_loss_scale != 4294967296.0f ||
+                                t->min_loss_scale != 1.0f || t->loss_scale_window != 1000 || t->hysteresis != 2))
+        fprintf(stderr, "note: the loss-scale flags have no effect with --bf16 (bf16 has fp32's range: gradients "
+                        "neither overflow nor vanish); they apply to --fp16\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2516,6 +2594,8 @@ static void mt__derive_check_ranges(mt_config *cfg) {
     mt__check_range("--exit-interval", t->exit_interval, 0, INT32_MAX);
     mt__check_range("--lr-warmup-iters", t->lr_warmup_iters, 0, INT32_MAX / 2);
     mt__check_range("--lr-decay-iters", t->lr_decay_iters, 0, INT32_MAX / 2);
+    mt__check_range("--loss-scale-window", t->loss_scale_window, 1, INT32_MAX);
+    mt__check_range("--hysteresis", t->hysteresis, 1, INT32_MAX);
     if (!(t->lr_warmup_fraction >= 0 && t->lr_warmup_fraction <= 1))
         mt_fatal("--lr-warmup-fraction must be in [0, 1], got %g", t->lr_warmup_fraction);
     if (!(t->weight_decay >= 0) || !(t->clip_grad >= 0) || !(t->adam_eps >= 0))
@@ -2662,6 +2742,22 @@ static void mt__derive_recompute(mt_config *cfg) {
     }
 }
 
+// the compute type, and loss scaling's flags (Megatron's DynamicGradScaler asserts the same)
+static void mt__derive_precision(mt_config *cfg) {
+    mt_train_config *t = &cfg->train;
+    if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other\nhint: give one of the two");
+    cfg->compute_dtype = t->fp16 ? MT_DTYPE_FP16 : t->bf16 ? MT_DTYPE_BF16 : MT_DTYPE_FP32;
+    if (!(t->loss_scale >= 0.0f) || isinf(t->loss_scale))
+        mt_fatal("--loss-scale %g must be positive (or 0: dynamic scaling)\nhint: e.g. --loss-scale 1024",
+                 (double)t->loss_scale);
+    if (!(t->initial_loss_scale > 0.0f) || isinf(t->initial_loss_scale))
+        mt_fatal("--initial-loss-scale %g must be positive\nhint: Megatron's default is 4294967296 (2^32)",
+                 (double)t->initial_loss_scale);
+    if (!(t->min_loss_scale > 0.0f) || t->min_loss_scale > t->initial_loss_scale)
+        mt_fatal("--min-loss-scale %g must be positive and at most --initial-loss-scale %g\nhint: e.g. "
+                 "--min-loss-scale 1", (double)t->min_loss_scale, (double)t->initial_loss_scale);
+}
+
 // checks the configuration and fills the derived fields, in the order of the steps above
 // (Megatron's validate_args); idempotent, so calling it twice changes nothing
 void mt_config_derive(mt_config *cfg) {
@@ -2671,10 +2767,10 @@ void mt_config_derive(mt_config *cfg) {
     mt__derive_batch(cfg);
     mt__derive_lr(cfg);
     mt__derive_recompute(cfg);
+    mt__derive_precision(cfg);
     mt_train_config *t = &cfg->train;
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->tensorboard_log_interval < 1) t->tensorboard_log_interval = 1;
-    if (t->fp16 && t->bf16) mt_fatal("--fp16 and --bf16 exclude each other");
 }
 
 void mt_print_config(const mt_config *cfg, FILE *f) {
@@ -4170,8 +4266,10 @@ static float mt__attention_score(const float *q, const float *k, int hs, float s
     return s * scale;
 }
 
-void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
-                              const mt_dropout *drop, int head_offset, int NH_global) {
+// dt: the type the GPU build multiplies the probabilities by V in (section "reduced precision"
+// below); MT_DTYPE_FP32 leaves every value as it is
+static void mt__attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
+                                  const mt_dropout *drop, int head_offset, int NH_global, mt_dtype dt) {
     int hs = C_local / NH_local;
     int C3 = 3 * C_local;
     float scale = 1.0f / sqrtf((float)hs);
@@ -4204,11 +4302,17 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
                 for (int t2 = 0; t2 <= t; t2++) {
                     float p = row[t2] * inv;
                     if (drop->p > 0) p = mt__dropout_keep(drop, drop_row + t2) ? p * keep_scale : 0.0f;
+                    p = mt_round_to_dtype(p, dt);   // P enters the tensor cores' P @ V in dt
                     const float *v = qkv + ((size_t)b * T + t2) * C3 + 2 * C_local + h * hs;
                     for (int i = 0; i < hs; i++) o[i] += p * v[i];
                 }
             }
     free(row);
+}
+
+void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
+                              const mt_dropout *drop, int head_offset, int NH_global) {
+    mt__attention_forward(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, MT_DTYPE_FP32);
 }
 
 // in the forward pass this was: out_t = sum_t2 p'[t,t2] v_t2, p' = dropout(p), p = softmax(s), s = q.k/sqrt(hs)
@@ -4218,9 +4322,10 @@ void mt_attention_forward_cpu(float *out, float *lse, const float *qkv, int B, i
 //         dq_t += sum_t2 ds[t,t2] k_t2 / sqrt(hs);  dk_t2 += ds[t,t2] q_t / sqrt(hs)
 // (D_t = dout_t . out_t because out_t = sum_t2 p' v_t2: FlashAttention-2's rowsum(dO * O).)
 // dqkv is (B,T,3*C_local), written ('='); out (B,T,C_local) and lse (B,NH_local,T) are the forward's.
-void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
-                               int NH_global) {
+// dt: the type the GPU build multiplies p' (into dv) and ds (into dq, dk) in; fp32 changes nothing
+static void mt__attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                                   int head_offset, int NH_global, mt_dtype dt) {
     int hs = C_local / NH_local;
     int C3 = 3 * C_local;
     float scale = 1.0f / sqrtf((float)hs);
@@ -4245,14 +4350,22 @@ void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv,
                     float p = expf(mt__attention_score(q, k, hs, scale) - lse_t);
                     float mask_scale = 1.0f;
                     if (drop->p > 0) mask_scale = mt__dropout_keep(drop, drop_row + t2) ? keep_scale : 0.0f;
-                    // backward through the value sum and the dropout
+                    // backward through the value sum and the dropout (p' in dt, as the tensor cores take it)
+                    float pd = mt_round_to_dtype(p * mask_scale, dt);
                     float dpv = 0.0f;
-                    for (int i = 0; i < hs; i++) { dv[i] += p * mask_scale * dout_t[i]; dpv += dout_t[i] * v[i]; }
-                    // backward through the softmax
-                    float ds = p * (dpv * mask_scale - D) * scale;
+                    for (int i = 0; i < hs; i++) { dv[i] += pd * dout_t[i]; dpv += dout_t[i] * v[i]; }
+                    // backward through the softmax (ds in dt before its two products, the 1/sqrt(hs) after)
+                    float ds = mt_round_to_dtype(p * (dpv * mask_scale - D), dt) * scale;
                     for (int i = 0; i < hs; i++) { dq[i] += ds * k[i]; dk[i] += ds * q[i]; }
                 }
             }
+}
+
+void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                               int NH_global) {
+    mt__attention_backward(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                           MT_DTYPE_FP32);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4455,6 +4568,188 @@ double mt_sum_squares_cpu(const float *x, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// loss scaling's check: x *= inv_scale, and whether any x was inf or NaN (Megatron's
+// torch._amp_foreach_non_finite_check_and_unscale_: one pass over the gradients). Section 6 calls
+// it on the fp16 gradients, which were computed from the loss times the scale.
+int mt_unscale_check_cpu(float *x, float inv_scale, size_t n) {
+    int found = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!isfinite(x[k])) found = 1;
+        x[k] *= inv_scale;
+    }
+    return found;
+}
+
+// ---------------------------------------------------------------------------------------------
+// REDUCED PRECISION: fp16 and bf16, and the ops that multiply in them
+// ---------------------------------------------------------------------------------------------
+//          sign exponent  mantissa   bias  largest   smallest normal  smallest subnormal  digits
+//   fp32    1      8         23      127   3.4e38    2^-126           2^-149              24 bits
+//   bf16    1      8          7      127   3.4e38    2^-126           2^-133               8 bits
+//   fp16    1      5         10       15   65504     2^-14            2^-24               11 bits
+// bf16 is fp32's top half: the same range, fewer digits, so it never overflows where fp32 does
+// not. fp16 keeps 3 more digits but overflows past 65504 (to inf) and loses small numbers below
+// 2^-14 gradually (subnormals) and completely below 2^-25: gradients, which are small, vanish.
+// Hence loss scaling (section 6): multiply the loss by S (say 2^16) so the gradients the
+// backward forms in fp16 are S times larger, and divide the fp32 gradients by S afterwards.
+// Every conversion rounds to nearest, ties to even (IEEE 754's default; CUDA's __float2half_rn
+// and __float2bfloat16_rn), so the CPU build below rounds exactly as the GPU's conversions do.
+
+// fp32 -> fp16 bits. An fp32 value is m * 2^(E-150), m = 1.mantissa as a 24-bit integer, E its
+// biased exponent; fp16's biased exponent is e = E - 127 + 15.
+uint16_t mt_fp16_from_float(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);    // NaN stays a (quiet) NaN
+    int e = (int)(a >> 23) - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);            // |x| >= 2^16 (and inf): inf
+    if (e <= 0) {                                              // fp16 subnormal (or zero): units of 2^-24
+        if (e < -10) return sign;                              // |x| < 2^-25: below half a unit, 0
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;              // the hidden bit back in
+        int shift = 14 - e;                                    // x = m * 2^(e-14) units: drop 14-e bits
+        uint32_t h = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1u))) h++;    // to nearest, ties to even (may reach 2^-14)
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | ((a & 0x7fffffu) >> 13), rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  // a carry may bump the exponent, up to inf
+    return (uint16_t)(sign | h);
+}
+
+float mt_fp16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0) {                                   // zero or subnormal: m units of 2^-24, exact in fp32
+        float v = ldexpf((float)m, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31) u = sign | 0x7f800000u | (m << 13);   // inf, or NaN (m != 0)
+    else u = sign | ((e + 127 - 15) << 23) | (m << 13);
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+// fp32 -> bf16 bits: the top 16 bits, rounded on the 16 dropped ones. Adding 0x7fff plus the
+// kept part's lowest bit rounds to nearest with ties to even; a carry runs into the exponent
+// (and from the largest finite values into inf, which is correct).
+uint16_t mt_bf16_from_float(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   // NaN stays a (quiet) NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float mt_bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+// x rounded to dt, as an fp32 value. For fp16 the common case, a result in fp16's normal range
+// (2^-14 <= |x| < 65520), is rounded in place like bf16 above, on the 13 mantissa bits fp16 lacks
+// (the same value as the round trip through the bits, twice as fast: the CPU build calls this on
+// every GEMM and attention operand); subnormals, overflow, inf and NaN take the round trip.
+float mt_round_to_dtype(float x, mt_dtype dt) {
+    switch (dt) {
+    case MT_DTYPE_BF16: return mt_bf16_to_float(mt_bf16_from_float(x));
+    case MT_DTYPE_FP16: {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        uint32_t a = u & 0x7fffffffu;
+        if (a < 0x38800000u || a >= 0x477ff000u) return mt_fp16_to_float(mt_fp16_from_float(x));
+        u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;   // to nearest, ties to even, on bit 13
+        float v;
+        memcpy(&v, &u, sizeof v);
+        return v;
+    }
+    case MT_DTYPE_FP32: break;
+    }
+    return x;
+}
+
+void mt_round_cpu(float *out, const float *inp, size_t n, mt_dtype dt) {
+    for (size_t k = 0; k < n; k++) out[k] = mt_round_to_dtype(inp[k], dt);
+}
+
+// a copy of x (n floats) rounded to dt: the operand as the tensor cores receive it
+static float *mt__rounded_copy(const float *x, size_t n, mt_dtype dt) {
+    float *copy = (float *)mt_malloc(sizeof(float) * (n ? n : 1), "rounded operand");
+    mt_round_cpu(copy, x, n, dt);
+    return copy;
+}
+
+// The GPU build's GEMM rungs for --bf16 / --fp16 (kernels.cuh, mma and wgmma) round both
+// operands of every product to dt and accumulate in fp32; the bias is added in fp32. So do these,
+// with the fp32 reference on rounded copies:
+//   forward          out = round(inp) @ round(weight)^T + bias
+//   backward         dinp += round(dout) @ round(weight);  dweight += round(dout)^T @ round(inp);
+//                    dbias += column sums of dout, unrounded (an fp32 reduction on the GPU too)
+// With loss scaling, dout is the scaled gradient: where it exceeds 65504, round(dout) is inf, and
+// the inf reaches the gradients, as on the GPU. MT_DTYPE_FP32: the _cpu op itself.
+void mt_matmul_forward_rounded_cpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                                   int OC, mt_dtype dt) {
+    if (dt == MT_DTYPE_FP32) { mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC); return; }
+    float *inp_r = mt__rounded_copy(inp, (size_t)BT * C, dt);
+    float *weight_r = mt__rounded_copy(weight, (size_t)OC * C, dt);
+    mt_matmul_forward_cpu(out, inp_r, weight_r, bias, BT, C, OC);
+    free(inp_r);
+    free(weight_r);
+}
+
+void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                    const float *weight, int BT, int C, int OC, mt_dtype dt) {
+    if (dt == MT_DTYPE_FP32) { mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC); return; }
+    float *dout_r = mt__rounded_copy(dout, (size_t)BT * OC, dt);
+    float *inp_r = mt__rounded_copy(inp, (size_t)BT * C, dt);
+    float *weight_r = dinp ? mt__rounded_copy(weight, (size_t)OC * C, dt) : NULL;
+    mt_matmul_backward_cpu(dinp, dweight, NULL, dout_r, inp_r, weight_r, BT, C, OC);
+    if (dbias)
+        for (int o = 0; o < OC; o++) {
+            float db = 0.0f;
+            for (int bt = 0; bt < BT; bt++) db += dout[(size_t)bt * OC + o];
+            dbias[o] += db;
+        }
+    free(dout_r);
+    free(inp_r);
+    free(weight_r);
+}
+
+// The GPU's attention for --bf16 / --fp16 (kernels.cuh, the _mma kernels) loads Q, K, V and dO in
+// dt, and hands the tensor cores P (for P @ V and dV) and dS (for dQ, dK) in dt; scores, the
+// softmax, its sums and every accumulator stay fp32. Here: Q, K, V (and dout) rounded copies,
+// P and dS rounded inside (mt__attention_forward / _backward above). The one difference: the
+// GPU rounds P before dividing by the row's sum (the online softmax), this rounds it after; the
+// rounding error has the same size relative to P either way.
+void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
+                                      int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
+                                      mt_dtype dt) {
+    if (dt == MT_DTYPE_FP32) {
+        mt__attention_forward(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, dt);
+        return;
+    }
+    float *qkv_r = mt__rounded_copy(qkv, (size_t)B * T * 3 * C_local, dt);
+    mt__attention_forward(out, lse, qkv_r, B, T, C_local, NH_local, drop, head_offset, NH_global, dt);
+    free(qkv_r);
+}
+
+void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                       const float *lse, int B, int T, int C_local, int NH_local,
+                                       const mt_dropout *drop, int head_offset, int NH_global, mt_dtype dt) {
+    if (dt == MT_DTYPE_FP32) {
+        mt__attention_backward(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global, dt);
+        return;
+    }
+    float *qkv_r = mt__rounded_copy(qkv, (size_t)B * T * 3 * C_local, dt);
+    float *dout_r = mt__rounded_copy(dout, (size_t)B * T * C_local, dt);
+    mt__attention_backward(dqkv, dout_r, qkv_r, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global, dt);
+    free(qkv_r);
+    free(dout_r);
+}
+
+// ---------------------------------------------------------------------------------------------
 // THE BACKEND SEAM: where the two builds differ, one place per op
 // ---------------------------------------------------------------------------------------------
 // The model (§4, §5), the optimizer (§6), the schedules (§8) and the loop (§12) call
@@ -4466,8 +4761,9 @@ double mt_sum_squares_cpu(const float *x, size_t n) {
 //   CPU build (below)    mt_<op> is mt_<op>_cpu; buffers are host memory (calloc)
 //   GPU build            kernels.cuh, its last section: mt_<op> launches mt_<op>_gpu on the
 //                        rank's stream; buffers are device memory on the rank's GPU
-// Precision is the device's business: r->dev.bf16 reaches the kernels that compute in bf16;
-// the CPU build always computes in fp32.
+// Precision is the device's business: r->dev.dtype (--bf16, --fp16) reaches the ops that multiply
+// in it: the GPU's tensor-core kernels, or on the CPU build the same ops with those operands
+// rounded to it (mt_matmul_forward_rounded_cpu and friends, "reduced precision" above).
 #ifdef __CUDACC__   /* (3 of 3) the GPU half of the seam: kernels.cuh */
 #include "kernels.cuh"
 #else               /* the CPU half: each op is its reference function */
@@ -4501,12 +4797,12 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
 
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
-    (void)r; mt_matmul_forward_cpu(out, inp, weight, bias, BT, C, OC);
+    mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC) {
-    (void)r; mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
+    mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, r->dev.dtype);
 }
 
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
@@ -4523,14 +4819,15 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
-    (void)r; mt_attention_forward_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global);
+    mt_attention_forward_rounded_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                                     r->dev.dtype);
 }
 
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global) {
-    (void)r;
-    mt_attention_backward_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global);
+    mt_attention_backward_rounded_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
+                                      NH_global, r->dev.dtype);
 }
 
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
@@ -4585,6 +4882,10 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
     (void)r; return mt_sum_squares_cpu(x, n);
 }
 
+int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
+    (void)r; return mt_unscale_check_cpu(x, inv_scale, n);
+}
+
 // buffers: host memory, zeroed
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
     (void)r; return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
@@ -4622,7 +4923,7 @@ void mt_device_init(mt_rank *r) {
     r->dev.device = -1;
     r->dev.stream = NULL;
     r->dev.gemm_impl = 0;
-    r->dev.bf16 = 0;
+    r->dev.dtype = r->cfg->compute_dtype;   // emulated: the GEMM and attention operands rounded to it
     r->dev.name[0] = 0;
 }
 
@@ -4643,8 +4944,9 @@ void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
 
 void mt_device_check_precision(const mt_config *cfg) {
-    if (cfg->train.fp16 || cfg->train.bf16)
-        fprintf(stderr, "note: the CPU build computes in fp32; --bf16 applies to the GPU build (train_gpt_cuda)\n");
+    if (cfg->compute_dtype != MT_DTYPE_FP32)
+        fprintf(stderr, "note: the CPU build emulates --%s: GEMM and attention operands rounded to it, fp32 "
+                        "arithmetic (slower than --fp32)\n", cfg->compute_dtype == MT_DTYPE_FP16 ? "fp16" : "bf16");
 }
 #endif
 
@@ -5418,7 +5720,8 @@ static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
 }
 
 // head: lnf = ln_f(x); logits = lnf @ wte^T (column-parallel over the vocabulary); loss.
-// dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP).
+// dloss is d(global batch loss)/d(a position's loss) = 1 / (B*T * micro-batches * DP), times the
+// loss scale (fp16, section 6: the backward runs on scale x loss; 1 otherwise).
 // --sequence-parallel: x and lnf are my positions (B,T_sp,C); the column-parallel LM head gathers
 // the sequence (section 4), and the logits span all B*T positions, as without SP.
 static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
@@ -5427,6 +5730,7 @@ static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int 
                          r->dims.T_sp, C);
     mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->model.params.wte, NULL, BT, C, r->dims.Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
+    if (want_grad) dloss *= r->state.loss_scale;
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
     mt_buffer_download(r, r->host.losses, a->losses, (size_t)BT * sizeof(float));
     double sum = 0.0;
@@ -5544,6 +5848,59 @@ static double mt__grad_norm(mt_rank *r) {
     return sqrt(sumsq);
 }
 
+// ---------------------------------------------------------------------------------------------
+// LOSS SCALING (--fp16), as Megatron's grad_scaler.py and MixedPrecisionOptimizer.step
+// ---------------------------------------------------------------------------------------------
+// fp16 holds nothing below 2^-24 and nothing above 65504 (section 3, "reduced precision").
+// Gradients are small, so in fp16 many would vanish. The fix: scale the loss by S before the
+// backward, so every gradient is S times larger (S * dL/dx) and lands in fp16's range, then
+// divide the fp32 gradients by S before clipping and AdamW:
+//   backward on  S * loss     ->  grads = S * g    (formed from fp16 operands)
+//   unscale      grads *= 1/S ->  g                (exact for S a power of 2)
+//   check        any inf/nan in S * g? then skip the step (the parameters do not move) and lower S
+// If S is too large, S * g overflows to inf somewhere; if too small, gradients underflow to 0
+// unnoticed. Dynamic scaling finds the largest S that does not overflow, Megatron's way:
+//   inf/nan:  growth_tracker = 0; hysteresis_tracker -= 1;
+//             if hysteresis_tracker <= 0:  S = max(S / 2, min_scale)
+//   clean:    growth_tracker += 1;
+//             if growth_tracker == window: growth_tracker = 0; hysteresis_tracker = hysteresis; S *= 2
+// So it starts at 2^32, halves on (nearly) every overflowing step until the gradients fit, and
+// tries twice the scale after every --loss-scale-window clean steps. The hysteresis tracker is
+// refilled only when the scale grows: after the first --hysteresis - 1 tolerated overflows, every
+// overflow halves. A static --loss-scale S never changes, but its overflowing steps are skipped too.
+void mt_grad_scaler_init(mt_grad_scaler *s, const mt_config *cfg) {
+    const mt_train_config *t = &cfg->train;
+    memset(s, 0, sizeof *s);
+    s->kind = cfg->compute_dtype != MT_DTYPE_FP16 ? MT_SCALER_NONE
+            : t->loss_scale > 0.0f               ? MT_SCALER_CONSTANT
+                                                 : MT_SCALER_DYNAMIC;
+    s->scale = s->kind == MT_SCALER_NONE ? 1.0f : s->kind == MT_SCALER_CONSTANT ? t->loss_scale : t->initial_loss_scale;
+    s->min_scale = t->min_loss_scale;
+    s->growth_interval = t->loss_scale_window;
+    s->hysteresis = t->hysteresis;
+    s->growth_tracker = 0;
+    s->hysteresis_tracker = t->hysteresis;
+}
+
+void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf) {
+    if (s->kind != MT_SCALER_DYNAMIC) return;
+    if (found_inf) {
+        s->growth_tracker = 0;
+        s->hysteresis_tracker -= 1;
+        if (s->hysteresis_tracker <= 0) {   // out of hysteresis: scale down (in fp32, as Megatron's tensor)
+            float lower = s->scale * 0.5f;
+            s->scale = lower > s->min_scale ? lower : s->min_scale;
+        }
+    } else {
+        s->growth_tracker += 1;
+        if (s->growth_tracker == s->growth_interval) {   // a window of clean steps: try twice the scale
+            s->growth_tracker = 0;
+            s->hysteresis_tracker = s->hysteresis;
+            s->scale = s->scale * 2.0f;
+        }
+    }
+}
+
 // AdamW's state: two moments per parameter of this rank's shard. Without the distributed
 // optimizer the shard is the whole buffer; with it (Megatron's --use-distributed-optimizer, ZeRO
 // stage 1, Rajbhandari et al. 2020) DP rank d owns the d-th of DP equal shards: its gradients
@@ -5562,6 +5919,8 @@ void mt_optimizer_init(mt_rank *r) {
     o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
     o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
     o->step = 0;
+    o->skipped = 0;
+    mt_grad_scaler_init(&o->scaler, r->cfg);
     r->memory.optimizer = 2 * o->shard_size * sizeof(float);
 }
 void mt_optimizer_free(mt_rank *r) {
@@ -5570,23 +5929,43 @@ void mt_optimizer_free(mt_rank *r) {
 }
 
 // One optimizer step on synchronised gradients (Megatron's optimizer.step()):
+//   0. fp16 (loss scaling): unscale the gradients and look for inf/nan, in one pass over my
+//      shard (mt_unscale_check, one device reduction); the flag is all-reduced (MAX) over the
+//      ranks that hold the rest of this replica's gradients, so all agree; then the scaler
+//      updates, and a step with inf/nan is skipped (Megatron's _unscale_main_grads_and_check_for_nan)
 //   1. the global gradient norm; inf/nan anywhere: skip the update, as Megatron does
 //   2. clip by it (clip_grad_norm_fp32): grads *= clip / (norm + 1e-6) when that is below 1
 //   3. AdamW, tensor by tensor, with weight decay only where Megatron applies it (the
-//      elementwise update is the op mt_adamw, section 3), at the learning rate of `iteration`
+//      elementwise update is the op mt_adamw, section 3), at the learning rate of the steps taken
+//      (a skipped step does not advance the schedule: Megatron steps its scheduler only on success)
 // Returns the norm before clipping; *skipped tells whether the parameters moved.
 double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     const mt_config *cfg = r->cfg;
     mt_optimizer *o = &r->optim;
+    if (o->scaler.kind != MT_SCALER_NONE) {
+        float inv_scale = (float)(1.0 / (double)o->scaler.scale);   // Megatron: scale.double().reciprocal().float()
+        double found = mt_unscale_check(r, r->model.grads_memory + o->shard_start, inv_scale, o->shard_size);
+        if (o->distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &found, 1, MT_MAX);
+        if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &found, 1, MT_MAX);
+        mt_grad_scaler_update(&o->scaler, found > 0);
+        if (found > 0) {
+            *skipped = 1;
+            o->skipped++;
+            return NAN;   // no norm: Megatron computes none for a skipped step
+        }
+    }
     double norm = mt__grad_norm(r);
     *skipped = !isfinite(norm);
-    if (*skipped) return norm;
+    if (*skipped) {
+        o->skipped++;
+        return norm;
+    }
     if (cfg->train.clip_grad > 0) {
         double coeff = cfg->train.clip_grad / (norm + 1e-6);
         if (coeff < 1.0) mt_scale(r, r->model.grads_memory + o->shard_start, (float)coeff, o->shard_size);
     }
     o->step++;
-    float lr = mt_learning_rate(cfg, iteration - 1);
+    float lr = mt_learning_rate(cfg, iteration - 1 - o->skipped);
     // each tensor's part inside the shard (a tensor may straddle two shards)
     size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -6028,6 +6407,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     r->state.training = 1;
     r->state.loss_sum = 0.0;
     r->state.idle_seconds = 0.0;
+    r->state.loss_scale = r->optim.scaler.scale;   // fp16: the backward starts from scale x loss
     mt_buffer_zero(r, r->model.grads_memory, r->model.buffer_floats);
     // 1. forward and backward of every micro-batch, in the order of the schedule
     size_t max_steps = 2 * (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
@@ -6047,12 +6427,16 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     // 3. clip by the global norm and update the parameters (section 6)
     int skipped = 0;
     mt__span_start t0 = mt__work_start(r);
+    const mt_grad_scaler *scaler = &r->optim.scaler;
+    int can_lower = scaler->kind == MT_SCALER_DYNAMIC && scaler->scale > scaler->min_scale;
     res.grad_norm = (float)mt_optimizer_step(r, iteration, &skipped);
     mt_sched_step none = {MT_STEP_FORWARD, -1, 0};
     mt__work_span(r, MT_SPAN_OPTIMIZER, none, t0);
     res.optimizer_seconds = mt_time_seconds() - t0.seconds;
     res.skipped = skipped;
-    res.lr = mt_learning_rate(cfg, iteration);
+    res.overflow = skipped && can_lower;
+    res.loss_scale = scaler->scale;
+    res.lr = mt_learning_rate(cfg, iteration - r->optim.skipped);
     res.idle_seconds = r->state.idle_seconds;
     return res;
 }
@@ -6119,7 +6503,8 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_groups_init(&r->groups, w, cfg, &r->ps, r->dev.stream);  // §2: communicators
     mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes
     mt_model_init(r);                                           // §5: parameters, gradients
-    mt_optimizer_init(r);                                       // §6: AdamW's moments
+    mt_optimizer_init(r);                                       // §6: AdamW's moments, the loss scaler
+    r->state.loss_scale = r->optim.scaler.scale;                // (each train step sets it again)
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
     mt__rank_own_buffers(r, 1);   // an aborted world ends this thread: the buffers go with it
 }
@@ -7732,6 +8117,28 @@ static int mt__ckpt_metadata(const mt_rank *r, int iteration, int64_t valid_cons
 
 #define MT__CKPT_LAYOUT_KEYS 12   /* metadata from index 4 on must match on load (layout and model) */
 
+// The optimizer's counters beside AdamW's step, also metadata: "skipped_iterations" (the
+// learning-rate schedule does not advance on them) and, with fp16's dynamic loss scaling, the
+// scaler's state (Megatron's optimizer state_dict['grad_scaler']: scale, growth_tracker,
+// hysteresis_tracker), so that a resumed run continues bit for bit. The scale is written with 9
+// significant digits, which give back the same float. Files without these keys (older ones, or
+// saved without --fp16) load with 0 skipped iterations and a fresh scaler.
+typedef struct {
+    long long skipped;                        // the optimizer's skipped iterations
+    int has_scaler;                           // the file holds a dynamic scaler's state:
+    float scale;                              //   its scale,
+    int growth_tracker, hysteresis_tracker;   //   its trackers
+} mt__ckpt_scaler;
+
+static void mt__ckpt_scaler_of(const mt_rank *r, mt__ckpt_scaler *out) {
+    memset(out, 0, sizeof *out);
+    out->skipped = r->optim.skipped;
+    out->has_scaler = r->optim.scaler.kind == MT_SCALER_DYNAMIC;
+    out->scale = r->optim.scaler.scale;
+    out->growth_tracker = r->optim.scaler.growth_tracker;
+    out->hysteresis_tracker = r->optim.scaler.hysteresis_tracker;
+}
+
 // one rank's file: the safetensors header (metadata and the tensor table), then the tensors'
 // bytes in carve order: parameters, exp_avg, exp_avg_sq. host[k] are whole host buffers.
 static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const host[3], int iteration,
@@ -7750,6 +8157,13 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"megatron.h checkpoint 1\"");
     for (int i = 0; i < nm; i++) len += (size_t)snprintf(json + len, cap - len, ",\"%s\":\"%lld\"", meta[i].key,
                                                          meta[i].value);
+    mt__ckpt_scaler sc;
+    mt__ckpt_scaler_of(r, &sc);
+    len += (size_t)snprintf(json + len, cap - len, ",\"skipped_iterations\":\"%lld\"", sc.skipped);
+    if (sc.has_scaler)
+        len += (size_t)snprintf(json + len, cap - len, ",\"grad_scaler.scale\":\"%.9g\",\"grad_scaler.growth_tracker\":"
+                                "\"%d\",\"grad_scaler.hysteresis_tracker\":\"%d\"", (double)sc.scale, sc.growth_tracker,
+                                sc.hysteresis_tracker);
     for (int i = 0; i < nt; i++)   // each tensor's checksum (metadata values are strings in safetensors)
         len += (size_t)snprintf(json + len, cap - len, ",\"checksum.%s\":\"%016llx\"", tensors[i].name,
                                 (unsigned long long)mt_checksum64(host[tensors[i].which] + tensors[i].spec->offset,
@@ -7948,9 +8362,36 @@ static void mt__ckpt_check_counters(const char *path, int tracker_iteration, con
                  path, saved[3]);
 }
 
+// the counters of mt__ckpt_scaler from a file's header (absent: 0 skipped, no scaler), range-checked
+static void mt__ckpt_read_scaler(const char *json, uint64_t header_len, const char *path, long long iteration,
+                                 mt__ckpt_scaler *out) {
+    memset(out, 0, sizeof *out);
+    out->skipped = mt__ckpt_meta_value(json, header_len, path, "skipped_iterations", 0, 0);
+    if (out->skipped < 0 || out->skipped > iteration)
+        mt_fatal("%s: metadata \"skipped_iterations\" is %lld, outside [0, iteration %lld]\nhint: the file is damaged",
+                 path, out->skipped, iteration);
+    mt_json header, md, v;
+    mt_json_init(&header, json, (size_t)header_len, 0);
+    if (!mt__ckpt_member(&header, "__metadata__", &md) || !mt__ckpt_member(&md, "grad_scaler.scale", &v) ||
+        *v.p != '"')
+        return;
+    char *end;
+    double scale = strtod(v.p + 1, &end);
+    if (end == v.p + 1 || *end != '"' || !(scale > 0.0) || scale > 3.0e38)
+        mt_fatal("%s: metadata \"grad_scaler.scale\" is not a positive number\nhint: the file is damaged", path);
+    out->has_scaler = 1;
+    out->scale = (float)scale;
+    out->growth_tracker = (int)mt__ckpt_meta_checked(json, header_len, path, "grad_scaler.growth_tracker", 0,
+                                                     INT32_MAX, 0);
+    out->hysteresis_tracker = (int)mt__ckpt_meta_checked(json, header_len, path, "grad_scaler.hysteresis_tracker",
+                                                         INT32_MIN, INT32_MAX, 0);
+}
+
 // reads one rank's file into host buffers host[0..2] (parameters, exp_avg, exp_avg_sq; the first
-// `groups` of them), after checking that its layout and model are r's; saved[] receives the metadata
-static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host[3], long long saved[32], int groups) {
+// `groups` of them), after checking that its layout and model are r's; saved[] receives the
+// metadata values, *scaler (when not NULL) the optimizer's counters
+static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host[3], long long saved[32], int groups,
+                                 mt__ckpt_scaler *scaler) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: the checkpoint is incomplete, or was saved with another TP x PP layout "
                      "(ls its iter_* directory: mp_rank_TT_PPP); convert it to this run's: ./train_gpt "
@@ -7975,6 +8416,7 @@ static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host
                      "--target-pipeline-parallel-size N",
                      path, mine[i].key, saved[i], mine[i].value);
     }
+    if (scaler) mt__ckpt_read_scaler(json, header_len, path, saved[0], scaler);
     // the tensors, each checked against this rank's shapes and the file's size
     uint64_t data_start = 8 + header_len, data_size = (uint64_t)file_size - data_start;
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
@@ -8025,8 +8467,9 @@ static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host
     free(json);
 }
 
-static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32]) {
-    mt__ckpt_read_groups(r, path, host, saved, 3);
+static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3], long long saved[32],
+                               mt__ckpt_scaler *scaler) {
+    mt__ckpt_read_groups(r, path, host, saved, 3, scaler);
 }
 
 // --load checkpoints/iter_0001000, the tutorial's way: an iteration's directory, not the root.
@@ -8072,7 +8515,8 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
         mt__own(free, host[k]);   // a damaged file ends the rank inside the read
     }
     long long saved[32];
-    mt__ckpt_read_file(r, path, host, saved);
+    mt__ckpt_scaler sc;
+    mt__ckpt_read_file(r, path, host, saved, &sc);
     mt__ckpt_check_counters(path, iteration, saved);
     // the parameters whole; AdamW's moments: this rank's shard of them (all of them without the
     // distributed optimizer), the padding past num_params staying 0
@@ -8090,6 +8534,16 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
         free(host[k]);
     }
     r->optim.step = (int)saved[1];
+    r->optim.skipped = (int)sc.skipped;
+    mt_grad_scaler *scaler = &r->optim.scaler;
+    if (scaler->kind == MT_SCALER_DYNAMIC && sc.has_scaler) {   // Megatron: grad_scaler.load_state_dict
+        scaler->scale = sc.scale;
+        scaler->growth_tracker = sc.growth_tracker;
+        scaler->hysteresis_tracker = sc.hysteresis_tracker;
+    } else if (scaler->kind == MT_SCALER_DYNAMIC && is_logger) {
+        printf("WARNING: %s holds no loss-scaler state (saved without --fp16, or by an older version); the loss "
+               "scale starts again from --initial-loss-scale %.9g\n", path, (double)scaler->scale);
+    }
     if (valid_consumed) *valid_consumed = saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
                             iteration); fflush(stdout); }
@@ -8114,7 +8568,7 @@ static void mt__shape_rank(mt_rank *r, const mt_config *cfg, int tp_rank, int pp
 
 // the model and layout a checkpoint file was saved with, as a config (DP = 1)
 static void mt__ckpt_source_config(const char *path, int tracker_iteration, mt_config *cfg, long long *step,
-                                   long long *valid_consumed) {
+                                   long long *valid_consumed, mt__ckpt_scaler *scaler) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open %s: %s\nhint: --load must be a checkpoint directory written by --save", path,
                      strerror(errno));
@@ -8154,6 +8608,7 @@ static void mt__ckpt_source_config(const char *path, int tracker_iteration, mt_c
     mt__ckpt_check_counters(path, tracker_iteration, counters);
     *step = counters[1];
     *valid_consumed = counters[3];
+    mt__ckpt_read_scaler(json, header_len, path, counters[0], scaler);
     free(json);
     mt_config_derive(cfg);
 }
@@ -8164,6 +8619,7 @@ typedef struct {
     mt_config cfg;
     int iteration;
     long long step, valid_consumed;
+    mt__ckpt_scaler scaler;        // the optimizer's counters, carried into the converted files
     float *global[3][MT_NUM_PARAM_TENSORS];
     size_t count[MT_NUM_PARAM_TENSORS];
 } mt__full_checkpoint;
@@ -8178,7 +8634,7 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
     FILE *probe = fopen(path, "rb");   // PP = 1 names its files mp_rank_TT, else mp_rank_TT_PPP
     if (probe) fclose(probe);
     else mt_checkpoint_path(path, sizeof path, dir, full->iteration, 0, 0, 2);
-    mt__ckpt_source_config(path, full->iteration, &full->cfg, &full->step, &full->valid_consumed);
+    mt__ckpt_source_config(path, full->iteration, &full->cfg, &full->step, &full->valid_consumed, &full->scaler);
     const mt_config *cfg = &full->cfg;
     int TP = cfg->parallel.tensor_model_parallel_size, PP = cfg->parallel.pipeline_model_parallel_size;
     for (int tp = 0; tp < TP; tp++)
@@ -8197,7 +8653,7 @@ static void mt__ckpt_read_full(const char *dir, mt__full_checkpoint *full) {
                                                                      "checkpoint");
             long long saved[32];
             mt_checkpoint_path(path, sizeof path, dir, full->iteration, tp, pp, PP);
-            mt__ckpt_read_file(&r, path, host, saved);
+            mt__ckpt_read_file(&r, path, host, saved, NULL);
             for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++)
                 if (r.model.specs[i].present)
                     for (int k = 0; k < 3; k++) mt_shard_copy(&r, &r.model.specs[i], host[k], full->global[k][i], 0);
@@ -8219,6 +8675,11 @@ static void mt__ckpt_write_full(const mt__full_checkpoint *full, const mt_config
             mt_rank r;
             mt__shape_rank(&r, target, t, p);
             r.optim.step = (int)full->step;
+            r.optim.skipped = (int)full->scaler.skipped;   // and the scaler's state, when the source had one
+            r.optim.scaler.kind = full->scaler.has_scaler ? MT_SCALER_DYNAMIC : MT_SCALER_NONE;
+            r.optim.scaler.scale = full->scaler.scale;
+            r.optim.scaler.growth_tracker = full->scaler.growth_tracker;
+            r.optim.scaler.hysteresis_tracker = full->scaler.hysteresis_tracker;
             float *host[3];
             for (int k = 0; k < 3; k++) host[k] = (float *)mt_calloc(r.model.num_params + 1, sizeof(float),
                                                                      "checkpoint");
@@ -9309,10 +9770,16 @@ static void mt__format_duration(double seconds, char *out, size_t cap) {
 
 // Megatron's training_log: the iteration line every --log-interval iterations, with the
 // interval's mean loss, mean time and the counts of skipped and NaN iterations; the TensorBoard
-// scalars every --tensorboard-log-interval iterations (the last rank writes, as in Megatron)
+// scalars every --tensorboard-log-interval iterations (the last rank writes, as in Megatron).
+// As Megatron's: the mean loss is over the iterations whose step was taken (advanced); a skipped
+// one (fp16 overflow) is counted in "skipped", and also in "nan" when its loss was inf or NaN.
+// Where Megatron leaves the loss out (every iteration of the interval skipped, as while fp16's
+// scale settles), we print the mean of those iterations' finite losses, so the column stays.
 typedef struct {
-    double loss, time;          // sums over the iterations of the interval
-    int count;                  // iterations with a finite loss
+    double loss, time;          // sums over the iterations of the interval (loss: advanced ones)
+    int count;                  // advanced iterations with a finite loss
+    double skipped_loss;        // the finite losses of the skipped iterations, and their count
+    int skipped_count;
     int skipped, nan_iters;
     double comm[MT__NUM_GROUPS][3];   // the communication counters at the interval's start
 } mt__log_interval;
@@ -9324,6 +9791,7 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
     acc->time += dt;
     if (res->skipped) acc->skipped++;
     if (!isfinite(res->loss)) acc->nan_iters++;
+    else if (res->skipped) { acc->skipped_loss += res->loss; acc->skipped_count++; }
     else { acc->loss += res->loss; acc->count++; }
     int is_last = r->ps.rank == r->ps.world_size - 1;
     int64_t samples = (int64_t)it * t->global_batch_size;
@@ -9344,8 +9812,8 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         mt_tb_scalar(tb, "lm loss", res->loss, it);
         mt_tb_scalar(tb, "lm loss vs samples", res->loss, samples);
         if (!t->no_log_loss_scale_to_tensorboard) {
-            mt_tb_scalar(tb, "loss-scale", 1.0f, it);
-            mt_tb_scalar(tb, "loss-scale vs samples", 1.0f, samples);
+            mt_tb_scalar(tb, "loss-scale", res->loss_scale, it);
+            mt_tb_scalar(tb, "loss-scale vs samples", res->loss_scale, samples);
         }
         if (t->log_world_size_to_tensorboard) mt_tb_scalar(tb, "world-size", (float)cfg->world_size, it);
         mt_tb_scalar(tb, "grad-norm", res->grad_norm, it);
@@ -9381,7 +9849,9 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
                "number of skipped iterations: %3d | number of nan iterations: %3d | "
                "throughput per GPU (TFLOP/s/GPU): %.*f | tokens per second: %.0f | estimated time left: %s |\n",
                it, t->train_iters, (long long)samples, ms, (double)res->lr, t->global_batch_size,
-               acc->count ? acc->loss / acc->count : (double)NAN, 1.0, (double)res->grad_norm, acc->skipped,
+               acc->count ? acc->loss / acc->count : acc->skipped_count ? acc->skipped_loss / acc->skipped_count
+                                                                      : (double)NAN,
+               (double)res->loss_scale, (double)res->grad_norm, acc->skipped,
                acc->nan_iters, tflops < 1.0 ? 3 : 1, tflops, tokens_per_s, left);   // a CPU's 0.004, not 0.0
         if (r->ps.pp_size > 1)
             printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res->idle_seconds / dt);
@@ -9447,7 +9917,9 @@ static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_
 }
 
 // Megatron skips a step whose gradients are not finite and goes on; a run whose loss stays NaN
-// would go on for ever, so after this many such iterations in a row we stop, with the usual causes
+// would go on for ever, so after this many such iterations in a row we stop, with the usual causes.
+// fp16's overflows while dynamic scaling can still lower the scale are not counted: they are how
+// the scale finds its level (from 2^32: some 15-25 skipped steps at the start of a run).
 #define MT_MAX_BAD_ITERATIONS 5
 
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
@@ -9471,7 +9943,7 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
             r->timeline->enabled = 0;
         }
         mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
-        bad_in_a_row = !isfinite(res.loss) || res.skipped ? bad_in_a_row + 1 : 0;
+        bad_in_a_row = !isfinite(res.loss) || (res.skipped && !res.overflow) ? bad_in_a_row + 1 : 0;
         *ended_bad = bad_in_a_row > 0;
         if (bad_in_a_row >= MT_MAX_BAD_ITERATIONS)
             mt_fatal("the loss or the gradients were NaN or infinite for %d iterations in a row (up to iteration %d); "
@@ -9797,7 +10269,8 @@ static void mt__gen_config(mt_config *cfg, mt_config *src) {
     mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 1);
     if (access(path, F_OK) != 0) mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 2);
     long long step, valid;
-    mt__ckpt_source_config(path, iteration, src, &step, &valid);
+    mt__ckpt_scaler scaler;   // (generation reads no optimizer state)
+    mt__ckpt_source_config(path, iteration, src, &step, &valid, &scaler);
     mt_config d;
     mt_config_defaults(&d);
     mt_model_config *m = &cfg->model;
@@ -9898,7 +10371,7 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
                       fflush(stdout); }
         float *host[3] = {(float *)mt_calloc(r->model.num_params + 1, sizeof(float), "parameters (host)"), NULL, NULL};
         long long saved[32];
-        mt__ckpt_read_groups(r, path, host, saved, 1);
+        mt__ckpt_read_groups(r, path, host, saved, 1, NULL);
         mt__ckpt_check_counters(path, t->ckpt_step, saved);
         mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
         free(host[0]);

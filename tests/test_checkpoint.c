@@ -21,6 +21,7 @@ typedef struct {
     int load;                 // resume from CKPT_DIR first
     const char *dir;
     float losses[STEPS + 1];  // by iteration
+    float scales[STEPS + 1];  // the loss scale after each iteration (fp16)
     float *params;            // rank 0's parameters at the end (host copy)
     size_t num_params;
     int loaded_iteration;
@@ -39,7 +40,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     }
     for (int it = first; it <= run->cfg.train.train_iters; it++) {
         mt_step_result res = mt_train_step(&r, synthetic_batch, NULL, it);
-        if (rank == 0) run->losses[it] = res.loss;
+        if (rank == 0) { run->losses[it] = res.loss; run->scales[it] = res.loss_scale; }
         if (it == run->save_at) mt_checkpoint_save(&r, run->dir, it, 1234);
     }
     if (rank == 0) {
@@ -140,6 +141,124 @@ MT_TEST(distributed_optimizer_checkpoints) {
                   "iteration %d: loss %.9g after a sharded resume, %.9g straight", it,
                   (double)second_half.losses[it], (double)straight.losses[it]);
     free(straight.params); free(first_half.params); free(plain_half.params); free(second_half.params);
+}
+
+// --fp16 with dynamic loss scaling: the scaler's state (scale, growth and hysteresis trackers)
+// and the count of skipped steps (the learning rate's position) travel in the checkpoint, so a
+// resume continues bit for bit. From 2^24 the first steps overflow; a window of 2 makes the scale
+// grow again and the trackers sit mid-way at the save.
+static void setup_fp16(run_spec *run, int save_at, int load, const char *dir) {
+    setup(run, 2, 2, 1, save_at, load, dir);
+    run->cfg.train.fp16 = 1;
+    run->cfg.train.initial_loss_scale = 16777216.0f;
+    run->cfg.train.loss_scale_window = 2;
+    mt_config_derive(&run->cfg);
+}
+MT_TEST(fp16_resume_is_bit_exact) {
+    (void)system("rm -rf " CKPT_DIR "_fp16");
+    run_spec straight, first_half, second_half;
+    setup_fp16(&straight, 0, 0, CKPT_DIR "_fp16");
+    setup_fp16(&first_half, 5, 0, CKPT_DIR "_fp16");   // after 4 skipped steps and 1 clean: growth tracker 1
+    mt_expect(run_world(&straight) == 0 && run_world(&first_half) == 0, "training failed");
+    setup_fp16(&second_half, 0, 1, CKPT_DIR "_fp16");
+    mt_expect(run_world(&second_half) == 0, "resume failed");
+    printf("  loss scales:");
+    for (int it = 1; it <= STEPS; it++) printf(" %g", (double)straight.scales[it]);
+    printf("\n");
+    mt_expect(straight.scales[1] == 16777216.0f && straight.scales[3] < straight.scales[1],
+              "the scale should start at 2^24 and fall by the save (%g, %g)", (double)straight.scales[1],
+              (double)straight.scales[3]);
+    mt_expect(second_half.loaded_iteration == 5, "loaded iteration %d, want 5", second_half.loaded_iteration);
+    for (int it = 6; it <= STEPS; it++)   // (6: the window's second clean step doubles the scale)
+        mt_expect(memcmp(&second_half.losses[it], &straight.losses[it], sizeof(float)) == 0 &&
+                  second_half.scales[it] == straight.scales[it],
+                  "iteration %d: loss %.9g scale %g after resume, %.9g %g straight", it, (double)second_half.losses[it],
+                  (double)second_half.scales[it], (double)straight.losses[it], (double)straight.scales[it]);
+    mt_expect(second_half.num_params == straight.num_params &&
+              memcmp(second_half.params, straight.params, straight.num_params * sizeof(float)) == 0,
+              "parameters after an fp16 resume are not bit-identical to the straight run");
+    // converting to another layout carries the scaler's state and the skipped count along
+    (void)system("rm -rf " CKPT_DIR "_fp16_1");
+    mt_checkpoint_convert(CKPT_DIR "_fp16", CKPT_DIR "_fp16_1", 1, 1, 0);
+    mt__ckpt_scaler sc[2];
+    const char *dirs[2] = {CKPT_DIR "_fp16", CKPT_DIR "_fp16_1"};
+    for (int k = 0; k < 2; k++) {
+        mt_config cfg = first_half.cfg;
+        cfg.parallel.tensor_model_parallel_size = k ? 1 : 2;
+        cfg.parallel.pipeline_model_parallel_size = k ? 1 : 2;
+        cfg.parallel.nproc_per_node = k ? 1 : 4;
+        mt_config_derive(&cfg);
+        mt_rank r;
+        mt__shape_rank(&r, &cfg, 0, 0);
+        float *host[3];
+        for (int j = 0; j < 3; j++) host[j] = (float *)calloc(r.model.num_params + 1, 4);
+        long long meta[32];
+        char path[MT_PATH_MAX + 128];
+        mt_checkpoint_path(path, sizeof path, dirs[k], 5, 0, 0, k ? 1 : 2);
+        mt__ckpt_read_file(&r, path, host, meta, &sc[k]);
+        for (int j = 0; j < 3; j++) free(host[j]);
+    }
+    mt_expect(sc[0].has_scaler && sc[1].has_scaler && sc[0].scale == sc[1].scale && sc[0].skipped == sc[1].skipped &&
+              sc[0].skipped > 0 && sc[0].growth_tracker == sc[1].growth_tracker &&
+              sc[0].hysteresis_tracker == sc[1].hysteresis_tracker,
+              "conversion lost the scaler: scale %g -> %g, skipped %lld -> %lld", (double)sc[0].scale, (double)sc[1].scale,
+              sc[0].skipped, sc[1].skipped);
+    free(straight.params); free(first_half.params); free(second_half.params);
+}
+
+// a checkpoint of an older version has neither "skipped_iterations" nor the scaler's keys: renaming
+// them in place (same length, the file's offsets unchanged) makes one. An fp32 one resumes bit for
+// bit (nothing was skipped); an fp16 one loads with a note and a fresh scale from --initial-loss-scale.
+static void age_checkpoint(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    if (!f) { mt_expect(0, "cannot open %s", path); return; }
+    uint64_t n = 0;
+    mt_expect(fread(&n, 8, 1, f) == 1 && n < (1u << 20), "header length");
+    char *h = (char *)calloc(n + 1, 1);
+    mt_expect(fread(h, 1, n, f) == n, "header");
+    const char *keys[] = {"\"skipped_iterations\"", "\"grad_scaler.scale\"", "\"grad_scaler.growth_tracker\"",
+                          "\"grad_scaler.hysteresis_tracker\""};
+    for (int k = 0; k < 4; k++) {
+        char *at = strstr(h, keys[k]);
+        if (at) at[1] = 'X';   // "Xkipped_iterations": a key no version reads
+    }
+    fseek(f, 8, SEEK_SET);
+    fwrite(h, 1, n, f);
+    fclose(f);
+    free(h);
+}
+MT_TEST(older_checkpoints_still_load) {
+    (void)system("rm -rf " CKPT_DIR "_old " CKPT_DIR "_old16");
+    run_spec straight, first_half, second_half;
+    setup(&straight, 2, 2, 1, 0, 0, CKPT_DIR "_old");
+    setup(&first_half, 2, 2, 1, 3, 0, CKPT_DIR "_old");
+    mt_expect(run_world(&straight) == 0 && run_world(&first_half) == 0, "training failed");
+    for (int t = 0; t < 2; t++)
+        for (int p = 0; p < 2; p++) {
+            char path[256];
+            mt_checkpoint_path(path, sizeof path, CKPT_DIR "_old", 3, t, p, 2);
+            age_checkpoint(path);
+        }
+    setup(&second_half, 2, 2, 1, 0, 1, CKPT_DIR "_old");
+    mt_expect(run_world(&second_half) == 0, "resume from an older checkpoint failed");
+    for (int it = 4; it <= STEPS; it++)
+        mt_expect(memcmp(&second_half.losses[it], &straight.losses[it], sizeof(float)) == 0,
+                  "iteration %d: an older fp32 checkpoint did not resume bit for bit", it);
+    free(straight.params); free(first_half.params); free(second_half.params);
+    // fp16: the scale starts again from --initial-loss-scale, training goes on
+    setup_fp16(&first_half, 3, 0, CKPT_DIR "_old16");
+    mt_expect(run_world(&first_half) == 0, "training failed");
+    for (int t = 0; t < 2; t++)
+        for (int p = 0; p < 2; p++) {
+            char path[256];
+            mt_checkpoint_path(path, sizeof path, CKPT_DIR "_old16", 3, t, p, 2);
+            age_checkpoint(path);
+        }
+    setup_fp16(&second_half, 0, 1, CKPT_DIR "_old16");
+    mt_expect(run_world(&second_half) == 0, "fp16 resume from an older checkpoint failed");
+    mt_expect(second_half.loaded_iteration == 3 && second_half.scales[4] <= 16777216.0f,
+              "loaded iteration %d, scale %g", second_half.loaded_iteration, (double)second_half.scales[4]);
+    free(first_half.params); free(second_half.params);
 }
 
 MT_TEST(no_checkpoint_starts_from_scratch) {
@@ -266,9 +385,9 @@ MT_TEST(convert_between_layouts) {
             long long meta[32];
             char path[MT_PATH_MAX + 128];
             mt_checkpoint_path(path, sizeof path, CKPT_DIR, 3, tp, pp, 2);
-            mt__ckpt_read_file(&r, path, a, meta);
+            mt__ckpt_read_file(&r, path, a, meta, NULL);
             mt_checkpoint_path(path, sizeof path, CKPT_DIR "_back", 3, tp, pp, 2);
-            mt__ckpt_read_file(&r, path, b, meta);
+            mt__ckpt_read_file(&r, path, b, meta, NULL);
             for (int k = 0; k < 3; k++)
                 mt_expect(memcmp(a[k], b[k], r.model.num_params * sizeof(float)) == 0, "tp %d pp %d buffer %d changed in the round trip", tp, pp, k);
             for (int k = 0; k < 3; k++) { free(a[k]); free(b[k]); }
@@ -313,6 +432,8 @@ int main(void) {
     mt_run_test(resume_is_bit_exact);
     mt_run_test(resume_with_another_dp);
     mt_run_test(distributed_optimizer_checkpoints);
+    mt_run_test(fp16_resume_is_bit_exact);
+    mt_run_test(older_checkpoints_still_load);
     mt_run_test(no_checkpoint_starts_from_scratch);
     mt_run_test(damaged_checkpoints_are_clear_errors);
     mt_run_test(write_reference_for_safetensors);

@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, prop.major, prop.minor, MT__WG_THREADS, MT__WG_SMEM);
     {
         cudaFuncAttributes fa;
-        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1>));
+        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1, 0>));
         printf("registers per thread %d, local memory %zu bytes\n", fa.numRegs, fa.localSizeBytes);
     }
 
@@ -316,9 +316,9 @@ int main(int argc, char **argv) {
         {   // host cost of building the two tensor maps (once per call)
             __nv_bfloat16 *x;
             MT_CUDA_CHECK(cudaMalloc(&x, 1 << 20));
-            mt__wgmma_map(x, 512, 512, 512, 1, 128);
+            mt__wgmma_map(x, 0, 512, 512, 512, 1, 128);
             auto t0 = std::chrono::steady_clock::now();
-            for (int r = 0; r < 1000; r++) mt__wgmma_map(x, 512, 512, 512, r & 1, 256);
+            for (int r = 0; r < 1000; r++) mt__wgmma_map(x, 0, 512, 512, 512, r & 1, 256);
             double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 1000;
             printf("cuTensorMapEncodeTiled: %.2f us per map on the host (2 maps per GEMM call)\n", us);
             cudaFree(x);

@@ -13,7 +13,10 @@
  *   0      where the GPU does the same float operations in the same order as the CPU (copies,
  *          embedding and position backward, dropout masks, the RNG, max)
  *   1e-5   fp32 kernels whose sums run in another order than the CPU's (rounding ~ sqrt(n) eps)
- *   1e-2   bf16 tensor-core paths (operands rounded to 8 bits of mantissa, fp32 accumulation)
+ *   1e-4   the tensor-core GEMMs (bf16, fp16) against the CPU build's emulation of them (the same
+ *          rounded operands, exact products, sums in another order)
+ *   1e-2   the tensor-core attention (bf16, fp16) against the emulation: P is rounded at another
+ *          point (see attention_case)
  * Then the GPT-2 small timings (B=16, T=1024, C=768, NH=12, V=50304): TFLOP/s or GB/s per kernel.
  * Prints "N passed, N failed"; exits non-zero on failure.
  */
@@ -197,7 +200,54 @@ MT_TEST(fill_zero_scale_cast) {
     for (size_t i = 0; i < n; i++) want[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
     got = dev_download(d, n);
     check_close("cast fp32->bf16->fp32", got, want, n, 0.0);
-    free(got); free(x); free(want); dev_free(d); dev_free(b16);
+    free(got);
+    // the GPU's casts give the bits of the CPU build's rounding (megatron.h, mt_fp16_from_float /
+    // mt_bf16_from_float), on values across fp16's range: subnormals, ties, overflow, inf
+    size_t m = 4096;
+    float *y = (float *)mt_malloc(m * sizeof(float), "cast inputs");
+    for (size_t i = 0; i < m; i++) {
+        uint64_t rnd = mt_hash64(77 + i);
+        y[i] = ldexpf((float)(rnd & 0xffff) / 65536.0f + 0.5f, (int)((rnd >> 16) % 50) - 30);   // 2^-31 .. 2^19
+        if (i % 7 == 0) y[i] = ldexpf((float)(1 + 2 * (rnd % 512)), -25);   // ties in the subnormals
+        if (rnd >> 63) y[i] = -y[i];
+    }
+    y[0] = 65504.0f; y[1] = 65520.0f; y[2] = 65519.0f; y[3] = INFINITY; y[4] = -0.0f; y[5] = 1.0f + 1.0f / 2048;
+    float *d_y = dev_upload(y, m);
+    __half *h16 = (__half *)dev_alloc(m * sizeof(__half));
+    __nv_bfloat16 *hb16 = (__nv_bfloat16 *)dev_alloc(m * sizeof(__nv_bfloat16));
+    mt_cast_f32_to_f16_gpu(h16, d_y, m, 0);
+    mt_cast_f32_to_bf16_gpu(hb16, d_y, m, 0);
+    uint16_t *bits = (uint16_t *)mt_malloc(m * sizeof(uint16_t), "bits"), *bbits = (uint16_t *)mt_malloc(m * sizeof(uint16_t), "bits");
+    MT_CUDA_CHECK(cudaMemcpy(bits, h16, m * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    MT_CUDA_CHECK(cudaMemcpy(bbits, hb16, m * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    int bad = 0, bbad = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (bits[i] != mt_fp16_from_float(y[i]) && bad++ < 5)
+            fprintf(stderr, "  fp16(%.9g): GPU 0x%04x, CPU 0x%04x\n", (double)y[i], bits[i], mt_fp16_from_float(y[i]));
+        if (bbits[i] != mt_bf16_from_float(y[i]) && bbad++ < 5)
+            fprintf(stderr, "  bf16(%.9g): GPU 0x%04x, CPU 0x%04x\n", (double)y[i], bbits[i], mt_bf16_from_float(y[i]));
+    }
+    mt_expect(bad == 0 && bbad == 0, "casts: %d fp16 and %d bf16 values differ from the CPU build's rounding", bad, bbad);
+    free(y); free(bits); free(bbits); dev_free(d_y); dev_free(h16); dev_free(hb16);
+    // loss scaling's unscale-and-check: x *= 1/S as the CPU does (one multiply), the flag only when
+    // an element is inf or NaN (one at the end of the buffer, then none)
+    int *d_found = (int *)dev_alloc(sizeof(int));
+    for (int with_inf = 1; with_inf >= 0; with_inf--) {
+        float *xs = host_copy(x, n);
+        if (with_inf) xs[n - 1] = INFINITY;
+        dev_set(d, xs, n);
+        MT_CUDA_CHECK(cudaMemset(d_found, 0, sizeof(int)));
+        mt_unscale_check_gpu(d_found, d, 1.0f / 1024.0f, n, 0);
+        int found = -1;
+        MT_CUDA_CHECK(cudaMemcpy(&found, d_found, sizeof(int), cudaMemcpyDeviceToHost));
+        int want_found = mt_unscale_check_cpu(xs, 1.0f / 1024.0f, n);
+        mt_expect(found == want_found && found == with_inf, "unscale check: found %d, want %d", found, with_inf);
+        got = dev_download(d, n);
+        check_close(with_inf ? "unscale (with an inf)" : "unscale", got, xs, n - (size_t)with_inf, 0.0);
+        free(got); free(xs);
+    }
+    dev_free(d_found);
+    free(x); free(want); dev_free(d); dev_free(b16);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -332,36 +382,54 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
     float *d_inp = d_inp_base + off, *d_w = d_w_base + off, *d_dout = d_dout_base + off;
     dev_set(d_inp, inp, nin); dev_set(d_w, w, nw); dev_set(d_dout, dout, nout);
     float *d_bias = dev_upload(bias, OC), *d_out = dev_nan(nout), *d_dinp = dev_nan(nin), *d_dw = dev_nan(nw), *d_db = dev_nan(OC);
+    // the tensor-core rungs against the CPU build's emulation of their precision (the same
+    // roundings of the same operands: mt_matmul_*_rounded_cpu), in bf16 (1) and fp16 (2)
+    float *out_r[3] = {out_ref, NULL, NULL}, *dinp_r[3] = {dinp_ref, NULL, NULL}, *dw_r[3] = {dw_ref, NULL, NULL};
+    for (int dt = 1; dt <= 2; dt++) {
+        out_r[dt] = (float *)mt_malloc(nout * sizeof(float) + 16, "ref");
+        dinp_r[dt] = host_copy(dinp0, nin);
+        dw_r[dt] = host_copy(dw0, nw);
+        mt_matmul_forward_rounded_cpu(out_r[dt], inp, w, with_bias ? bias : NULL, BT, C, OC, (mt_dtype)dt);
+        mt_matmul_backward_rounded_cpu(with_dinp ? dinp_r[dt] : NULL, dw_r[dt], NULL, dout, inp, w, BT, C, OC, (mt_dtype)dt);
+    }
     mt_gemm_impl impls[4] = {MT_GEMM_NAIVE, MT_GEMM_TILED, MT_GEMM_MMA, MT_GEMM_WGMMA};
     for (int k = 0; k < 4; k++) {
         mt_gemm_impl impl = impls[k];
         if (impl == MT_GEMM_WGMMA && mt__wgmma_unsupported()) continue;   // not a Hopper, or no sm_90a code
-        // bf16 operands (mma, wgmma) | fp32 in another summation order
-        double tol = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA ? 1e-2 : 1e-5;
+        int tensor_cores = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;
+        for (int dt = tensor_cores ? 1 : 0; dt <= (tensor_cores ? 2 : 0); dt++) {
+        // fp32 rungs: fp32 in another summation order (1e-5). Tensor-core rungs against the
+        // emulation of their rounding: a product of two rounded operands (8 or 11 significant
+        // bits) is exact in fp32, so only the order (and the tensor cores' fp32 accumulation) of
+        // the sums differs: 1e-4
+        double tol = tensor_cores ? 1e-4 : 1e-5;
         dev_poison(d_out, nout);
         dev_set(d_dinp, dinp0, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
-        mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, 0);
-        mt_matmul_backward_gpu(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, BT, C, OC, impl, 0);
+        mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, dt, 0);
+        mt_matmul_backward_gpu(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, BT, C, OC, impl, dt, 0);
         char label[160];
-        const char *name = mt_gemm_impl_name(impl);
+        char name[32];
+        snprintf(name, sizeof name, "%s%s", mt_gemm_impl_name(impl), dt == 2 ? " fp16" : dt == 1 ? " bf16" : "");
         float *got = dev_download(d_out, nout);
         snprintf(label, sizeof label, "matmul %s forward BT=%d C=%d OC=%d%s%s", name, BT, C, OC, with_bias ? "" : " (no bias)", misalign ? " misaligned" : "");
-        check_close_scale(label, got, out_ref, nout, tol, matmul_forward_term_scale(inp, w, with_bias ? bias : NULL, BT, C, OC)); free(got);
+        check_close_scale(label, got, out_r[dt], nout, tol, matmul_forward_term_scale(inp, w, with_bias ? bias : NULL, BT, C, OC)); free(got);
         if (with_dinp) {
             got = dev_download(d_dinp, nin);
             snprintf(label, sizeof label, "matmul %s dinp BT=%d C=%d OC=%d", name, BT, C, OC);
-            check_close(label, got, dinp_ref, nin, tol); free(got);   // '=': the random start is gone
+            check_close(label, got, dinp_r[dt], nin, tol); free(got);   // '=': the random start is gone
         }
         got = dev_download(d_dw, nw);
         snprintf(label, sizeof label, "matmul %s dweight BT=%d C=%d OC=%d", name, BT, C, OC);
-        check_added(label, got, dw_ref, dw0, nw, tol); free(got);
+        check_added(label, got, dw_r[dt], dw0, nw, tol); free(got);
         if (with_bias) {
             got = dev_download(d_db, OC);
             snprintf(label, sizeof label, "matmul %s dbias BT=%d C=%d OC=%d", name, BT, C, OC);
             // fp32 column sums in any rung, in another order than the CPU's
             check_added_scale(label, got, db_ref, db0, OC, 1e-5, column_sum_term_scale(dout, BT, OC)); free(got);
         }
+        }
     }
+    for (int dt = 1; dt <= 2; dt++) { free(out_r[dt]); free(dinp_r[dt]); free(dw_r[dt]); }
     free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(dinp_ref); free(dw_ref); free(db_ref);
     dev_free(d_inp_base); dev_free(d_w_base); dev_free(d_dout_base); dev_free(d_bias); dev_free(d_out); dev_free(d_dinp); dev_free(d_dw); dev_free(d_db);
 }
@@ -513,26 +581,40 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
     float *d_qkv = d_qkv_base + off, *d_dout = d_dout_base + off, *d_out = d_out_base + off, *d_dqkv = d_dqkv_base + off;
     float *d_lse = dev_nan(nlse);
     dev_set(d_qkv, qkv, nqkv); dev_set(d_dout, dout, nout);
-    for (int bf16 = 0; bf16 <= 1; bf16++) {
-        double tol = bf16 ? 1e-2 : 1e-5;   // bf16 tensor cores | fp32, sums in another order
+    // dt 0: fp32 kernels against the fp32 reference; 1, 2: the tensor-core kernels in bf16 / fp16
+    // against the CPU build's emulation of them (mt_attention_*_rounded_cpu: the same rounded
+    // operands; P is rounded before (GPU) or after (CPU) the division by its row sum, so the two
+    // differ by a few roundings of the format: 1e-2, 2.5 bf16 units and 20 fp16 units)
+    for (int dt = 0; dt <= 2; dt++) {
+        double tol = dt ? 1e-2 : 1e-5;   // tensor cores | fp32, sums in another order
+        float *out_dt = out_ref, *lse_dt = lse_ref, *dqkv_dt = dqkv_ref;
+        if (dt) {
+            out_dt = (float *)mt_malloc(nout * sizeof(float), "ref");
+            lse_dt = (float *)mt_malloc(nlse * sizeof(float), "ref");
+            dqkv_dt = host_copy(dqkv0, nqkv);
+            mt_attention_forward_rounded_cpu(out_dt, lse_dt, qkv, B, T, C, NH, &d, head_offset, NH_global, (mt_dtype)dt);
+            mt_attention_backward_rounded_cpu(dqkv_dt, dout, qkv, out_dt, lse_dt, B, T, C, NH, &d, head_offset, NH_global,
+                                              (mt_dtype)dt);
+        }
         dev_poison(d_out, nout); dev_poison(d_lse, nlse); dev_set(d_dqkv, dqkv0, nqkv);
-        mt_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH, &d, head_offset, NH_global, bf16, 0);
-        // the backward gets the CPU's out (D = rowsum(dout * out)) and the exact lse: tested alone
-        float *d_out_ref = dev_upload(out_ref, nout), *d_lse_ref = dev_upload(lse_ref, nlse);
-        mt_attention_backward_gpu(d_dqkv, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, bf16, 0);
+        mt_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+        // the backward gets the reference's out (D = rowsum(dout * out)) and lse: tested alone
+        float *d_out_ref = dev_upload(out_dt, nout), *d_lse_ref = dev_upload(lse_dt, nlse);
+        mt_attention_backward_gpu(d_dqkv, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
         char label[160];
-        const char *mode = bf16 ? "bf16" : "fp32";
+        const char *mode = dt == 2 ? "fp16" : dt == 1 ? "bf16" : "fp32";
         float *got = dev_download(d_out, nout);
         snprintf(label, sizeof label, "attention %s out B=%d T=%d NH=%d hs=%d p=%.1f%s", mode, B, T, NH, hs, p, misalign ? " misaligned" : "");
-        check_close(label, got, out_ref, nout, tol); free(got);
+        check_close(label, got, out_dt, nout, tol); free(got);
         got = dev_download(d_lse, nlse);
         snprintf(label, sizeof label, "attention %s lse B=%d T=%d NH=%d hs=%d", mode, B, T, NH, hs);
         // the scores' error scales with their terms (see attention_score_term_scale)
-        check_close_scale(label, got, lse_ref, nlse, tol, attention_score_term_scale(qkv, B, T, C, NH)); free(got);
+        check_close_scale(label, got, lse_dt, nlse, tol, attention_score_term_scale(qkv, B, T, C, NH)); free(got);
         got = dev_download(d_dqkv, nqkv);
         snprintf(label, sizeof label, "attention %s dqkv B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
-        check_close(label, got, dqkv_ref, nqkv, tol); free(got);   // '=': the random start is gone
+        check_close(label, got, dqkv_dt, nqkv, tol); free(got);   // '=': the random start is gone
         dev_free(d_out_ref); dev_free(d_lse_ref);
+        if (dt) { free(out_dt); free(lse_dt); free(dqkv_dt); }
     }
     free(qkv); free(dout); free(dqkv0); free(out_ref); free(lse_ref); free(lse_cpu); free(dqkv_ref);
     dev_free(d_qkv_base); dev_free(d_dout_base); dev_free(d_out_base); dev_free(d_lse); dev_free(d_dqkv_base);
@@ -776,9 +858,9 @@ MT_TEST(determinism) {
     for (int r = 0; r < 2; r++) {
         for (int impl = 1; impl <= 2; impl++) {
             mt_zero_gpu(d_dw, (size_t)OC * C, 0); mt_zero_gpu(d_db, OC, 0); mt_zero_gpu(d_dinp, BT * C, 0);
-            mt_matmul_backward_gpu(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, OC, (mt_gemm_impl)impl, 0);
+            mt_matmul_backward_gpu(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, OC, (mt_gemm_impl)impl, MT_DTYPE_BF16, 0);
             // the attention-proj weight-gradient shape: split-K
-            mt_matmul_backward_gpu(NULL, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, C, (mt_gemm_impl)impl, 0);
+            mt_matmul_backward_gpu(NULL, d_dw, d_db, d_dout, d_inp, d_w, (int)BT, C, C, (mt_gemm_impl)impl, MT_DTYPE_BF16, 0);
             float *h = dev_download(d_dw, (size_t)OC * C); runs[r].push_back(std::vector<float>(h, h + (size_t)OC * C)); free(h);
             h = dev_download(d_db, OC); runs[r].push_back(std::vector<float>(h, h + OC)); free(h);
         }
@@ -881,7 +963,7 @@ static void bench(void) {
             int K = layers[l].K, N = layers[l].N;
             double flop = 2.0 * M * K * N;
             const float *b = l == 4 ? NULL : bias;
-            float ms = time_ms([&] { mt_matmul_forward_gpu(out, inp, W, b, M, K, N, impl, 0); }, reps);
+            float ms = time_ms([&] { mt_matmul_forward_gpu(out, inp, W, b, M, K, N, impl, MT_DTYPE_BF16, 0); }, reps);
             snprintf(shape, sizeof shape, "M=%d K=%d N=%d", M, K, N);
             char name[64];
             snprintf(name, sizeof name, "matmul %s %s forward", mt_gemm_impl_name(impl), layers[l].name);
@@ -889,12 +971,12 @@ static void bench(void) {
             total_flop += flop; total_ms += ms;
             if (impl == MT_GEMM_NAIVE) break;
             // dinp (M,K) += dout (M,N) @ W (N,K)
-            ms = time_ms([&] { mt__gemm(impl, dinp, dout, W, NULL, M, K, N, N, K, K, 1, 0, 1, 0); }, reps);
+            ms = time_ms([&] { mt__gemm(impl, dinp, dout, W, NULL, M, K, N, N, K, K, 1, 0, 1, MT_DTYPE_BF16, 0); }, reps);
             snprintf(name, sizeof name, "matmul %s %s input-grad", mt_gemm_impl_name(impl), layers[l].name);
             report(name, shape, ms, flop, 0);
             total_flop += flop; total_ms += ms;
             // dW (N,K) += dout^T @ inp
-            ms = time_ms([&] { mt__gemm(impl, dW, dout, inp, NULL, N, K, M, N, K, K, 0, 0, 1, 0); }, reps);
+            ms = time_ms([&] { mt__gemm(impl, dW, dout, inp, NULL, N, K, M, N, K, K, 0, 0, 1, MT_DTYPE_BF16, 0); }, reps);
             snprintf(name, sizeof name, "matmul %s %s weight-grad", mt_gemm_impl_name(impl), layers[l].name);
             report(name, shape, ms, flop, 0);
             total_flop += flop; total_ms += ms;
