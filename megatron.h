@@ -3724,10 +3724,13 @@ static void mt__rendezvous_serve(mt__net *net, int lfd, const mt_launch *l, cons
         if (fd < 0) {   // the deadline passed: name who never came
             int len = snprintf(v.error, sizeof v.error, "%.400s: %d of %d processes never arrived within %g s:",
                                net->where, n - arrived, n, l->timeout_s);
-            for (int i = 1, shown = 0; i < n && len < (int)sizeof v.error - 40; i++)
-                if (fds[i] < 0 && shown++ < 8) len += snprintf(v.error + len, sizeof v.error - (size_t)len,
-                                                               " process %d (ranks %d..%d)", i, i * l->ranks_per_proc,
-                                                               (i + 1) * l->ranks_per_proc - 1);
+            for (int i = 1, shown = 0; i < n && len < (int)sizeof v.error - 40; i++) {
+                if (fds[i] >= 0 || shown++ >= 8) continue;
+                int r0 = i * l->ranks_per_proc, r1 = r0 + l->ranks_per_proc - 1;
+                len += r0 == r1 ? snprintf(v.error + len, sizeof v.error - (size_t)len, " process %d (rank %d)", i, r0)
+                                : snprintf(v.error + len, sizeof v.error - (size_t)len, " process %d (ranks %d..%d)", i,
+                                           r0, r1);
+            }
             snprintf(v.error + len, sizeof v.error - (size_t)len,
                      "\nhint: every process must be started with the same MASTER_ADDR/MASTER_PORT (or "
                      "--nccl-init-file) and reach it; a longer --dist-timeout helps when processes start late");
