@@ -96,7 +96,7 @@ tests/test_ref: tests/test_ref.c $(HEADERS)
 
 # and two shell tests: tests/test_cli.sh (what a newcomer sees: --help, the first lines of a run,
 # make debug) and tests/test_docs.sh (every command marked runnable in README.md and docs/*.md)
-SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh
+SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh tests/test_multiproc.sh
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
 	@sh tests/run.sh $(TESTS) $(SCRIPT_TESTS)

@@ -2769,11 +2769,25 @@ static void mt__cuda_check(cudaError_t err, const char *call, const char *file, 
              file, line, hint);
 }
 
+// the communicator the calling thread is working on (section 2 sets it before each NCCL call),
+// so that a failure names the group and the rank, not only the call
+static MT_THREAD_LOCAL const mt_comm *mt__nccl_comm = NULL;
+
 static void mt__nccl_check(ncclResult_t res, const char *call, const char *file, int line) {
     if (res == ncclSuccess) return;
-    mt_fatal("NCCL call %s failed: %s at %s:%d\n"
-             "hint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
-             call, ncclGetErrorString(res), file, line);
+    const mt_comm *c = mt__nccl_comm;
+    char where[160] = "";
+    if (c) snprintf(where, sizeof where, " on group %s (rank %d of %d there, global rank %d)", c->name, c->rank,
+                    c->size, c->global_rank);
+    const char *detail = "";
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21300
+    detail = ncclGetLastError(c && c->nccl ? (ncclComm_t)c->nccl : NULL);   // NCCL's own last words
+#endif
+    mt_fatal("NCCL call %s failed%s: %s%s%s at %s:%d\n"
+             "hint: rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET for start-up) to see why; across nodes "
+             "check NCCL_SOCKET_IFNAME and NCCL_IB_TIMEOUT (docs/multinode.md); multi-GPU runs want "
+             "NCCL_NVLS_ENABLE=0",
+             call, where, ncclGetErrorString(res), detail && *detail ? " - " : "", detail ? detail : "", file, line);
 }
 
 #define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
@@ -3072,6 +3086,7 @@ static void mt__nccl_end(mt_comm *c) {
 
 // one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
 static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
+    mt__nccl_comm = c;   // for mt__nccl_check's message
     ncclComm_t comm = (ncclComm_t)c->nccl;
     cudaStream_t stream = (cudaStream_t)c->stream;
     ncclRedOp_t op = arg == MT_MAX ? ncclMax : ncclSum;
@@ -3087,10 +3102,13 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
 }
 
 // an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
-// it to the others (host memory), and every member joins (ncclCommInitRank blocks until all have)
+// it to the others (host memory; to the ranks of other processes as a message on the TCP
+// channel, the rendezvous's connections), and every member joins (ncclCommInitRank blocks until
+// all have). No MPI: the id is 128 bytes, and we already have a way to move bytes.
 static void mt__nccl_join(mt_comm *c, void *compute_stream) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
+    mt__nccl_comm = c;   // for mt__nccl_check's message
     if (c->rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
     mt_broadcast(c, (float *)(void *)&id, sizeof id / sizeof(float), 0);
     ncclComm_t comm;
@@ -3109,6 +3127,7 @@ static void mt__nccl_join(mt_comm *c, void *compute_stream) {
 
 static void mt__nccl_leave(mt_comm *c) {
     if (!c->nccl) return;
+    mt__nccl_comm = c;
     MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
     MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
     for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->events[k]));
