@@ -4729,8 +4729,10 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
     mine.n = n;
     const char *what = mt__coll_names[kind];
     if (c->rank != 0) {
+        char what_0[64];
+        snprintf(what_0, sizeof what_0, "%s on group %s", what, c->name);
         mt__msg_post(w, c->global_rank, c->members[0], tag, &mine, sizeof mine, send, up);
-        mt__message *m = mt__msg_take(w, c->global_rank, c->members[0], tag, what);
+        mt__message *m = mt__msg_take(w, c->global_rank, c->members[0], tag, what_0);
         if (m->n * sizeof(float) != down) mt_fatal("internal: %s on group %s: an answer of %zu bytes, not %zu", what,
                                                    c->name, m->n * sizeof(float), down);
         if (down > 0) memcpy(recv, m->data, down);
@@ -4764,6 +4766,13 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
                      "hint: every member of a group must call the same collectives, with the same counts, in the same "
                      "order (NCCL's rule)", c->name, c->members[j], s_a, c->members[0], s_b);
         }
+        size_t expect = kind == MT__COLL_BROADCAST ? (j == arg ? n * elem : 0) : kind == MT__COLL_ALL_GATHER ? n * elem
+                                                                                                   : full;
+        if (bytes != expect) {
+            free(m);
+            mt_fatal("internal: %s on group %s: rank %d sent %zu bytes, not %zu", what, c->name, c->members[j], bytes,
+                     expect);
+        }
         if (kind == MT__COLL_ALL_REDUCE || kind == MT__COLL_REDUCE_SCATTER)
             mt__accumulate_f32((float *)acc, (const float *)data, full / elem, arg);
         else if (kind == MT__COLL_ALL_REDUCE_DOUBLE)
@@ -4772,7 +4781,6 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
             memcpy(acc + (size_t)j * n * elem, data, n * elem);
         else if (kind == MT__COLL_BROADCAST && j == arg)
             memcpy(acc, data, n * elem);
-        (void)bytes;
         free(m);
     }
     for (int j = 1; j < c->size; j++) {
