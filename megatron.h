@@ -20,7 +20,9 @@
                                       Megatron's flags and the JSON config, the counter-based RNG;
                                       the GPU build's CUDA and NCCL error checks
       2. RANKS, GROUPS, COMMUNICATORS  the threads backend with NCCL's shape, the NCCL path (GPU
-                                      build), the TP/PP/DP rank layout, a rank's groups
+                                      build), launching several processes (srun, mpirun, torchrun-
+                                      style) and the TCP channel between them, the TP/PP/DP rank
+                                      layout, a rank's groups
       3. OPS: CPU REFERENCE & THE BACKEND SEAM  forward/backward pairs (embedding, layernorm,
                                       matmul, attention, GELU, dropout, cross-entropy, AdamW's
                                       update), and the seam: each op on the rank's device, buffers
@@ -379,7 +381,8 @@ void mt_span_log_free(mt_span_log *log);
 /* 2. RANKS, GROUPS, COMMUNICATORS
  * defines: mt_world and its rank threads, mt_comm and the collectives (threads
  *          backend; NCCL on the GPU build) with their counters (calls, bytes, seconds),
- *          mt_parallel_state (the TP/PP/DP grid), mt_groups */
+ *          mt_launch (several processes: the launcher's variables, Slurm host lists, the TCP
+ *          rendezvous and mt_world_create_launched), mt_parallel_state (the TP/PP/DP grid), mt_groups */
 // ---------------------------------------------------------------------------------------------
 // COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
 // same collectives in the same order. CPU build: every rank is a thread of this process.
@@ -3591,7 +3594,7 @@ struct mt__net {
     int *rank_node_rank;       // (world size,) its index among its node's ranks
     int *rank_node_size;       // (world size,) the ranks of its node
     int num_nodes;
-    volatile int closing;      // set before the connections close: an EOF is not an error then
+    int closing;               // set before the connections close: an EOF is not an error then (world->mu)
     char where[MT_PATH_MAX + 320];   // "the rendezvous at HOST:PORT" (messages)
 };
 
@@ -3922,7 +3925,10 @@ static void *mt__net_reader(void *arg) {
         pthread_cond_broadcast(&box->cv);
         pthread_mutex_unlock(&box->mu);
     }
-    if (!net->closing) {   // gone: its ranks can send nothing more
+    pthread_mutex_lock(&w->mu);
+    int closing = net->closing;
+    pthread_mutex_unlock(&w->mu);
+    if (!closing) {   // gone: its ranks can send nothing more
         for (int r = w->first_rank; r < w->first_rank + w->local_size; r++) {
             mt__inbox *box = &w->inbox[r];
             pthread_mutex_lock(&box->mu);
@@ -4127,7 +4133,9 @@ mt_world *mt_world_create_launched(const mt_launch *l, const mt_config *cfg) {
 
 // the end of a job: stop the readers, close the connections
 static void mt__net_free(mt__net *net) {
+    pthread_mutex_lock(&net->world->mu);
     net->closing = 1;
+    pthread_mutex_unlock(&net->world->mu);
     for (int p = 0; p < net->nprocs; p++)
         if (net->peers[p].fd >= 0) shutdown(net->peers[p].fd, SHUT_RDWR);
     for (int p = 0; p < net->nprocs; p++) {

@@ -435,12 +435,16 @@ MT_TEST(rendezvous_threads_per_process) {   // 2 processes x 2 rank threads, nod
     mt_expect(strstr(r[1].out, "rank 3 ok node 1/1") != NULL, "rank 3 is GPU 1 of node 1: %s", r[1].out);
 }
 
-MT_TEST(rendezvous_file) {   // --nccl-init-file: a file instead of MASTER_ADDR:MASTER_PORT
+MT_TEST(rendezvous_file) {   // --nccl-init-file: a file instead of MASTER_ADDR:MASTER_PORT (a stale one first)
     job_spec s[3];
     child_result r[3];
     char file[256];
     snprintf(file, sizeof file, "build/test_launch_rdzv.%d", (int)getpid());
-    unlink(file);
+    // a stale file from an earlier job, naming a port where nobody listens: the others keep
+    // re-reading the file until process 0 has replaced it
+    FILE *stale = fopen(file, "w");
+    fprintf(stale, "MTRDZV1 127.0.0.1 %d\n", free_port());
+    fclose(stale);
     for (int p = 0; p < 3; p++) {
         memset(&s[p], 0, sizeof s[p]);
         snprintf(s[p].env, sizeof s[p].env, "SLURM_JOB_ID=1 SLURM_PROCID=%d SLURM_NTASKS=3 SLURM_STEP_ID=0 "
