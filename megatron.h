@@ -218,6 +218,8 @@ typedef struct {
     double dist_timeout;                       // --dist-timeout SECONDS: rendezvous and connection timeout
                                                // (0: --distributed-timeout-minutes)
     int distributed_timeout_minutes;           // --distributed-timeout-minutes, default 10 (Megatron's)
+    int local_rank;                            // --local-rank / --local_rank N: what torch.distributed.launch
+                                               // passes instead of LOCAL_RANK (-1: not given)
     int num_processes;                         // not a flag: the job's processes, from the environment
                                                // (mt_launch_detect); 0 or 1 = this process only
 } mt_parallel_config;
@@ -1770,6 +1772,7 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->parallel.pipeline_model_parallel_size = 1;
     cfg->parallel.ddp_bucket_size = 40000000;  // Megatron's default bucket: 40M elements
     cfg->parallel.distributed_timeout_minutes = 10;   // Megatron's default
+    cfg->parallel.local_rank = -1;
     cfg->train.micro_batch_size = 1;
     cfg->train.global_batch_size = 0;          // 0 = micro * DP
     cfg->train.train_iters = 0;
@@ -1850,6 +1853,9 @@ static const mt__flag mt__flags[] = {
      "several processes meet through this file on a shared filesystem instead of MASTER_ADDR:MASTER_PORT"},
     {"--dist-timeout", MT__DOUBLE, MT__OFF(parallel.dist_timeout), 0, "parallel",
      "seconds to wait for the other processes at the rendezvous (default: --distributed-timeout-minutes)"},
+    {"--local-rank", MT__INT, MT__OFF(parallel.local_rank), 0, "parallel",
+     "this process's index on its node, as torch.distributed.launch passes it (LOCAL_RANK says the same)"},
+    {"--local_rank", MT__INT, MT__OFF(parallel.local_rank), 0, "parallel", "the same as --local-rank"},
     {"--distributed-timeout-minutes", MT__INT, MT__OFF(parallel.distributed_timeout_minutes), 0, "parallel",
      "minutes to wait for the other processes at the rendezvous"},
     {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
@@ -3405,6 +3411,7 @@ void mt_launch_detect(mt_launch *l, mt_config *cfg) {
         l->kind = MT_LAUNCH_TORCHRUN;
         rank_var = "RANK", size_var = "WORLD_SIZE";
         l->local_proc = mt__env_int("LOCAL_RANK");
+        if (l->local_proc < 0) l->local_proc = p->local_rank;   // torch.distributed.launch's --local_rank
         l->local_nprocs = mt__env_int("LOCAL_WORLD_SIZE");
         l->node = mt__env_int("GROUP_RANK");
         const char *names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"};

@@ -192,6 +192,12 @@ MT_TEST(detect_launchers) {
     cfg.parallel.dist_timeout = 7;
     mt_launch_detect(&l, &cfg);
     mt_expect(strcmp(l.init_file, "/shared/rdzv") == 0 && l.timeout_s == 7, "init file and timeout");
+    // torch.distributed.launch passes --local_rank=N instead of LOCAL_RANK
+    mt_config_defaults(&cfg);
+    mt_config_parse(&cfg, 2, (char *[]){(char *)"train_gpt", (char *)"--local_rank=1", NULL});
+    set_env("MASTER_ADDR=a MASTER_PORT=1");
+    mt_launch_detect(&l, &cfg);
+    mt_expect(l.local_proc == 1, "--local_rank=1: local process %d", l.local_proc);
     clear_launch_env();
 }
 
