@@ -167,7 +167,8 @@ test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint test
 	@sh tests/run_ref.sh
 
 # on the GPU machine: every kernel against its CPU twin, then 20 training steps of the GPU build
-# against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs)
+# against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs), then two processes of one GPU each
+# (tests/gpu/test_multinode.sh: torchrun-style, NCCL over sockets) against one process of two threads
 tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread -lnccl
 # the wgmma rung alone: every layout and odd shape against a double-precision reference, then
@@ -182,7 +183,9 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	 ./tests/gpu/test_gemm_wgmma 2>&1 | tee build/test_gemm_wgmma.log; \
 	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
 	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
-	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_docs_gpu.log
+	 sh tests/gpu/test_multinode.sh 2>&1 | tee build/test_multinode.log; \
+	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_docs_gpu.log \
+	   build/test_multinode.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda
