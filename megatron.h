@@ -4658,9 +4658,9 @@ static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const c
         if (box->src_done[src] || src == dst) {   // nobody can send it any more: report, don't hang
             pthread_mutex_unlock(&box->mu);
             int remote = src < w->first_rank || src >= w->first_rank + w->local_size;
-            mt_fatal("rank %d waits in %s for rank %d, which can never answer: %s\n"
-                     "hint: %s", dst, what, src,
-                     src == dst ? "it would have to send to itself"
+            mt_fatal("rank %d waits for a message from rank %d (%s) that can never arrive: %s\n"
+                     "hint: %s", dst, src, what,
+                     src == dst ? "it would have to send it to itself"
                      : remote   ? "its process has ended or lost its connection"
                                 : "its rank function has returned",
                      remote ? "that process's own output says why; every member of a group must make the same calls "
@@ -4691,7 +4691,7 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
     mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
     double t0 = mt_time_seconds();
     char what[64];
-    snprintf(what, sizeof what, "recv (tag %d, n=%zu)", tag, n);
+    snprintf(what, sizeof what, "tag %d, n=%zu", tag, n);
     mt__message *m = mt__msg_take(c->world, dst, src, tag, what);
     if (m->n != n) {
         size_t sent = m->n;
@@ -4758,7 +4758,7 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
     size_t full = kind == MT__COLL_REDUCE_SCATTER || kind == MT__COLL_ALL_GATHER ? size * n * elem
                 : kind == MT__COLL_BARRIER ? 0 : n * elem;
     char *acc = (char *)mt_malloc(full > 0 ? full : 1, "collective");
-    if (kind == MT__COLL_ALL_GATHER) memcpy(acc, send, n * elem);
+    if (kind == MT__COLL_ALL_GATHER && n > 0) memcpy(acc, send, n * elem);
     else if (full > 0 && (kind != MT__COLL_BROADCAST || arg == 0)) memcpy(acc, send, full);
     mt__own(free, acc);   // if a mismatch below aborts the world
     for (int j = 1; j < c->size; j++) {
@@ -4792,9 +4792,9 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
             mt__accumulate_f32((float *)acc, (const float *)data, full / elem, arg);
         else if (kind == MT__COLL_ALL_REDUCE_DOUBLE)
             mt__accumulate_f64((double *)acc, (const double *)data, full / elem, arg);
-        else if (kind == MT__COLL_ALL_GATHER)
+        else if (kind == MT__COLL_ALL_GATHER && n > 0)
             memcpy(acc + (size_t)j * n * elem, data, n * elem);
-        else if (kind == MT__COLL_BROADCAST && j == arg)
+        else if (kind == MT__COLL_BROADCAST && j == arg && n > 0)
             memcpy(acc, data, n * elem);
         free(m);
     }

@@ -562,7 +562,7 @@ MT_TEST(job_peer_leaves) {   // process 1's rank returns at once: rank 0 is told
     child_result r[2];
     for (int p = 0; p < 2; p++) torchrun_env(&s[p], p, 2, port, NULL), s[p].scenario = JOB_RANK_1_LEAVES;
     run_job(s, 2, r);
-    mt_expect(r[0].status == 1 && strstr(r[0].out, "which can never answer: its process has ended"),
+    mt_expect(r[0].status == 1 && strstr(r[0].out, "rank 0 waits for a message from rank 1 (broadcast on group world) that can never arrive: its process has ended"),
               "process 0: %s", r[0].out);
 }
 
