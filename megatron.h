@@ -3192,14 +3192,21 @@ static void *mt__rank_thread_main(void *p) {
 }
 
 int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
-    if (!w->aborted) {
-        // a world may run several times (no threads run now, so no locks are needed here)
+    if (!mt_world_error(w)) {
+        // a world may run several times (no rank threads run now, so no locks are needed for the
+        // groups). The mailboxes forget which of MY ranks returned, under their mutexes: the TCP
+        // channel's readers may be marking the ranks of a process that has already ended, and
+        // those marks must stay (that process will not come back)
         for (mt__group *g = w->groups; g; g = g->next) {
             memset(g->done, 0, (size_t)g->size * sizeof(int));
             g->n_done = 0;
         }
         memset(w->rank_done, 0, (size_t)w->size * sizeof(int));
-        for (int r = 0; r < w->size; r++) memset(w->inbox[r].src_done, 0, (size_t)w->size * sizeof(int));
+        for (int r = w->first_rank; r < w->first_rank + w->local_size; r++) {
+            pthread_mutex_lock(&w->inbox[r].mu);
+            for (int src = w->first_rank; src < w->first_rank + w->local_size; src++) w->inbox[r].src_done[src] = 0;
+            pthread_mutex_unlock(&w->inbox[r].mu);
+        }
         mt__nccl_process_defaults();   // before any rank thread can call NCCL
         // this process's ranks (all of them, unless other processes run the rest)
         int n = w->local_size;

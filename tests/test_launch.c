@@ -9,7 +9,7 @@
  * cause: a peer that never comes (within --dist-timeout), a wrong world size, a TP group across
  * nodes, a collective that differs between processes, a process that fails or dies mid-job.
  * Ports: process 0 listens on a port found free just before (bound on port 0, then released),
- * so parallel runs of the suite do not collide. main sets alarm(120): a hang fails the test.
+ * so parallel runs of the suite do not collide. main sets alarm(300): a hang fails the test.
  */
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
@@ -567,7 +567,7 @@ MT_TEST(job_peer_leaves) {   // process 1's rank returns at once: rank 0 is told
 }
 
 int main(void) {
-    alarm(120);
+    alarm(300);
     mkdir("build", 0755);
     mt_run_test(hostlist);
     mt_run_test(detect_launchers);
