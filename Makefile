@@ -45,7 +45,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
 
 .PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
@@ -98,7 +98,7 @@ tests/test_ref: tests/test_ref.c $(HEADERS)
 
 # and two shell tests: tests/test_cli.sh (what a newcomer sees: --help, the first lines of a run,
 # make debug) and tests/test_docs.sh (every command marked runnable in README.md and docs/*.md)
-SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh
+SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh tests/test_multiproc.sh
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
 	@sh tests/run.sh $(TESTS) $(SCRIPT_TESTS)
@@ -173,7 +173,9 @@ test-ref: $(VENV)/.ready tests/test_ref tests/tok_ids tests/test_checkpoint test
 
 # on the GPU machine: every kernel against its CPU twin, then 20 training steps of the GPU build
 # against the CPU build (1 GPU; TP=2, DP=2 and PP=2 on 2 GPUs); sequence parallel (tests/gpu/test_sp.sh:
-# its kernels on 1 GPU, training against the CPU build and memory on 2 and 4)
+# its kernels on 1 GPU, training against the CPU build and memory on 2 and 4); then two processes
+# of one GPU each (tests/gpu/test_multinode.sh: torchrun-style, NCCL over sockets) against one
+# process of two threads
 tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -x cu -o $@ tests/gpu/test_kernels.cu -lm -lpthread -lnccl
 # the wgmma rung alone: every layout and odd shape against a double-precision reference, then
@@ -198,9 +200,9 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	 sh tests/gpu/test_sp.sh 2>&1 | tee build/test_sp_gpu.log; \
 	 sh tests/gpu/test_fp16.sh 2>&1 | tee build/test_fp16_gpu.log; \
 	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
+	 sh tests/gpu/test_multinode.sh 2>&1 | tee build/test_multinode.log; \
 	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_sp_gpu.log \
-	   build/test_fp16_gpu.log \
-	   build/test_docs_gpu.log
+	   build/test_fp16_gpu.log build/test_docs_gpu.log build/test_multinode.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda

@@ -3453,10 +3453,14 @@ void mt_device_init(mt_rank *r) {
     if (err != cudaSuccess || devices == 0)
         mt_fatal("no CUDA device found (%s)\nhint: train_gpt_cuda needs NVIDIA GPUs; ./train_gpt trains on the CPU",
                  err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    if (r->ps.world_size > devices)
-        mt_fatal("%d ranks need %d GPUs, this machine has %d\nhint: lower --nproc-per-node (ranks = TP x PP x DP)",
-                 r->ps.world_size, r->ps.world_size, devices);
-    r->dev.device = r->ps.rank;
+    // my GPU: my index among my node's ranks (LOCAL_RANK with one rank per process). A launcher
+    // that gives each process its own GPUs (srun --gpus-per-task, CUDA_VISIBLE_DEVICES) shows a
+    // process fewer devices than the node's ranks: then my index among the ones it sees.
+    int isolated = getenv("CUDA_VISIBLE_DEVICES") != NULL && r->ps.node_size % devices == 0;
+    if (r->ps.node_size > devices && !isolated)
+        mt_fatal("%d ranks on this node need %d GPUs, it has %d\nhint: lower --nproc-per-node (ranks = TP x PP x DP), "
+                 "or start fewer processes per node", r->ps.node_size, r->ps.node_size, devices);
+    r->dev.device = r->ps.node_size > devices ? r->ps.node_rank % devices : r->ps.node_rank;
     MT_CUDA_CHECK(cudaSetDevice(r->dev.device));
     cudaStream_t stream;
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

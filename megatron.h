@@ -20,7 +20,9 @@
                                       Megatron's flags and the JSON config, the counter-based RNG;
                                       the GPU build's CUDA and NCCL error checks
       2. RANKS, GROUPS, COMMUNICATORS  the threads backend with NCCL's shape, the NCCL path (GPU
-                                      build), the TP/PP/DP rank layout, a rank's groups
+                                      build), launching several processes (srun, mpirun, torchrun-
+                                      style) and the TCP channel between them, the TP/PP/DP rank
+                                      layout, a rank's groups
       3. OPS: CPU REFERENCE & THE BACKEND SEAM  forward/backward pairs (embedding, layernorm,
                                       matmul, attention, GELU, dropout, cross-entropy, AdamW's
                                       update), reduced precision (fp16 / bf16 rounding, the ops
@@ -217,6 +219,17 @@ typedef struct {
     int print_layout;                          // --print-layout: print the rank groups and exit
     int print_schedule;                        // --print-schedule: print the pipeline time line and exit
     int dry_run;                               // --dry-run: print each rank's memory plan and exit
+    // beyond one process (section 2, LAUNCH): what srun / mpirun / torchrun-style variables say
+    int print_launch;                          // --print-launch: print the launch the environment describes, exit
+    char nccl_init_file[MT_PATH_MAX];          // --nccl-init-file PATH: rendezvous through a file on a shared
+                                               // filesystem instead of MASTER_ADDR:MASTER_PORT
+    double dist_timeout;                       // --dist-timeout SECONDS: rendezvous and connection timeout
+                                               // (0: --distributed-timeout-minutes)
+    int distributed_timeout_minutes;           // --distributed-timeout-minutes, default 10 (Megatron's)
+    int local_rank;                            // --local-rank / --local_rank N: what torch.distributed.launch
+                                               // passes instead of LOCAL_RANK (-1: not given)
+    int num_processes;                         // not a flag: the job's processes, from the environment
+                                               // (mt_launch_detect); 0 or 1 = this process only
 } mt_parallel_config;
 
 typedef struct {
@@ -399,7 +412,8 @@ void mt_span_log_free(mt_span_log *log);
 /* 2. RANKS, GROUPS, COMMUNICATORS
  * defines: mt_world and its rank threads, mt_comm and the collectives (threads
  *          backend; NCCL on the GPU build) with their counters (calls, bytes, seconds),
- *          mt_parallel_state (the TP/PP/DP grid), mt_groups */
+ *          mt_launch (several processes: the launcher's variables, Slurm host lists, the TCP
+ *          rendezvous and mt_world_create_launched), mt_parallel_state (the TP/PP/DP grid), mt_groups */
 // ---------------------------------------------------------------------------------------------
 // COMMUNICATORS: NCCL's shape. One mt_comm per (rank, group); every member of a group calls the
 // same collectives in the same order. CPU build: every rank is a thread of this process.
@@ -472,6 +486,54 @@ int mt_thread_rank(void);                 /* global rank of the calling rank thr
 void mt_thread_set_name(const char *name);/* names the calling thread (debuggers), max 15 chars */
 
 // ---------------------------------------------------------------------------------------------
+// LAUNCH: beyond one process. srun, mpirun or a torchrun-style launcher starts the processes and
+// says in the environment who each one is; the processes meet at a rendezvous (TCP to
+// MASTER_ADDR:MASTER_PORT, or a file on a shared filesystem) and then talk over TCP. A process
+// still runs its ranks as threads: global rank = first_rank + local index.
+// ---------------------------------------------------------------------------------------------
+typedef enum {
+    MT_LAUNCH_THREADS = 0,   // one process, every rank a thread (no launcher, or a launcher of 1)
+    MT_LAUNCH_TORCHRUN,      // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    MT_LAUNCH_SLURM,         // srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NODELIST
+    MT_LAUNCH_MPI            // mpirun (Open MPI / PMIx): OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK, PMIX_RANK
+} mt_launch_kind;
+
+typedef struct {
+    mt_launch_kind kind;
+    char found[256];         // the variables it was read from, for the start line ("RANK=1 WORLD_SIZE=2")
+    int nprocs;              // processes in the job (1: this one only)
+    int proc;                // my process index, 0 .. nprocs-1
+    int local_proc;          // my index among the processes of my node (LOCAL_RANK ...), -1 if not said
+    int local_nprocs;        // processes on my node (LOCAL_WORLD_SIZE ...), 0 if not said
+    int node;                // my node (GROUP_RANK, SLURM_NODEID), -1: found from host names at the rendezvous
+    int ranks_per_proc;      // rank threads per process: --nproc-per-node (default 1 under a launcher)
+    int first_rank;          // my first global rank: proc * ranks_per_proc
+    char master_addr[256];   // the rendezvous host: MASTER_ADDR, or the first host of SLURM_JOB_NODELIST
+    int master_port;         // MASTER_PORT (Slurm without it: 20000 + SLURM_JOB_ID % 20000)
+    char init_file[MT_PATH_MAX];   // --nccl-init-file: meet through this file instead
+    double timeout_s;        // --dist-timeout, or --distributed-timeout-minutes * 60
+} mt_launch;
+
+/* Slurm's compressed host lists ("node[01-04,07],gpu-a[1-2]-b"): returns how many hosts the list
+   names and, when index < that count, copies host number `index` into host (cap bytes); -1 if
+   the list is malformed, with *err (if not NULL) pointing at a static one-line reason */
+int mt_hostlist_get(const char *list, int index, char *host, size_t cap, const char **err);
+/* reads the launcher's variables from the environment (mt_fatal, naming the variable, if they
+   are wrong or incomplete) and sets cfg->parallel.num_processes */
+void mt_launch_detect(mt_launch *l, mt_config *cfg);
+void mt_launch_print(const mt_launch *l, const mt_config *cfg, FILE *f);   /* the "launch: ..." line */
+/* the world of this job: mt_world_create(cfg->world_size) for one process; otherwise the
+   rendezvous (every process checks in, a wrong world size or a peer that never comes is an error
+   naming it), a TCP connection to every other process, and a world whose rank threads are this
+   process's ranks. Then checks the topology: every TP group must sit on one node. */
+mt_world *mt_world_create_launched(const mt_launch *l, const mt_config *cfg);
+int mt_world_first_rank(const mt_world *w);   /* this process's ranks: first .. first + local - 1 */
+int mt_world_local_size(const mt_world *w);
+int mt_world_node(const mt_world *w, int rank);        /* the node of a rank (0 in one process) */
+int mt_world_node_rank(const mt_world *w, int rank);   /* its index among its node's ranks: its GPU */
+int mt_world_node_size(const mt_world *w, int rank);   /* ranks on its node */
+
+// ---------------------------------------------------------------------------------------------
 // PARALLEL STATE: a rank's place in the TP x PP x DP grid, and the groups it belongs to
 // ---------------------------------------------------------------------------------------------
 typedef struct {
@@ -483,6 +545,8 @@ typedef struct {
     int pp_prev_rank, pp_next_rank;   // global ranks of the previous / next stage (wrapping around)
     int is_first_stage, is_last_stage;
     int in_embedding_group;   // first or last stage of a pipeline with PP > 1 (holds a copy of wte)
+    int node_rank, node_size; // my index among the ranks of my node (my GPU) and their number; in
+                              // one process: rank and world_size (mt_rank_init asks the world)
 } mt_parallel_state;
 
 /* rank = tp_rank + TP*(dp_rank + DP*pp_rank): TP fastest, then DP, then PP (Megatron's default) */
@@ -1309,6 +1373,12 @@ int mt_timeline_write_svg(const char *path, const mt_config *cfg, const mt_span_
 #include <dirent.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <poll.h>              /* section 2's TCP channel between processes */
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 // =============================================================================================
 // 1. UTILITIES, ERRORS & CONFIG
@@ -1895,6 +1965,8 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->parallel.tensor_model_parallel_size = 1;
     cfg->parallel.pipeline_model_parallel_size = 1;
     cfg->parallel.ddp_bucket_size = 40000000;  // Megatron's default bucket: 40M elements
+    cfg->parallel.distributed_timeout_minutes = 10;   // Megatron's default
+    cfg->parallel.local_rank = -1;
     cfg->train.micro_batch_size = 1;
     cfg->train.global_batch_size = 0;          // 0 = micro * DP
     cfg->train.train_iters = 0;
@@ -1978,6 +2050,17 @@ static const mt__flag mt__flags[] = {
      "all-gather and reduce-scatter instead of all-reduce"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
+    {"--print-launch", MT__BOOL, MT__OFF(parallel.print_launch), 0, "parallel",
+     "print the launch the environment describes (torchrun-style, Slurm, Open MPI or one process) and exit"},
+    {"--nccl-init-file", MT__STR, MT__OFF(parallel.nccl_init_file), MT_PATH_MAX, "parallel",
+     "several processes meet through this file on a shared filesystem instead of MASTER_ADDR:MASTER_PORT"},
+    {"--dist-timeout", MT__DOUBLE, MT__OFF(parallel.dist_timeout), 0, "parallel",
+     "seconds to wait for the other processes at the rendezvous (default: --distributed-timeout-minutes)"},
+    {"--local-rank", MT__INT, MT__OFF(parallel.local_rank), 0, "parallel",
+     "this process's index on its node, as torch.distributed.launch passes it (LOCAL_RANK says the same)"},
+    {"--local_rank", MT__INT, MT__OFF(parallel.local_rank), 0, "parallel", "the same as --local-rank"},
+    {"--distributed-timeout-minutes", MT__INT, MT__OFF(parallel.distributed_timeout_minutes), 0, "parallel",
+     "minutes to wait for the other processes at the rendezvous"},
     {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
      "print each rank's memory plan (parameters, gradients, optimizer, activations, workspace) and exit"},
     {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel",
@@ -2575,6 +2658,9 @@ static void mt__derive_check_ranges(mt_config *cfg) {
     mt__check_range("--micro-batch-size", t->micro_batch_size, 1, MT__MAX_DIM);
     mt__check_range("--global-batch-size", t->global_batch_size, 0, 1LL << 30);
     mt__check_range("--nproc-per-node", p->nproc_per_node, 0, 4096);
+    mt__check_range("--distributed-timeout-minutes", p->distributed_timeout_minutes, 1, 100000);
+    if (!(p->dist_timeout >= 0 && p->dist_timeout <= 1e7))
+        mt_fatal("--dist-timeout %g is out of range\nhint: seconds, e.g. --dist-timeout 30", p->dist_timeout);
     mt__check_range("--tensor-model-parallel-size", p->tensor_model_parallel_size, 1, 4096);
     mt__check_range("--pipeline-model-parallel-size", p->pipeline_model_parallel_size, 1, 4096);
     mt__check_range("--num-layers-per-virtual-pipeline-stage", p->num_layers_per_virtual_pipeline_stage, 0, 65536);
@@ -2644,7 +2730,18 @@ static void mt__derive_layout(mt_config *cfg) {
     if (m->num_layers % PP)
         mt_fatal("--num-layers %d is not divisible by --pipeline-model-parallel-size %d\n"
                  "hint: every stage holds L/PP layers; use a PP that divides %d", m->num_layers, PP, m->num_layers);
-    int world = p->nproc_per_node > 0 ? p->nproc_per_node : TP * PP;
+    // the world: the ranks of this process (--nproc-per-node threads; TP*PP by default when it is
+    // the only process, 1 under a launcher that starts one process per rank) times the processes
+    int procs = p->num_processes > 1 ? p->num_processes : 1;
+    int per_process = p->nproc_per_node > 0 ? p->nproc_per_node : procs > 1 ? 1 : TP * PP;
+    if ((long long)procs * per_process > 1 << 20)
+        mt_fatal("%d processes x %d ranks is too many ranks", procs, per_process);
+    int world = procs * per_process;
+    if (world % (TP * PP) && procs > 1)
+        mt_fatal("%d ranks (%d processes x %d rank%s each) cannot be split into TP=%d x PP=%d x DP\n"
+                 "hint: the ranks of all processes together must be a multiple of TP*PP = %d (start more "
+                 "processes, or set --nproc-per-node)",
+                 world, procs, per_process, per_process == 1 ? "" : "s", TP, PP, TP * PP);
     if (world % (TP * PP))
         mt_fatal("%d ranks cannot be split into TP=%d x PP=%d x DP\n"
                  "hint: --nproc-per-node must be a multiple of TP*PP = %d", world, TP, PP, TP * PP);
@@ -2955,11 +3052,25 @@ static void mt__cuda_check(cudaError_t err, const char *call, const char *file, 
              file, line, hint);
 }
 
+// the communicator the calling thread is working on (section 2 sets it before each NCCL call),
+// so that a failure names the group and the rank, not only the call
+static MT_THREAD_LOCAL const mt_comm *mt__nccl_comm = NULL;
+
 static void mt__nccl_check(ncclResult_t res, const char *call, const char *file, int line) {
     if (res == ncclSuccess) return;
-    mt_fatal("NCCL call %s failed: %s at %s:%d\n"
-             "hint: NCCL_DEBUG=WARN shows why; multi-GPU runs want NCCL_NVLS_ENABLE=0",
-             call, ncclGetErrorString(res), file, line);
+    const mt_comm *c = mt__nccl_comm;
+    char where[160] = "";
+    if (c) snprintf(where, sizeof where, " on group %s (rank %d of %d there, global rank %d)", c->name, c->rank,
+                    c->size, c->global_rank);
+    const char *detail = "";
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21300
+    detail = ncclGetLastError(c && c->nccl ? (ncclComm_t)c->nccl : NULL);   // NCCL's own last words
+#endif
+    mt_fatal("NCCL call %s failed%s: %s%s%s at %s:%d\n"
+             "hint: rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET for start-up) to see why; across nodes "
+             "check NCCL_SOCKET_IFNAME and NCCL_IB_TIMEOUT (docs/multinode.md); multi-GPU runs want "
+             "NCCL_NVLS_ENABLE=0",
+             call, where, ncclGetErrorString(res), detail && *detail ? " - " : "", detail ? detail : "", file, line);
 }
 
 #define MT_CUDA_CHECK(x) mt__cuda_check((x), #x, __FILE__, __LINE__)
@@ -3022,6 +3133,8 @@ typedef struct mt__group {
     int n_done;
     int mismatch;              // the last sync 1 found members calling different collectives
     char mismatch_msg[512];
+    int remote;                // some members are ranks of other processes: collectives are messages
+    int tag;                   // the tag of those messages: the same in every process (negative)
 } mt__group;
 
 typedef struct mt__message {   // one buffered send; its floats follow the struct in memory
@@ -3040,15 +3153,19 @@ typedef struct {               // the mailbox of one destination rank
     int aborted;
 } mt__inbox;
 
+typedef struct mt__net mt__net;   // the TCP links to the other processes of the job (below)
+static void mt__net_free(mt__net *net);
+
 struct mt_world {
-    int size;
+    int size;                  // ranks in the job, in every process together
+    int first_rank, local_size;   // this process's ranks: first_rank .. first_rank + local_size - 1
+    mt__net *net;              // the other processes (mt_world_create_launched); NULL: one process
     int trace;                 // MT_TRACE=1: one stderr line per collective and send/recv
     pthread_mutex_t mu;        // guards groups (and their joined[]), rank_done, aborted, error
     mt__group *groups;         // registry of every group made by mt_comm_init
     mt__inbox *inbox;          // (size,) inbox[dst]
     int *rank_done;            // (size,) rank's function has returned (for groups made later)
     int aborted;
-    int error_rank;
     char error[2048];          // the first mt_fatal message of a rank (mt_fatal's buffer size)
 };
 
@@ -3067,6 +3184,7 @@ mt_world *mt_world_create(int world_size) {
     if (world_size < 1) mt_fatal("world size must be at least 1, got %d", world_size);
     mt_world *w = (mt_world *)mt_calloc(1, sizeof(mt_world), "world");
     w->size = world_size;
+    w->local_size = world_size;
     const char *trace = getenv("MT_TRACE");
     w->trace = trace != NULL && trace[0] != '\0' && strcmp(trace, "0") != 0;
     pthread_mutex_init(&w->mu, NULL);
@@ -3108,6 +3226,7 @@ static void mt__group_free(mt__group *g) {
 
 void mt_world_destroy(mt_world *w) {
     if (!w) return;
+    if (w->net) mt__net_free(w->net);   // first: its reader threads write into the mailboxes
     for (mt__group *g = w->groups; g;) {
         mt__group *next = g->next;
         mt__group_free(g);
@@ -3161,16 +3280,18 @@ int mt_thread_rank(void) { return mt__this_rank ? mt__this_rank->rank : -1; }
 // mt_world_run joins all threads, prints "error: <message>" and returns 1.
 // Lock order is always world->mu, then a group's or a mailbox's mu; code that holds a group or
 // mailbox mutex never calls mt_fatal (it unlocks first), or this function would deadlock.
+// In a job of several processes the first error also goes to every other process (an abort
+// message on the TCP channel, section "the TCP channel" below), whose reader thread calls
+// mt__world_abort with it: all processes stop with the same line.
 static void mt__rank_exit(void) { pthread_exit(NULL); }
+static void mt__net_send_abort(mt_world *w, const char *line);   // below, with the TCP channel
 
-static void mt__abort_world_from_rank(const char *msg) {
-    mt__rank_thread *self = mt__this_rank;
-    if (!self || self->world->size <= 1) return;   // main program or one rank: mt_fatal exits
-    mt_world *w = self->world;
+// records line as the world's error if it is the first, wakes every waiting rank; 1 if it was first
+static int mt__world_abort(mt_world *w, const char *line) {
     pthread_mutex_lock(&w->mu);
-    if (!w->aborted) {
-        snprintf(w->error, sizeof w->error, "rank %d: %.2000s", self->rank, msg);   // which rank failed
-        w->error_rank = self->rank;
+    int first = !w->aborted;
+    if (first) {
+        snprintf(w->error, sizeof w->error, "%s", line);
         w->aborted = 1;
         for (mt__group *g = w->groups; g; g = g->next) {
             pthread_mutex_lock(&g->mu);
@@ -3186,6 +3307,16 @@ static void mt__abort_world_from_rank(const char *msg) {
         }
     }
     pthread_mutex_unlock(&w->mu);
+    return first;
+}
+
+static void mt__abort_world_from_rank(const char *msg) {
+    mt__rank_thread *self = mt__this_rank;
+    if (!self || self->world->size <= 1) return;   // main program or one rank: mt_fatal exits
+    mt_world *w = self->world;
+    char line[sizeof w->error];
+    snprintf(line, sizeof line, "rank %d: %.2000s", self->rank, msg);   // which rank failed
+    if (mt__world_abort(w, line) && w->net) mt__net_send_abort(w, line);
     mt__rank_exit();
 }
 
@@ -3238,6 +3369,7 @@ static void mt__nccl_end(mt_comm *c) {
 
 // one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
 static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
+    mt__nccl_comm = c;   // for mt__nccl_check's message
     ncclComm_t comm = (ncclComm_t)c->nccl;
     cudaStream_t stream = (cudaStream_t)c->stream;
     ncclRedOp_t op = arg == MT_MAX ? ncclMax : ncclSum;
@@ -3255,10 +3387,13 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
 }
 
 // an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
-// it to the others (host memory), and every member joins (ncclCommInitRank blocks until all have)
+// it to the others (host memory; to the ranks of other processes as a message on the TCP
+// channel, the rendezvous's connections), and every member joins (ncclCommInitRank blocks until
+// all have). No MPI: the id is 128 bytes, and we already have a way to move bytes.
 static void mt__nccl_join(mt_comm *c, void *compute_stream) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
+    mt__nccl_comm = c;   // for mt__nccl_check's message
     if (c->rank == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
     mt_broadcast(c, (float *)(void *)&id, sizeof id / sizeof(float), 0);
     ncclComm_t comm;
@@ -3277,6 +3412,7 @@ static void mt__nccl_join(mt_comm *c, void *compute_stream) {
 
 static void mt__nccl_leave(mt_comm *c) {
     if (!c->nccl) return;
+    mt__nccl_comm = c;
     MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
     MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
     for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->events[k]));
@@ -3332,28 +3468,38 @@ static void *mt__rank_thread_main(void *p) {
 }
 
 int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
-    if (!w->aborted) {
-        // a world may run several times (no threads run now, so no locks are needed here)
+    if (!mt_world_error(w)) {
+        // a world may run several times (no rank threads run now, so no locks are needed for the
+        // groups). The mailboxes forget which of MY ranks returned, under their mutexes: the TCP
+        // channel's readers may be marking the ranks of a process that has already ended, and
+        // those marks must stay (that process will not come back)
         for (mt__group *g = w->groups; g; g = g->next) {
             memset(g->done, 0, (size_t)g->size * sizeof(int));
             g->n_done = 0;
         }
         memset(w->rank_done, 0, (size_t)w->size * sizeof(int));
-        for (int r = 0; r < w->size; r++) memset(w->inbox[r].src_done, 0, (size_t)w->size * sizeof(int));
+        for (int r = w->first_rank; r < w->first_rank + w->local_size; r++) {
+            pthread_mutex_lock(&w->inbox[r].mu);
+            for (int src = w->first_rank; src < w->first_rank + w->local_size; src++) w->inbox[r].src_done[src] = 0;
+            pthread_mutex_unlock(&w->inbox[r].mu);
+        }
         mt__nccl_process_defaults();   // before any rank thread can call NCCL
-        mt__rank_thread *ranks = (mt__rank_thread *)mt_calloc((size_t)w->size, sizeof(mt__rank_thread), "rank threads");
-        pthread_t *threads = (pthread_t *)mt_calloc((size_t)w->size, sizeof(pthread_t), "rank threads");
-        for (int r = 0; r < w->size; r++) {
-            ranks[r].world = w;
-            ranks[r].rank = r;
-            ranks[r].fn = fn;
-            ranks[r].arg = arg;
-            int err = pthread_create(&threads[r], NULL, mt__rank_thread_main, &ranks[r]);
+        // this process's ranks (all of them, unless other processes run the rest)
+        int n = w->local_size;
+        mt__rank_thread *ranks = (mt__rank_thread *)mt_calloc((size_t)n, sizeof(mt__rank_thread), "rank threads");
+        pthread_t *threads = (pthread_t *)mt_calloc((size_t)n, sizeof(pthread_t), "rank threads");
+        for (int i = 0; i < n; i++) {
+            ranks[i].world = w;
+            ranks[i].rank = w->first_rank + i;
+            ranks[i].fn = fn;
+            ranks[i].arg = arg;
+            int err = pthread_create(&threads[i], NULL, mt__rank_thread_main, &ranks[i]);
             if (err != 0)
                 mt_fatal("cannot start the thread of rank %d: %s\n"
-                         "hint: lower --nproc-per-node or raise the thread limit (ulimit -u)", r, strerror(err));
+                         "hint: lower --nproc-per-node or raise the thread limit (ulimit -u)", ranks[i].rank,
+                         strerror(err));
         }
-        for (int r = 0; r < w->size; r++) pthread_join(threads[r], NULL);
+        for (int i = 0; i < n; i++) pthread_join(threads[i], NULL);
         free(threads);
         free(ranks);
     }
@@ -3363,6 +3509,936 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
     fflush(stdout);
     fprintf(stderr, "error: %s\n", error);   // exactly as mt_fatal prints it
     return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// launch: which processes make up the job, from the launcher's environment variables
+// ---------------------------------------------------------------------------------------------
+// Several processes, on one node or many: srun, mpirun or a torchrun-style script starts them
+// and tells each one who it is through environment variables. We link no MPI and no Slurm
+// library: we read those variables, then meet at a rendezvous (below). Looked for in this order:
+//
+//   launcher          my process       processes     on my node                    my node
+//   torchrun-style    RANK             WORLD_SIZE    LOCAL_RANK, LOCAL_WORLD_SIZE  GROUP_RANK
+//   Open MPI / PMIx   OMPI_COMM_WORLD_RANK (or PMIX_RANK)  OMPI_COMM_WORLD_SIZE
+//                                                    OMPI_COMM_WORLD_LOCAL_RANK/_SIZE
+//   Slurm (srun)      SLURM_PROCID     SLURM_STEP_NUM_TASKS (or SLURM_NTASKS)
+//                                                    SLURM_LOCALID                 SLURM_NODEID
+//   none of them, or a job of one process: today's single process, every rank a thread.
+//
+// The rendezvous is at MASTER_ADDR:MASTER_PORT (torchrun's names; Slurm without them: the first
+// host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST, port 20000 + SLURM_JOB_ID % 20000), or in
+// the file of --nccl-init-file. Each process runs --nproc-per-node rank threads (default 1 under
+// a launcher: one process per GPU, as torchrun and srun --ntasks-per-node=8 start them; 8 with
+// srun --ntasks-per-node=1: one process per node), and process p's ranks are
+// p*ranks_per_proc .. (p+1)*ranks_per_proc - 1, so a node's ranks are neighbours and TP (the
+// fastest index of the layout) stays inside a node when the node's ranks are a multiple of TP.
+// Slurm counts only inside a job step (srun): a batch script itself also has SLURM_PROCID=0.
+
+// a Slurm host list range "01-04" or "7": the numbers and the width of the first (zero padding)
+static int mt__hostlist_range(const char *s, const char *end, long *lo, long *hi, int *width) {
+    const char *p = s;
+    *lo = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        if (p - s > 9) return 0;
+        *lo = *lo * 10 + (*p++ - '0');
+    }
+    if (p == s) return 0;
+    *width = (int)(p - s);
+    *hi = *lo;
+    if (p == end) return 1;
+    if (*p != '-') return 0;
+    const char *q = ++p;
+    *hi = 0;
+    while (p < end && *p >= '0' && *p <= '9') {
+        if (p - q > 9) return 0;
+        *hi = *hi * 10 + (*p++ - '0');
+    }
+    return p != q && p == end && *hi >= *lo;
+}
+
+// one item of the list ("gpu-a[1-2]-b[01,03]"): how many hosts it names; writes host `index`.
+// Brackets multiply, the leftmost varying slowest: a[1-2]-b[3-4] = a1-b3 a1-b4 a2-b3 a2-b4.
+static long mt__hostlist_item(const char *s, const char *end, long index, char *host, size_t cap,
+                              const char **err) {
+    long count = 1;
+    for (const char *p = s; p < end; p++) {   // first pass: the count, and the syntax
+        if (*p == ']') { *err = "a ']' without its '['"; return -1; }
+        if (*p != '[') continue;
+        const char *close = p + 1;
+        while (close < end && *close != ']' && *close != '[') close++;
+        if (close == end || *close != ']') { *err = "a '[' without its ']'"; return -1; }
+        long n = 0;
+        for (const char *a = p + 1; a <= close; a++) {
+            const char *b = a;
+            while (b < close && *b != ',') b++;
+            long lo, hi;
+            int width;
+            if (!mt__hostlist_range(a, b, &lo, &hi, &width)) {
+                *err = b == a ? "an empty range in [...]" : "a range in [...] that is not N or N-M with N <= M";
+                return -1;
+            }
+            n += hi - lo + 1;
+            a = b;
+        }
+        if (n > 1000000 || count * n > 1000000) { *err = "more than a million hosts"; return -1; }
+        count *= n;
+        p = close;
+    }
+    if (end == s) { *err = "an empty host name"; return -1; }
+    if (index < 0 || index >= count || !host) return count;
+    // second pass: write host `index`, digit by digit of its mixed-radix number
+    size_t len = 0;
+    long stride = count;
+    for (const char *p = s; p < end; p++) {
+        char piece[48];
+        size_t plen;
+        if (*p != '[') {
+            piece[0] = *p;
+            plen = 1;
+        } else {
+            const char *close = strchr(p, ']');
+            long n = 0;
+            for (const char *a = p + 1; a <= close; a++) {   // the bracket's size again
+                const char *b = a;
+                while (b < close && *b != ',') b++;
+                long lo, hi;
+                int width;
+                mt__hostlist_range(a, b, &lo, &hi, &width);
+                n += hi - lo + 1;
+                a = b;
+            }
+            stride /= n;
+            long k = (index / stride) % n;   // which value of this bracket
+            plen = 0;
+            for (const char *a = p + 1; a <= close; a++) {
+                const char *b = a;
+                while (b < close && *b != ',') b++;
+                long lo, hi;
+                int width;
+                mt__hostlist_range(a, b, &lo, &hi, &width);
+                if (k <= hi - lo) {
+                    plen = (size_t)snprintf(piece, sizeof piece, "%0*ld", width, lo + k);
+                    break;
+                }
+                k -= hi - lo + 1;
+                a = b;
+            }
+            p = close;
+        }
+        if (len + plen + 1 > cap) { *err = "a host name longer than the buffer"; return -1; }
+        memcpy(host + len, piece, plen);
+        len += plen;
+    }
+    host[len] = '\0';
+    return count;
+}
+
+int mt_hostlist_get(const char *list, int index, char *host, size_t cap, const char **err) {
+    const char *dummy;
+    if (!err) err = &dummy;
+    *err = NULL;
+    if (!list || !*list) { *err = "the host list is empty"; return -1; }
+    long total = 0;
+    const char *p = list;
+    for (;;) {   // items are separated by commas outside brackets
+        const char *end = p;
+        int depth = 0;
+        while (*end && (depth > 0 || *end != ',')) {
+            if (*end == '[') depth++;
+            if (*end == ']') depth--;
+            if (*end == ' ' || *end == '\t') { *err = "a space in the host list"; return -1; }
+            end++;
+        }
+        long n = mt__hostlist_item(p, end, index - total, host, cap, err);
+        if (n < 0) return -1;
+        total += n;
+        if (total > 1000000) { *err = "more than a million hosts"; return -1; }
+        if (!*end) break;
+        p = end + 1;
+    }
+    return (int)total;
+}
+
+// an environment variable as a whole non-negative int; -1 if unset; mt_fatal if it is not a number
+static int mt__env_int(const char *name) {
+    const char *v = getenv(name);
+    if (!v || !*v) return -1;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < 0 || x > 1 << 24)
+        mt_fatal("the environment variable %s=%s is not a number from 0 to %d\n"
+                 "hint: the launcher sets it; unset it to run as one process", name, v, 1 << 24);
+    return (int)x;
+}
+
+static void mt__found(mt_launch *l, const char *name) {
+    const char *v = getenv(name);
+    if (!v) return;
+    size_t len = strlen(l->found);
+    snprintf(l->found + len, sizeof l->found - len, "%s%s=%.40s", len ? " " : "", name, v);
+}
+
+void mt_launch_detect(mt_launch *l, mt_config *cfg) {
+    memset(l, 0, sizeof *l);
+    l->kind = MT_LAUNCH_THREADS;
+    l->nprocs = 1;
+    l->local_proc = -1;
+    l->node = -1;
+    const mt_parallel_config *p = &cfg->parallel;
+    l->timeout_s = p->dist_timeout > 0 ? p->dist_timeout : 60.0 * p->distributed_timeout_minutes;
+    snprintf(l->init_file, sizeof l->init_file, "%s", p->nccl_init_file);
+    const char *rank_var = NULL, *size_var = NULL;
+    if (getenv("RANK") && getenv("WORLD_SIZE")) {   // torchrun, or a script that exports its names
+        l->kind = MT_LAUNCH_TORCHRUN;
+        rank_var = "RANK", size_var = "WORLD_SIZE";
+        l->local_proc = mt__env_int("LOCAL_RANK");
+        if (l->local_proc < 0) l->local_proc = p->local_rank;   // torch.distributed.launch's --local_rank
+        l->local_nprocs = mt__env_int("LOCAL_WORLD_SIZE");
+        l->node = mt__env_int("GROUP_RANK");
+        const char *names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"};
+        for (int i = 0; i < 5; i++) mt__found(l, names[i]);
+    } else if (getenv("OMPI_COMM_WORLD_SIZE") && (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK"))) {
+        l->kind = MT_LAUNCH_MPI;
+        rank_var = getenv("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMIX_RANK";
+        size_var = "OMPI_COMM_WORLD_SIZE";
+        l->local_proc = mt__env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+        l->local_nprocs = mt__env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
+        const char *names[] = {rank_var, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                               "OMPI_COMM_WORLD_LOCAL_SIZE"};
+        for (int i = 0; i < 4; i++) mt__found(l, names[i]);
+    } else if (getenv("SLURM_PROCID") && (getenv("SLURM_STEP_NUM_TASKS") ||
+                                          ((getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")) &&
+                                           (getenv("SLURM_NTASKS") || getenv("SLURM_NPROCS"))))) {
+        l->kind = MT_LAUNCH_SLURM;
+        rank_var = "SLURM_PROCID";
+        size_var = getenv("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS"
+                   : getenv("SLURM_NTASKS")       ? "SLURM_NTASKS" : "SLURM_NPROCS";
+        l->local_proc = mt__env_int("SLURM_LOCALID");
+        l->node = mt__env_int("SLURM_NODEID");
+        const char *names[] = {"SLURM_PROCID", size_var, "SLURM_LOCALID", "SLURM_NODEID"};
+        for (int i = 0; i < 4; i++) mt__found(l, names[i]);
+        // tasks on my node: SLURM_TASKS_PER_NODE is "8(x2)" or "8,7": the count of my node
+        const char *tpn = getenv("SLURM_STEP_TASKS_PER_NODE") ? getenv("SLURM_STEP_TASKS_PER_NODE")
+                                                              : getenv("SLURM_TASKS_PER_NODE");
+        if (tpn && l->node >= 0) {
+            int node = 0;
+            for (const char *q = tpn; *q;) {
+                char *e;
+                long n = strtol(q, &e, 10), times = 1;
+                if (e == q) break;
+                if (strncmp(e, "(x", 2) == 0) times = strtol(e + 2, &e, 10), e += *e == ')';
+                if (l->node >= node && l->node < node + times) l->local_nprocs = (int)n;
+                node += (int)times;
+                q = *e == ',' ? e + 1 : e;
+                if (e == q && *q) break;
+            }
+        }
+    }
+    if (l->kind == MT_LAUNCH_THREADS) {
+        cfg->parallel.num_processes = 1;
+        l->ranks_per_proc = p->nproc_per_node;   // 0: TP*PP, decided by mt_config_derive
+        if (getenv("SLURM_PROCID") && getenv("SLURM_JOB_ID") && !getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID"))
+            snprintf(l->found, sizeof l->found, "in a Slurm job but not started by srun: one process");
+        return;
+    }
+    l->proc = mt__env_int(rank_var);
+    l->nprocs = mt__env_int(size_var);
+    if (l->nprocs < 1)
+        mt_fatal("%s=%s: a job needs at least one process\nhint: the launcher sets it; check its --nproc-per-node "
+                 "/ --ntasks / -np", size_var, getenv(size_var));
+    if (l->proc >= l->nprocs)
+        mt_fatal("%s=%d is outside the job's %d processes (%s)\nhint: every process of a job must see the same %s",
+                 rank_var, l->proc, l->nprocs, size_var, size_var);
+    if (l->local_nprocs > 0 && l->local_proc >= l->local_nprocs)
+        mt_fatal("local rank %d is outside the %d processes on this node\nhint: LOCAL_RANK < LOCAL_WORLD_SIZE "
+                 "(torchrun sets both)", l->local_proc, l->local_nprocs);
+    cfg->parallel.num_processes = l->nprocs;
+    l->ranks_per_proc = p->nproc_per_node > 0 ? p->nproc_per_node : 1;
+    l->first_rank = l->proc * l->ranks_per_proc;
+    if (l->nprocs == 1) {   // a launcher of one process: today's single process
+        l->kind = MT_LAUNCH_THREADS;
+        l->ranks_per_proc = p->nproc_per_node;
+        return;
+    }
+    // where to meet
+    const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+    if (addr && *addr) snprintf(l->master_addr, sizeof l->master_addr, "%s", addr);
+    if (port && *port) l->master_port = mt__env_int("MASTER_PORT");
+    if (l->kind == MT_LAUNCH_SLURM && !l->master_addr[0]) {
+        const char *list = getenv("SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST") : getenv("SLURM_JOB_NODELIST");
+        if (!list) list = getenv("SLURM_NODELIST");
+        const char *err = NULL;
+        if (list && mt_hostlist_get(list, 0, l->master_addr, sizeof l->master_addr, &err) < 0)
+            mt_fatal("cannot read the Slurm host list \"%s\": %s\nhint: set MASTER_ADDR to the host of process 0",
+                     list, err);
+    }
+    if (l->kind == MT_LAUNCH_SLURM && !l->master_port && getenv("SLURM_JOB_ID"))
+        l->master_port = 20000 + mt__env_int("SLURM_JOB_ID") % 20000;
+    if (!l->init_file[0] && (!l->master_addr[0] || l->master_port <= 0 || l->master_port > 65535))
+        mt_fatal("%d processes (%s) need a place to meet: MASTER_ADDR and MASTER_PORT are %s\n"
+                 "hint: export MASTER_ADDR=<host of process 0> MASTER_PORT=<free port, e.g. 29500> to every "
+                 "process (mpirun -x MASTER_ADDR -x MASTER_PORT), or pass --nccl-init-file PATH on a shared "
+                 "filesystem", l->nprocs, l->found, !l->master_addr[0] ? "not set" : "incomplete");
+    // the topology, early: a TP group larger than a node's ranks would cross nodes
+    int TP = p->tensor_model_parallel_size;
+    if (l->local_nprocs > 0 && TP > l->local_nprocs * l->ranks_per_proc)
+        mt_fatal("TP=%d is larger than the %d ranks of this node (%d process%s x %d): its TP group would cross "
+                 "nodes\nhint: tensor parallelism all-reduces twice per layer and needs one node's fast links "
+                 "(NVLink); use TP <= %d and spread the rest over PP and DP",
+                 TP, l->local_nprocs * l->ranks_per_proc, l->local_nprocs, l->local_nprocs == 1 ? "" : "es",
+                 l->ranks_per_proc, l->local_nprocs * l->ranks_per_proc);
+}
+
+static const char *mt__launch_name(mt_launch_kind k) {
+    switch (k) {
+    case MT_LAUNCH_TORCHRUN: return "torchrun-style environment";
+    case MT_LAUNCH_SLURM: return "Slurm (srun)";
+    case MT_LAUNCH_MPI: return "Open MPI (mpirun)";
+    default: return "one process";
+    }
+}
+
+void mt_launch_print(const mt_launch *l, const mt_config *cfg, FILE *f) {
+    if (l->kind == MT_LAUNCH_THREADS) {
+        int ranks = l->ranks_per_proc > 0 ? l->ranks_per_proc : cfg->world_size > 0 ? cfg->world_size
+                    : cfg->parallel.tensor_model_parallel_size * cfg->parallel.pipeline_model_parallel_size;
+        fprintf(f, "launch: one process, %d rank%s as threads%s%s%s\n", ranks, ranks == 1 ? "" : "s",
+                l->found[0] ? " (" : "", l->found, l->found[0] ? ")" : "");
+        return;
+    }
+    int last = l->first_rank + l->ranks_per_proc - 1;
+    fprintf(f, "launch: %s (%s): process %d of %d, rank%s %d", mt__launch_name(l->kind), l->found, l->proc,
+            l->nprocs, l->ranks_per_proc == 1 ? "" : "s", l->first_rank);
+    if (last > l->first_rank) fprintf(f, "..%d", last);
+    fprintf(f, " of %d as threads", l->nprocs * l->ranks_per_proc);
+    if (l->node >= 0) fprintf(f, ", node %d", l->node);
+    if (l->local_proc >= 0) fprintf(f, ", local process %d", l->local_proc);
+    if (l->local_nprocs > 0) fprintf(f, " of %d", l->local_nprocs);
+    if (l->init_file[0]) fprintf(f, "; rendezvous through the file %s", l->init_file);
+    else fprintf(f, "; rendezvous at %s:%d", l->master_addr, l->master_port);
+    fprintf(f, ", timeout %g s\n", l->timeout_s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the TCP channel: the rendezvous, then one connection between every two processes
+// ---------------------------------------------------------------------------------------------
+// What torch.distributed's TCPStore and NCCL's bootstrap do, in plain POSIX sockets:
+//
+//   1. rendezvous  process 0 listens at MASTER_ADDR:MASTER_PORT (with --nccl-init-file: on a
+//                  free port, which it writes into the file: temp, fsync, rename). Every other
+//                  process connects (retrying until the timeout: process 0 may start later) and
+//                  checks in: job size, its index, its ranks, its host name, the port where it
+//                  listens for its peers. Process 0 checks that they agree (a wrong world size
+//                  is an error naming both values), waits for all of them (one that never comes
+//                  is an error naming it, the host and the port), then sends everyone the table
+//                  of all processes: address, port, ranks, node.
+//   2. the mesh    process p connects to every process q < p and accepts every q > p: one TCP
+//                  connection per pair, used in both directions.
+//   3. traffic     one reader thread per connection moves each arriving message into the
+//                  mailbox of its destination rank (the same mailboxes as the threads backend),
+//                  so mt_recv cannot tell a message from another process from a local one.
+//                  Writers take the connection's mutex: one message at a time, header then data.
+//
+// After that, everything the threads backend does across processes is a message: mt_send/mt_recv
+// as they are, and a collective on a group with members in other processes is "every member
+// sends its part to the group's rank 0, which reduces in rank order and sends each its result"
+// (below, with the collectives). The ids of the NCCL communicators travel the same way: each
+// group's rank 0 makes its ncclUniqueId and broadcasts it to its members (mt__nccl_join).
+// A process that fails tells every other one (an abort message), so the whole job stops with
+// the first error; a process that dies closes its connections, and a rank waiting for one of its
+// messages is told so instead of hanging. The wire format is the host's: all processes must
+// run on one kind of machine (little-endian x86-64 or aarch64), as NCCL's own bootstrap assumes.
+#define MT__NET_DATA 0    // a message for a rank's mailbox
+#define MT__NET_ABORT 1   // a process failed: the payload is its error line
+
+typedef struct {          // what precedes every message on a connection
+    int32_t src, dst;     // global ranks
+    int32_t tag;          // mt_send's tag; negative: a collective of the group with that tag
+    int32_t kind;         // MT__NET_DATA or MT__NET_ABORT
+    uint64_t bytes;       // payload bytes that follow
+} mt__wire;
+
+typedef struct {          // one other process, as the rendezvous describes it
+    int32_t first_rank, nranks, node, port;   // its ranks; its node; where it listens for peers
+    char addr[64];        // its address as process 0 saw it ("" for process 0: MASTER_ADDR)
+    char host[64];        // its host name (messages; the address when addr is loopback)
+} mt__proc_info;
+
+typedef struct {
+    mt__proc_info info;
+    struct mt__net *net;       // the table it belongs to
+    int fd;                    // the connection; -1 for my own process
+    pthread_mutex_t send_mu;   // one message at a time on the connection
+    pthread_t reader;
+    int reader_started;
+} mt__peer;
+
+struct mt__net {
+    mt_world *world;
+    int nprocs, proc;
+    mt__peer *peers;           // (nprocs,)
+    int *rank_proc;            // (world size,) the process of each rank
+    int *rank_node;            // (world size,) its node
+    int *rank_node_rank;       // (world size,) its index among its node's ranks
+    int *rank_node_size;       // (world size,) the ranks of its node
+    int num_nodes;
+    int closing;               // set before the connections close: an EOF is not an error then (world->mu)
+    char where[MT_PATH_MAX + 320];   // "the rendezvous at HOST:PORT" (messages)
+};
+
+static int mt__send_all(int fd, const void *buf, size_t n) {
+    const char *p = (const char *)buf;
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return 0;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 1;
+}
+
+// reads exactly n bytes; 1 ok, 0 the peer closed or failed, -1 the deadline passed (deadline
+// 0: wait forever)
+static int mt__recv_all(int fd, void *buf, size_t n, double deadline) {
+    char *p = (char *)buf;
+    while (n > 0) {
+        if (deadline > 0) {
+            double left = deadline - mt_time_seconds();
+            if (left <= 0) return -1;
+            struct pollfd pfd = {fd, POLLIN, 0};
+            int r = poll(&pfd, 1, (int)(left * 1000) + 1);
+            if (r < 0 && errno == EINTR) continue;
+            if (r == 0) return -1;
+        }
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return 0;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 1;
+}
+
+// a listening TCP socket on all interfaces; port 0 = any free port. Returns the fd, the port.
+static int mt__listen(int port, int *bound_port, char *why, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) { snprintf(why, cap, "socket: %s", strerror(errno)); return -1; }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
+        snprintf(why, cap, "%s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    socklen_t len = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    *bound_port = ntohs(a.sin_port);
+    return fd;
+}
+
+// one connection attempt to host:port; the fd, or -1 with the reason
+static int mt__connect_once(const char *host, int port, char *why, size_t cap) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int err = getaddrinfo(host, service, &hints, &res);
+    if (err != 0) { snprintf(why, cap, "cannot resolve the host name: %s", gai_strerror(err)); return -1; }
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+        snprintf(why, cap, "%s", strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        int one = 1;   // small messages (losses, norms, acks) must not wait for Nagle
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    return fd;
+}
+
+// connects, retrying every 0.1 .. 1 s until the deadline (the other side may not listen yet)
+static int mt__connect_retry(const char *host, int port, double deadline, char *why, size_t cap) {
+    double wait = 0.1;
+    for (;;) {
+        int fd = mt__connect_once(host, port, why, cap);
+        if (fd >= 0 || mt_time_seconds() + wait > deadline) return fd;
+        usleep((useconds_t)(wait * 1e6));
+        if (wait < 1.0) wait *= 1.5;
+    }
+}
+
+// accepts one connection before the deadline; -1 when it passed
+static int mt__accept_until(int lfd, double deadline, struct sockaddr_in *peer) {
+    for (;;) {
+        double left = deadline - mt_time_seconds();
+        if (left <= 0) return -1;
+        struct pollfd pfd = {lfd, POLLIN, 0};
+        int r = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) continue;
+        socklen_t len = sizeof *peer;
+        int fd = accept(lfd, (struct sockaddr *)peer, &len);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd;
+    }
+}
+
+// ---- the rendezvous: check-in and the table ----
+#define MT__RDZV_MAGIC "MTRDZV1"
+typedef struct {             // a process checking in with process 0
+    char magic[8];
+    int32_t nprocs, proc, ranks_per_proc, node, port, pid;
+    char host[64];
+} mt__checkin;
+
+typedef struct {             // process 0's answer: ok, or the error that stops the job
+    int32_t ok;
+    char error[1024];
+} mt__verdict;
+
+static void mt__gethostname(char *out, size_t cap) {
+    if (gethostname(out, cap) != 0) snprintf(out, cap, "?");
+    out[cap - 1] = '\0';
+}
+
+// process 0's side: waits for every other process, checks them, answers with the table
+static void mt__rendezvous_serve(mt__net *net, int lfd, const mt_launch *l, const mt__checkin *mine) {
+    double deadline = mt_time_seconds() + l->timeout_s;
+    int n = net->nprocs;
+    int *fds = (int *)mt_malloc(sizeof(int) * (size_t)n, "rendezvous");
+    mt__checkin *in = (mt__checkin *)mt_calloc((size_t)n, sizeof(mt__checkin), "rendezvous");
+    for (int i = 0; i < n; i++) fds[i] = -1;
+    in[0] = *mine;
+    int arrived = 1;
+    mt__verdict v;
+    memset(&v, 0, sizeof v);
+    v.ok = 1;
+    while (arrived < n && v.ok) {
+        struct sockaddr_in peer;
+        int fd = mt__accept_until(lfd, deadline, &peer);
+        if (fd < 0) {   // the deadline passed: name who never came
+            int len = snprintf(v.error, sizeof v.error, "%.400s: %d of %d processes never arrived within %g s:",
+                               net->where, n - arrived, n, l->timeout_s);
+            for (int i = 1, shown = 0; i < n && len < (int)sizeof v.error - 40; i++) {
+                if (fds[i] >= 0 || shown++ >= 8) continue;
+                int r0 = i * l->ranks_per_proc, r1 = r0 + l->ranks_per_proc - 1;
+                len += r0 == r1 ? snprintf(v.error + len, sizeof v.error - (size_t)len, " process %d (rank %d)", i, r0)
+                                : snprintf(v.error + len, sizeof v.error - (size_t)len, " process %d (ranks %d..%d)", i,
+                                           r0, r1);
+            }
+            snprintf(v.error + len, sizeof v.error - (size_t)len,
+                     "\nhint: every process must be started with the same MASTER_ADDR/MASTER_PORT (or "
+                     "--nccl-init-file) and reach it; a longer --dist-timeout helps when processes start late");
+            v.ok = 0;
+            break;
+        }
+        mt__checkin c;
+        if (mt__recv_all(fd, &c, sizeof c, mt_time_seconds() + 10) != 1 || memcmp(c.magic, MT__RDZV_MAGIC, 8) != 0) {
+            close(fd);   // not one of ours (a port scanner, another program): ignore it
+            continue;
+        }
+        c.host[sizeof c.host - 1] = '\0';
+        if (c.nprocs != n) {
+            snprintf(v.error, sizeof v.error, "%.400s: process %d (host %s) says the job has %d processes, process 0 "
+                     "says %d\nhint: every process must see the same world size (WORLD_SIZE, SLURM_NTASKS, "
+                     "OMPI_COMM_WORLD_SIZE)", net->where, c.proc, c.host, c.nprocs, n);
+            v.ok = 0;
+        } else if (c.proc <= 0 || c.proc >= n || fds[c.proc] >= 0) {
+            snprintf(v.error, sizeof v.error, "%.400s: two processes (hosts %s and %s) both say they are process %d\n"
+                     "hint: every process needs its own RANK / SLURM_PROCID", net->where,
+                     c.proc > 0 && c.proc < n ? in[c.proc].host : mine->host, c.host, c.proc);
+            v.ok = 0;
+        } else if (c.ranks_per_proc != mine->ranks_per_proc) {
+            snprintf(v.error, sizeof v.error, "%.400s: process %d runs %d rank threads, process 0 runs %d\n"
+                     "hint: give every process the same --nproc-per-node", net->where, c.proc, c.ranks_per_proc,
+                     mine->ranks_per_proc);
+            v.ok = 0;
+        }
+        if (!v.ok) {   // answer it too, so it prints the same error
+            mt__send_all(fd, &v, sizeof v);
+            close(fd);
+            break;
+        }
+        fds[c.proc] = fd;
+        in[c.proc] = c;
+        inet_ntop(AF_INET, &peer.sin_addr, net->peers[c.proc].info.addr, sizeof net->peers[c.proc].info.addr);
+        arrived++;
+    }
+    // the table: ranks, nodes (the launcher's node numbers if every process has one, else the
+    // host names in order of first appearance), listening ports
+    int all_nodes = 1;
+    for (int i = 0; i < n; i++) all_nodes &= in[i].node >= 0;
+    for (int i = 0; i < n && v.ok; i++) {
+        mt__proc_info *p = &net->peers[i].info;
+        p->first_rank = i * mine->ranks_per_proc;
+        p->nranks = mine->ranks_per_proc;
+        p->port = in[i].port;
+        snprintf(p->host, sizeof p->host, "%s", in[i].host);
+        p->node = in[i].node;
+        if (!all_nodes) {
+            p->node = -1;
+            for (int j = 0; j < i && p->node < 0; j++)
+                if (strcmp(in[j].host, in[i].host) == 0) p->node = net->peers[j].info.node;
+            if (p->node < 0) {
+                int max = -1;
+                for (int j = 0; j < i; j++) if (net->peers[j].info.node > max) max = net->peers[j].info.node;
+                p->node = max + 1;
+            }
+        }
+    }
+    net->peers[0].info.addr[0] = '\0';
+    for (int i = 1; i < n; i++) {
+        if (fds[i] < 0) continue;
+        int ok = mt__send_all(fds[i], &v, sizeof v);
+        for (int j = 0; j < n && ok && v.ok; j++) ok = mt__send_all(fds[i], &net->peers[j].info, sizeof(mt__proc_info));
+        close(fds[i]);
+    }
+    free(fds);
+    free(in);
+    if (!v.ok) mt_fatal("%s", v.error);
+}
+
+// any other process's side: check in with process 0, read the verdict and the table
+static void mt__rendezvous_join(mt__net *net, char *host, size_t host_cap, int port, const mt__checkin *mine,
+                                double timeout, const char *file) {
+    double deadline = mt_time_seconds() + timeout;
+    char why[256] = "no answer";
+    int fd = -1;
+    double wait = 0.1;
+    while (fd < 0) {   // with a file: wait for it, read process 0's address; retry both (it may be stale)
+        if (file) {
+            FILE *f = fopen(file, "r");
+            char h[256];
+            int p = 0;
+            if (f && fscanf(f, MT__RDZV_MAGIC " %255s %d", h, &p) == 2) {
+                snprintf(net->where, sizeof net->where, "the rendezvous at %s:%d (from %s)", h, p, file);
+                fd = mt__connect_once(h, p, why, sizeof why);
+                snprintf(host, host_cap, "%s", h);   // the mesh reaches process 0 there
+            } else {
+                snprintf(why, sizeof why, "%s", f ? "the file does not name an address yet" : "no such file yet");
+            }
+            if (f) fclose(f);
+        } else {
+            fd = mt__connect_once(host, port, why, sizeof why);
+        }
+        if (fd >= 0) break;
+        if (mt_time_seconds() + wait > deadline)
+            mt_fatal("process %d cannot reach %s within %g s: %s\n"
+                     "hint: process 0 must be running and reachable there (same MASTER_ADDR and MASTER_PORT for every "
+                     "process, the port open in the firewall; NCCL_SOCKET_IFNAME does not apply to this step)",
+                     net->proc, net->where, timeout, why);
+        usleep((useconds_t)(wait * 1e6));
+        if (wait < 1.0) wait *= 1.5;
+    }
+    // process 0 answers when everyone is in, or at its own deadline: wait a little longer than it
+    mt__verdict v;
+    if (!mt__send_all(fd, mine, sizeof *mine))
+        mt_fatal("process %d lost %s while checking in\nhint: is another program listening on that port?", net->proc,
+                 net->where);
+    int r = mt__recv_all(fd, &v, sizeof v, deadline + 10);
+    if (r != 1)
+        mt_fatal("process %d checked in at %s but got no answer %s\nhint: a port used by another program, or "
+                 "process 0 stopped; see its output", net->proc, net->where, r < 0 ? "in time" : "(closed)");
+    v.error[sizeof v.error - 1] = '\0';
+    if (!v.ok) mt_fatal("%s", v.error);
+    for (int j = 0; j < net->nprocs; j++)
+        if (mt__recv_all(fd, &net->peers[j].info, sizeof(mt__proc_info), deadline + 10) != 1)
+            mt_fatal("process %d: %s closed while sending the table of processes", net->proc, net->where);
+    close(fd);
+}
+
+// ---- traffic: the reader threads, sending, aborting ----
+// a connection's reader: each message goes into its destination's mailbox. When the connection
+// closes (the process ended, or crashed), its ranks are marked as gone in every mailbox here, so
+// a rank waiting for one of them is told instead of waiting forever.
+static void *mt__net_reader(void *arg) {
+    mt__peer *peer = (mt__peer *)arg;
+    mt__net *net = peer->net;
+    mt_world *w = net->world;
+    char line[2048];
+    for (;;) {
+        mt__wire h;
+        if (mt__recv_all(peer->fd, &h, sizeof h, 0) != 1) break;
+        if (h.kind == MT__NET_ABORT) {   // the first error of another process: stop here too
+            size_t n = h.bytes < sizeof line - 1 ? (size_t)h.bytes : sizeof line - 1;
+            if (mt__recv_all(peer->fd, line, n, 0) != 1) break;
+            line[n] = '\0';
+            mt__world_abort(w, line);
+            continue;
+        }
+        int local = h.dst >= w->first_rank && h.dst < w->first_rank + w->local_size;
+        if (h.kind != MT__NET_DATA || !local || h.src < 0 || h.src >= w->size || h.bytes % sizeof(float) ||
+            h.bytes > ((uint64_t)1 << 40)) {
+            snprintf(line, sizeof line, "process %d: a malformed message from process %d (%s)\nhint: every process "
+                     "must run the same program on the same kind of machine", net->proc, (int)(peer - net->peers),
+                     peer->info.host);
+            mt__world_abort(w, line);
+            break;
+        }
+        mt__message *m = (mt__message *)malloc(sizeof(mt__message) + (size_t)h.bytes);
+        if (!m) {
+            snprintf(line, sizeof line, "process %d: out of memory for a message of %llu bytes", net->proc,
+                     (unsigned long long)h.bytes);
+            mt__world_abort(w, line);
+            break;
+        }
+        m->next = NULL;
+        m->tag = h.tag;
+        m->n = (size_t)h.bytes / sizeof(float);
+        m->data = (float *)(m + 1);
+        if (mt__recv_all(peer->fd, m->data, (size_t)h.bytes, 0) != 1) {
+            free(m);
+            break;
+        }
+        mt__inbox *box = &w->inbox[h.dst];
+        pthread_mutex_lock(&box->mu);
+        if (box->tail[h.src]) box->tail[h.src]->next = m;
+        else box->head[h.src] = m;
+        box->tail[h.src] = m;
+        pthread_cond_broadcast(&box->cv);
+        pthread_mutex_unlock(&box->mu);
+    }
+    pthread_mutex_lock(&w->mu);
+    int closing = net->closing;
+    pthread_mutex_unlock(&w->mu);
+    if (!closing) {   // gone: its ranks can send nothing more
+        for (int r = w->first_rank; r < w->first_rank + w->local_size; r++) {
+            mt__inbox *box = &w->inbox[r];
+            pthread_mutex_lock(&box->mu);
+            for (int k = 0; k < peer->info.nranks; k++) box->src_done[peer->info.first_rank + k] = 1;
+            pthread_cond_broadcast(&box->cv);
+            pthread_mutex_unlock(&box->mu);
+        }
+    }
+    return NULL;
+}
+
+// one message to a rank of another process: header and payload (head, then data), atomically
+// on the connection. Returns 0 if the connection is gone.
+static int mt__net_send(mt_world *w, int src, int dst, int tag, int kind, const void *head, size_t head_bytes,
+                        const void *data, size_t bytes) {
+    mt__net *net = w->net;
+    mt__peer *peer = &net->peers[net->rank_proc[dst]];
+    mt__wire h;
+    h.src = src;
+    h.dst = dst;
+    h.tag = tag;
+    h.kind = kind;
+    h.bytes = head_bytes + bytes;
+    pthread_mutex_lock(&peer->send_mu);
+    int ok = peer->fd >= 0 && mt__send_all(peer->fd, &h, sizeof h) && (head_bytes == 0 || mt__send_all(peer->fd,
+             head, head_bytes)) && (bytes == 0 || mt__send_all(peer->fd, data, bytes));
+    pthread_mutex_unlock(&peer->send_mu);
+    return ok;
+}
+
+// the first error of this process goes to every other one (best effort: some may be gone)
+static void mt__net_send_abort(mt_world *w, const char *line) {
+    mt__net *net = w->net;
+    for (int p = 0; p < net->nprocs; p++) {
+        if (p == net->proc) continue;
+        mt__net_send(w, w->first_rank, net->peers[p].info.first_rank, 0, MT__NET_ABORT, NULL, 0, line, strlen(line));
+    }
+}
+
+// ---- the mesh: a connection between every two processes ----
+typedef struct {
+    char magic[8];
+    int32_t proc;
+} mt__hello;
+
+static void mt__net_mesh(mt__net *net, int lfd, const char *master_addr, double timeout) {
+    double deadline = mt_time_seconds() + timeout;
+    int me = net->proc;
+    for (int q = 0; q < me; q++) {   // I call the processes before me ...
+        mt__proc_info *p = &net->peers[q].info;
+        const char *addr = q == 0 ? master_addr : p->addr;
+        if (strncmp(addr, "127.", 4) == 0 && p->node != net->peers[me].info.node) addr = p->host;
+        char why[256] = "";
+        int fd = mt__connect_retry(addr, p->port, deadline, why, sizeof why);
+        mt__hello hello;
+        memcpy(hello.magic, MT__RDZV_MAGIC, 8);
+        hello.proc = me;
+        if (fd < 0 || !mt__send_all(fd, &hello, sizeof hello))
+            mt_fatal("process %d cannot connect to process %d at %s:%d (host %s): %s\nhint: the nodes must reach each "
+                     "other on any TCP port; when a host has several interfaces, MASTER_ADDR picks the one used",
+                     me, q, addr, p->port, p->host, fd < 0 ? why : "closed");
+        net->peers[q].fd = fd;
+    }
+    for (int k = me + 1; k < net->nprocs; k++) {   // ... and the ones after me call me
+        struct sockaddr_in from;
+        int fd = mt__accept_until(lfd, deadline, &from);
+        if (fd < 0) {
+            int missing = -1;
+            for (int q = net->nprocs - 1; q > me; q--) if (net->peers[q].fd < 0) missing = q;
+            mt_fatal("process %d: process %d (host %s) did not connect within %g s\nhint: the nodes must reach each "
+                     "other on any TCP port (firewalls)", me, missing, net->peers[missing].info.host, timeout);
+        }
+        mt__hello hello;
+        if (mt__recv_all(fd, &hello, sizeof hello, deadline) != 1 || memcmp(hello.magic, MT__RDZV_MAGIC, 8) != 0 ||
+            hello.proc <= me || hello.proc >= net->nprocs || net->peers[hello.proc].fd >= 0) {
+            close(fd);   // not one of ours
+            k--;
+            continue;
+        }
+        net->peers[hello.proc].fd = fd;
+    }
+}
+
+// ---- the world of a launched job ----
+int mt_world_first_rank(const mt_world *w) { return w->first_rank; }
+int mt_world_local_size(const mt_world *w) { return w->local_size; }
+int mt_world_node(const mt_world *w, int rank) { return w->net ? w->net->rank_node[rank] : 0; }
+int mt_world_node_rank(const mt_world *w, int rank) { return w->net ? w->net->rank_node_rank[rank] : rank; }
+int mt_world_node_size(const mt_world *w, int rank) { return w->net ? w->net->rank_node_size[rank] : w->size; }
+
+// every TP group on one node: TP all-reduces twice per layer, which only NVLink keeps cheap
+static void mt__check_topology(const mt_world *w, const mt_config *cfg) {
+    int TP = cfg->parallel.tensor_model_parallel_size;
+    mt__net *net = w->net;
+    for (int r = 0; r < w->size; r++) {
+        int first = r - r % TP;
+        if (net->rank_node[r] == net->rank_node[first]) continue;
+        const char *h0 = net->peers[net->rank_proc[first]].info.host, *h1 = net->peers[net->rank_proc[r]].info.host;
+        int per_node = net->rank_node_size[first];
+        if (TP > per_node)
+            mt_fatal("TP=%d is larger than the %d ranks of node %d (%s): the TP group of ranks %d..%d would cross "
+                     "nodes\nhint: tensor parallelism all-reduces twice per layer and needs one node's fast links "
+                     "(NVLink); use TP <= %d and spread the rest over PP and DP",
+                     TP, per_node, net->rank_node[first], h0, first, first + TP - 1, per_node);
+        mt_fatal("the TP group of ranks %d..%d spans node %d (%s) and node %d (%s)\nhint: a node's ranks must be a "
+                 "multiple of TP=%d (node %d has %d): tensor parallelism belongs inside one node",
+                 first, first + TP - 1, net->rank_node[first], h0, net->rank_node[r], h1, TP, net->rank_node[first],
+                 per_node);
+    }
+}
+
+mt_world *mt_world_create_launched(const mt_launch *l, const mt_config *cfg) {
+    if (l->kind == MT_LAUNCH_THREADS || l->nprocs <= 1) return mt_world_create(cfg->world_size);
+    if (cfg->world_size != l->nprocs * l->ranks_per_proc)
+        mt_fatal("internal: the world has %d ranks, the launch %d x %d", cfg->world_size, l->nprocs, l->ranks_per_proc);
+    mt__net *net = (mt__net *)mt_calloc(1, sizeof(mt__net), "network");
+    net->nprocs = l->nprocs;
+    net->proc = l->proc;
+    net->peers = (mt__peer *)mt_calloc((size_t)l->nprocs, sizeof(mt__peer), "network");
+    for (int p = 0; p < l->nprocs; p++) {
+        net->peers[p].fd = -1;
+        net->peers[p].net = net;
+        pthread_mutex_init(&net->peers[p].send_mu, NULL);
+    }
+    char why[256];
+    int mesh_port = 0;   // where my peers will call me
+    int mesh_fd = mt__listen(0, &mesh_port, why, sizeof why);
+    if (mesh_fd < 0) mt_fatal("process %d cannot listen on a TCP port: %s", l->proc, why);
+    mt__checkin mine;
+    memset(&mine, 0, sizeof mine);
+    memcpy(mine.magic, MT__RDZV_MAGIC, 8);
+    mine.nprocs = l->nprocs;
+    mine.proc = l->proc;
+    mine.ranks_per_proc = l->ranks_per_proc;
+    mine.node = l->node;
+    mine.port = mesh_port;
+    mine.pid = (int32_t)getpid();
+    mt__gethostname(mine.host, sizeof mine.host);
+    char master[256];
+    snprintf(master, sizeof master, "%s", l->master_addr);
+    snprintf(net->where, sizeof net->where, "the rendezvous at %s:%d", l->master_addr, l->master_port);
+    if (l->proc == 0) {
+        int port = 0;
+        int lfd = mt__listen(l->init_file[0] ? 0 : l->master_port, &port, why, sizeof why);
+        if (lfd < 0)
+            mt_fatal("process 0 cannot listen at port %d for the rendezvous: %s\nhint: another job may use "
+                     "MASTER_PORT=%d; pick a free one", l->master_port, why, l->master_port);
+        if (l->init_file[0]) {   // publish where we listen: temp, fsync, rename
+            if (!master[0]) mt__gethostname(master, sizeof master);
+            snprintf(net->where, sizeof net->where, "the rendezvous at %s:%d (from %s)", master, port, l->init_file);
+            char tmp[MT_PATH_MAX + 64];
+            FILE *f = mt_atomic_open(l->init_file, tmp, sizeof tmp);
+            fprintf(f, MT__RDZV_MAGIC " %s %d\n", master, port);
+            mt_atomic_commit(f, tmp, l->init_file);
+        }
+        mt__rendezvous_serve(net, lfd, l, &mine);
+        close(lfd);
+        if (l->init_file[0]) unlink(l->init_file);   // everyone has read it; a later job starts clean
+    } else {
+        mt__rendezvous_join(net, master, sizeof master, l->master_port, &mine, l->timeout_s,
+                            l->init_file[0] ? l->init_file : NULL);
+    }
+    mt__net_mesh(net, mesh_fd, master, l->timeout_s);
+    close(mesh_fd);
+    // who is where: each rank's process, node, and place on its node (its GPU)
+    int world = cfg->world_size;
+    net->rank_proc = (int *)mt_malloc(sizeof(int) * (size_t)world, "network");
+    net->rank_node = (int *)mt_malloc(sizeof(int) * (size_t)world, "network");
+    net->rank_node_rank = (int *)mt_malloc(sizeof(int) * (size_t)world, "network");
+    net->rank_node_size = (int *)mt_malloc(sizeof(int) * (size_t)world, "network");
+    for (int p = 0; p < l->nprocs; p++)
+        for (int k = 0; k < net->peers[p].info.nranks; k++) {
+            int r = net->peers[p].info.first_rank + k;
+            net->rank_proc[r] = p;
+            net->rank_node[r] = net->peers[p].info.node;
+        }
+    for (int r = 0; r < world; r++) {
+        int before = 0, total = 0;
+        for (int s = 0; s < world; s++) {
+            if (net->rank_node[s] != net->rank_node[r]) continue;
+            before += s < r;
+            total++;
+        }
+        net->rank_node_rank[r] = before;
+        net->rank_node_size[r] = total;
+        if (net->rank_node[r] + 1 > net->num_nodes) net->num_nodes = net->rank_node[r] + 1;
+    }
+    mt_world *w = mt_world_create(world);
+    w->first_rank = l->first_rank;
+    w->local_size = l->ranks_per_proc;
+    w->net = net;
+    net->world = w;
+    mt__check_topology(w, cfg);
+    for (int p = 0; p < l->nprocs; p++) {
+        if (p == l->proc) continue;
+        int err = pthread_create(&net->peers[p].reader, NULL, mt__net_reader, &net->peers[p]);
+        if (err) mt_fatal("cannot start a network reader thread: %s", strerror(err));
+        net->peers[p].reader_started = 1;
+    }
+    return w;
+}
+
+// the end of a job: stop the readers, close the connections
+static void mt__net_free(mt__net *net) {
+    pthread_mutex_lock(&net->world->mu);
+    net->closing = 1;
+    pthread_mutex_unlock(&net->world->mu);
+    for (int p = 0; p < net->nprocs; p++)
+        if (net->peers[p].fd >= 0) shutdown(net->peers[p].fd, SHUT_RDWR);
+    for (int p = 0; p < net->nprocs; p++) {
+        if (net->peers[p].reader_started) pthread_join(net->peers[p].reader, NULL);
+        if (net->peers[p].fd >= 0) close(net->peers[p].fd);
+        pthread_mutex_destroy(&net->peers[p].send_mu);
+    }
+    free(net->peers);
+    free(net->rank_proc);
+    free(net->rank_node);
+    free(net->rank_node_rank);
+    free(net->rank_node_size);
+    free(net);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3390,16 +4466,28 @@ void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *member
     mt__group *fresh = mt__group_new(members, size);
     pthread_mutex_lock(&w->mu);
     mt__group *g = NULL, **link = &w->groups;
+    int same = 0;   // groups of these members made before: this one is the same-th of them
     for (; *link; link = &(*link)->next) {
         mt__group *h = *link;
-        if (h->size == size && !h->joined[me] && memcmp(h->members, members, (size_t)size * sizeof(int)) == 0) {
+        if (h->size != size || memcmp(h->members, members, (size_t)size * sizeof(int)) != 0) continue;
+        if (!h->joined[me]) {
             g = h;
             break;
         }
+        same++;
     }
     if (!g) {   // first member to arrive: publish the new group at the end of the registry
         g = fresh;
         fresh = NULL;
+        // across processes a group is named by its members and its place among the groups of the
+        // same members (the k-th init pairs with the k-th everywhere): every process computes the
+        // same tag for its messages without asking the others
+        uint64_t h = mt_hash64((uint64_t)same + 0x9e3779b97f4a7c15ull);
+        for (int i = 0; i < size; i++) {
+            h = mt_hash64(h ^ (uint64_t)members[i]);
+            g->remote |= members[i] < w->first_rank || members[i] >= w->first_rank + w->local_size;
+        }
+        g->tag = -1 - (int)(h % 0x3fffffffu);
         g->aborted = w->aborted;
         for (int i = 0; i < size; i++) {
             g->done[i] = w->rank_done[members[i]];
@@ -3561,6 +4649,10 @@ static void mt__group_sync(const mt_comm *c, const mt__post *post, int abortable
     pthread_mutex_unlock(&g->mu);
 }
 
+// a group with members in other processes: its collectives are messages (after send / recv below)
+static int mt__is_remote(const mt_comm *c) { return ((const mt__group *)c->group)->remote; }
+static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, void *recv, size_t n);
+
 static void mt__post_set(mt__post *p, int kind, int arg, size_t n, const void *send, void *recv) {
     p->kind = kind;
     p->arg = arg;
@@ -3575,7 +4667,8 @@ void mt_barrier(mt_comm *c) {
     double t0 = mt_time_seconds();
     mt__post p;
     mt__post_set(&p, MT__COLL_BARRIER, 0, 0, NULL, NULL);
-    mt__group_sync(c, &p, 1);
+    if (mt__is_remote(c)) mt__net_collective(c, MT__COLL_BARRIER, 0, NULL, NULL, 0);
+    else mt__group_sync(c, &p, 1);
     mt__comm_count(c, "barrier", 0, t0);
 }
 
@@ -3639,6 +4732,11 @@ void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     mt__trace(c, "all_reduce %s n=%zu", c->name, n);
     mt__check_op(c, "all_reduce", op);
     if (c->size == 1) return;
+    if (mt__is_remote(c)) {
+        mt__net_collective(c, MT__COLL_ALL_REDUCE, (int)op, buf, buf, n);
+        mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+        return;
+    }
     mt__post p;
     mt__post_set(&p, MT__COLL_ALL_REDUCE, (int)op, n, buf, buf);
     mt__group_sync(c, &p, 1);
@@ -3662,6 +4760,11 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
     mt__check_op(c, "all_reduce_double", op);
     if (c->size == 1) return;
     double t0 = mt_time_seconds();
+    if (mt__is_remote(c)) {
+        mt__net_collective(c, MT__COLL_ALL_REDUCE_DOUBLE, (int)op, buf, buf, n);
+        mt__comm_count(c, "all_reduce", n * sizeof(double), t0);
+        return;
+    }
     mt__post p;
     mt__post_set(&p, MT__COLL_ALL_REDUCE_DOUBLE, (int)op, n, buf, buf);
     mt__group_sync(c, &p, 1);
@@ -3699,6 +4802,11 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
         if (n_per_rank > 0 && recv != send) memmove(recv, send, n_per_rank * sizeof(float));
         return;
     }
+    if (mt__is_remote(c)) {
+        mt__net_collective(c, MT__COLL_REDUCE_SCATTER, (int)op, send, recv, n_per_rank);
+        mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
+        return;
+    }
     mt__post p;
     mt__post_set(&p, MT__COLL_REDUCE_SCATTER, (int)op, n_per_rank, send, recv);
     mt__group_sync(c, &p, 1);
@@ -3731,6 +4839,11 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
         if (bytes > 0 && recv != send) memmove(recv, send, bytes);
         return;
     }
+    if (mt__is_remote(c)) {
+        mt__net_collective(c, MT__COLL_ALL_GATHER, 0, send, recv, n_per_rank);
+        mt__comm_count(c, "all_gather", (size_t)c->size * bytes, t0);
+        return;
+    }
     mt__post p;
     mt__post_set(&p, MT__COLL_ALL_GATHER, 0, n_per_rank, send, recv);
     mt__group_sync(c, &p, 1);
@@ -3755,6 +4868,11 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
     if (root < 0 || root >= c->size) mt_fatal("broadcast on group %s: root %d is not a group rank (size %d)", c->name,
                                               root, c->size);
     if (c->size == 1) return;
+    if (mt__is_remote(c)) {
+        mt__net_collective(c, MT__COLL_BROADCAST, root, buf, buf, n);
+        mt__comm_count(c, "broadcast", n * sizeof(float), t0);
+        return;
+    }
     mt__post p;
     mt__post_set(&p, MT__COLL_BROADCAST, root, n, buf, buf);
     mt__group_sync(c, &p, 1);
@@ -3774,37 +4892,42 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
 // before they receive (1F1B's steady state does exactly that) would wait for each other forever.
 // mt_recv takes the OLDEST message from that source with the right tag (FIFO among equal tags,
 // any order across tags), sleeping on the mailbox's condition variable until it arrives.
-void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
-    if (peer < 0 || peer >= c->size) mt_fatal("send on group %s: peer %d is not a group rank (size %d)", c->name, peer,
-                                              c->size);
-    int dst = c->members[peer];
-    mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
-    double t0 = mt_time_seconds();
-    if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
-    mt__message *m = (mt__message *)mt_malloc(sizeof(mt__message) + n * sizeof(float), "send buffer");
+// In a job of several processes a message to a rank of another process goes out on the TCP
+// connection to that process instead (mt__net_send), whose reader thread appends it to the same
+// kind of list there: the receiver's side is the same code either way.
+
+// one message from src to dst: head (head_bytes) then data (bytes), both multiples of 4
+static void mt__msg_post(mt_world *w, int src, int dst, int tag, const void *head, size_t head_bytes,
+                         const void *data, size_t bytes) {
+    if (dst < w->first_rank || dst >= w->first_rank + w->local_size) {   // another process
+        if (!mt__net_send(w, src, dst, tag, MT__NET_DATA, head, head_bytes, data, bytes))
+            mt_fatal("rank %d cannot send to rank %d: the connection to its process (host %s) is closed\n"
+                     "hint: that process ended or crashed; its own output says why", src, dst,
+                     w->net->peers[w->net->rank_proc[dst]].info.host);
+        return;
+    }
+    size_t total = head_bytes + bytes;
+    if (total > (size_t)-1 - sizeof(mt__message)) mt_fatal("a message of %zu bytes is too large", total);
+    mt__message *m = (mt__message *)mt_malloc(sizeof(mt__message) + total, "send buffer");
     m->next = NULL;
     m->tag = tag;
-    m->n = n;
+    m->n = total / sizeof(float);
     m->data = (float *)(m + 1);   // sizeof(mt__message) is a multiple of 8: floats are aligned
-    if (n > 0) memcpy(m->data, buf, n * sizeof(float));
-    mt__inbox *box = &c->world->inbox[dst];
+    if (head_bytes > 0) memcpy(m->data, head, head_bytes);
+    if (bytes > 0) memcpy((char *)m->data + head_bytes, data, bytes);
+    mt__inbox *box = &w->inbox[dst];
     pthread_mutex_lock(&box->mu);
-    int src = c->global_rank;
     if (box->tail[src]) box->tail[src]->next = m;
     else box->head[src] = m;
     box->tail[src] = m;
     pthread_cond_broadcast(&box->cv);   // only the owner waits on it
     pthread_mutex_unlock(&box->mu);
-    mt__comm_count(c, "send", n * sizeof(float), t0);
 }
 
-void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
-    if (peer < 0 || peer >= c->size) mt_fatal("recv on group %s: peer %d is not a group rank (size %d)", c->name, peer,
-                                              c->size);
-    int src = c->members[peer], dst = c->global_rank;
-    mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
-    double t0 = mt_time_seconds();
-    mt__inbox *box = &c->world->inbox[dst];
+// the oldest message from src with this tag in dst's mailbox, unlinked (the caller frees it);
+// waits for it. what: the call, for the message when it can never arrive.
+static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const char *what) {
+    mt__inbox *box = &w->inbox[dst];
     mt__message *m = NULL;
     pthread_mutex_lock(&box->mu);
     for (;;) {
@@ -3822,14 +4945,42 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
         }
         if (box->src_done[src] || src == dst) {   // nobody can send it any more: report, don't hang
             pthread_mutex_unlock(&box->mu);
-            mt_fatal("rank %d waits for a message from rank %d (tag %d, n=%zu) that can never arrive: %s\n"
-                     "hint: every recv needs a matching send with the same tag",
-                     dst, src, tag, n, src == dst ? "it would have to send it to itself" : "its rank function has "
-                             "returned");
+            int remote = src < w->first_rank || src >= w->first_rank + w->local_size;
+            mt_fatal("rank %d waits for a message from rank %d (%s) that can never arrive: %s\n"
+                     "hint: %s", dst, src, what,
+                     src == dst ? "it would have to send it to itself"
+                     : remote   ? "its process has ended or lost its connection"
+                                : "its rank function has returned",
+                     remote ? "that process's own output says why; every member of a group must make the same calls "
+                              "in the same order"
+                            : "every recv needs a matching send with the same tag");
         }
         pthread_cond_wait(&box->cv, &box->mu);
     }
     pthread_mutex_unlock(&box->mu);
+    return m;
+}
+
+void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
+    if (peer < 0 || peer >= c->size) mt_fatal("send on group %s: peer %d is not a group rank (size %d)", c->name, peer,
+                                              c->size);
+    int dst = c->members[peer];
+    mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
+    double t0 = mt_time_seconds();
+    if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
+    mt__msg_post(c->world, c->global_rank, dst, tag, NULL, 0, buf, n * sizeof(float));
+    mt__comm_count(c, "send", n * sizeof(float), t0);
+}
+
+void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
+    if (peer < 0 || peer >= c->size) mt_fatal("recv on group %s: peer %d is not a group rank (size %d)", c->name, peer,
+                                              c->size);
+    int src = c->members[peer], dst = c->global_rank;
+    mt__trace(c, "recv <- r%d tag %d n=%zu", src, tag, n);
+    double t0 = mt_time_seconds();
+    char what[64];
+    snprintf(what, sizeof what, "tag %d, n=%zu", tag, n);
+    mt__message *m = mt__msg_take(c->world, dst, src, tag, what);
     if (m->n != n) {
         size_t sent = m->n;
         free(m);
@@ -3840,6 +4991,110 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
     if (n > 0) memcpy(buf, m->data, n * sizeof(float));
     free(m);
     mt__comm_count(c, "recv", n * sizeof(float), t0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// collectives across processes: through the group's rank 0, in rank order
+// ---------------------------------------------------------------------------------------------
+// A group with members in other processes cannot post buffers in shared memory; its collectives
+// are messages instead, through the group's rank 0 (a star, as simple as it gets; the big
+// tensors of the GPU build go through NCCL, not here):
+//
+//   member j != 0:  sends (what it calls, count, op | its data) to rank 0, waits for its answer
+//   rank 0:         takes the members' messages in rank order 1, 2, ..., checks that they all
+//                   call the same collective as it does, computes, answers each member
+//
+//   all_reduce      acc = x_0; acc = acc + x_1; acc = acc + x_2 ...: the order of the threads
+//                   backend, so the result is the same bits as one process would give
+//   reduce_scatter  the same on the whole buffer; member j gets chunk j
+//   all_gather      rank 0 puts the chunks side by side and sends everyone all of them
+//   broadcast       the root's data goes to rank 0 (if it is not rank 0), then to everyone
+//   barrier         empty messages there and back
+// The messages of a group carry its tag (mt_comm_init: the same in every process), so they can
+// never be taken for another group's or for a pipeline's.
+typedef struct {       // what a member calls, at the head of its message to rank 0
+    int32_t kind, arg; // mt__coll_kind; reduce op or broadcast root
+    uint64_t n;        // count as passed (per rank for all-gather / reduce-scatter)
+} mt__net_post;
+
+static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, void *recv, size_t n) {
+    mt_world *w = c->world;
+    int tag = ((mt__group *)c->group)->tag;
+    size_t elem = kind == MT__COLL_ALL_REDUCE_DOUBLE ? sizeof(double) : sizeof(float);
+    size_t size = (size_t)c->size;
+    // bytes a member sends to rank 0, and the bytes of its answer
+    size_t up = kind == MT__COLL_REDUCE_SCATTER ? size * n * elem
+              : kind == MT__COLL_BARRIER || (kind == MT__COLL_BROADCAST && c->rank != arg) ? 0 : n * elem;
+    size_t down = kind == MT__COLL_ALL_GATHER ? size * n * elem : kind == MT__COLL_BARRIER ? 0 : n * elem;
+    mt__net_post mine;
+    mine.kind = kind;
+    mine.arg = arg;
+    mine.n = n;
+    const char *what = mt__coll_names[kind];
+    if (c->rank != 0) {
+        char what_0[64];
+        snprintf(what_0, sizeof what_0, "%s on group %s", what, c->name);
+        mt__msg_post(w, c->global_rank, c->members[0], tag, &mine, sizeof mine, send, up);
+        mt__message *m = mt__msg_take(w, c->global_rank, c->members[0], tag, what_0);
+        if (m->n * sizeof(float) != down) mt_fatal("internal: %s on group %s: an answer of %zu bytes, not %zu", what,
+                                                   c->name, m->n * sizeof(float), down);
+        if (down > 0) memcpy(recv, m->data, down);
+        free(m);
+        return;
+    }
+    // rank 0: the whole result in acc (all-gather: every chunk; broadcast: the root's data)
+    size_t full = kind == MT__COLL_REDUCE_SCATTER || kind == MT__COLL_ALL_GATHER ? size * n * elem
+                : kind == MT__COLL_BARRIER ? 0 : n * elem;
+    char *acc = (char *)mt_malloc(full > 0 ? full : 1, "collective");
+    if (kind == MT__COLL_ALL_GATHER && n > 0) memcpy(acc, send, n * elem);
+    else if (full > 0 && (kind != MT__COLL_BROADCAST || arg == 0)) memcpy(acc, send, full);
+    mt__own(free, acc);   // if a mismatch below aborts the world
+    for (int j = 1; j < c->size; j++) {
+        char what_j[64];
+        snprintf(what_j, sizeof what_j, "%s on group %s", what, c->name);
+        mt__message *m = mt__msg_take(w, c->global_rank, c->members[j], tag, what_j);
+        mt__net_post theirs;
+        memcpy(&theirs, m->data, sizeof theirs);
+        const char *data = (const char *)m->data + sizeof theirs;
+        size_t bytes = m->n * sizeof(float) - sizeof theirs;
+        if (theirs.kind != mine.kind || theirs.arg != mine.arg || theirs.n != mine.n) {
+            mt__post a, b;   // the threads backend's message, word for word
+            mt__post_set(&a, theirs.kind, theirs.arg, (size_t)theirs.n, NULL, NULL);
+            mt__post_set(&b, kind, arg, n, NULL, NULL);
+            char s_a[96], s_b[96];
+            mt__describe_post(&a, s_a, sizeof s_a);
+            mt__describe_post(&b, s_b, sizeof s_b);
+            free(m);
+            mt_fatal("group %s: rank %d called %s while rank %d called %s\n"
+                     "hint: every member of a group must call the same collectives, with the same counts, in the same "
+                     "order (NCCL's rule)", c->name, c->members[j], s_a, c->members[0], s_b);
+        }
+        size_t expect = kind == MT__COLL_BROADCAST ? (j == arg ? n * elem : 0) : kind == MT__COLL_ALL_GATHER ? n * elem
+                                                                                                   : full;
+        if (bytes != expect) {
+            free(m);
+            mt_fatal("internal: %s on group %s: rank %d sent %zu bytes, not %zu", what, c->name, c->members[j], bytes,
+                     expect);
+        }
+        if (kind == MT__COLL_ALL_REDUCE || kind == MT__COLL_REDUCE_SCATTER)
+            mt__accumulate_f32((float *)acc, (const float *)data, full / elem, arg);
+        else if (kind == MT__COLL_ALL_REDUCE_DOUBLE)
+            mt__accumulate_f64((double *)acc, (const double *)data, full / elem, arg);
+        else if (kind == MT__COLL_ALL_GATHER && n > 0)
+            memcpy(acc + (size_t)j * n * elem, data, n * elem);
+        else if (kind == MT__COLL_BROADCAST && j == arg && n > 0)
+            memcpy(acc, data, n * elem);
+        free(m);
+    }
+    for (int j = 1; j < c->size; j++) {
+        const char *part = kind == MT__COLL_REDUCE_SCATTER ? acc + (size_t)j * n * elem : acc;
+        mt__msg_post(w, c->global_rank, c->members[j], tag, NULL, 0, part, down);
+    }
+    if (kind == MT__COLL_ALL_GATHER || kind == MT__COLL_ALL_REDUCE || kind == MT__COLL_ALL_REDUCE_DOUBLE ||
+        kind == MT__COLL_REDUCE_SCATTER || (kind == MT__COLL_BROADCAST && arg != 0))
+        if (full > 0) memcpy(recv, acc, kind == MT__COLL_REDUCE_SCATTER ? n * elem : full);
+    mt__disown(acc);
+    free(acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3882,6 +5137,8 @@ void mt_parallel_state_init(mt_parallel_state *ps, const mt_config *cfg, int ran
     ps->is_first_stage = ps->pp_rank == 0;
     ps->is_last_stage = ps->pp_rank == PP - 1;
     ps->in_embedding_group = PP > 1 && (ps->is_first_stage || ps->is_last_stage);
+    ps->node_rank = rank;                 // one process on one node; mt_rank_init asks the world
+    ps->node_size = cfg->world_size;
 }
 
 static void mt__print_group(FILE *f, const int *members, int n) {
@@ -6499,6 +7756,8 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
     mt_parallel_state_init(&r->ps, cfg, rank);
+    r->ps.node_rank = mt_world_node_rank(w, rank);              // §2: my GPU on my node
+    r->ps.node_size = mt_world_node_size(w, rank);
     mt_device_init(r);                                          // §3: the GPU and its stream (GPU build)
     mt_groups_init(&r->groups, w, cfg, &r->ps, r->dev.stream);  // §2: communicators
     mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes
@@ -10573,7 +11832,7 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
 }
 
 int mt_pretrain(mt_config *cfg) {
-    double launch = mt_time_seconds();
+    double started = mt_time_seconds();
     mt_tokenizer tokenizer;
     int have_tokenizer = mt__load_tokenizer(cfg, &tokenizer);
     if (cfg->train.import_hf[0]) {   // a Hugging Face GPT-2 into our checkpoint (section 10), then exit
@@ -10585,12 +11844,27 @@ int mt_pretrain(mt_config *cfg) {
         return 0;
     }
     if (mt__generation_mode(cfg)) {   // --load without --train-iters: generate (Megatron's generate_samples_gpt.py)
+        mt_launch one;
+        mt_launch_detect(&one, cfg);
+        if (one.nprocs > 1)
+            mt_fatal("generation runs in one process (its TP x PP ranks as threads), but the environment describes "
+                     "%d processes (%s)\nhint: start ./train_gpt once, with --nproc-per-node TP*PP", one.nprocs,
+                     one.found);
         mt_checkpoint_resolve_load(cfg);
-        int rc = mt__generate_main(cfg, have_tokenizer ? &tokenizer : NULL, launch);
+        int rc = mt__generate_main(cfg, have_tokenizer ? &tokenizer : NULL, started);
         if (have_tokenizer) mt_tokenizer_free(&tokenizer);
         return rc;
     }
+    // who started us: one process (every rank a thread), or srun / mpirun / torchrun-style
+    // variables describing several processes (section 2, LAUNCH); the world counts them all
+    mt_launch launch;
+    mt_launch_detect(&launch, cfg);
     mt_config_derive(cfg);
+    if (cfg->parallel.print_launch) {
+        mt_launch_print(&launch, cfg, stdout);
+        if (have_tokenizer) mt_tokenizer_free(&tokenizer);
+        return 0;
+    }
     if (cfg->train.load[0]) mt_checkpoint_resolve_load(cfg);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training
     if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
@@ -10628,6 +11902,7 @@ int mt_pretrain(mt_config *cfg) {
                         "(add --save DIR to write them)\n", cfg->train.save_interval);
     if (cfg->train.save[0]) mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 1, cfg->train.overwrite);
     mt_device_check_precision(cfg);
+    mt_launch_print(&launch, cfg, stdout);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
     double t0 = mt_time_seconds();
@@ -10647,7 +11922,15 @@ int mt_pretrain(mt_config *cfg) {
     job.cfg = cfg;
     job.data = &data;
     job.tokenizer = have_tokenizer ? &tokenizer : NULL;
-    if (cfg->train.tensorboard_dir[0]) {   // the last rank's writer, as Megatron's
+    // several processes: the last rank's process writes TensorBoard's events; the timeline needs
+    // every rank's spans in one process, so it is one process's picture only
+    int last_rank_here = launch.nprocs == 1 || launch.proc == launch.nprocs - 1;
+    if (launch.nprocs > 1 && (cfg->train.timeline[0] || cfg->train.timeline_svg[0])) {
+        fprintf(stderr, "WARNING: --timeline and --timeline-svg need every rank in one process; not written in a "
+                        "job of %d processes\n", launch.nprocs);
+        cfg->train.timeline[0] = cfg->train.timeline_svg[0] = '\0';
+    }
+    if (cfg->train.tensorboard_dir[0] && last_rank_here) {   // the last rank's writer, as Megatron's
         mt_tb_open(&job.tb, cfg->train.tensorboard_dir, cfg->world_size - 1, cfg->train.tensorboard_queue_size);
         printf("TensorBoard events: %s (tensorboard --logdir %s)\n", job.tb.path, cfg->train.tensorboard_dir);
     }
@@ -10659,7 +11942,7 @@ int mt_pretrain(mt_config *cfg) {
         job.prompt = prompt.data;
         job.prompt_len = (int)prompt.len;
     }
-    mt_world *w = mt_world_create(cfg->world_size);
+    mt_world *w = mt_world_create_launched(&launch, cfg);   // several processes: the rendezvous
     int rc = mt_world_run(w, mt__rank_main, &job);
     mt_world_destroy(w);
     mt_tb_close(&job.tb);
