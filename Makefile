@@ -5,7 +5,7 @@
 #                   shared 2-core machine, 11.5 CPU-minutes: docs/perf.md)
 #   make test       the CPU test suite (C, one harness): prints "N passed, N failed"
 #   make test-sanitize  the C suite under ASan + UBSan (leaks too) and the threaded tests under TSan (clang)
-#   make test-kill  the trainer killed mid-save many times: resumes, nothing lost, no temporaries left
+#   make test-kill  the trainer killed mid-save many times, and saving into a full disk: nothing lost
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training;
@@ -152,7 +152,9 @@ fuzz: build/fuzz/fuzz_parsers build/fuzz/fuzz_preprocess build/fuzz/seed_parsers
 	@sh tests/run_fuzz.sh $(FUZZ_SECONDS)
 
 # the trainer killed at random points (mostly mid-save) KILLS times: --load always resumes from a
-# complete checkpoint, an older one stays byte-identical, the next start removes the temporaries
+# complete checkpoint, an older one stays byte-identical, the next start removes the temporaries;
+# then a save into a full disk (a file-size limit, and a full tmpfs where the user may mount one)
+# fails with one line, leaves nothing behind and keeps the last checkpoint
 #   make test-kill              20 kills, about 10 s (CI)
 KILLS ?= 20
 test-kill: train_gpt

@@ -1517,7 +1517,9 @@ void mt_atomic_commit(FILE *f, const char *tmp, const char *path) {
         int err = errno;
         remove(tmp);
         mt__temp_track(tmp, 0);
-        mt_fatal("writing %s failed: %s\nhint: check free disk space", path, strerror(err));
+        mt_fatal("writing %s failed: %s\nhint: %s", path, strerror(err),
+                 err == EFBIG ? "a file-size limit (ulimit -f) stopped the write: raise it"
+                              : "check free disk space (df -h on the output directory)");
     }
     if (rename(tmp, path) != 0) {
         int err = errno;

@@ -4,6 +4,7 @@
 #   - the tracker names a complete checkpoint, and --load resumes from it;
 #   - the first checkpoint (iteration 3, saved before any kill) is byte-identical to its copy;
 # and at the end a new run removes every temporary the kills left (saying so) and leaves none.
+# Then a save into a full disk (see below).
 # Prints "N passed, N failed" (make test-kill; CI runs it with 20 kills).
 KILLS=${1:-20}
 D=build/kill_test
@@ -35,5 +36,37 @@ echo "temporaries left by $KILLS kills: $left"
 ./train_gpt $M --train-iters 2 --load $D/ck --save $D/ck > $D/last.log 2>&1
 if [ "$(find $D/ck -name '*.tmp.*' | wc -l)" -eq 0 ]; then ok; else bad "temporaries remain after a new start"; fi
 if [ "$left" -eq 0 ] || grep -q "^removed .*tmp" $D/last.log; then ok; else bad "the removal was not reported"; fi
+# A full disk in the middle of a save. Two ways: a file-size limit (ulimit -f, SIGXFSZ ignored, so
+# a write past it fails with EFBIG: works anywhere), and, where this user may mount one, a small
+# tmpfs that fills up (ENOSPC). Either way the save must fail with one line naming the cause,
+# exit non-zero, leave no temporary, keep the tracker on the last complete checkpoint, and that
+# checkpoint must load and be byte-identical to its copy.
+it=$(cat $D/ck/latest_checkpointed_iteration.txt)
+cp -r $D/ck/iter_$(printf '%07d' "$it") $D/last_copy
+limited() {   # limited LABEL CMD...: CMD under a 128-256 KB file-size limit (fsize), or as it is
+  if [ "$1" = fsize ]; then shift; ( trap '' XFSZ; ulimit -f 256; exec "$@" ); else shift; "$@"; fi
+}
+full_save() {   # full_save LABEL DIR: one more iteration, saved into DIR (which holds $D/ck's files)
+  label=$1; dir=$2
+  before=$(cat "$dir/latest_checkpointed_iteration.txt")
+  if limited $label ./train_gpt $M --train-iters $((before + 1)) --load "$dir" --save "$dir" > $D/full_$label.log 2>&1
+  then
+    bad "$label: the save into a full disk succeeded"; return; fi
+  if grep -qiE "^error: .*(no space left|file too large|write)" $D/full_$label.log; then ok
+  else bad "$label: no clear error line"; tail -3 $D/full_$label.log; fi
+  if [ "$(find "$dir" -name '*.tmp.*' | wc -l)" -eq 0 ]; then ok; else bad "$label: temporaries left"; fi
+  if [ "$(cat "$dir/latest_checkpointed_iteration.txt")" = "$before" ] &&
+     diff -r "$dir/iter_$(printf '%07d' "$before")" $D/last_copy > /dev/null; then ok
+  else bad "$label: the tracker or the last checkpoint changed"; fi
+}
+full_save fsize $D/ck   # the model's file is ~1 MB
+mkdir -p $D/tmpfs
+if mount -t tmpfs -o size=$(( $(du -sk $D/ck | cut -f1) + 400 ))k tmpfs $D/tmpfs 2> /dev/null; then
+  cp -r $D/ck $D/tmpfs/ck
+  full_save tmpfs $D/tmpfs/ck
+  umount $D/tmpfs
+else
+  echo "SKIPPED: a full tmpfs (this user may not mount one; the file-size limit above stands in for it)"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
