@@ -1724,10 +1724,18 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
 // input row (at most MT_GEMV_MAX_ROWS, held in registers), so the product runs at the speed of
 // reading the weight from HBM. Narrow outputs (OC < 2048: too few rows to fill the GPU) split
 // the reduction over SPLIT warps (split-K), whose partial sums are added in order (deterministic).
-// fp32 throughout, whatever the rung: decode-shaped products take this kernel on every build.
+// Sums in fp32; the operands are rounded as the rung would round them (ROUND, an mt_dtype: the
+// tensor-core rungs' bf16 or fp16, fp32 for the naive and tiled rungs), so a step with a few rows
+// multiplies the same values as one with many (and as the CPU build's emulation).
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS. Writes out with '='.
 #define MT_GEMV_MAX_ROWS 8
-template <int SPLIT>
+template <int ROUND>
+__device__ static inline float mt__gemv_operand(float x) {
+    if (ROUND == MT_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+    if (ROUND == MT_DTYPE_FP16) return __half2float(__float2half_rn(x));
+    return x;
+}
+template <int SPLIT, int ROUND>
 __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, const float *__restrict__ inp,
                                                               const float *__restrict__ weight,
                                                               const float *__restrict__ bias, int BT, int C, int OC,
@@ -1745,18 +1753,21 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
         if (vec) {
             for (int k = k0 + lane * 4; k < k1; k += 128) {
                 float4 w4 = *(const float4 *)(w + k);
+                w4 = make_float4(mt__gemv_operand<ROUND>(w4.x), mt__gemv_operand<ROUND>(w4.y),
+                                 mt__gemv_operand<ROUND>(w4.z), mt__gemv_operand<ROUND>(w4.w));
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
                     if (r < BT) {
                         float4 x4 = *(const float4 *)(inp + (size_t)r * C + k);
-                        acc[r] += w4.x * x4.x + w4.y * x4.y + w4.z * x4.z + w4.w * x4.w;
+                        acc[r] += w4.x * mt__gemv_operand<ROUND>(x4.x) + w4.y * mt__gemv_operand<ROUND>(x4.y) +
+                                  w4.z * mt__gemv_operand<ROUND>(x4.z) + w4.w * mt__gemv_operand<ROUND>(x4.w);
                     }
             }
         } else {
             for (int k = k0 + lane; k < k1; k += 32)
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
-                    if (r < BT) acc[r] += w[k] * inp[(size_t)r * C + k];
+                    if (r < BT) acc[r] += mt__gemv_operand<ROUND>(w[k]) * mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
         }
     }
 #pragma unroll
@@ -1771,15 +1782,24 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
         out[(size_t)lane * OC + o] = s + (bias ? bias[o] : 0.0f);
     }
 }
-static void mt__gemv(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
-                     cudaStream_t stream) {
-    int vec = C % 4 == 0 && mt__aligned16(inp) && mt__aligned16(weight);
-    if (OC < 2048) {
-        mt_matmul_kernel5_gemv<4><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
-    } else {
-        mt_matmul_kernel5_gemv<1><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC, vec);
-    }
+template <int ROUND>
+static void mt__gemv_launch(float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+                            int OC, int vec, cudaStream_t stream) {
+    if (OC < 2048)
+        mt_matmul_kernel5_gemv<4, ROUND><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC,
+                                                                                      vec);
+    else
+        mt_matmul_kernel5_gemv<1, ROUND><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC,
+                                                                                      vec);
     mt__launch_check("mt_matmul_kernel5_gemv", stream);
+}
+// round: an mt_dtype, what the operands are rounded to (see above)
+static void mt__gemv(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
+                     int round, cudaStream_t stream) {
+    int vec = C % 4 == 0 && mt__aligned16(inp) && mt__aligned16(weight);
+    if (round == MT_DTYPE_BF16) mt__gemv_launch<MT_DTYPE_BF16>(out, inp, weight, bias, BT, C, OC, vec, stream);
+    else if (round == MT_DTYPE_FP16) mt__gemv_launch<MT_DTYPE_FP16>(out, inp, weight, bias, BT, C, OC, vec, stream);
+    else mt__gemv_launch<MT_DTYPE_FP32>(out, inp, weight, bias, BT, C, OC, vec, stream);
 }
 
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
@@ -1788,7 +1808,10 @@ static void mt__gemv(float *out, const float *inp, const float *weight, const fl
 void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
                            mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) {   // decoding's shape: read the weight once
-        mt__gemv(out, inp, weight, bias, BT, C, OC, stream);
+        int tensor_cores = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;   // the rungs that round
+        mt__gemv(out, inp, weight, bias, BT, C, OC, tensor_cores ? (dtype == MT_DTYPE_FP16 ? MT_DTYPE_FP16
+                                                                                          : MT_DTYPE_BF16)
+                                                                : MT_DTYPE_FP32, stream);
         return;
     }
     // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)

@@ -441,7 +441,10 @@ typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
     // communication counters of this rank on this group, since mt_comm_init (see section 2):
     unsigned long long calls;      // collectives, sends and recvs made (a group of 1 moves nothing: not counted)
     unsigned long long bytes;      // bytes of the buffers those calls moved at this rank
-    double seconds;                // time spent inside them (GPU build: enqueueing NCCL's work)
+    double seconds;                // time spent inside them (GPU build: NCCL's own time on the GPU,
+                                   // from timed events around each call, added when the counters
+                                   // are read: see mt__nccl_seconds)
+    void *timing;                  // GPU build: those events, of the calls not yet added
     mt_span_log *spans;            // the timeline's recorder (section 1): a span per call; NULL: none
     int marks[2];                  // GPU build: the device marks around the last NCCL call (its
                                    // timeline span's ends), -1 when none: set by the NCCL path,
@@ -3369,6 +3372,43 @@ static void mt__nccl_end(mt_comm *c) {
     MT_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)c->compute_stream, (cudaEvent_t)c->events[1], 0));
 }
 
+// The counters' seconds on the GPU: an NCCL call returns as soon as it is queued, so its time is
+// taken by a pair of timed events around it on the group's stream (ev[2i], ev[2i+1] for call i),
+// and mt__nccl_seconds adds the pairs to c->seconds when the counters are read (every log
+// interval): the GPU's own time for the calls, and no synchronisation per call.
+typedef struct { cudaEvent_t *ev; int n, cap; } mt__nccl_timing;   // n calls pending, cap made
+static void mt__nccl_time(mt_comm *c, int end) {
+    if (!c->timing) c->timing = mt_calloc(1, sizeof(mt__nccl_timing), "NCCL timing");
+    mt__nccl_timing *t = (mt__nccl_timing *)c->timing;
+    if (!end && t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 64;
+        t->ev = (cudaEvent_t *)mt_realloc(t->ev, (size_t)2 * cap * sizeof(cudaEvent_t), "NCCL timing");
+        for (int i = 2 * t->cap; i < 2 * cap; i++) MT_CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+        t->cap = cap;
+    }
+    MT_CUDA_CHECK(cudaEventRecord(t->ev[2 * t->n + end], (cudaStream_t)c->stream));
+    if (end) t->n++;
+}
+static void mt__nccl_seconds(mt_comm *c) {
+    mt__nccl_timing *t = (mt__nccl_timing *)c->timing;
+    if (!t) return;
+    for (int i = 0; i < t->n; i++) {
+        float ms = 0.0f;
+        MT_CUDA_CHECK(cudaEventSynchronize(t->ev[2 * i + 1]));
+        MT_CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[2 * i], t->ev[2 * i + 1]));
+        c->seconds += ms / 1000.0;
+    }
+    t->n = 0;
+}
+static void mt__nccl_timing_free(mt_comm *c) {
+    mt__nccl_timing *t = (mt__nccl_timing *)c->timing;
+    if (!t) return;
+    for (int i = 0; i < 2 * t->cap; i++) MT_CUDA_CHECK(cudaEventDestroy(t->ev[i]));
+    free(t->ev);
+    free(t);
+    c->timing = NULL;
+}
+
 // one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
 static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
     mt__nccl_comm = c;   // for mt__nccl_check's message
@@ -3376,6 +3416,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     cudaStream_t stream = (cudaStream_t)c->stream;
     ncclRedOp_t op = arg == MT_MAX ? ncclMax : ncclSum;
     mt__nccl_begin(c);
+    mt__nccl_time(c, 0);
     if (c->spans) c->marks[0] = mt_device_mark(c->spans, c->stream);   // the span: NCCL's own time
     switch (kind) {
     case MT__COLL_ALL_REDUCE: MT_NCCL_CHECK(ncclAllReduce(send, recv, n, ncclFloat, op, comm, stream)); break;
@@ -3385,6 +3426,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     default: mt_fatal("internal: collective %d has no NCCL path", kind);
     }
     if (c->spans) c->marks[1] = mt_device_mark(c->spans, c->stream);
+    mt__nccl_time(c, 1);
     mt__nccl_end(c);
 }
 
@@ -3416,6 +3458,7 @@ static void mt__nccl_leave(mt_comm *c) {
     if (!c->nccl) return;
     mt__nccl_comm = c;
     MT_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)c->stream));
+    mt__nccl_timing_free(c);
     MT_NCCL_CHECK(ncclCommDestroy((ncclComm_t)c->nccl));
     for (int k = 0; k < 2; k++) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->events[k]));
     MT_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)c->stream));
@@ -3433,6 +3476,7 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
 
 static void mt__nccl_join(mt_comm *c, void *compute_stream) { (void)c; (void)compute_stream; }
 static void mt__nccl_leave(mt_comm *c) { (void)c; }
+static void mt__nccl_seconds(mt_comm *c) { (void)c; }   // the threads backend times its calls itself
 static void mt__nccl_process_defaults(void) {}
 #endif
 
@@ -4539,7 +4583,7 @@ static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0
     double t1 = mt_time_seconds();
     c->calls++;
     c->bytes += bytes;
-    c->seconds += t1 - t0;
+    if (!c->nccl) c->seconds += t1 - t0;   // NCCL's calls: their GPU time, see mt__nccl_seconds
     int mark0 = c->marks[0], mark1 = c->marks[1];   // the NCCL path's marks (GPU), or -1
     c->marks[0] = c->marks[1] = -1;
     if (c->spans && c->spans->enabled) {
@@ -10998,6 +11042,7 @@ static void mt__groups_list(mt_rank *r, mt_comm *out[MT__NUM_GROUPS]) {
 static void mt__format_comm(mt_rank *r, const double since[MT__NUM_GROUPS][3], int iters, char *out, size_t cap) {
     mt_comm *g[MT__NUM_GROUPS];
     mt__groups_list(r, g);
+    for (int k = 0; k < MT__NUM_GROUPS; k++) mt__nccl_seconds(g[k]);   // the GPU's times of the NCCL calls
     size_t len = 0;
     out[0] = 0;
     for (int k = 0; k < MT__NUM_GROUPS; k++) {
@@ -11014,6 +11059,7 @@ static void mt__format_comm(mt_rank *r, const double since[MT__NUM_GROUPS][3], i
 static void mt__snapshot_comm(mt_rank *r, double snap[MT__NUM_GROUPS][3]) {
     mt_comm *g[MT__NUM_GROUPS];
     mt__groups_list(r, g);
+    for (int k = 0; k < MT__NUM_GROUPS; k++) mt__nccl_seconds(g[k]);   // the GPU's times of the NCCL calls
     for (int k = 0; k < MT__NUM_GROUPS; k++) {
         snap[k][0] = (double)g[k]->calls;
         snap[k][1] = (double)g[k]->bytes;
