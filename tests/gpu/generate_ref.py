@@ -86,8 +86,14 @@ elif cmd == "bench":
     for mode in ("eager", "compiled"):
         try:
             if mode == "compiled":
+                # a static cache makes generate() compile the decoding step itself (transformers
+                # >= 4.48: fullgraph, CUDA graphs, outputs copied out of the graph's pool); wrapping
+                # model.forward in torch.compile by hand reuses the graph's outputs and fails
                 model.generation_config.cache_implementation = "static"
-                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+                if hasattr(model.generation_config, "disable_compile"):
+                    model.generation_config.disable_compile = False
+                else:   # an older transformers: compile by hand, without CUDA graphs
+                    model.forward = torch.compile(model.forward, mode="max-autotune-no-cudagraphs", fullgraph=True)
             gen(new)                                  # warm-up (compiles, in the compiled mode)
             gen(new)
             ttft = sorted(gen(1) for _ in range(3))[1]
