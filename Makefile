@@ -63,14 +63,22 @@ preprocess: preprocess.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ preprocess.c $(LDLIBS)
 
 # megatron.h, preprocess.c and the GPU tests must compile as CUDA C++ (CI: compile only, no GPU there)
-cuda-check: build/.cuda-check
-build/.cuda-check: train_gpt.c preprocess.c kernels.cuh tests/gpu/test_kernels.cu tests/gpu/test_gemm_wgmma.cu $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o build/train_gpt_cuda_check.o
-	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o build/preprocess_cuda_check.o
-	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c tests/gpu/test_kernels.cu -o build/test_kernels_check.o
-	$(NVCC) $(NVCCFLAGS) -std=c++17 -x cu -c tests/gpu/test_gemm_wgmma.cu -o build/test_gemm_wgmma_check.o
-	@touch $@
+# (one object each, so make -j2 cuda-check compiles two at a time)
+CUDA_CHECK = build/cuda_check/train_gpt.o build/cuda_check/preprocess.o build/cuda_check/test_kernels.o \
+             build/cuda_check/test_gemm_wgmma.o
+cuda-check: $(CUDA_CHECK)
+build/cuda_check/train_gpt.o: train_gpt.c kernels.cuh $(HEADERS)
+	@mkdir -p build/cuda_check
+	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o $@
+build/cuda_check/preprocess.o: preprocess.c $(HEADERS)
+	@mkdir -p build/cuda_check
+	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o $@
+build/cuda_check/test_kernels.o: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
+	@mkdir -p build/cuda_check
+	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c tests/gpu/test_kernels.cu -o $@
+build/cuda_check/test_gemm_wgmma.o: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
+	@mkdir -p build/cuda_check
+	$(NVCC) $(NVCCFLAGS) -std=c++17 -x cu -c tests/gpu/test_gemm_wgmma.cu -o $@
 
 # make run: the tutorial's flow on the bundled corpus (Jane Austen, 914k GPT-2 tokens):
 # ./preprocess (Megatron's tools/preprocess_data.py flags), then ./train_gpt with a small GPT
@@ -110,17 +118,23 @@ test: train_gpt preprocess $(TESTS)
 SAN_CC ?= clang
 ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
 TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
-TSAN_TESTS = tests/test_comm tests/test_pp
+TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch
 build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
 build/tsan/%: %.c tests/harness.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
-test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(TESTS)) \
+# SAN_TESTS: which C tests (all by default). CI passes SAN_TESTS="$(SAN_CI_TESTS)": the tests of
+# parsers, files, threads and processes, whose bugs are memory bugs; the long numeric ones
+# (layouts, recompute, SP, fp16, the model, generation) run under the sanitizers here, on demand.
+SAN_TESTS ?= $(TESTS)
+SAN_CI_TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_ops tests/test_data tests/test_pp \
+               tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_launch
+test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(SAN_TESTS)) \
                $(addprefix build/tsan/,$(TSAN_TESTS))
 	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
-	  sh tests/run.sh $(addprefix build/asan/,$(TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
+	  sh tests/run.sh $(addprefix build/asan/,$(SAN_TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
 
 # libFuzzer on every parser of outside data: tests/fuzz_parsers.c (JSON, config, checkpoint, .idx/.bin,
 # vocabulary and merges, tracker, the trainer's flags) and tests/fuzz_preprocess.c (preprocess's JSON

@@ -60,9 +60,10 @@ full_save() {   # full_save LABEL DIR: one more iteration, saved into DIR (which
   else bad "$label: the tracker or the last checkpoint changed"; fi
 }
 full_save fsize $D/ck   # the model's file is ~1 MB
-mkdir -p $D/tmpfs
-if mount -t tmpfs -o size=$(( $(du -sk $D/ck | cut -f1) + 400 ))k tmpfs $D/tmpfs 2> /dev/null; then
-  cp -r $D/ck $D/tmpfs/ck
+mkdir -p $D/tmpfs $D/small/ck
+cp -r $D/ck/latest_checkpointed_iteration.txt $D/ck/iter_$(printf '%07d' "$it") $D/small/ck/   # the last one only
+if mount -t tmpfs -o size=$(( $(du -sk $D/small/ck | cut -f1) + 400 ))k tmpfs $D/tmpfs 2> /dev/null; then
+  cp -r $D/small/ck $D/tmpfs/ck   # 400 KB left: the next file (~1 MB) does not fit
   full_save tmpfs $D/tmpfs/ck
   umount $D/tmpfs
 else

@@ -4,7 +4,9 @@
 passed=0; failed=0; status=0
 for t in "$@"; do
   echo "== $t"
+  t0=$(date +%s)
   out=$("./$t" 2>&1); rc=$?
+  echo "   ($(( $(date +%s) - t0 )) s)"
   printf '%s\n' "$out" | grep -v '^PASS ' | grep -v '^$' | tail -n 40
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
   if [ -z "$line" ]; then
