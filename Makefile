@@ -47,7 +47,7 @@ endif
 
 TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
 
-.PHONY: all run test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
+.PHONY: all run build-tests test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
 # the programs, in the repository root (train_gpt_cuda where nvcc is found)
 all: train_gpt preprocess $(if $(NVCC_FOUND),train_gpt_cuda)
@@ -107,6 +107,8 @@ tests/test_ref: tests/test_ref.c $(HEADERS)
 # and two shell tests: tests/test_cli.sh (what a newcomer sees: --help, the first lines of a run,
 # make debug) and tests/test_docs.sh (every command marked runnable in README.md and docs/*.md)
 SCRIPT_TESTS = tests/test_cli.sh tests/test_docs.sh tests/test_multiproc.sh
+# the test binaries alone (CI builds them with make -j2 before make test runs them)
+build-tests: $(TESTS)
 test: train_gpt preprocess $(TESTS)
 	@mkdir -p build
 	@sh tests/run.sh $(TESTS) $(SCRIPT_TESTS)
@@ -145,6 +147,8 @@ test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $
 #   make fuzz                   30 s each (CI runs FUZZ_SECONDS=20)
 #   make fuzz FUZZ_SECONDS=3600 an hour each
 FUZZ_SECONDS ?= 30
+# FUZZ_PER_PARSER=0 skips each parser's coverage after the run (about 20 s a parser; CI does)
+FUZZ_PER_PARSER ?= 1
 build/fuzz/fuzz_parsers: tests/fuzz_parsers.c $(HEADERS)
 	@mkdir -p build/fuzz
 	$(SAN_CC) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. -o $@ $< $(LDLIBS)
@@ -163,7 +167,7 @@ build/fuzz/seed_preprocess/.ready: tests/fuzz_seeds.py
 	$(PYTHON) tests/fuzz_seeds.py --preprocess build/fuzz/seed_preprocess
 	@touch $@
 fuzz: build/fuzz/fuzz_parsers build/fuzz/fuzz_preprocess build/fuzz/seed_parsers/.ready build/fuzz/seed_preprocess/.ready
-	@sh tests/run_fuzz.sh $(FUZZ_SECONDS)
+	@sh tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_PER_PARSER)
 
 # the trainer killed at random points (mostly mid-save) KILLS times: --load always resumes from a
 # complete checkpoint, an older one stays byte-identical, the next start removes the temporaries;
