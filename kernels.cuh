@@ -199,13 +199,29 @@ void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cud
     mt__launch_check("mt_cast_f32_to_bf16_kernel", stream);
 }
 // the same to fp16 (--fp16): past 65504 to inf, subnormals below 2^-14 (as mt_fp16_from_float)
+// Two kernels, as the bf16 cast: 8 elements per thread over the 16-byte-aligned bulk, then one.
 __global__ void mt_cast_f32_to_f16_kernel(__half *out, const float *inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2half_rn(inp[i]);
 }
+__global__ void mt_cast_f32_to_f16_vec8_kernel(__half *out, const float *inp, size_t n8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
+    __half2 o[4] = {__floats2half2_rn(a.x, a.y), __floats2half2_rn(a.z, a.w), __floats2half2_rn(b.x, b.y),
+                    __floats2half2_rn(b.z, b.w)};
+    ((uint4 *)out)[i] = *(const uint4 *)o;
+}
 void mt_cast_f32_to_f16_gpu(__half *out, const float *inp, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    mt_cast_f32_to_f16_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(out, inp, n);
+    size_t n8 = mt__aligned16(out) && mt__aligned16(inp) ? n / 8 : 0;
+    if (n8) {
+        mt_cast_f32_to_f16_vec8_kernel<<<mt__blocks(n8, 256), 256, 0, stream>>>(out, inp, n8);
+        mt__launch_check("mt_cast_f32_to_f16_vec8_kernel", stream);
+    }
+    size_t done = n8 * 8;
+    if (done == n) return;
+    mt_cast_f32_to_f16_kernel<<<mt__blocks(n - done, 256), 256, 0, stream>>>(out + done, inp + done, n - done);
     mt__launch_check("mt_cast_f32_to_f16_kernel", stream);
 }
 __global__ void mt_cast_bf16_to_f32_kernel(float *out, const __nv_bfloat16 *inp, size_t n) {
