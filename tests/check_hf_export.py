@@ -15,17 +15,10 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors import safe_open
 
+import gpt2_numpy
+from gpt2_numpy import check
+
 ROOT = "build/hf_ref"
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    print(("OK     " if ok else "NOT OK ") + what)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
 
 
 cfg = json.load(open(f"{ROOT}/config.json"))
@@ -50,38 +43,9 @@ ours = raw[3 + B * T:].view(np.float32).reshape(B, T, Vl).astype(np.float64)
 check(Vl == V, f"our logits cover the {V} real vocabulary entries")
 
 
-def layer_norm(x, g, b, eps=cfg["layer_norm_epsilon"]):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * g + b
-
-
-def gelu_new(x):   # transformers' NewGELUActivation
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
-hs = C // NH
-h = w["wte.weight"][tokens] + w["wpe.weight"][np.arange(T)]
-mask = np.tril(np.ones((T, T), dtype=bool))
-for l in range(L):
-    p = f"h.{l}."
-    a = layer_norm(h, w[p + "ln_1.weight"], w[p + "ln_1.bias"])
-    qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]          # Conv1D
-    q, k, v = np.split(qkv, 3, axis=-1)
-    q, k, v = (t.reshape(B, T, NH, hs).transpose(0, 2, 1, 3) for t in (q, k, v))
-    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs)
-    s = np.where(mask, s, -np.inf)
-    s = np.exp(s - s.max(-1, keepdims=True))
-    s /= s.sum(-1, keepdims=True)
-    y = (s @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
-    h = h + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
-    m = layer_norm(h, w[p + "ln_2.weight"], w[p + "ln_2.bias"])
-    m = gelu_new(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
-    h = h + m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
-h = layer_norm(h, w["ln_f.weight"], w["ln_f.bias"])
-ref = h @ w["wte.weight"].T                                                      # tied LM head
+ref = gpt2_numpy.forward(w, tokens, L, NH, cfg["layer_norm_epsilon"])
 rel = np.abs(ours - ref).max() / np.abs(ref).max()
 check(bool(np.isfinite(ours).all()) and rel <= 1e-5,
       f"logits: transformers' GPT-2 on the export vs megatron.h, norm-wise rel diff {rel:.2e} (tol 1e-5, fp32 vs float64)")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+print(f"{gpt2_numpy.passed} passed, {gpt2_numpy.failed} failed")
+sys.exit(1 if gpt2_numpy.failed else 0)

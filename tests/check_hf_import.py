@@ -16,17 +16,10 @@ import sys
 import numpy as np
 from safetensors.numpy import save_file
 
+import gpt2_numpy
+from gpt2_numpy import check
+
 ROOT = "build/hf_import_ref"
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    print(("OK     " if ok else "NOT OK ") + what)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
 
 
 L, C, NH, V, maxT, T = 2, 64, 4, 300, 32, 20
@@ -52,33 +45,8 @@ tokens = rng.integers(0, V, T).astype(np.int32)
 np.concatenate([[T], tokens]).astype(np.int32).tofile(f"{ROOT}/tokens.bin")
 
 
-def layer_norm(x, g, b, eps=1e-5):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * g + b
-
-
-def gelu_new(x):
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
 d = {k.removeprefix("transformer."): v.astype(np.float64) for k, v in w.items()}
-hs = C // NH
-h = d["wte.weight"][tokens] + d["wpe.weight"][np.arange(T)]
-mask = np.tril(np.ones((T, T), dtype=bool))
-for l in range(L):
-    p = f"h.{l}."
-    a = layer_norm(h, d[p + "ln_1.weight"], d[p + "ln_1.bias"])
-    q, k, v = np.split(a @ d[p + "attn.c_attn.weight"] + d[p + "attn.c_attn.bias"], 3, axis=-1)
-    q, k, v = (t.reshape(T, NH, hs).transpose(1, 0, 2) for t in (q, k, v))
-    s = np.where(mask, q @ k.transpose(0, 2, 1) / np.sqrt(hs), -np.inf)
-    s = np.exp(s - s.max(-1, keepdims=True))
-    s /= s.sum(-1, keepdims=True)
-    y = (s @ v).transpose(1, 0, 2).reshape(T, C)
-    h = h + y @ d[p + "attn.c_proj.weight"] + d[p + "attn.c_proj.bias"]
-    m = gelu_new(layer_norm(h, d[p + "ln_2.weight"], d[p + "ln_2.bias"]) @ d[p + "mlp.c_fc.weight"] + d[p + "mlp.c_fc.bias"])
-    h = h + m @ d[p + "mlp.c_proj.weight"] + d[p + "mlp.c_proj.bias"]
-ref = layer_norm(h, d["ln_f.weight"], d["ln_f.bias"]) @ d["wte.weight"].T
+ref = gpt2_numpy.forward(d, tokens[None, :], L, NH)[0]
 
 r = subprocess.run(["./tests/test_generate", "--hf-logits", ROOT, f"{ROOT}/tokens.bin", f"{ROOT}/ours.bin"],
                    capture_output=True, text=True)
@@ -94,5 +62,5 @@ if r.returncode == 0:
           f"logits of the imported model, decoded through the KV cache at TP=2, vs the reference GPT-2: "
           f"norm-wise rel diff {rel:.2e} (tol 1e-5, fp32 vs float64)")
     check(bool((ours.argmax(-1) == ref.argmax(-1)).all()), "the greedy token at every position is the reference's")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+print(f"{gpt2_numpy.passed} passed, {gpt2_numpy.failed} failed")
+sys.exit(1 if gpt2_numpy.failed else 0)
