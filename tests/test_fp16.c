@@ -215,20 +215,10 @@ static void rank_main(mt_world *w, int rank, void *arg) {
 static void train_dist(fp_run *run, mt_dtype dt, float initial, int tp, int pp, int dp, int dist) {
     mt_config *cfg = &run->cfg;
     memset(run, 0, sizeof *run);
-    mt_config_defaults(cfg);
-    cfg->model.num_layers = 4;
-    cfg->model.hidden_size = 32;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.seq_length = 16;
-    cfg->model.vocab_size = 101;
+    synthetic_config(cfg, tp, pp, dp);
     cfg->model.hidden_dropout = 0.0f;
     cfg->model.attention_dropout = 0.0f;
-    cfg->parallel.tensor_model_parallel_size = tp;
-    cfg->parallel.pipeline_model_parallel_size = pp;
-    cfg->parallel.nproc_per_node = tp * pp * dp;
     cfg->parallel.use_distributed_optimizer = dist;
-    cfg->train.micro_batch_size = 2;
-    cfg->train.global_batch_size = 8;
     cfg->train.train_iters = STEPS;
     cfg->train.lr = 3e-3f;
     cfg->train.lr_warmup_iters = 2;

@@ -46,20 +46,8 @@ static void rank_main(mt_world *w, int rank, void *arg) {
 static void train(run_t *run, int tp, int pp, int vp_layers, const char *granularity, const char *method, int n) {
     mt_config *cfg = &run->cfg;
     memset(run, 0, sizeof *run);
-    mt_config_defaults(cfg);
-    cfg->model.num_layers = 4;
-    cfg->model.hidden_size = 32;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.seq_length = 16;
-    cfg->model.vocab_size = 101;
-    cfg->model.hidden_dropout = 0.1f;
-    cfg->model.attention_dropout = 0.1f;
-    cfg->parallel.tensor_model_parallel_size = tp;
-    cfg->parallel.pipeline_model_parallel_size = pp;
-    cfg->parallel.nproc_per_node = tp * pp;
+    synthetic_config(cfg, tp, pp, 1);
     cfg->parallel.num_layers_per_virtual_pipeline_stage = vp_layers;
-    cfg->train.micro_batch_size = 2;
-    cfg->train.global_batch_size = 8;
     cfg->train.train_iters = STEPS;
     cfg->train.lr = 3e-3f;
     cfg->train.weight_decay = 0.1f;

@@ -48,17 +48,7 @@ static void rank_main(mt_world *w, int rank, void *arg) {
 // the model of tests/test_layouts.c: L=4, C=32, NH=4, T=16, V=101
 static void configure(mt_config *cfg, int tp, int pp, int dp, int vp_layers, int sp, int micro, int global,
                       const char *recompute, int dist) {
-    mt_config_defaults(cfg);
-    cfg->model.num_layers = 4;
-    cfg->model.hidden_size = 32;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.seq_length = 16;
-    cfg->model.vocab_size = 101;
-    cfg->model.hidden_dropout = 0.1f;
-    cfg->model.attention_dropout = 0.1f;
-    cfg->parallel.tensor_model_parallel_size = tp;
-    cfg->parallel.pipeline_model_parallel_size = pp;
-    cfg->parallel.nproc_per_node = tp * pp * dp;
+    synthetic_config(cfg, tp, pp, dp);
     cfg->parallel.num_layers_per_virtual_pipeline_stage = vp_layers;
     cfg->parallel.sequence_parallel = sp;
     cfg->parallel.use_distributed_optimizer = dist;
