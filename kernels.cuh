@@ -439,12 +439,106 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
     for (int i = lane; i < C; i += 32) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
+// The same with the row in registers: a lane holds float4 j = lane + 32 v (v < NV) of its row, all
+// loaded before the first sum (one round trip to memory per row instead of one per float:
+// decoding normalises a row or a few per launch, and waits for each), and the three passes
+// read registers. For C % 4 == 0, C <= 128 NV, 16-byte aligned rows. With a (the residual stream)
+// not NULL it also does the residual add first: res = a + inp, written out, and normalises res
+// (mt_residual_layernorm_forward: one pass over the row instead of two kernels).
+template <int NV>
+__global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *__restrict__ mean,
+                                                float *__restrict__ rstd, float *__restrict__ res,
+                                                const float *__restrict__ a, const float *__restrict__ inp,
+                                                const float *__restrict__ weight, const float *__restrict__ bias,
+                                                int N, int C) {
+    int lane = threadIdx.x % 32;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= N) return;
+    int C4 = C / 4;
+    const float4 *x4 = (const float4 *)(inp + (size_t)row * C);
+    float4 x[NV];
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        x[v] = j < C4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (a) {   // the residual add, as mt_residual_forward: res = a + inp
+        const float4 *a4 = (const float4 *)(a + (size_t)row * C);
+        float4 *r4 = (float4 *)(res + (size_t)row * C);
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            if (j < C4) {
+                float4 y = a4[j];
+                x[v] = make_float4(y.x + x[v].x, y.y + x[v].y, y.z + x[v].z, y.w + x[v].w);
+                r4[j] = x[v];
+            }
+        }
+    }
+    float sum = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++) sum += (x[v].x + x[v].y) + (x[v].z + x[v].w);   // zeros past C add nothing
+    float m = mt__warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++)
+        if (lane + 32 * v < C4) {
+            float d0 = x[v].x - m, d1 = x[v].y - m, d2 = x[v].z - m, d3 = x[v].w - m;
+            var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+        }
+    var = mt__warp_sum(var) / (float)C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    float4 *o4 = (float4 *)(out + (size_t)row * C);
+    const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        if (j < C4) {
+            float4 w = w4[j], b = b4[j];
+            o4[j] = make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
+                                (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w);
+        }
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = s; }
+}
+void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream);   // below
+// res (N rows) = a + inp first when a is not NULL (then res is what is normalised)
+static void mt__layernorm_forward_launch(float *out, float *mean, float *rstd, float *res, const float *a,
+                                         const float *inp, const float *weight, const float *bias, int N, int C,
+                                         cudaStream_t stream) {
+    int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
+              (!a || (mt__aligned16(a) && mt__aligned16(res)));
+    if (vec && C <= 32 * 4 * 8) {
+        mt_layernorm_forward_vec_kernel<8><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
+                                                                                bias, N, C);
+        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+    } else if (vec && C <= 32 * 4 * 16) {
+        mt_layernorm_forward_vec_kernel<16><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
+                                                                                 bias, N, C);
+        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+    } else {
+        if (a) {
+            mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
+            inp = res;
+        }
+        mt_layernorm_forward_kernel<<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+        mt__launch_check("mt_layernorm_forward_kernel", stream);
+    }
+}
 void mt_layernorm_forward_gpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C, cudaStream_t stream) {
     int N = B * T;
     if (N == 0) return;
-    mt_layernorm_forward_kernel<<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-    mt__launch_check("mt_layernorm_forward_kernel", stream);
+    mt__layernorm_forward_launch(out, mean, rstd, NULL, NULL, inp, weight, bias, N, C, stream);
+}
+// matches mt_residual_layernorm_forward_cpu (megatron.h, 3. OPS): res = a + b (N = B*T rows of C),
+// then out, mean, rstd = layernorm(res)
+void mt_residual_layernorm_forward_gpu(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                       const float *weight, const float *bias, int B, int T, int C,
+                                       cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) return;
+    mt__layernorm_forward_launch(out, mean, rstd, res, a, b, weight, bias, N, C, stream);
 }
 
 // matches mt_layernorm_backward_cpu (megatron.h, 3. OPS).
@@ -1736,13 +1830,17 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
 // ---------------------------------------------------------------------------------------------
 // matmul for a few rows (decoding: one token per sequence): a GEMV. A GEMM tile of 64-128 rows
 // would be mostly padding and the bf16 rungs would copy the whole weight to bf16 first; here
-// each warp reads its output row of the weight once (float4, coalesced) and dots it with every
-// input row (at most MT_GEMV_MAX_ROWS, held in registers), so the product runs at the speed of
-// reading the weight from HBM. Narrow outputs (OC < 2048: too few rows to fill the GPU) split
-// the reduction over SPLIT warps (split-K), whose partial sums are added in order (deterministic).
+// each warp reads its output row of the weight once (16 bytes per lane per load, coalesced) and
+// dots it with every input row (at most MT_GEMV_MAX_ROWS, held in registers), so the product runs
+// at the speed of reading the weight from HBM. Narrow outputs (OC < 2048: too few rows to fill
+// the GPU) split the reduction over SPLIT warps (split-K), whose partial sums are added in order
+// (deterministic). A lane issues the loads of up to 4 pieces of 8 weights before it multiplies
+// any: a warp's row of GPT-2 small (768 weights) is then one round trip to HBM, not three.
 // Sums in fp32; the operands are rounded as the rung would round them (ROUND, an mt_dtype: the
 // tensor-core rungs' bf16 or fp16, fp32 for the naive and tiled rungs), so a step with a few rows
 // multiplies the same values as one with many (and as the CPU build's emulation).
+// WT, the weight's storage: float (the parameters), or __nv_bfloat16 / __half: the decoding copy
+// of the parameters already rounded to ROUND (mt_device_decoding_weights), half the bytes to read.
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS. Writes out with '='.
 #define MT_GEMV_MAX_ROWS 8
 template <int ROUND>
@@ -1751,9 +1849,30 @@ __device__ static inline float mt__gemv_operand(float x) {
     if (ROUND == MT_DTYPE_FP16) return __half2float(__float2half_rn(x));
     return x;
 }
-template <int SPLIT, int ROUND>
+// 8 consecutive weights from w (16-byte aligned) as floats: two float4, or one 16-byte load of 8
+// 16-bit values
+__device__ static inline void mt__gemv_load8(float v[8], const float *w) {
+    float4 a = *(const float4 *)w, b = *(const float4 *)(w + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ static inline void mt__gemv_load8(float v[8], const __nv_bfloat16 *w) {
+    uint4 u = *(const uint4 *)w;
+    const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = __bfloat162float(h[e]);
+}
+__device__ static inline void mt__gemv_load8(float v[8], const __half *w) {
+    uint4 u = *(const uint4 *)w;
+    const __half *h = (const __half *)&u;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = __half2float(h[e]);
+}
+__device__ static inline float mt__gemv_weight(float w) { return w; }
+__device__ static inline float mt__gemv_weight(__nv_bfloat16 w) { return __bfloat162float(w); }
+__device__ static inline float mt__gemv_weight(__half w) { return __half2float(w); }
+template <int SPLIT, int ROUND, typename WT>
 __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, const float *__restrict__ inp,
-                                                              const float *__restrict__ weight,
+                                                              const WT *__restrict__ weight,
                                                               const float *__restrict__ bias, int BT, int C, int OC,
                                                               int vec) {
     __shared__ float partial[8][MT_GEMV_MAX_ROWS];
@@ -1763,27 +1882,40 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
 #pragma unroll
     for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = 0.0f;
     if (o < OC) {
-        const float *w = weight + (size_t)o * C;
-        int chunk = ((C + SPLIT - 1) / SPLIT + 3) & ~3;   // a multiple of 4: float4 loads stay inside a part
+        const WT *w = weight + (size_t)o * C;
+        int chunk = ((C + SPLIT - 1) / SPLIT + 7) & ~7;   // a multiple of 8: 16-byte pieces stay inside a part
         int k0 = part * chunk, k1 = min(C, k0 + chunk);
-        if (vec) {
-            for (int k = k0 + lane * 4; k < k1; k += 128) {
-                float4 w4 = *(const float4 *)(w + k);
-                w4 = make_float4(mt__gemv_operand<ROUND>(w4.x), mt__gemv_operand<ROUND>(w4.y),
-                                 mt__gemv_operand<ROUND>(w4.z), mt__gemv_operand<ROUND>(w4.w));
+        if (vec) {   // C % 8 == 0, 16-byte aligned rows: piece p of a lane covers k = k0 + 8 (lane + 32 p) ..+8
+            for (int kb = k0 + 8 * lane; kb < k1; kb += 4 * 256) {
+                float wv[4][8];
 #pragma unroll
-                for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
-                    if (r < BT) {
-                        float4 x4 = *(const float4 *)(inp + (size_t)r * C + k);
-                        acc[r] += w4.x * mt__gemv_operand<ROUND>(x4.x) + w4.y * mt__gemv_operand<ROUND>(x4.y) +
-                                  w4.z * mt__gemv_operand<ROUND>(x4.z) + w4.w * mt__gemv_operand<ROUND>(x4.w);
-                    }
+                for (int p = 0; p < 4; p++)   // the loads first (independent: all in flight together)
+                    if (kb + 256 * p < k1) mt__gemv_load8(wv[p], w + kb + 256 * p);
+#pragma unroll
+                for (int p = 0; p < 4; p++) {
+                    int k = kb + 256 * p;
+                    if (k >= k1) break;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) wv[p][e] = mt__gemv_operand<ROUND>(wv[p][e]);
+#pragma unroll
+                    for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
+                        if (r < BT) {
+                            float x[8];
+                            mt__gemv_load8(x, inp + (size_t)r * C + k);
+                            float sum = 0.0f;
+#pragma unroll
+                            for (int e = 0; e < 8; e++) sum += wv[p][e] * mt__gemv_operand<ROUND>(x[e]);
+                            acc[r] += sum;
+                        }
+                }
             }
         } else {
             for (int k = k0 + lane; k < k1; k += 32)
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
-                    if (r < BT) acc[r] += mt__gemv_operand<ROUND>(w[k]) * mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
+                    if (r < BT)
+                        acc[r] += mt__gemv_operand<ROUND>(mt__gemv_weight(w[k])) *
+                                  mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
         }
     }
 #pragma unroll
@@ -1798,22 +1930,27 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
         out[(size_t)lane * OC + o] = s + (bias ? bias[o] : 0.0f);
     }
 }
-template <int ROUND>
-static void mt__gemv_launch(float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
+template <int ROUND, typename WT>
+static void mt__gemv_launch(float *out, const float *inp, const WT *weight, const float *bias, int BT, int C,
                             int OC, int vec, cudaStream_t stream) {
     if (OC < 2048)
-        mt_matmul_kernel5_gemv<4, ROUND><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC,
-                                                                                      vec);
+        mt_matmul_kernel5_gemv<4, ROUND, WT><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT,
+                                                                                          C, OC, vec);
     else
-        mt_matmul_kernel5_gemv<1, ROUND><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT, C, OC,
-                                                                                      vec);
+        mt_matmul_kernel5_gemv<1, ROUND, WT><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT,
+                                                                                          C, OC, vec);
     mt__launch_check("mt_matmul_kernel5_gemv", stream);
 }
-// round: an mt_dtype, what the operands are rounded to (see above)
-static void mt__gemv(float *out, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
-                     int round, cudaStream_t stream) {
-    int vec = C % 4 == 0 && mt__aligned16(inp) && mt__aligned16(weight);
-    if (round == MT_DTYPE_BF16) mt__gemv_launch<MT_DTYPE_BF16>(out, inp, weight, bias, BT, C, OC, vec, stream);
+// round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
+// weight already rounded to `round` and stored in 16 bits (read instead of weight)
+static void mt__gemv(float *out, const float *inp, const float *weight, const void *weight16, const float *bias, int BT,
+                     int C, int OC, int round, cudaStream_t stream) {
+    int vec = C % 8 == 0 && mt__aligned16(inp) && mt__aligned16(weight16 ? weight16 : weight);
+    if (round == MT_DTYPE_BF16 && weight16)
+        mt__gemv_launch<MT_DTYPE_BF16>(out, inp, (const __nv_bfloat16 *)weight16, bias, BT, C, OC, vec, stream);
+    else if (round == MT_DTYPE_FP16 && weight16)
+        mt__gemv_launch<MT_DTYPE_FP16>(out, inp, (const __half *)weight16, bias, BT, C, OC, vec, stream);
+    else if (round == MT_DTYPE_BF16) mt__gemv_launch<MT_DTYPE_BF16>(out, inp, weight, bias, BT, C, OC, vec, stream);
     else if (round == MT_DTYPE_FP16) mt__gemv_launch<MT_DTYPE_FP16>(out, inp, weight, bias, BT, C, OC, vec, stream);
     else mt__gemv_launch<MT_DTYPE_FP32>(out, inp, weight, bias, BT, C, OC, vec, stream);
 }
@@ -1825,13 +1962,22 @@ void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, co
                            mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) {   // decoding's shape: read the weight once
         int tensor_cores = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;   // the rungs that round
-        mt__gemv(out, inp, weight, bias, BT, C, OC, tensor_cores ? (dtype == MT_DTYPE_FP16 ? MT_DTYPE_FP16
-                                                                                          : MT_DTYPE_BF16)
-                                                                : MT_DTYPE_FP32, stream);
+        int round = tensor_cores ? (dtype == MT_DTYPE_FP16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16) : MT_DTYPE_FP32;
+        mt__gemv(out, inp, weight, NULL, bias, BT, C, OC, round, stream);
         return;
     }
     // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)
     mt__gemm(impl, out, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, dtype, stream);
+}
+// the same product for BT <= MT_GEMV_MAX_ROWS rows from weight16, the weight already rounded to
+// dtype (MT_DTYPE_BF16 or MT_DTYPE_FP16) and stored in 16 bits: the same values as
+// mt_matmul_forward_gpu on a tensor-core rung (which rounds each weight as it reads it), half the bytes
+void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const void *weight16, const float *bias, int BT,
+                                          int C, int OC, int dtype, cudaStream_t stream) {
+    if (BT <= 0 || OC <= 0) return;
+    if (BT > MT_GEMV_MAX_ROWS || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16))
+        mt_fatal("internal: a 16-bit weight GEMV of %d rows in dtype %d", BT, dtype);
+    mt__gemv(out, inp, NULL, weight16, bias, BT, C, OC, dtype, stream);
 }
 // matches mt_matmul_backward_cpu (megatron.h, 3. OPS).
 // in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
@@ -2790,21 +2936,39 @@ void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t st
 // matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Writes dinp with '='.
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
-__global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
-                                        const float *__restrict__ dout, size_t N) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    float x = inp[i];
+// A float4 kernel over the aligned bulk (three 16-byte accesses per thread), the one-element
+// kernel for the rest, as the forward. Both call mt__gelu_grad: the same bits.
+__device__ static inline float mt__gelu_grad(float x) {
     float cube = 0.044715f * x * x * x;
     float u = MT_GELU_SCALING_FACTOR * (x + cube);
     float th = tanhf(u);
     float sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = grad * dout[i];
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+}
+__global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
+                                        const float *__restrict__ dout, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) dinp[i] = mt__gelu_grad(inp[i]) * dout[i];
+}
+__global__ void mt_gelu_backward_vec4_kernel(float4 *__restrict__ dinp, const float4 *__restrict__ inp,
+                                             const float4 *__restrict__ dout, size_t N4) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N4) return;
+    float4 x = inp[i], d = dout[i];
+    dinp[i] = make_float4(mt__gelu_grad(x.x) * d.x, mt__gelu_grad(x.y) * d.y, mt__gelu_grad(x.z) * d.z,
+                          mt__gelu_grad(x.w) * d.w);
 }
 void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size_t N, cudaStream_t stream) {
     if (N == 0) return;
-    mt_gelu_backward_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dinp, inp, dout, N);
+    size_t N4 = mt__aligned16(dinp) && mt__aligned16(inp) && mt__aligned16(dout) ? N / 4 : 0;
+    if (N4) {
+        mt_gelu_backward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)dinp, (const float4 *)inp,
+                                                                              (const float4 *)dout, N4);
+        mt__launch_check("mt_gelu_backward_vec4_kernel", stream);
+    }
+    if (N4 * 4 == N) return;
+    mt_gelu_backward_kernel<<<mt__blocks(N - N4 * 4, 256), 256, 0, stream>>>(dinp + N4 * 4, inp + N4 * 4, dout + N4 * 4,
+                                                                             N - N4 * 4);
     mt__launch_check("mt_gelu_backward_kernel", stream);
 }
 
@@ -2930,17 +3094,31 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// argmax of each row (greedy decoding): one block per row, each thread its strided share, then
-// a block reduction that keeps the larger value and, on a tie, the smaller index (deterministic)
+// argmax of each row (greedy decoding): one block of 1024 threads per row, each thread its
+// strided share, then a block reduction that keeps the larger value and, on a tie, the smaller
+// index (deterministic). A thread reads 8 values before it compares any (a row of GPT-2's
+// vocabulary is 49 values per thread: one load at a time would wait a DRAM round trip each).
 // matches mt_argmax_rows_cpu (megatron.h, 3. OPS). Writes out with '='.
-__global__ void mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
-    __shared__ float best_v[256];
-    __shared__ int best_i[256];
+#define MT__ARGMAX_THREADS 1024
+__global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
+    __shared__ float best_v[MT__ARGMAX_THREADS];
+    __shared__ int best_i[MT__ARGMAX_THREADS];
     const float *row = x + (size_t)blockIdx.x * ld;
     float bv = -INFINITY;
     int bi = n;   // "none yet": any real index is smaller
-    for (int v = threadIdx.x; v < n; v += blockDim.x)
-        if (row[v] > bv || bi == n) { bv = row[v]; bi = v; }   // a thread's indices rise: > keeps the first
+    for (int v0 = threadIdx.x; v0 < n; v0 += 8 * MT__ARGMAX_THREADS) {
+        float val[8];
+        #pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int v = v0 + u * MT__ARGMAX_THREADS;
+            val[u] = v < n ? row[v] : -INFINITY;
+        }
+        #pragma unroll
+        for (int u = 0; u < 8; u++) {   // a thread's indices rise: > keeps the first
+            int v = v0 + u * MT__ARGMAX_THREADS;
+            if (v < n && (val[u] > bv || bi == n)) { bv = val[u]; bi = v; }
+        }
+    }
     best_v[threadIdx.x] = bv;
     best_i[threadIdx.x] = bi;
     __syncthreads();
@@ -2960,7 +3138,7 @@ __global__ void mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
 }
 void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
     if (rows == 0) return;
-    mt_argmax_rows_kernel<<<(unsigned)rows, 256, 0, stream>>>(out, x, n, ld);
+    mt_argmax_rows_kernel<<<(unsigned)rows, MT__ARGMAX_THREADS, 0, stream>>>(out, x, n, ld);
     mt__launch_check("mt_argmax_rows_kernel", stream);
 }
 
@@ -3301,8 +3479,13 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
     double t0 = mt__profile_begin(r);
-    mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
-                          mt__stream(r));
+    const mt_device *d = &r->dev;
+    if (d->decoding_weights && BT <= MT_GEMV_MAX_ROWS && weight >= d->decoding_of &&
+        weight < d->decoding_of + d->decoding_n)   // decoding: the 16-bit copy of this weight
+        mt_matmul_forward_rounded_weight_gpu(out, inp, (const uint16_t *)d->decoding_weights + (weight - d->decoding_of),
+                                             bias, BT, C, OC, d->dtype, mt__stream(r));
+    else
+        mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
@@ -3372,6 +3555,12 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
     mt_residual_forward_gpu(out, a, b, N, mt__stream(r));
     mt__profile_end(r, "residual forward", t0);
 }
+void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C) {
+    double t0 = mt__profile_begin(r);
+    mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
+    mt__profile_end(r, "residual + layernorm forward", t0);
+}
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V) {
     double t0 = mt__profile_begin(r);
@@ -3414,6 +3603,20 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
     MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
     MT_CUDA_CHECK(cudaFreeAsync(sumsq, stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return result;
+}
+// the pieces' sums added into one device double in order (mt_sum_squares_gpu adds), then one copy
+double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+    double t0 = mt__profile_begin(r);
+    double *sumsq, result = 0.0;
+    cudaStream_t stream = mt__stream(r);
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), stream));
+    MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), stream));
+    for (int i = 0; i < parts; i++) mt_sum_squares_gpu(sumsq, x + start[i], count[i], stream);
+    MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(sumsq, stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    mt__profile_end(r, "sum of squares", t0);
     return result;
 }
 // loss scaling's check: the flag lands in device memory; one synchronisation brings it to the host
@@ -3518,7 +3721,30 @@ void mt_device_init(mt_rank *r) {
     uint64_t keep = UINT64_MAX;
     MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
 }
+// decoding's copy of the parameters in the operand type (see megatron.h): one cast of the whole
+// buffer; only where the GEMV would round (a tensor-core rung, --bf16 / --fp16)
+void mt_device_decoding_weights(mt_rank *r, int on) {
+    mt_device *d = &r->dev;
+    if (d->decoding_weights) {
+        MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+        MT_CUDA_CHECK(cudaFree(d->decoding_weights));
+        d->decoding_weights = NULL;
+        d->decoding_of = NULL;
+        d->decoding_n = 0;
+    }
+    int rounds = d->gemm_impl == MT_GEMM_MMA || d->gemm_impl == MT_GEMM_WGMMA;
+    if (!on || !rounds || d->dtype == MT_DTYPE_FP32 || r->model.num_params == 0) return;
+    size_t n = r->model.num_params;
+    d->decoding_weights = mt__device_alloc(r, n * sizeof(uint16_t), "the decoding copy of the weights");
+    if (d->dtype == MT_DTYPE_FP16)
+        mt_cast_f32_to_f16_gpu((__half *)d->decoding_weights, r->model.params_memory, n, mt__stream(r));
+    else
+        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d->decoding_weights, r->model.params_memory, n, mt__stream(r));
+    d->decoding_of = r->model.params_memory;
+    d->decoding_n = n;
+}
 void mt_device_free(mt_rank *r) {
+    mt_device_decoding_weights(r, 0);
     mt__profile_print(r);
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;

@@ -611,6 +611,10 @@ void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, c
 void mt_gelu_forward_cpu(float *out, const float *inp, size_t N);
 void mt_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t N);
+/* res = a + b, then out, mean, rstd = layernorm(res): the residual add and the next layernorm as
+   one op (the GPU reads the row once); (B,T,C) each */
+void mt_residual_layernorm_forward_cpu(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                       const float *weight, const float *bias, int B, int T, int C);
 void mt_bias_add_cpu(float *out, const float *bias, int BT, int OC);
 void mt_cross_entropy_local_max_cpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V);
 void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
@@ -652,6 +656,9 @@ typedef struct {
     mt_dtype dtype;             // --bf16 / --fp16: GEMM and attention operands in it, fp32 accumulation
                                 // (the GPU's tensor cores; the CPU build rounds the operands to it)
     char name[64];              // for the log: "GPU 0, GEMM wgmma"; "" on the CPU build
+    void *decoding_weights;     // GPU, --bf16 / --fp16 decoding: the parameters rounded to dtype in 16
+    const float *decoding_of;   //   bits (read by the few-row GEMMs instead of the fp32 ones), of the
+    size_t decoding_n;          //   decoding_n floats at decoding_of; NULL when there is none
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -681,6 +688,8 @@ void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int l
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
+void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C);
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V);
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
@@ -692,6 +701,10 @@ void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, s
               float beta2, float eps, float weight_decay, int step);
 void mt_scale(mt_rank *r, float *x, float s, size_t n);
 double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the result on the host */
+/* the same over `parts` pieces of one buffer, x[start[i] .. start[i] + count[i]), added in order
+   (sum of the pieces' sums, as many mt_sum_squares calls would give): one device reduction and one
+   synchronisation for them all (the gradient norm's tensors) */
+double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts);
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n);   /* one pass; the flag on the host */
 /* buffers: host memory (CPU build) or the rank's device memory (GPU build), zeroed */
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what);
@@ -730,6 +743,12 @@ void mt_device_capture_begin(mt_rank *r);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
 void mt_device_graph_free(void *graph);
+/* decoding reads every weight once per token: on = 1 keeps a copy of the parameters rounded to the
+   operand type (--bf16 / --fp16 on the GPU: the same values the GEMV would round each weight to, in
+   half the bytes), which mt_matmul_forward reads for a few rows; on = 0 frees it. Made when a
+   generator is made (section 11): the parameters must not change while it lives. The CPU build,
+   and fp32: nothing. */
+void mt_device_decoding_weights(mt_rank *r, int on);
 
 /* ============================================================================================= */
 /* 4. TENSOR-PARALLEL LAYERS
@@ -1299,6 +1318,7 @@ typedef struct {
     int *next, *host_next;                     // (B) the argmax of each row: on the device, on the host
     void **graphs;                             // (2 x max_batch) the decode step of b+1 sequences (greedy or
                                                // not) as a CUDA graph (GPU build, TP = PP = 1), made at first use
+    mt_rank *rank;                             // whose device holds the decoding copy of the weights
 } mt_generator;
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
@@ -5773,6 +5793,15 @@ void mt_residual_forward_cpu(float *out, const float *a, const float *b, size_t 
     for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
+// the residual add and the layernorm that follows it in a layer: res = a + b (B,T,C), then
+// out, mean, rstd = layernorm(res) with weight, bias (C). The two ops above, in that order (the
+// GPU fuses them: one read of the row).
+void mt_residual_layernorm_forward_cpu(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                       const float *weight, const float *bias, int B, int T, int C) {
+    mt_residual_forward_cpu(res, a, b, (size_t)B * T * C);
+    mt_layernorm_forward_cpu(out, mean, rstd, res, weight, bias, B, T, C);
+}
+
 // ---------------------------------------------------------------------------------------------
 // cross-entropy over a vocabulary split across TP ranks (the per-rank half of it;
 // §4 mt_vocab_parallel_cross_entropy_* adds the all-reduces).
@@ -6154,6 +6183,11 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
     (void)r; mt_residual_forward_cpu(out, a, b, N);
 }
 
+void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C) {
+    (void)r; mt_residual_layernorm_forward_cpu(res, out, mean, rstd, a, b, weight, bias, B, T, C);
+}
+
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V) {
     (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
@@ -6183,6 +6217,13 @@ void mt_scale(mt_rank *r, float *x, float s, size_t n) {
 
 double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
     (void)r; return mt_sum_squares_cpu(x, n);
+}
+
+double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+    (void)r;
+    double sum = 0.0;
+    for (int i = 0; i < parts; i++) sum += mt_sum_squares_cpu(x + start[i], count[i]);
+    return sum;
 }
 
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
@@ -6245,6 +6286,7 @@ void mt_device_capture_begin(mt_rank *r) { (void)r; }
 void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
+void mt_device_decoding_weights(mt_rank *r, int on) { (void)r; (void)on; }
 
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->compute_dtype != MT_DTYPE_FP32)
@@ -6423,6 +6465,10 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
         mt_matmul_forward(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
         mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
+        return;
+    }
+    if (r->groups.tp.size == 1) {   // no sum to wait for: the bias in the GEMM's epilogue, one pass less
+        mt_matmul_forward(r, out, inp, weight, bias, BT, K_tp, OC);   // (x.w) + b: the same rounding
         return;
     }
     mt_matmul_forward(r, out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
@@ -6929,9 +6975,8 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_forward(r, out_c, &hid_drop, B);
-    mt_residual_forward(r, l_residual2, x, out_c, BTC_sp);
-    // MLP block
-    mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T_sp, C);
+    // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
+    mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C);
     mt_column_parallel_linear_forward(r, l_fch, l_ln2, l_fcw, l_fcb, BT, C, F_tp);
     mt_gelu_forward(r, l_fch_gelu, l_fch, (size_t)BT * F_tp);
     mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
@@ -7136,7 +7181,8 @@ static void mt__shard_part(const mt_param_spec *s, size_t lo, size_t hi, size_t 
 static double mt__grad_norm(mt_rank *r) {
     // the shard this rank holds final gradients for: all of it, or its DP shard (distributed)
     size_t lo = r->optim.shard_start, hi = r->optim.shard_start + r->optim.shard_size;
-    double sumsq = 0.0;
+    size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
+    int parts = 0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
         const mt_param_spec *s = &r->model.specs[i];
         if (!s->present) continue;
@@ -7144,8 +7190,10 @@ static double mt__grad_norm(mt_rank *r) {
         if (s->tied_copy) continue;
         size_t a, b;
         mt__shard_part(s, lo, hi, &a, &b);
-        if (a < b) sumsq += mt_sum_squares(r, r->model.grads_memory + a, b - a);
+        if (a < b) { start[parts] = a; count[parts] = b - a; parts++; }
     }
+    // the tensors' sums of squares added in order: one reduction on the device, one wait
+    double sumsq = mt_sum_squares_parts(r, r->model.grads_memory, start, count, parts);
     if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &sumsq, 1, MT_SUM);
     if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
     return sqrt(sumsq);
@@ -10476,6 +10524,8 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     g->host_logits = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
     g->host_gathered = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
     g->graphs = (void **)mt_calloc(2 * (size_t)max_batch, sizeof(void *), "decode graphs");
+    g->rank = r;
+    mt_device_decoding_weights(r, 1);   // the weights in the operand type, read once per token
 }
 
 void mt_generator_free(mt_generator *g) {
@@ -10485,6 +10535,7 @@ void mt_generator_free(mt_generator *g) {
     for (int b = 0; b < 2 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
     free(g->graphs);
     free(g->host_next);
+    if (g->rank) mt_device_decoding_weights(g->rank, 0);
     memset(g, 0, sizeof *g);
 }
 
@@ -10517,9 +10568,8 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
     mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
     mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
-    mt_residual_forward(r, g->res2, g->x, g->out_c, (size_t)BT * C);
-    // MLP block
-    mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->res2, l_ln2w, l_ln2b, B, Tq, C);
+    // MLP block: res2 = x + out_c, ln = layernorm(res2)
+    mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C);
     mt_column_parallel_linear_forward(r, g->fch, g->ln, l_fcw, l_fcb, BT, C, F_tp);
     mt_gelu_forward(r, g->fch_gelu, g->fch, (size_t)BT * F_tp);
     mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);

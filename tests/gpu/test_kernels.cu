@@ -335,6 +335,21 @@ MT_TEST(layernorm) {
         check_added(label, got, dinp_ref, dinp0, NC, 1e-5); free(got);
         got = dev_download(d_dw, C); check_added("layernorm dweight", got, dw_ref, dw0, C, 1e-5); free(got);
         got = dev_download(d_db, C); check_added("layernorm dbias", got, db_ref, db0, C, 1e-5); free(got);
+        // the residual add fused in front: res = a + inp exactly as mt_residual_forward, then the same
+        // layernorm of res (1e-5)
+        float *a = host_random(NC, -2, 2), *res_ref = (float *)mt_malloc(NC * sizeof(float), "ref");
+        mt_residual_layernorm_forward_cpu(res_ref, out_ref, mean_ref, rstd_ref, a, inp, w, bias, B, T, C);
+        float *d_a = dev_upload(a, NC), *d_res = dev_nan(NC);
+        dev_poison(d_out, NC);
+        mt_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_a, d_inp, d_w, d_b, B, T, C, 0);
+        got = dev_download(d_res, NC);
+        snprintf(label, sizeof label, "residual + layernorm: res B=%d T=%d C=%d", B, T, C);
+        check_close(label, got, res_ref, NC, 0.0); free(got);   // one fp32 add: exact
+        got = dev_download(d_out, NC);
+        snprintf(label, sizeof label, "residual + layernorm: out B=%d T=%d C=%d", B, T, C);
+        check_close(label, got, out_ref, NC, 1e-5); free(got);
+        got = dev_download(d_rstd, N); check_close("residual + layernorm: rstd", got, rstd_ref, N, 1e-5); free(got);
+        free(a); free(res_ref); dev_free(d_a); dev_free(d_res);
         free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(mean_ref);
         free(rstd_ref); free(dinp_ref); free(dw_ref); free(db_ref);
         dev_free(d_inp); dev_free(d_w); dev_free(d_b); dev_free(d_out); dev_free(d_mean); dev_free(d_rstd);
@@ -428,6 +443,23 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
             check_added_scale(label, got, db_ref, db0, OC, 1e-5, column_sum_term_scale(dout, BT, OC)); free(got);
         }
         }
+    }
+    // decoding's GEMV from the 16-bit copy of the weight (mt_device_decoding_weights): the values the
+    // tensor-core rungs round the weight to, stored rounded; the same products as above (1e-4)
+    for (int dt = 1; dt <= 2 && BT <= MT_GEMV_MAX_ROWS; dt++) {
+        void *d_w16 = dev_alloc(nw * 2 + 16);
+        if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)d_w16, d_w, nw, 0);
+        else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d_w16, d_w, nw, 0);
+        dev_poison(d_out, nout);
+        mt_matmul_forward_rounded_weight_gpu(d_out, d_inp, d_w16, with_bias ? d_bias : NULL, BT, C, OC, dt, 0);
+        char label[160];
+        snprintf(label, sizeof label, "matmul GEMV, %s weights stored in 16 bits, BT=%d C=%d OC=%d%s",
+                 dt == 2 ? "fp16" : "bf16", BT, C, OC, misalign ? " misaligned input" : "");
+        float *got = dev_download(d_out, nout);
+        check_close_scale(label, got, out_r[dt], nout, 1e-4,
+                          matmul_forward_term_scale(inp, w, with_bias ? bias : NULL, BT, C, OC));
+        free(got);
+        dev_free(d_w16);
     }
     for (int dt = 1; dt <= 2; dt++) { free(out_r[dt]); free(dinp_r[dt]); free(dw_r[dt]); }
     free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(dinp_ref); free(dw_ref); free(db_ref);
@@ -710,6 +742,11 @@ MT_TEST(vector_and_scalar_paths) {
         mt_residual_forward_gpu(d_out + off, d_x + off, d_y + off, n, 0);
         got = dev_download(d_out, n + 4);
         check_close("residual forward, offset path", got + off, want, n, 0.0); free(got);
+        mt_gelu_backward_cpu(want, x + off, y + off, n);   // dinp = gelu'(x) dout, dout = y
+        mt_gelu_backward_gpu(d_out + off, d_x + off, d_y + off, n, 0);
+        got = dev_download(d_out, n + 4);
+        double dout_scale = 1.0;   // as in gelu_residual: the last bit at the scale of |dout| <= 1
+        check_close_scale("gelu backward, offset path", got + off, want, n, 1e-5, dout_scale); free(got);
         for (size_t i = 0; i < n; i++) want[i] = x[off + i] * 0.75f;
         mt_scale_gpu(d_x + off, 0.75f, n, 0);
         got = dev_download(d_x, n + 4);
