@@ -198,6 +198,32 @@ void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cud
     mt_cast_f32_to_bf16_kernel<<<mt__blocks(n - done, 256), 256, 0, stream>>>(out + done, inp + done, n - done);
     mt__launch_check("mt_cast_f32_to_bf16_kernel", stream);
 }
+// GELU (tanh approximation) and its derivative, as mt_gelu_forward_cpu / mt_gelu_backward_cpu: the
+// GELU kernels (section 3, "GELU") and the GEMM epilogues that fuse them (the MLP's fc forward,
+// fc-proj's input gradient) call these, so both ways give the same bits
+//   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+__device__ static inline float mt__gelu(float x) {
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
+}
+__device__ static inline float mt__gelu_grad(float x) {
+    float cube = 0.044715f * x * x * x;
+    float u = MT_GELU_SCALING_FACTOR * (x + cube);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// four floats rounded (to nearest even) into four 16-bit values of T, for one 8-byte store
+__device__ static inline void mt__store_rounded4(__nv_bfloat16 o[4], float4 v) {
+    *(__nv_bfloat162 *)&o[0] = __floats2bfloat162_rn(v.x, v.y);
+    *(__nv_bfloat162 *)&o[2] = __floats2bfloat162_rn(v.z, v.w);
+}
+__device__ static inline void mt__store_rounded4(__half o[4], float4 v) {
+    *(__half2 *)&o[0] = __floats2half2_rn(v.x, v.y);
+    *(__half2 *)&o[2] = __floats2half2_rn(v.z, v.w);
+}
 // the same to fp16 (--fp16): past 65504 to inf, subnormals below 2^-14 (as mt_fp16_from_float)
 // Two kernels, as the bf16 cast: 8 elements per thread over the 16-byte-aligned bulk, then one.
 __global__ void mt_cast_f32_to_f16_kernel(__half *out, const float *inp, size_t n) {
@@ -1018,16 +1044,63 @@ __global__ void mt_column_sum_finish_kernel(float *__restrict__ dst, const float
     for (int k = 0; k < chunks; k++) s += partial[(size_t)k * N + n];
     dst[n] += s;
 }
-static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaStream_t stream) {
+// Pass 1 with a float4 per thread (N % 4 == 0, src 16-byte aligned): block (32,8) covers 128
+// columns, so a warp reads 512 contiguous bytes of a row instead of 128 (the one-float version
+// reaches ~1.9 TB/s, half the copy bandwidth). The same chunks and the same order per column.
+// copy16 (T = __nv_bfloat16 or __half), when not NULL, also receives every element rounded to T
+// (the GEMM operand the backward needs: the dbias pass and the cast read dout once, together).
+template <typename T>
+__global__ void mt_column_sum_partial_vec4_kernel(float *__restrict__ partial, const float *__restrict__ src,
+                                                  T *__restrict__ copy16, int M, int N) {
+    __shared__ float4 sums[8][32];
+    int n = 4 * (blockIdx.x * 32 + threadIdx.x);
+    int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (n < N)
+        for (int m = m_begin + threadIdx.y; m < m_end; m += 8) {
+            float4 v = *(const float4 *)(src + (size_t)m * N + n);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+            if (copy16) {
+                T o[4];
+                mt__store_rounded4(o, v);
+                *(uint2 *)(copy16 + (size_t)m * N + n) = *(const uint2 *)o;
+            }
+        }
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && n < N) {
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        #pragma unroll
+        for (int y = 0; y < 8; y++) {
+            float4 u = sums[y][threadIdx.x];
+            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+        }
+        *(float4 *)(partial + (size_t)blockIdx.y * N + n) = t;
+    }
+}
+// copy16: NULL, or also write src rounded to T there (same layout; needs the float4 path)
+template <typename T>
+static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int M, int N, cudaStream_t stream) {
     int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
     float *partial;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)chunks * N * sizeof(float), stream));
-    dim3 grid((N + 31) / 32, chunks);
-    mt_column_sum_partial_kernel<<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
-    mt__launch_check("mt_column_sum_partial_kernel", stream);
+    int vec = N % 4 == 0 && mt__aligned16(src) && (!copy16 || (uintptr_t)copy16 % 8 == 0);
+    if (vec) {
+        dim3 grid((N / 4 + 31) / 32, chunks);
+        mt_column_sum_partial_vec4_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(partial, src, copy16, M, N);
+        mt__launch_check("mt_column_sum_partial_vec4_kernel", stream);
+    } else {
+        if (copy16) mt_fatal("internal: the fused column sum and cast needs N %% 4 == 0 and aligned rows");
+        dim3 grid((N + 31) / 32, chunks);
+        mt_column_sum_partial_kernel<<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
+        mt__launch_check("mt_column_sum_partial_kernel", stream);
+    }
     mt_column_sum_finish_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dst, partial, chunks, N);
     mt__launch_check("mt_column_sum_finish_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaStream_t stream) {
+    mt__column_sum_add_copy<__nv_bfloat16>(dst, src, NULL, M, N, stream);
 }
 
 // how many k-slices: enough blocks for about two per SM of an H100/H200 (132 SMs), each slice at
@@ -1176,7 +1249,19 @@ typedef struct {
     int sk_slots;            // stream-K: partial slots per worker (the most tiles one worker's range can touch)
     long long sk_total;      // stream-K: tiles * steps_tile
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
+    int epilogue;            // MT__EPI_*: what the epilogue does with v = sum + bias besides storing it
+    const float *aux;        // MT__EPI_GELU_GRAD: the GELU's input, (M, N) with row stride ldc
+    float *c2;               // MT__EPI_GELU: gelu(v) also goes here, (M, N) with row stride ldc
 } mt__wgmma_args;
+// the fused epilogues (accumulate = 0): the MLP's GELU after the fc GEMM, and its derivative after
+// the fc-proj input gradient, while the GEMM's output is still in registers (one pass over (M, N)
+// less each). C = v (plain); C = v, C2 = gelu(v) (GELU); C = v * gelu'(aux) (GELU_GRAD)
+enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2 };
+typedef struct {
+    int op;             // MT__EPI_*
+    const float *aux;   // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc
+    float *c2;          // MT__EPI_GELU: gelu(C) (M, N), row stride ldc
+} mt__epilogue;
 
 // ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
 // kernel's sm_90a branch). All shared-memory addresses are 32-bit .shared::cta addresses.
@@ -1373,11 +1458,14 @@ __device__ static inline int mt__wgmma_next(const mt__wgmma_args &g, mt__wgmma_c
     return 1;
 }
 
-// write one output of C, with bias and accumulation exactly as mt__gemm_store
+// write one output of C, with bias and accumulation exactly as mt__gemm_store, and the epilogue
 __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, int j, float v) {
     if (i >= g.M || j >= g.N) return;
-    float *c = g.c + (size_t)i * g.ldc + j;
+    size_t at = (size_t)i * g.ldc + j;
+    float *c = g.c + at;
     if (g.bias) v += g.bias[j];
+    if (g.epilogue == MT__EPI_GELU) g.c2[at] = mt__gelu(v);
+    if (g.epilogue == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(g.aux[at]);
     *c = g.accumulate ? *c + v : v;
 }
 
@@ -1486,21 +1574,40 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             int in0 = i0 < g.M, in1 = i0 + 8 < g.M;
             #pragma unroll
             for (int n0 = 0; n0 < 32; n0 += 8) {
+                // old: what each output reads besides the sum: C itself (accumulate) or the GELU's
+                // input (the GELU_GRAD epilogue, never with accumulate), loaded together as well
+                const float *r0 = g.epilogue == MT__EPI_GELU_GRAD ? g.aux + (size_t)i0 * g.ldc : c0;
+                const float *r1 = r0 + (size_t)8 * g.ldc;
+                int reads = g.accumulate || g.epilogue == MT__EPI_GELU_GRAD;
                 float2 old0[8], old1[8], bias[8];
                 #pragma unroll
                 for (int n = 0; n < 8; n++) {
                     int j = j0 + 8 * (n0 + n), in_n = j < g.N;
                     float2 zero = make_float2(0.0f, 0.0f);
                     bias[n] = g.bias && in_n ? *(const float2 *)(g.bias + j) : zero;
-                    old0[n] = g.accumulate && in_n && in0 ? *(const float2 *)(c0 + j) : zero;
-                    old1[n] = g.accumulate && in_n && in1 ? *(const float2 *)(c1 + j) : zero;
+                    old0[n] = reads && in_n && in0 ? *(const float2 *)(r0 + j) : zero;
+                    old1[n] = reads && in_n && in1 ? *(const float2 *)(r1 + j) : zero;
                 }
                 #pragma unroll
                 for (int n = 0; n < 8; n++) {   // as mt__gemm_store: C = old + (sum + bias)
                     int j = j0 + 8 * (n0 + n), e = 4 * (n0 + n);
                     if (j >= g.N) continue;
-                    if (in0) *(float2 *)(c0 + j) = make_float2(old0[n].x + (d[e] + bias[n].x), old0[n].y + (d[e + 1] + bias[n].y));
-                    if (in1) *(float2 *)(c1 + j) = make_float2(old1[n].x + (d[e + 2] + bias[n].x), old1[n].y + (d[e + 3] + bias[n].y));
+                    float2 v0 = make_float2(d[e] + bias[n].x, d[e + 1] + bias[n].y);
+                    float2 v1 = make_float2(d[e + 2] + bias[n].x, d[e + 3] + bias[n].y);
+                    if (g.epilogue == MT__EPI_GELU_GRAD) {   // C = v gelu'(x)
+                        v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));
+                        v1 = make_float2(v1.x * mt__gelu_grad(old1[n].x), v1.y * mt__gelu_grad(old1[n].y));
+                    } else if (g.accumulate) {
+                        v0 = make_float2(old0[n].x + v0.x, old0[n].y + v0.y);
+                        v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
+                    }
+                    if (in0) *(float2 *)(c0 + j) = v0;
+                    if (in1) *(float2 *)(c1 + j) = v1;
+                    if (g.epilogue == MT__EPI_GELU) {   // C2 = gelu(v)
+                        float *q0 = g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        if (in0) *(float2 *)q0 = make_float2(mt__gelu(v0.x), mt__gelu(v0.y));
+                        if (in1) *(float2 *)q1 = make_float2(mt__gelu(v1.x), mt__gelu(v1.y));
+                    }
                 }
             }
         } else {             // any alignment, N odd: one output at a time (slow, correct)
@@ -1654,7 +1761,7 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
 // (the two typed overloads below are what callers use).
 static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, const float *bias, int M, int N, int K,
                                int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate, int want_splits,
-                               cudaStream_t stream) {
+                               const mt__epilogue *epi, cudaStream_t stream) {
     if (M <= 0 || N <= 0) return;
     if (K < 0) mt_fatal("GEMM with a negative reduction length K = %d", K);
     // (whether this GPU and binary can run it was checked once, when the rung was chosen)
@@ -1670,6 +1777,12 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     memset(&g, 0, sizeof g);
     g.c = c; g.bias = bias; g.M = M; g.N = N; g.K = K; g.ldc = ldc; g.accumulate = accumulate;
     g.store2_ok = (uintptr_t)c % 8 == 0 && ldc % 2 == 0 && N % 2 == 0 && (bias == NULL || (uintptr_t)bias % 8 == 0);
+    if (epi && epi->op != MT__EPI_NONE) {
+        if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
+        g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2;
+        const void *other = epi->op == MT__EPI_GELU ? (const void *)epi->c2 : (const void *)epi->aux;
+        if ((uintptr_t)other % 8 != 0) g.store2_ok = 0;
+    }
     g.tiles_m = (M + MT__WG_BM - 1) / MT__WG_BM;
     g.tiles_n = (N + MT__WG_BN - 1) / MT__WG_BN;
     int tiles = g.tiles_m * g.tiles_n, steps = (K + MT__WG_BK - 1) / MT__WG_BK;
@@ -1708,12 +1821,14 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
 static void mt__gemm_wgmma_splits(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *bias, int M,
                                   int N, int K, int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
                                   int want_splits, cudaStream_t stream) {
-    mt__gemm_wgmma_any(c, a, b, 0, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, want_splits, stream);
+    mt__gemm_wgmma_any(c, a, b, 0, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, want_splits, NULL,
+                       stream);
 }
 static void mt__gemm_wgmma_splits(float *c, const __half *a, const __half *b, const float *bias, int M, int N, int K,
                                   int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
                                   int want_splits, cudaStream_t stream) {
-    mt__gemm_wgmma_any(c, a, b, 1, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, want_splits, stream);
+    mt__gemm_wgmma_any(c, a, b, 1, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, want_splits, NULL,
+                       stream);
 }
 // C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]); a, b bf16 (or fp16) device pointers, c and bias
 // fp32. The layouts and the accumulate / bias rules are mt__gemm's. a, b 16-byte aligned, lda, ldb % 8 == 0.
@@ -1870,8 +1985,10 @@ __device__ static inline void mt__gemv_load8(float v[8], const __half *w) {
 __device__ static inline float mt__gemv_weight(float w) { return w; }
 __device__ static inline float mt__gemv_weight(__nv_bfloat16 w) { return __bfloat162float(w); }
 __device__ static inline float mt__gemv_weight(__half w) { return __half2float(w); }
+// gelu_out: NULL, or also gelu(out) there (the MLP's fc layer, as the GEMM's GELU epilogue)
 template <int SPLIT, int ROUND, typename WT>
-__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, const float *__restrict__ inp,
+__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, float *__restrict__ gelu_out,
+                                                              const float *__restrict__ inp,
                                                               const WT *__restrict__ weight,
                                                               const float *__restrict__ bias, int BT, int C, int OC,
                                                               int vec) {
@@ -1927,32 +2044,37 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
     if (o < OC && part == 0 && lane < BT) {
         float s = 0.0f;
         for (int p = 0; p < SPLIT; p++) s += partial[warp + p][lane];
-        out[(size_t)lane * OC + o] = s + (bias ? bias[o] : 0.0f);
+        float v = s + (bias ? bias[o] : 0.0f);
+        out[(size_t)lane * OC + o] = v;
+        if (gelu_out) gelu_out[(size_t)lane * OC + o] = mt__gelu(v);
     }
 }
 template <int ROUND, typename WT>
-static void mt__gemv_launch(float *out, const float *inp, const WT *weight, const float *bias, int BT, int C,
-                            int OC, int vec, cudaStream_t stream) {
+static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const WT *weight, const float *bias, int BT,
+                            int C, int OC, int vec, cudaStream_t stream) {
     if (OC < 2048)
-        mt_matmul_kernel5_gemv<4, ROUND, WT><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, inp, weight, bias, BT,
-                                                                                          C, OC, vec);
+        mt_matmul_kernel5_gemv<4, ROUND, WT><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, gelu_out, inp, weight,
+                                                                                          bias, BT, C, OC, vec);
     else
-        mt_matmul_kernel5_gemv<1, ROUND, WT><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, inp, weight, bias, BT,
-                                                                                          C, OC, vec);
+        mt_matmul_kernel5_gemv<1, ROUND, WT><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, gelu_out, inp, weight,
+                                                                                          bias, BT, C, OC, vec);
     mt__launch_check("mt_matmul_kernel5_gemv", stream);
 }
 // round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
-// weight already rounded to `round` and stored in 16 bits (read instead of weight)
-static void mt__gemv(float *out, const float *inp, const float *weight, const void *weight16, const float *bias, int BT,
-                     int C, int OC, int round, cudaStream_t stream) {
+// weight already rounded to `round` and stored in 16 bits (read instead of weight). gelu_out: NULL,
+// or gelu(out) there too.
+static void mt__gemv(float *out, float *gelu_out, const float *inp, const float *weight, const void *weight16,
+                     const float *bias, int BT, int C, int OC, int round, cudaStream_t stream) {
     int vec = C % 8 == 0 && mt__aligned16(inp) && mt__aligned16(weight16 ? weight16 : weight);
     if (round == MT_DTYPE_BF16 && weight16)
-        mt__gemv_launch<MT_DTYPE_BF16>(out, inp, (const __nv_bfloat16 *)weight16, bias, BT, C, OC, vec, stream);
+        mt__gemv_launch<MT_DTYPE_BF16>(out, gelu_out, inp, (const __nv_bfloat16 *)weight16, bias, BT, C, OC, vec, stream);
     else if (round == MT_DTYPE_FP16 && weight16)
-        mt__gemv_launch<MT_DTYPE_FP16>(out, inp, (const __half *)weight16, bias, BT, C, OC, vec, stream);
-    else if (round == MT_DTYPE_BF16) mt__gemv_launch<MT_DTYPE_BF16>(out, inp, weight, bias, BT, C, OC, vec, stream);
-    else if (round == MT_DTYPE_FP16) mt__gemv_launch<MT_DTYPE_FP16>(out, inp, weight, bias, BT, C, OC, vec, stream);
-    else mt__gemv_launch<MT_DTYPE_FP32>(out, inp, weight, bias, BT, C, OC, vec, stream);
+        mt__gemv_launch<MT_DTYPE_FP16>(out, gelu_out, inp, (const __half *)weight16, bias, BT, C, OC, vec, stream);
+    else if (round == MT_DTYPE_BF16)
+        mt__gemv_launch<MT_DTYPE_BF16>(out, gelu_out, inp, weight, bias, BT, C, OC, vec, stream);
+    else if (round == MT_DTYPE_FP16)
+        mt__gemv_launch<MT_DTYPE_FP16>(out, gelu_out, inp, weight, bias, BT, C, OC, vec, stream);
+    else mt__gemv_launch<MT_DTYPE_FP32>(out, gelu_out, inp, weight, bias, BT, C, OC, vec, stream);
 }
 
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
@@ -1963,7 +2085,7 @@ void mt_matmul_forward_gpu(float *out, const float *inp, const float *weight, co
     if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) {   // decoding's shape: read the weight once
         int tensor_cores = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;   // the rungs that round
         int round = tensor_cores ? (dtype == MT_DTYPE_FP16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16) : MT_DTYPE_FP32;
-        mt__gemv(out, inp, weight, NULL, bias, BT, C, OC, round, stream);
+        mt__gemv(out, NULL, inp, weight, NULL, bias, BT, C, OC, round, stream);
         return;
     }
     // C = out, A(i=bt, k=c) = inp[bt*C + c] (k inner), B(j=o, k=c) = weight[o*C + c] (k inner)
@@ -1977,7 +2099,7 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
     if (BT <= 0 || OC <= 0) return;
     if (BT > MT_GEMV_MAX_ROWS || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16))
         mt_fatal("internal: a 16-bit weight GEMV of %d rows in dtype %d", BT, dtype);
-    mt__gemv(out, inp, NULL, weight16, bias, BT, C, OC, dtype, stream);
+    mt__gemv(out, NULL, inp, NULL, weight16, bias, BT, C, OC, dtype, stream);
 }
 // matches mt_matmul_backward_cpu (megatron.h, 3. OPS).
 // in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
@@ -1987,13 +2109,30 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // The wgmma rung's backward: the two products share dout, so one rounded copy (T: bf16 or fp16)
 // serves both (for the LM head dout is the (BT, Vp) logits gradient, 824M elements at GPT-2
 // small's batch: a cast is ~2 ms)
+// With a bias, its gradient's column sums read dout anyway: the same pass writes the rounded copy
+// (mt__column_sum_add_copy), one read of dout instead of two.
+// gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
+// dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
+static int mt__f16_flag(const __half *) { return 1; }
+static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
 template <typename T>
-static void mt__matmul_backward_wgmma(float *dinp, float *dweight, const float *dout, const float *inp,
-                                      const float *weight, int BT, int C, int OC, cudaStream_t stream) {
-    T *dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
+static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                      const float *weight, const float *gelu_inp, int BT, int C, int OC,
+                                      cudaStream_t stream) {
+    T *dout16;
+    if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
+        MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
+        mt__column_sum_add_copy<T>(dbias, dout, dout16, BT, OC, stream);
+    } else {
+        dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
+        if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+    }
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
-    if (dinp) mt__gemm_wgmma(dinp, dout16, w16, NULL, BT, C, OC, OC, C, C, 1, 0, 0, stream);   // '='
+    if (dinp) {   // '='
+        mt__epilogue epi = {gelu_inp ? MT__EPI_GELU_GRAD : MT__EPI_NONE, gelu_inp, NULL};
+        mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, OC, C, C, 1, 0, 0, 0, &epi, stream);
+    }
     mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
     if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
@@ -2003,9 +2142,9 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
                             cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
-        if (dtype == MT_DTYPE_FP16) mt__matmul_backward_wgmma<__half>(dinp, dweight, dout, inp, weight, BT, C, OC, stream);
-        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dout, inp, weight, BT, C, OC, stream);
-        if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+        if (dtype == MT_DTYPE_FP16)
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
+        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
@@ -2013,6 +2152,71 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
     mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+}
+
+void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
+void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size_t N, cudaStream_t stream);  // below
+// ---------------------------------------------------------------------------------------------
+// the MLP's first linear and its GELU as one op (matches mt_matmul_forward_gelu_cpu and
+// mt_matmul_backward_gelu_cpu, megatron.h, 3. OPS): the GELU rides in the GEMM's epilogue while
+// the product is in registers, instead of a kernel that reads it back (a pass over (BT, OC) less
+// each way: GPT-2 small, 16 x 1024 x 3072 floats, 200 MB per layer).
+// forward: pre = inp @ weight^T + bias, out = gelu(pre). weight16: NULL, or the 16-bit copy of
+// weight (decoding, for BT <= MT_GEMV_MAX_ROWS). The wgmma rung and the GEMV fuse; other rungs run
+// the GEMM, then the GELU kernel.
+void mt_matmul_forward_gelu_gpu(float *pre, float *out, const float *inp, const float *weight, const void *weight16,
+                                const float *bias, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
+                                cudaStream_t stream) {
+    if (BT <= 0 || OC <= 0) return;
+    int tensor_cores = impl == MT_GEMM_MMA || impl == MT_GEMM_WGMMA;
+    int round = tensor_cores ? (dtype == MT_DTYPE_FP16 ? MT_DTYPE_FP16 : MT_DTYPE_BF16) : MT_DTYPE_FP32;
+    if (BT <= MT_GEMV_MAX_ROWS) {
+        mt__gemv(pre, out, inp, weight, round == MT_DTYPE_FP32 ? NULL : weight16, bias, BT, C, OC, round, stream);
+        return;
+    }
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0) {
+        mt__epilogue epi = {MT__EPI_GELU, NULL, out};
+        if (dtype == MT_DTYPE_FP16) {
+            __half *a16 = mt__rounded_copy<__half>(inp, BT, C, C, 1, stream);
+            __half *b16 = mt__rounded_copy<__half>(weight, OC, C, C, 1, stream);
+            mt__gemm_wgmma_any(pre, a16, b16, 1, bias, BT, OC, C, C, C, OC, 1, 1, 0, 0, &epi, stream);
+            MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
+            MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
+        } else {
+            __nv_bfloat16 *a16 = mt__rounded_copy<__nv_bfloat16>(inp, BT, C, C, 1, stream);
+            __nv_bfloat16 *b16 = mt__rounded_copy<__nv_bfloat16>(weight, OC, C, C, 1, stream);
+            mt__gemm_wgmma_any(pre, a16, b16, 0, bias, BT, OC, C, C, C, OC, 1, 1, 0, 0, &epi, stream);
+            MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
+            MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
+        }
+        return;
+    }
+    mt_matmul_forward_gpu(pre, inp, weight, bias, BT, C, OC, impl, dtype, stream);
+    mt_gelu_forward_gpu(out, pre, (size_t)BT * OC, stream);
+}
+// backward, of a linear whose input came out of a GELU (the MLP's second linear): in the forward
+// pass this was out = gelu(x) @ weight^T + bias with inp = gelu(x), so now
+//   dx = (dout @ weight) * gelu'(x)   (written '='; dx is dinp, the GELU input's gradient)
+//   dweight += dout^T @ inp, dbias += column sums of dout, as mt_matmul_backward_gpu.
+// gelu_inp = x (BT, C). The wgmma rung multiplies by gelu'(x) in the dinp GEMM's epilogue; other
+// rungs: the GEMM into scratch, then the GELU backward kernel.
+void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_gemm_impl impl,
+                                 int dtype, cudaStream_t stream) {
+    if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) {
+        if (dtype == MT_DTYPE_FP16)
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, stream);
+        else
+            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC,
+                                                     stream);
+        return;
+    }
+    float *d_gelu_out;   // dL/d gelu(x), then through the GELU
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&d_gelu_out, (size_t)BT * C * sizeof(float), stream));
+    mt_matmul_backward_gpu(d_gelu_out, dweight, dbias, dout, inp, weight, BT, C, OC, impl, dtype, stream);
+    mt_gelu_backward_gpu(dinp, gelu_inp, d_gelu_out, (size_t)BT * C, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(d_gelu_out, stream));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2908,10 +3112,6 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); N elements, one thread each.
 // Bytes-bound, so as the casts: a float4 kernel over the first N4 * 4 elements when the pointers
 // are 16-byte aligned, the one-element kernel for the rest. Both call mt__gelu: the same bits.
-__device__ static inline float mt__gelu(float x) {
-    float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(MT_GELU_SCALING_FACTOR * (x + cube)));
-}
 __global__ void mt_gelu_forward_kernel(float *__restrict__ out, const float *__restrict__ inp, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) out[i] = mt__gelu(inp[i]);
@@ -2938,13 +3138,6 @@ void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t st
 // so dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) s (1 + 3 * 0.044715 x^2)
 // A float4 kernel over the aligned bulk (three 16-byte accesses per thread), the one-element
 // kernel for the rest, as the forward. Both call mt__gelu_grad: the same bits.
-__device__ static inline float mt__gelu_grad(float x) {
-    float cube = 0.044715f * x * x * x;
-    float u = MT_GELU_SCALING_FACTOR * (x + cube);
-    float th = tanhf(u);
-    float sech2 = 1.0f - th * th;
-    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * MT_GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-}
 __global__ void mt_gelu_backward_kernel(float *__restrict__ dinp, const float *__restrict__ inp,
                                         const float *__restrict__ dout, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3036,22 +3229,50 @@ __device__ static float mt__block_reduce(float v, float *shared, int is_max) {  
     return r;
 }
 
-__global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, const float *kcache,
-        const float *vcache, const float *qkv, const int *start, int Tq, int C_local, int NH_local, int cap) {
-    extern __shared__ float smem[];   // q (hs) | scores (cap) | partial outputs (G, hs) | reduction (32)
-    int hs = C_local / NH_local;
+// One block of 128 threads per (sequence b, head h, new token t), at position p = start[b] + t:
+//   scores:  a thread per cached position p2 <= p (p2 = tid, tid + 128, ...): its K row of HS
+//            floats read as HS/4 float4 loads issued together (one round trip per position, not
+//            HS), s = q . k / sqrt(HS), kept in shared memory
+//   softmax: block max and sum (exp of s - max)
+//   values:  G = 128 / (HS/4) groups of HS/4 threads; thread (g, d) adds score[p2] V[p2, 4d..4d+3]
+//            over p2 = g, g + G, ... (a group reads whole V rows: coalesced), then the G partial
+//            sums in order
+// STORE (decoding, Tq = 1): the block first writes its own head's K and V of the new token into
+// the cache (no other block reads them: one launch instead of two); with several new tokens per
+// sequence (prefill) mt_kv_cache_store_kernel runs before, as every block reads all of them.
+// HS: the head size, or 0 for any other multiple of 4 up to 128 (the loops then test d < D4)
+template <int HS, int STORE>
+__global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, float *kcache, float *vcache,
+                                                                          const float *qkv, const int *start, int Tq,
+                                                                          int C_local, int NH_local, int cap) {
+    extern __shared__ float smem[];   // scores (cap) | partial outputs (128 float4) | reduction (32)
+    const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
+    const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
     int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
     int p = start[b] + t;
-    float *q = smem, *score = smem + hs, *partial = score + cap, *red = partial + blockDim.x;
-    const float *q_g = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;
-    for (int i = threadIdx.x; i < hs; i += blockDim.x) q[i] = q_g[i];
-    __syncthreads();
-    const float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    float *score = smem, *red = smem + cap + 4 * 128;
+    float4 *partial = (float4 *)(smem + cap);
+    const float *row = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;   // q | k | v of this head at C_local apart
+    float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    if (STORE) {
+        for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+            k_b[(size_t)p * C_local + i] = row[C_local + i];
+            v_b[(size_t)p * C_local + i] = row[2 * C_local + i];
+        }
+        __syncthreads();   // the block's global writes are seen by the block after the barrier
+    }
+    float4 q[MAXD4];
+    #pragma unroll
+    for (int d = 0; d < MAXD4; d++) q[d] = d < D4 ? *(const float4 *)(row + 4 * d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float scale = 1.0f / sqrtf((float)hs), m = -INFINITY;
     for (int p2 = threadIdx.x; p2 <= p; p2 += blockDim.x) {
-        const float *k = k_b + (size_t)p2 * C_local;
+        const float4 *k = (const float4 *)(k_b + (size_t)p2 * C_local);
+        float4 kv[MAXD4];
+        #pragma unroll
+        for (int d = 0; d < MAXD4; d++) kv[d] = d < D4 ? k[d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float s = 0.0f;
-        for (int i = 0; i < hs; i++) s += q[i] * k[i];
+        #pragma unroll
+        for (int d = 0; d < MAXD4; d++) s += q[d].x * kv[d].x + q[d].y * kv[d].y + q[d].z * kv[d].z + q[d].w * kv[d].w;
         score[p2] = s * scale;
         m = fmaxf(m, score[p2]);
     }
@@ -3064,33 +3285,64 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
     }
     sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
     float inv = 1.0f / sum;
-    int G = blockDim.x / hs, g = threadIdx.x / hs, i = threadIdx.x % hs;
-    float acc = 0.0f;
-    if (g < G)
-        for (int p2 = g; p2 <= p; p2 += G) acc += score[p2] * v_b[(size_t)p2 * C_local + i];
+    int g = threadIdx.x / D4, d = threadIdx.x % D4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < G) {
+        #pragma unroll 4
+        for (int p2 = g; p2 <= p; p2 += G) {
+            float w = score[p2];
+            float4 v = *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+        }
+    }
     partial[threadIdx.x] = acc;
     __syncthreads();
-    if (threadIdx.x < hs) {
-        float o = 0.0f;
-        for (int k = 0; k < G; k++) o += partial[k * hs + threadIdx.x];
-        out[((size_t)b * Tq + t) * C_local + h * hs + threadIdx.x] = o * inv;
+    if (threadIdx.x < D4) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < G; k++) {
+            float4 u = partial[k * D4 + threadIdx.x];
+            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
+        }
+        *(float4 *)(out + ((size_t)b * Tq + t) * C_local + h * hs + 4 * threadIdx.x) =
+            make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     }
 }
-
+template <int HS>
+static void mt__attention_cached_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                        int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
+    size_t smem = sizeof(float) * ((size_t)cap + 4 * 128 + 32);
+    unsigned blocks = (unsigned)(B * NH_local * Tq);
+    if (Tq == 1) {
+        mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
+        mt_attention_cached_forward_kernel<HS, 1><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
+                                                                                 C_local, NH_local, cap);
+    } else {
+        size_t n = (size_t)B * Tq * C_local;
+        mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
+        mt__launch_check("mt_kv_cache_store_kernel", stream);
+        mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 0>, smem);
+        mt_attention_cached_forward_kernel<HS, 0><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
+                                                                                 C_local, NH_local, cap);
+    }
+    mt__launch_check("mt_attention_cached_forward_kernel", stream);
+}
 void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
     int hs = C_local / NH_local;
     if (B == 0 || Tq == 0) return;
-    if (hs > 128) mt_fatal("attention over the KV cache: head size %d is above 128\nhint: use more heads", hs);
-    size_t n = (size_t)B * Tq * C_local;
-    mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
-    mt__launch_check("mt_kv_cache_store_kernel", stream);
-    size_t smem = sizeof(float) * ((size_t)hs + (size_t)cap + 128 + 32);
-    mt__allow_smem((const void *)mt_attention_cached_forward_kernel, smem);
-    mt_attention_cached_forward_kernel<<<(unsigned)(B * NH_local * Tq), 128, smem, stream>>>(out, kcache, vcache, qkv,
-                                                                                            start, Tq, C_local,
-                                                                                            NH_local, cap);
-    mt__launch_check("mt_attention_cached_forward_kernel", stream);
+    if (hs % 4 != 0 || hs > 128)
+        mt_fatal("attention over the KV cache: head size %d is not a multiple of 4 up to 128\nhint: use "
+                 "hidden-size / num-attention-heads = 16, 32, 64 or 128", hs);
+    if (!mt__aligned16(out) || !mt__aligned16(kcache) || !mt__aligned16(vcache) || !mt__aligned16(qkv))
+        mt_fatal("internal: attention over the KV cache reads float4: its buffers must be 16-byte aligned");
+    switch (hs) {   // the training attention's head sizes (mt__attention_check)
+    case 16: mt__attention_cached_launch<16>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
+    case 32: mt__attention_cached_launch<32>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
+    case 64: mt__attention_cached_launch<64>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
+    case 128: mt__attention_cached_launch<128>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
+    default:   // another multiple of 4
+        mt__attention_cached_launch<0>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3497,6 +3749,28 @@ void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, c
                            r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul backward", C, OC);
+    mt__profile_end(r, label, t0);
+}
+void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                            int BT, int C, int OC) {
+    double t0 = mt__profile_begin(r);
+    const mt_device *d = &r->dev;
+    const void *weight16 = d->decoding_weights && weight >= d->decoding_of && weight < d->decoding_of + d->decoding_n
+                               ? (const void *)((const uint16_t *)d->decoding_weights + (weight - d->decoding_of))
+                               : NULL;
+    mt_matmul_forward_gelu_gpu(pre, out, inp, weight, weight16, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype,
+                               mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
+    mt__profile_end(r, label, t0);
+}
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *gelu_inp, int BT, int C, int OC) {
+    double t0 = mt__profile_begin(r);
+    mt_matmul_backward_gelu_gpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC,
+                                (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu backward", C, OC);
     mt__profile_end(r, label, t0);
 }
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {

@@ -640,6 +640,13 @@ void mt_matmul_forward_rounded_cpu(float *out, const float *inp, const float *we
                                    int OC, mt_dtype dt);
 void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                     const float *weight, int BT, int C, int OC, mt_dtype dt);
+/* the MLP's linears with the GELU between them, as one op each (the GPU fuses the GELU into the
+   GEMM): pre = inp @ weight^T + bias, out = gelu(pre); and the backward of out2 = gelu(x) @ w^T + b:
+   dinp = (dout @ w) * gelu'(x) ('='), dweight, dbias as the matmul's. In dt, as the _rounded ops */
+void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const float *weight, const float *bias, int BT,
+                                int C, int OC, mt_dtype dt);
+void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_dtype dt);
 void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
                                       int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
                                       mt_dtype dt);
@@ -674,6 +681,10 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
                        int OC);
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC);
+void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                            int BT, int C, int OC);
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *gelu_inp, int BT, int C, int OC);
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
@@ -770,6 +781,13 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
                                     const float *bias, int BT, int K_tp, int OC);
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC);
+/* the MLP's pair with its GELU fused: column-parallel fc, pre = X A_r + b_r and out = gelu(pre);
+   and row-parallel fc-proj's backward taken on through that GELU: dinp = dL/d pre (pre = gelu_inp) */
+void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
+                                            const float *bias, int BT, int K, int OC_tp);
+void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                          const float *inp, const float *weight, const float *gelu_inp, int BT,
+                                          int K_tp, int OC);
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe);
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens);
 void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
@@ -892,7 +910,6 @@ typedef struct {
     float *dqkv;      // (B,T,3*C_tp)
     float *datty;     // (B,T,C_tp)
     float *dfch;      // (B,T,F_tp)
-    float *dfch_gelu; // (B,T,F_tp)
     float *ce_max;    // (B,T)  cross-entropy all-reduced values
     float *ce_sum;    // (B,T)
     float *ce_target; // (B,T)
@@ -6049,6 +6066,21 @@ void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, c
     free(weight_r);
 }
 
+// the MLP's fc layer and its GELU: pre = round(inp) @ round(weight)^T + bias, out = gelu(pre)
+void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const float *weight, const float *bias, int BT,
+                                int C, int OC, mt_dtype dt) {
+    mt_matmul_forward_rounded_cpu(pre, inp, weight, bias, BT, C, OC, dt);
+    mt_gelu_forward_cpu(out, pre, (size_t)BT * OC);
+}
+
+// the fc-proj layer's backward through the GELU in front of it: inp = gelu(x), x = gelu_inp (BT,C);
+// dinp = dL/dx = (dout @ weight) * gelu'(x), the matmul's input gradient taken through the GELU in place
+void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_dtype dt) {
+    mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, dt);
+    mt_gelu_backward_cpu(dinp, gelu_inp, dinp, (size_t)BT * C);   // elementwise: in place is safe
+}
+
 // The GPU's attention for --bf16 / --fp16 (kernels.cuh, the _mma kernels) loads Q, K, V and dO in
 // dt, and hands the tensor cores P (for P @ V and dV) and dS (for dQ, dK) in dt; scores, the
 // softmax, its sums and every accumulator stay fp32. Here: Q, K, V (and dout) rounded copies,
@@ -6135,6 +6167,16 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC) {
     mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, r->dev.dtype);
+}
+
+void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                            int BT, int C, int OC) {
+    mt_matmul_forward_gelu_cpu(pre, out, inp, weight, bias, BT, C, OC, r->dev.dtype);
+}
+
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *gelu_inp, int BT, int C, int OC) {
+    mt_matmul_backward_gelu_cpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, r->dev.dtype);
 }
 
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
@@ -6493,6 +6535,32 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 }
 
 // ---------------------------------------------------------------------------------------------
+// the MLP: column-parallel fc, GELU, row-parallel fc-proj. GELU is elementwise, so each rank
+// applies it to its own columns F_tp: no communication between the two linears (the point of
+// Megatron's split: column- then row-parallel). The GELU joins the GEMM next to it, on the device
+// that can fuse it (the GPU's GEMM epilogue): forward with fc, backward with fc-proj's input gradient.
+// forward: pre (BT, OC_tp) = fc(inp) as mt_column_parallel_linear_forward; out = gelu(pre)
+void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
+                                            const float *bias, int BT, int K, int OC_tp) {
+    if (mt__sequence_parallel(r)) {
+        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
+        inp = r->scratch.sp_full;
+    }
+    mt_matmul_forward_gelu(r, pre, out, inp, weight, bias, BT, K, OC_tp);
+}
+// backward of fc-proj (row-parallel, inp = gelu(gelu_inp), my K_tp columns) on through the GELU:
+// dinp = (dY W_r^T) * gelu'(gelu_inp), all local as in mt_row_parallel_linear_backward; '='
+void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                          const float *inp, const float *weight, const float *gelu_inp, int BT,
+                                          int K_tp, int OC) {
+    if (mt__sequence_parallel(r)) {
+        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
+        dout = r->scratch.sp_full;
+    }
+    mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, K_tp, OC);
+}
+
+// ---------------------------------------------------------------------------------------------
 // vocab-parallel embedding: rank r holds rows [r*Vp_tp, (r+1)*Vp_tp) of wte.
 // forward: each rank looks up the tokens it owns (zeros elsewhere), then g: all-reduce, so
 // every rank has the full embedding; then positions are added (wpe is replicated).
@@ -6804,7 +6872,7 @@ static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
     struct { float **ptr; size_t n; } carve[] = {
         {&s->out_c, BT_sp * C}, {&s->dresidual, BT_sp * C}, {&s->dln, BT_sp * C},
         {&s->dqkv, BT * 3 * r->dims.C_tp}, {&s->datty, BT * r->dims.C_tp},
-        {&s->dfch, BT * r->dims.F_tp}, {&s->dfch_gelu, BT * r->dims.F_tp},
+        {&s->dfch, BT * r->dims.F_tp},
         {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
         {&s->sp_full, sp ? BT * C : 0}, {&s->sp_partial, sp ? BT * C : 0},
         {&s->sp_work, sp && r->dims.B > 1 ? BT * C : 0},   // B = 1: the shards are already in place
@@ -6977,8 +7045,7 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_dropout_forward(r, out_c, &hid_drop, B);
     // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
     mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C);
-    mt_column_parallel_linear_forward(r, l_fch, l_ln2, l_fcw, l_fcb, BT, C, F_tp);
-    mt_gelu_forward(r, l_fch_gelu, l_fch, (size_t)BT * F_tp);
+    mt_column_parallel_linear_gelu_forward(r, l_fch, l_fch_gelu, l_ln2, l_fcw, l_fcb, BT, C, F_tp);   // fc, GELU
     mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_forward(r, out_c, &hid_drop, B);
@@ -7025,9 +7092,9 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
-    mt_row_parallel_linear_backward(r, s->dfch_gelu, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, BT, F_tp,
-                                    C);
-    mt_gelu_backward(r, s->dfch, l_fch, s->dfch_gelu, (size_t)BT * F_tp);
+    // fc-proj's backward on through the GELU: dfch = dL/d fch
+    mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, l_fch, BT,
+                                         F_tp, C);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
                           T_sp, C);
@@ -10493,7 +10560,7 @@ static size_t mt__carve_generator(const mt_rank *r, mt_generator *g, float *base
     size_t offset = 0;
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
         *carve[i].ptr = (base && carve[i].n) ? base + offset : NULL;
-        offset += carve[i].n;
+        offset += (carve[i].n + 3) / 4 * 4;   // each piece 16-byte aligned: the GPU reads them as float4
     }
     return offset;
 }
@@ -10570,8 +10637,7 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
     mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
     // MLP block: res2 = x + out_c, ln = layernorm(res2)
     mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C);
-    mt_column_parallel_linear_forward(r, g->fch, g->ln, l_fcw, l_fcb, BT, C, F_tp);
-    mt_gelu_forward(r, g->fch_gelu, g->fch, (size_t)BT * F_tp);
+    mt_column_parallel_linear_gelu_forward(r, g->fch, g->fch_gelu, g->ln, l_fcw, l_fcb, BT, C, F_tp);
     mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
     mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);
 }

@@ -475,6 +475,69 @@ MT_TEST(matmul) {
     matmul_case(33, 768, 68, 1, 1, 1);
 }
 
+// the MLP's linears with the GELU fused into them (mt_matmul_forward_gelu_gpu: the wgmma rung's
+// epilogue, the GEMV's for a few rows; mt_matmul_backward_gelu_gpu: the dinp GEMM's epilogue)
+// against the CPU's two ops (mt_matmul_*_gelu_cpu), on every tensor-core rung, bf16 and fp16.
+// Tolerances as the matmul's (1e-4, the products' order); gelu and gelu' add the device tanhf's
+// last bit, far below that.
+static void matmul_gelu_case(int BT, int C, int OC) {
+    // forward: the fc layer, inp (BT, C) @ w^T, w (OC, C) -> pre, out (BT, OC). backward: the
+    // fc-proj layer on the same w read as (C rows of OC): out2 (BT, C) = gelu(x) @ w^T with x (BT, OC),
+    // dout2 (BT, C) -> dx (BT, OC), dw (C x OC = the same nw floats), db (C)
+    size_t nin = (size_t)BT * C, nw = (size_t)OC * C, nout = (size_t)BT * OC;
+    float *inp = host_random(nin, -1, 1), *w = host_random(nw, -1, 1), *bias = host_random(OC, -1, 1);
+    float *x = host_random(nout, -3, 3), *dout2 = host_random(nin, -1, 1);
+    float *dw0 = host_random(nw, -1, 1), *db0 = host_random(C, -1, 1);
+    float *d_inp = dev_upload(inp, nin), *d_w = dev_upload(w, nw), *d_bias = dev_upload(bias, OC);
+    float *d_x = dev_upload(x, nout), *d_dout2 = dev_upload(dout2, nin);
+    float *d_pre = dev_nan(nout), *d_out = dev_nan(nout), *d_dx = dev_nan(nout), *d_dw = dev_nan(nw), *d_db = dev_nan(C);
+    void *d_w16 = dev_alloc(nw * 2 + 16);
+    mt_gemm_impl impls[2] = {MT_GEMM_MMA, MT_GEMM_WGMMA};
+    for (int k = 0; k < 2; k++) {
+        if (impls[k] == MT_GEMM_WGMMA && mt__wgmma_unsupported()) continue;
+        for (int dt = 1; dt <= 2; dt++) {
+            const char *rung = mt_gemm_impl_name(impls[k]), *type = dt == 2 ? "fp16" : "bf16";
+            float *pre_r = (float *)mt_malloc(nout * sizeof(float), "ref"), *out_r = (float *)mt_malloc(nout * sizeof(float), "ref");
+            float *dx_r = (float *)mt_malloc(nout * sizeof(float), "ref"), *dw_r = host_copy(dw0, nw), *db_r = host_copy(db0, C);
+            mt_matmul_forward_gelu_cpu(pre_r, out_r, inp, w, bias, BT, C, OC, (mt_dtype)dt);
+            mt_matmul_backward_gelu_cpu(dx_r, dw_r, db_r, dout2, x, w, x, BT, OC, C, (mt_dtype)dt);
+            // forward, from the fp32 weight and (for a few rows) from the decoding's 16-bit copy of it
+            for (int from16 = 0; from16 <= (BT <= MT_GEMV_MAX_ROWS); from16++) {
+                if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)d_w16, d_w, nw, 0);
+                else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d_w16, d_w, nw, 0);
+                dev_poison(d_pre, nout); dev_poison(d_out, nout);
+                mt_matmul_forward_gelu_gpu(d_pre, d_out, d_inp, d_w, from16 ? d_w16 : NULL, d_bias, BT, C, OC, impls[k], dt, 0);
+                char label[160];
+                double sc = matmul_forward_term_scale(inp, w, bias, BT, C, OC);
+                snprintf(label, sizeof label, "matmul + gelu %s %s forward: pre BT=%d C=%d OC=%d%s", rung, type, BT, C, OC,
+                         from16 ? " (16-bit weights)" : "");
+                float *got = dev_download(d_pre, nout); check_close_scale(label, got, pre_r, nout, 1e-4, sc); free(got);
+                snprintf(label, sizeof label, "matmul + gelu %s %s forward: gelu BT=%d C=%d OC=%d%s", rung, type, BT, C, OC,
+                         from16 ? " (16-bit weights)" : "");
+                got = dev_download(d_out, nout); check_close_scale(label, got, out_r, nout, 1e-4, sc); free(got);
+            }
+            dev_poison(d_dx, nout);
+            dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_x, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            char label[160];
+            snprintf(label, sizeof label, "matmul + gelu %s %s backward: dx BT=%d C=%d OC=%d", rung, type, BT, OC, C);
+            float *got = dev_download(d_dx, nout); check_close(label, got, dx_r, nout, 1e-4); free(got);
+            snprintf(label, sizeof label, "matmul + gelu %s %s backward: dweight BT=%d", rung, type, BT);
+            got = dev_download(d_dw, nw); check_added(label, got, dw_r, dw0, nw, 1e-4); free(got);
+            snprintf(label, sizeof label, "matmul + gelu %s %s backward: dbias BT=%d", rung, type, BT);
+            got = dev_download(d_db, C); check_added(label, got, db_r, db0, C, 1e-4); free(got);
+            free(pre_r); free(out_r); free(dx_r); free(dw_r); free(db_r);
+        }
+    }
+    free(inp); free(w); free(bias); free(x); free(dout2); free(dw0); free(db0);
+    dev_free(d_inp); dev_free(d_w); dev_free(d_bias); dev_free(d_x); dev_free(d_dout2); dev_free(d_pre); dev_free(d_out);
+    dev_free(d_dx); dev_free(d_dw); dev_free(d_db); dev_free(d_w16);
+}
+MT_TEST(matmul_gelu) {
+    int shapes[][3] = {{513, 768, 3072}, {1024, 64, 256}, {3, 768, 3072}, {100, 40, 72}, {2, 24, 16}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) matmul_gelu_case(shapes[s][0], shapes[s][1], shapes[s][2]);
+}
+
 // generation (megatron.h §11): attention over the KV cache and the greedy argmax
 MT_TEST(decode) {
     // B, Tq (new tokens per sequence), C_local, NH_local, cap; sequence b starts at start[b]
@@ -1151,6 +1214,7 @@ int main(int argc, char **argv) {
         run("position_embedding", test_position_embedding);
         run("layernorm", test_layernorm);
         run("matmul", test_matmul);
+        run("matmul_gelu", test_matmul_gelu);
         run("dropout", test_dropout);
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
