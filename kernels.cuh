@@ -25,7 +25,8 @@
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale, loss
  *                                scaling's unscale-and-check (one pass, an inf/NaN flag)
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
- *                                device memory; the device's set-up, stream and memory in use
+ *                                device memory; the device's set-up, stream and memory in use (the
+ *                                context at start, our buffers, the pool: the memory report's figures)
  *                                (megatron.h's section 3 has the CPU half, with the same names)
  *
  * DETERMINISM: no kernel adds floats through atomics, so every result is the same bit for bit from
@@ -34,7 +35,9 @@
  * a fixed order; the embedding backward groups the positions of each token with a stable
  * counting sort (section 3, embedding). The only atomics are integer counts.
  * SCRATCH: launchers that need temporary device memory take it with cudaMallocAsync on the launch
- * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable).
+ * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable). Its
+ * sizes are megatron.h's (section 3, "the GPU build's kernel scratch"), so the memory plan counts
+ * exactly what is borrowed; a new cudaMallocAsync here needs its term there.
  * MT_SYNC_DEBUG=1 in the environment: every launch is followed by cudaStreamSynchronize and a
  * check, so an asynchronous fault is reported by the op that caused it.
  * TESTS: tests/gpu/test_kernels.cu compares every kernel here with its CPU twin on fresh random
@@ -3586,19 +3589,27 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     return 1;
 }
 // the memory plan's device terms (megatron.h section 3 says what they are). The rung is the one
-// mt_device_init takes, from the flags and this GPU: the plan can ask before any rank has a device.
+// mt_device_init takes, from the flags and this GPU: the plan can ask before any rank has a device
+// (--dry-run on a machine without one plans for an H100/H200, as the CPU build counts)
 size_t mt_device_scratch_bytes(const mt_rank *r) {
     const mt_config *cfg = r->cfg;
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        (void)cudaGetLastError();
+        return mt_gpu_scratch_peak(r, mt__gpu_rung(cfg), cfg->compute_dtype);
+    }
     mt_gemm_impl impl = cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm)
                                            : mt_gemm_impl_for_precision(cfg->compute_dtype);
     return mt_gpu_scratch_peak(r, impl, cfg->compute_dtype);
 }
-// NCCL's own device memory per communicator: its channels' buffers for each peer and protocol
-// (4 MiB Simple, ~4.6 MiB LL128, 256 KiB LL per channel and peer by default: NCCL_BUFFSIZE and
-// friends), its work FIFOs and the peers' connection state. It depends on the NCCL version, the
-// topology and the channel count NCCL chooses, so this is an estimate: measured on an H200 pair
-// over NVLink with a 2-rank communicator (the memory report's "outside the plan" figure shows
-// what NCCL took on yours; NCCL_BUFFSIZE and NCCL_MAX_NCHANNELS lower it).
+// NCCL's own device memory per communicator: its channels' receive buffers for each peer and
+// protocol (by default 4 MiB for Simple, about 4.7 MiB for LL128 and 0.5 MiB for LL, per channel
+// and peer: NCCL_BUFFSIZE and friends), connected lazily as the collectives first need them, and
+// its work queues. It depends on the NCCL version, the topology and how many channels NCCL opens
+// (16 to 32 over NVLink), so this is an estimate, NOT yet measured here (no machine of several GPUs
+// was lent): a 2-rank ring of about 20 channels, each receiving into 9.2 MiB (the three protocols),
+// 185 MiB, rounded up to 200. The memory report's "more since" figure (section 12) shows what NCCL
+// took on yours; NCCL_BUFFSIZE and NCCL_MAX_NCHANNELS lower it.
 static const size_t MT__NCCL_COMM_BYTES = (size_t)200 << 20;
 size_t mt_device_comm_bytes(const mt_rank *r) {
     // the communicators mt_groups_init joins with NCCL (section 2): tp, dp, embd

@@ -6120,7 +6120,7 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 // What each borrows, in bytes (a bf16 or fp16 element is 2, a float or an int 4):
 //   GEMM, wgmma rung    both operands rounded to bf16 / fp16: (span + 8) x 2 each, where the span
 //                       runs from the operand's first element to its last in its own layout and
-//                       leading dimension, plus 8 spare (the 8-wide cast); and with split-K,
+//                       leading dimension, plus 8 spare elements; and with split-K,
 //                       slots x 128 x 256 fp32 partial tiles (mt_wgmma_plan_make)
 //   GEMM, tiled / mma   split-K only: splits x M x N fp32 partial products (mt_gemm_splits)
 //   matmul backward     wgmma: dout, weight (when dinp is wanted) and inp are rounded ONCE and all
@@ -6303,6 +6303,15 @@ size_t mt_gpu_layernorm_backward_scratch(int N, int C) {
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local) {
     if (BT == 0 || V_local == 0) return 0;
     return ((size_t)V_local + 1 + BT) * sizeof(int);
+}
+
+// the rung the GPU build takes on an H100/H200: --gemm, else tiled for fp32 and wgmma for bf16 /
+// fp16 (kernels.cuh's mt_gemm_impl_for_precision there). For counting, where there is no GPU to ask.
+static mt_gemm_impl mt__gpu_rung(const mt_config *cfg) {
+    const char *names[4] = {"naive", "tiled", "mma", "wgmma"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(cfg->train.gemm, names[i]) == 0) return (mt_gemm_impl)i;
+    return cfg->compute_dtype == MT_DTYPE_FP32 ? MT_GEMM_TILED : MT_GEMM_WGMMA;
 }
 
 // The ops of one training step of rank r that borrow, at the shapes they run at (section 5:
@@ -6521,14 +6530,6 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
 }
 
 // device facts: there is no device; every rank is a thread on the host
-// the rung the GPU build would take on an H100/H200 (--gemm, else mt_gemm_impl_for_precision's
-// choice there): only for counting the kernel scratch the GPU would borrow
-static mt_gemm_impl mt__gpu_rung(const mt_config *cfg) {
-    const char *names[4] = {"naive", "tiled", "mma", "wgmma"};
-    for (int i = 0; i < 4; i++)
-        if (strcmp(cfg->train.gemm, names[i]) == 0) return (mt_gemm_impl)i;
-    return cfg->compute_dtype == MT_DTYPE_FP32 ? MT_GEMM_TILED : MT_GEMM_WGMMA;
-}
 void mt_device_init(mt_rank *r) {
     r->dev.device = -1;
     r->dev.stream = NULL;
@@ -11571,8 +11572,6 @@ static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_
 // the scale finds its level (from 2^32: some 15-25 skipped steps at the start of a run).
 #define MT_MAX_BAD_ITERATIONS 5
 
-// Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
-// Returns the last iteration trained (--exit-interval may stop it early).
 // Megatron's report_memory, once, after the first iterations (training.py calls it at the first
 // log interval), and beside it the plan against what was measured. Every rank prints its own
 // lines, in rank order. On the GPU build (the CPU build has no device: nothing is printed):
@@ -11612,6 +11611,8 @@ static void mt__report_memory(mt_rank *r, int iterations) {
     }
 }
 
+// Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
+// Returns the last iteration trained (--exit-interval may stop it early).
 static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved,
                      int *ended_bad) {
     const mt_train_config *t = &r->cfg->train;
