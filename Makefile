@@ -9,7 +9,8 @@
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training;
-#                   --fp16 against the CPU's emulation of it and against --bf16 (tests/gpu/test_fp16.sh)
+#                   --fp16 against the CPU's emulation of it and against --bf16 (tests/gpu/test_fp16.sh);
+#                   the memory plan against the measured peak (tests/gpu/test_memory.sh)
 #   make test-gpu-generate  (GPU machine) generation: GPU vs CPU logits, vs transformers, the benchmark
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
@@ -219,10 +220,11 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
 	 sh tests/gpu/test_sp.sh 2>&1 | tee build/test_sp_gpu.log; \
 	 sh tests/gpu/test_fp16.sh 2>&1 | tee build/test_fp16_gpu.log; \
+	 sh tests/gpu/test_memory.sh 2>&1 | tee build/test_memory_gpu.log; \
 	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
 	 sh tests/gpu/test_multinode.sh 2>&1 | tee build/test_multinode.log; \
 	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_sp_gpu.log \
-	   build/test_fp16_gpu.log build/test_docs_gpu.log build/test_multinode.log
+	   build/test_fp16_gpu.log build/test_memory_gpu.log build/test_docs_gpu.log build/test_multinode.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda

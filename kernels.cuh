@@ -25,7 +25,8 @@
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale, loss
  *                                scaling's unscale-and-check (one pass, an inf/NaN flag)
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
- *                                device memory; the device's set-up, stream and memory in use
+ *                                device memory; the device's set-up, stream and memory in use (the
+ *                                context at start, our buffers, the pool: the memory report's figures)
  *                                (megatron.h's section 3 has the CPU half, with the same names)
  *
  * DETERMINISM: no kernel adds floats through atomics, so every result is the same bit for bit from
@@ -34,7 +35,9 @@
  * a fixed order; the embedding backward groups the positions of each token with a stable
  * counting sort (section 3, embedding). The only atomics are integer counts.
  * SCRATCH: launchers that need temporary device memory take it with cudaMallocAsync on the launch
- * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable).
+ * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable). Its
+ * sizes are megatron.h's (section 3, "the GPU build's kernel scratch"), so the memory plan counts
+ * exactly what is borrowed; a new cudaMallocAsync here needs its term there.
  * MT_SYNC_DEBUG=1 in the environment: every launch is followed by cudaStreamSynchronize and a
  * check, so an asynchronous fault is reported by the op that caused it.
  * TESTS: tests/gpu/test_kernels.cu compares every kernel here with its CPU twin on fresh random
@@ -387,8 +390,8 @@ void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens
                                int V_local, cudaStream_t stream) {
     int BT = B * T;
     if (BT == 0 || V_local == 0) return;
-    int *scratch;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&scratch, ((size_t)V_local + 1 + BT) * sizeof(int), stream));
+    int *scratch;   // row_start (V_local + 1) and positions (BT): mt_gpu_embedding_backward_scratch bytes
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&scratch, mt_gpu_embedding_backward_scratch(BT, V_local), stream));
     int *row_start = scratch, *positions = scratch + V_local + 1;
     MT_CUDA_CHECK(cudaMemsetAsync(row_start, 0, ((size_t)V_local + 1) * sizeof(int), stream));
     mt_embedding_backward_count_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(row_start, tokens, BT, vocab_start,
@@ -577,7 +580,7 @@ void mt_residual_layernorm_forward_gpu(float *res, float *out, float *mean, floa
 // the block adds the warp slices in order into partial[block], and
 // mt_layernorm_backward_reduce_kernel adds the blocks' partials in order. Deterministic.
 // dynamic shared memory: 2 * nwarps * C floats. partial_* are (blocks, C) each.
-static const int MT__LN_ROWS_PER_BLOCK = 32;
+// (MT__LN_ROWS_PER_BLOCK = 32 rows per block: megatron.h's, section 3, which sizes the partials)
 __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial_dweight,
                                              float *__restrict__ partial_dbias, const float *__restrict__ dout,
                                              const float *__restrict__ inp, const float *__restrict__ weight,
@@ -652,8 +655,8 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     size_t smem = (size_t)2 * nwarps * C * sizeof(float);
     if (smem > 200 * 1024) mt_fatal("layernorm backward: C = %d channels is too wide for shared memory", C);
     int nblocks = (N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK;
-    float *partial;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)2 * nblocks * C * sizeof(float), stream));
+    float *partial;   // (2, nblocks, C): mt_gpu_layernorm_backward_scratch bytes
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_layernorm_backward_scratch(N, C), stream));
     mt__allow_smem((const void *)mt_layernorm_backward_kernel, smem);
     mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial + (size_t)nblocks * C,
                                                                          dout, inp, weight, mean, rstd, N, C);
@@ -690,7 +693,7 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
 // When a problem has too few output tiles to fill the GPU (the weight-gradients: OC x C outputs
 // but BT = 16k long reductions) the tiled and mma rungs split k into slices (blockIdx.z) that
 // write partial products to a scratch, which mt_matmul_splitk_reduce_kernel adds in order.
-typedef enum { MT_GEMM_NAIVE = 0, MT_GEMM_TILED = 1, MT_GEMM_MMA = 2, MT_GEMM_WGMMA = 3 } mt_gemm_impl;
+// (mt_gemm_impl, the enum of the rungs, is megatron.h's: section 3's interface, "kernel scratch")
 // one GEMM, as every rung sees it
 typedef struct {
     float *c;                 // C (M, N), row stride ldc
@@ -767,7 +770,8 @@ __global__ void mt_matmul_kernel1_naive(mt__gemm_args g) {
 // slices to shared memory as As[k][i], Bs[k][j] (consecutive threads take consecutive addresses
 // of whichever index is contiguous in memory), then each thread does 8 outer products of an
 // 8-vector of A by an 8-vector of B (64 FMAs per 16 shared loads).
-static const int MT__TILED_BM = 128, MT__TILED_BN = 128, MT__TILED_BK = 8;
+// (MT__TILED_BM x MT__TILED_BN x MT__TILED_BK = 128 x 128 x 8 is megatron.h's, section 3 "the GPU
+// build's kernel scratch": the memory plan counts the split-K partials with it on both builds)
 template <int A_K_INNER, int B_K_INNER>
 __global__ void __launch_bounds__(256) mt_matmul_kernel2_tiled(mt__gemm_args g) {
     __shared__ __align__(16) float As[MT__TILED_BK][MT__TILED_BM + 4];
@@ -892,7 +896,7 @@ __device__ static inline float4 mt__load4(const float *p, int n, int vec_ok) {
 // (+8 bf16) so the 8 row addresses of an ldmatrix fall in 8 different bank groups. Two
 // shared-memory buffers: the loads of step s+1 are issued before the mma of step s, and stored
 // after it, so global latency hides behind tensor-core work; one __syncthreads per step.
-static const int MT__MMA_BM = 128, MT__MMA_BN = 128, MT__MMA_BK = 32;
+// (MT__MMA_BM x MT__MMA_BN x MT__MMA_BK = 128 x 128 x 32: megatron.h's, section 3, as the tiled rung's)
 static const int MT__MMA_LDK = MT__MMA_BK + 8;             // row stride of a [row][k] tile, in bf16
 static const int MT__MMA_LDR = MT__MMA_BM + 8;             // row stride of a [k][row] tile
 static const int MT__MMA_TILE = MT__MMA_BM * MT__MMA_LDK;  // bf16 per buffer (the larger of 128*40, 32*136)
@@ -1018,7 +1022,7 @@ __global__ void mt_matmul_splitk_reduce_kernel(mt__gemm_args g, int splits) {
 // dst[n] += sum_m src[m*N + n], deterministically: pass 1 sums 256-row chunks (block (32,8): a
 // column per tx, every 8th row per ty, then the 8 in order) into partial[chunk][n]; pass 2 adds
 // the chunks in order.
-static const int MT__COLSUM_ROWS = 256;
+// (MT__COLSUM_ROWS = 256 rows per chunk: megatron.h's, section 3, which sizes the partials)
 __global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const float *__restrict__ src, int M,
                                              int N) {
     __shared__ float sums[8][33];
@@ -1083,7 +1087,7 @@ template <typename T>
 static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int M, int N, cudaStream_t stream) {
     int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
     float *partial;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)chunks * N * sizeof(float), stream));
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream));   // (chunks, N)
     int vec = N % 4 == 0 && mt__aligned16(src) && (!copy16 || (uintptr_t)copy16 % 8 == 0);
     if (vec) {
         dim3 grid((N / 4 + 31) / 32, chunks);
@@ -1103,13 +1107,8 @@ static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaS
     mt__column_sum_add_copy<__nv_bfloat16>(dst, src, NULL, M, N, stream);
 }
 
-// how many k-slices: enough blocks for about two per SM of an H100/H200 (132 SMs), each slice at
-// least 4 steps of bk. A function of the shape only, so results do not depend on the device.
-static int mt__gemm_splits(int tiles, int K, int bk) {
-    int splits = 1;
-    while (splits < 16 && tiles * splits < 264 && K / (2 * splits) >= 4 * bk) splits *= 2;
-    return splits;
-}
+// how many k-slices (mt_gemm_splits, megatron.h section 3): enough blocks for about two per SM of
+// an H100/H200 (132 SMs), each slice at least 4 steps of bk; a function of the shape only
 // launch one rung of the ladder on one GEMM (the template arguments are the two operand layouts;
 // f16: the mma rung's operands in fp16, else bf16)
 template <int A_K_INNER, int B_K_INNER>
@@ -1122,12 +1121,8 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
         return;
     }
     int bm = impl == MT_GEMM_MMA ? MT__MMA_BM : MT__TILED_BM, bn = impl == MT_GEMM_MMA ? MT__MMA_BN : MT__TILED_BN;
-    int bk = impl == MT_GEMM_MMA ? MT__MMA_BK : MT__TILED_BK;
     int tiles_m = (g.M + bm - 1) / bm, tiles_n = (g.N + bn - 1) / bn;
-    int splits = mt__gemm_splits(tiles_m * tiles_n, g.K, bk);
-    g.k_per_split = ((g.K + splits - 1) / splits + bk - 1) / bk * bk;   // a multiple of bk
-    if (g.k_per_split == 0) g.k_per_split = bk;                         // K = 0: one empty slice
-    splits = g.K == 0 ? 1 : (g.K + g.k_per_split - 1) / g.k_per_split;  // no empty slice
+    int splits = mt_gemm_splits(impl, g.M, g.N, g.K, &g.k_per_split);   // k_per_split: a multiple of bk
     g.workspace = NULL;
     if (splits > 1) MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float),
                                                   stream));
@@ -1228,13 +1223,14 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
 // any float alignment (float2 stores when c is 8-byte aligned and ldc, N even).
 
 
-static const int MT__WG_BM = 128, MT__WG_BN = 256, MT__WG_BK = 64, MT__WG_STAGES = 4;
+// (the tile, MT__WG_BM x MT__WG_BN x MT__WG_BK = 128 x 256 x 64, and MT__WG_SMS = 132 are megatron.h's,
+// section 3 "the GPU build's kernel scratch": the split-K plan and the memory plan use them on both builds)
+static const int MT__WG_STAGES = 4;
 static const int MT__WG_A_BYTES = MT__WG_BM * MT__WG_BK * 2;                      // 16 KB per stage
 static const int MT__WG_B_BYTES = MT__WG_BN * MT__WG_BK * 2;                      // 32 KB per stage
 static const int MT__WG_SMEM = 1024 /* alignment slack */ + MT__WG_STAGES * (MT__WG_A_BYTES + MT__WG_B_BYTES) +
                                2 * MT__WG_STAGES * 8 /* mbarriers */;
 static const int MT__WG_THREADS = 384;   // producer warpgroup + 2 consumer warpgroups
-static const int MT__WG_SMS = 132;       // the SM count the split-K choice assumes (H100 / H200 SXM)
 
 typedef struct {
     float *c;                // C (M, N), row stride ldc
@@ -1716,30 +1712,9 @@ static CUtensorMap mt__wgmma_map(const void *x, int f16, int rows, int K, int ld
     if (r != CUDA_SUCCESS) mt_fatal("cuTensorMapEncodeTiled failed (error %d) for a %d x %d operand, ld %d", (int)r, rows, K, ld);
     return map;
 }
-// THE PLAN for a GEMM of `tiles` output tiles of `steps` k-steps each: 1 = one block per tile,
-// S > 1 = split-K in S slices. Estimated time, in units of one k-step of one block (~0.78 us on an
-// H200): (waves of tiles*S units on 132 SMs) x (k-steps per unit + ~4 for its epilogue), plus for
-// S > 1 the reduce kernel: ~3 to launch + 0.044 per 128 x 256 partial read (128 KB at ~4 TB/s =
-// 33 ns). Slices of at least 8 steps, at most 16; more slices must win by 3%. A function of the
-// shape only (132 is fixed, not read from the GPU), so the bits of C do not depend on the device.
-// Stream-K (plan 0) is never chosen here: measured on an H200 at GPT-2's weight-gradient shapes it
-// was 15-40% SLOWER than split-K although it balances the k-steps perfectly. Its workers start at
-// staggered k positions, so the blocks working on tiles that share rows of A or columns of B no
-// longer read them at the same time and L2 stops catching the re-reads (these products reread
-// each operand 3-24 times); split-K slices of neighbouring tiles start at the same k together.
-// It stays available (mt__gemm_wgmma_splits(..., -1, ...)) and tested, for the curious.
-static int mt__wgmma_splits(int tiles, int steps) {
-    int best = 1;
-    double best_cost = 1e300;
-    for (int s = 1; s <= 16; s++) {
-        int per = (steps + s - 1) / s;
-        if (s > 1 && per < 8) break;
-        double waves = (double)((tiles * s + MT__WG_SMS - 1) / MT__WG_SMS);
-        double cost = waves * (per + 4) + (s > 1 ? 3.0 + 0.044 * s * tiles : 0.0);
-        if (cost < 0.97 * best_cost) { best = s; best_cost = cost; }
-    }
-    return best;
-}
+// THE PLAN for a GEMM (one block per tile, or split-K in S slices, or stream-K) is
+// mt_wgmma_plan_make's, megatron.h section 3: its cost model is explained there, and the memory
+// plan counts the partial tiles of the same plan.
 template <int A_K_INNER, int B_K_INNER, int F16>
 static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g, int grid,
                                   cudaStream_t stream) {
@@ -1757,7 +1732,7 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
     else mt__gemm_wgmma_launch<0, 0, F16>(map_a, map_b, g, grid, stream);
 }
 // mt__gemm_wgmma with the plan chosen by the caller, for tests: want_splits = 0: mt__wgmma_splits
-// decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1
+// (megatron.h) decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1
 // (the two typed overloads below are what callers use).
 static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, const float *bias, int M, int N, int K,
                                int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate, int want_splits,
@@ -1783,26 +1758,21 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         const void *other = epi->op == MT__EPI_GELU ? (const void *)epi->c2 : (const void *)epi->aux;
         if ((uintptr_t)other % 8 != 0) g.store2_ok = 0;
     }
-    g.tiles_m = (M + MT__WG_BM - 1) / MT__WG_BM;
-    g.tiles_n = (N + MT__WG_BN - 1) / MT__WG_BN;
-    int tiles = g.tiles_m * g.tiles_n, steps = (K + MT__WG_BK - 1) / MT__WG_BK;
-    int plan = want_splits != 0 ? (want_splits < 0 ? 0 : want_splits) : mt__wgmma_splits(tiles, steps);
-    if (K == 0) plan = 1;
-    int splits = plan > 0 ? plan : 1;
-    g.steps_tile = steps;
-    g.k_per_split = ((steps + splits - 1) / splits) * MT__WG_BK;    // a multiple of 64
-    if (g.k_per_split == 0) g.k_per_split = MT__WG_BK;               // K = 0: one empty slice
-    g.splits = K == 0 ? 1 : (K + g.k_per_split - 1) / g.k_per_split; // no empty slice
-    size_t units = (size_t)tiles * g.splits;
-    if (units > 2147483647u) mt_fatal("--gemm wgmma: %zu tiles is too many", units);
-    size_t slots = g.splits > 1 ? units : 0;
-    if (plan == 0) {   // stream-K: 132 workers, whatever the GPU
+    mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
+    mt_wgmma_plan_make(&plan, M, N, K, want_splits);
+    g.tiles_m = plan.tiles_m;
+    g.tiles_n = plan.tiles_n;
+    g.steps_tile = plan.steps;
+    g.k_per_split = plan.k_per_split;
+    g.splits = plan.splits;
+    if ((size_t)plan.tiles_m * plan.tiles_n * plan.splits > 2147483647u)
+        mt_fatal("--gemm wgmma: %zu tiles is too many", (size_t)plan.tiles_m * plan.tiles_n * plan.splits);
+    if (plan.stream_k) {   // stream-K: 132 workers, whatever the GPU
         g.sk_workers = MT__WG_SMS;
-        g.sk_total = (long long)tiles * steps;
-        g.sk_slots = (int)(((g.sk_total + MT__WG_SMS - 1) / MT__WG_SMS + steps - 1) / steps) + 1;
-        units = MT__WG_SMS;
-        slots = (size_t)MT__WG_SMS * g.sk_slots;
+        g.sk_total = plan.sk_total;
+        g.sk_slots = plan.sk_slots;
     }
+    size_t units = plan.units, slots = plan.slots;
     if (slots)   // scratch for the partials, from the stream-ordered pool
         MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, slots * MT__WG_BM * MT__WG_BN * sizeof(float), stream));
     int dev, sms;
@@ -1812,7 +1782,7 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     if (f16) mt__gemm_wgmma_launch_layout<1>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
     else mt__gemm_wgmma_launch_layout<0>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
     if (slots) {
-        size_t n4 = (size_t)tiles * 2 * 32 * 128;   // one thread per float4 of a tile
+        size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * 2 * 32 * 128;   // one thread per float4 of a tile
         mt_matmul_kernel4_splitk_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(g);
         mt__launch_check("mt_matmul_kernel4_splitk_reduce", stream);
         MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));
@@ -1854,10 +1824,10 @@ static void mt__cast_to(__half *out, const float *x, size_t n, cudaStream_t stre
 }
 template <typename T>
 static T *mt__rounded_copy(const float *x, int rows, int K, int ld, int k_inner, cudaStream_t stream) {
-    size_t span = 0;
-    if (rows > 0 && K > 0) span = k_inner ? (size_t)(rows - 1) * ld + K : (size_t)(K - 1) * ld + rows;
+    static_assert(sizeof(T) == 2, "mt_gpu_rounded_copy_bytes counts 2 bytes an element");
+    size_t span = mt_gpu_operand_span(rows, K, ld, k_inner);   // megatron.h section 3: the plan counts the same
     T *copy;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, (span + 8) * sizeof(T), stream));
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, mt_gpu_rounded_copy_bytes(span), stream));   // (span + 8) x 2
     if (span) mt__cast_to(copy, x, span, stream);
     return copy;
 }
@@ -1865,7 +1835,7 @@ static T *mt__rounded_copy(const float *x, int rows, int K, int ld, int k_inner,
 template <typename T>
 static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
     T *copy;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, (n + 8) * sizeof(T), stream));
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, mt_gpu_rounded_copy_bytes(n), stream));   // (n + 8) x 2
     if (n) mt__cast_to(copy, x, n, stream);
     return copy;
 }
@@ -1956,8 +1926,8 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
 // multiplies the same values as one with many (and as the CPU build's emulation).
 // WT, the weight's storage: float (the parameters), or __nv_bfloat16 / __half: the decoding copy
 // of the parameters already rounded to ROUND (mt_device_decoding_weights), half the bytes to read.
-// matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS. Writes out with '='.
-#define MT_GEMV_MAX_ROWS 8
+// matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS (8, megatron.h's:
+// a GEMV borrows no scratch, section 3 counts it so). Writes out with '='.
 template <int ROUND>
 __device__ static inline float mt__gemv_operand(float x) {
     if (ROUND == MT_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
@@ -3908,15 +3878,29 @@ int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
     return result;
 }
 
-// buffers: device memory on the rank's GPU, zeroed
+// buffers: device memory on the rank's GPU, zeroed.
+// What this thread (one rank: one thread, one GPU) holds through them, for the memory report: the
+// blocks it allocated and has not freed, and the most at once. (A block freed by another thread,
+// or one beyond the table's 64, is not found at its free and stays counted: no rank does either.)
+typedef struct { void *p; size_t bytes; } mt__device_block;
+static MT_THREAD_LOCAL mt__device_block mt__device_blocks[64];
+static MT_THREAD_LOCAL int mt__device_nblocks;
+static MT_THREAD_LOCAL size_t mt__device_bytes, mt__device_bytes_peak;
 static void *mt__device_alloc(mt_rank *r, size_t bytes, const char *what) {
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
     if (err != cudaSuccess)
         mt_fatal("out of GPU memory allocating %.1f MB for %s on rank %d (%s)\n"
-                 "hint: use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism",
+                 "hint: use a smaller --micro-batch-size or --seq-length, or more tensor/pipeline parallelism "
+                 "(--dry-run prints what each rank needs)",
                  (double)bytes / 1e6, what, r->ps.rank, cudaGetErrorString(err));
     MT_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    mt__device_bytes += bytes;
+    if (mt__device_bytes > mt__device_bytes_peak) mt__device_bytes_peak = mt__device_bytes;
+    if (mt__device_nblocks < 64) {
+        mt__device_blocks[mt__device_nblocks].p = p;
+        mt__device_blocks[mt__device_nblocks++].bytes = bytes;
+    }
     return p;
 }
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
@@ -3926,7 +3910,14 @@ int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what) {
     return (int *)mt__device_alloc(r, n * sizeof(int), what);
 }
 void mt_buffer_free(void *p) {
-    if (p) MT_CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    MT_CUDA_CHECK(cudaFree(p));
+    for (int i = 0; i < mt__device_nblocks; i++)
+        if (mt__device_blocks[i].p == p) {
+            mt__device_bytes -= mt__device_blocks[i].bytes;
+            mt__device_blocks[i] = mt__device_blocks[--mt__device_nblocks];
+            break;
+        }
 }
 void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
     double t0 = mt__profile_begin(r);
@@ -3978,6 +3969,14 @@ void mt_device_init(mt_rank *r) {
                  "or start fewer processes per node", r->ps.node_size, r->ps.node_size, devices);
     r->dev.device = r->ps.node_size > devices ? r->ps.node_rank % devices : r->ps.node_rank;
     MT_CUDA_CHECK(cudaSetDevice(r->dev.device));
+    // what the GPU holds before this rank allocates anything: the CUDA context (made now, by the
+    // first call that needs it) and whatever other processes hold. The memory plan does not count
+    // it; the memory report (section 12) shows it beside the plan.
+    MT_CUDA_CHECK(cudaFree(0));
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    r->dev.context_bytes = total_b - free_b;
+    r->dev.gpu_scratch_high = 0;   // (the CPU build's count; this build measures the pool instead)
     cudaStream_t stream;
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     r->dev.stream = (void *)stream;
@@ -4087,6 +4086,59 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     *used_gib = (double)(total_b - free_b) / (1 << 30);
     *total_gib = (double)total_b / (1 << 30);
+    return 1;
+}
+// the memory plan's device terms (megatron.h section 3 says what they are). The rung is the one
+// mt_device_init takes, from the flags and this GPU: the plan can ask before any rank has a device
+// (--dry-run on a machine without one plans for an H100/H200, as the CPU build counts)
+size_t mt_device_scratch_bytes(const mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        (void)cudaGetLastError();
+        return mt_gpu_scratch_peak(r, mt__gpu_rung(cfg), cfg->compute_dtype);
+    }
+    mt_gemm_impl impl = cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm)
+                                           : mt_gemm_impl_for_precision(cfg->compute_dtype);
+    return mt_gpu_scratch_peak(r, impl, cfg->compute_dtype);
+}
+// NCCL's own device memory per communicator: its channels' receive buffers for each peer and
+// protocol (by default 4 MiB for Simple, about 4.7 MiB for LL128 and 0.5 MiB for LL, per channel
+// and peer: NCCL_BUFFSIZE and friends), connected lazily as the collectives first need them, and
+// its work queues. It depends on the NCCL version, the topology and how many channels NCCL opens
+// (16 to 32 over NVLink), so this is an estimate, NOT yet measured here (no machine of several GPUs
+// was lent): a 2-rank ring of about 20 channels, each receiving into 9.2 MiB (the three protocols),
+// 185 MiB, rounded up to 200. The memory report's "more since" figure (section 12) shows what NCCL
+// took on yours; NCCL_BUFFSIZE and NCCL_MAX_NCHANNELS lower it.
+static const size_t MT__NCCL_COMM_BYTES = (size_t)200 << 20;
+size_t mt_device_comm_bytes(const mt_rank *r) {
+    // the communicators mt_groups_init joins with NCCL (section 2): tp, dp, embd
+    int comms = (r->ps.tp_size > 1) + (r->ps.dp_size > 1) + (r->ps.in_embedding_group != 0);
+    return (size_t)comms * MT__NCCL_COMM_BYTES;
+}
+// the rank's device memory now: our cudaMalloc'd blocks (the tally above), the stream-ordered
+// pool's figures (its high-water marks count since the device was set up), the whole GPU's
+int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
+    memset(m, 0, sizeof *m);
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));   // every borrowed block given back
+    m->allocated = mt__device_bytes;
+    m->allocated_peak = mt__device_bytes_peak;
+    cudaMemPool_t pool;
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r->dev.device));
+    uint64_t v = 0;
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v));
+    m->pool_used = (size_t)v;
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v));
+    m->pool_used_peak = (size_t)v;
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v));
+    m->pool_reserved = (size_t)v;
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &v));
+    m->pool_reserved_peak = (size_t)v;
+    m->context = r->dev.context_bytes;
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    m->in_use = total_b - free_b;
+    m->total = total_b;
     return 1;
 }
 // CUDA graphs: the rank's stream is captured in thread-local mode (other rank threads keep

@@ -654,18 +654,57 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
                                        const float *lse, int B, int T, int C_local, int NH_local,
                                        const mt_dropout *drop, int head_offset, int NH_global, mt_dtype dt);
 
+// the GPU build's kernel scratch: what its launchers (kernels.cuh) borrow from the device's
+// stream-ordered pool for the length of one op, in bytes. Plain arithmetic that both builds compile:
+// kernels.cuh sizes its cudaMallocAsync with it, the memory plan (section 8) counts with it, and the
+// CPU build's seam counts what each op it runs would borrow on the GPU (mt_device.gpu_scratch_high)
+/* the GEMM rungs (--gemm), kernels.cuh's ladder: naive, tiled (fp32), mma and wgmma (bf16/fp16) */
+typedef enum { MT_GEMM_NAIVE = 0, MT_GEMM_TILED = 1, MT_GEMM_MMA = 2, MT_GEMM_WGMMA = 3 } mt_gemm_impl;
+/* how the wgmma rung cuts one GEMM (C is M x N, K long): the launcher runs this plan, the scratch counts it */
+typedef struct {
+    int tiles_m, tiles_n, steps;   // output tiles of 128 x 256; k-steps of 64 per tile
+    int splits, k_per_split;       // split-K: slices of the k range (1: not split), k_per_split long each
+    int stream_k;                  // 1: stream-K instead (132 workers share every tile's k-steps)
+    long long sk_total;            // stream-K: the k-steps of all tiles
+    int sk_slots;                  // stream-K: partial tiles per worker
+    size_t units;                  // blocks' worth of work: tiles x splits, or the 132 workers
+    size_t slots;                  // 128 x 256 fp32 partial tiles in the scratch (0: none)
+} mt_wgmma_plan;
+void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits);   /* 0: the default plan */
+int mt_gemm_splits(mt_gemm_impl impl, int M, int N, int K, int *k_per_split);      /* tiled, mma: k-slices */
+size_t mt_gpu_operand_span(int rows, int K, int ld, int k_inner);   /* elements from first to last */
+size_t mt_gpu_rounded_copy_bytes(size_t n);                           /* n elements as bf16/fp16, + slack */
+size_t mt_gpu_gemm_scratch(mt_gemm_impl impl, int M, int N, int K, int lda, int ldb, int a_k_inner, int b_k_inner,
+                           mt_dtype dtype);
+size_t mt_gpu_matmul_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
+size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
+                                      mt_dtype dtype);
+size_t mt_gpu_column_sum_scratch(int M, int N);
+size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
+size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
+size_t mt_gpu_layernorm_backward_scratch(int N, int C);
+size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
+/* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
+size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
+
 // THE BACKEND SEAM: the ops as the model calls them, on the rank's device (same arguments as
 // the _cpu functions, plus the rank); the memory they work on; the device's facts
 typedef struct {
     int device;                 // CUDA device, -1 on the CPU build
     void *stream;               // cudaStream_t of every kernel of this rank (NULL on the CPU build)
-    int gemm_impl;              // mt_gemm_impl (kernels.cuh): --gemm naive|tiled|mma
+    int gemm_impl;              // mt_gemm_impl: --gemm naive|tiled|mma|wgmma. The CPU build: the rung the GPU
+                                // build would take (the kernel scratch it counts is that rung's)
     mt_dtype dtype;             // --bf16 / --fp16: GEMM and attention operands in it, fp32 accumulation
                                 // (the GPU's tensor cores; the CPU build rounds the operands to it)
     char name[64];              // for the log: "GPU 0, GEMM wgmma"; "" on the CPU build
     void *decoding_weights;     // GPU, --bf16 / --fp16 decoding: the parameters rounded to dtype in 16
     const float *decoding_of;   //   bits (read by the few-row GEMMs instead of the fp32 ones), of the
     size_t decoding_n;          //   decoding_n floats at decoding_of; NULL when there is none
+    size_t context_bytes;       // GPU build: in use on the GPU before this rank's first allocation (the
+                                // CUDA context, other processes); 0 on the CPU build
+    size_t gpu_scratch_high;    // CPU build: the most kernel scratch the GPU's launchers would have borrowed
+                                // at once for the ops this rank ran (make test holds the plan to it)
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -744,6 +783,23 @@ int mt_device_mark(mt_span_log *log, void *stream);
 void mt_device_marks_resolve(mt_span_log *log);
 void mt_device_clock_free(mt_span_log *log);
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib);
+/* the memory plan's device terms (section 8): the most kernel scratch one training step of r
+   borrows at once (mt_gpu_scratch_peak with the rung and precision this build runs; 0 on the CPU
+   build, whose ops borrow no device memory), and the communicators' own buffers (NCCL's, an
+   estimate per communicator; 0 on the CPU build: the threads backend works in the ranks' buffers).
+   Both from r->cfg, r->ps and r->dims: they answer before mt_device_init, for --dry-run too. */
+size_t mt_device_scratch_bytes(const mt_rank *r);
+size_t mt_device_comm_bytes(const mt_rank *r);
+/* the rank's device memory as measured now (GPU build; returns 0 and measures nothing where there
+   is no device). Megatron's report_memory reads the same four figures from PyTorch's allocator. */
+typedef struct {
+    size_t allocated, allocated_peak;           // cudaMalloc'd through mt_buffer_alloc*: now, at most
+    size_t pool_used, pool_used_peak;           // lent by the stream-ordered pool (kernel scratch): now, at most
+    size_t pool_reserved, pool_reserved_peak;   // the pool's backing memory (kept, not returned): now, at most
+    size_t context;                             // in use on the GPU before the first allocation (dev.context_bytes)
+    size_t in_use, total;                       // the whole GPU now (cudaMemGetInfo): in use, size
+} mt_device_memory;
+int mt_device_memory_measure(mt_rank *r, mt_device_memory *m);
 void mt_device_check_precision(const mt_config *cfg);
 /* CUDA graphs (GPU build): the work a rank queues between capture_begin and capture_end is recorded,
    not run, and capture_end returns it as one launchable graph; graph_launch replays it. Where there
@@ -1078,8 +1134,10 @@ typedef struct {
                                 // layers run without sequence parallelism (as Megatron's inference)
 } mt_step_state;
 
-typedef struct {                // bytes of each buffer of this rank (printed at start)
-    size_t params, grads, optimizer, activations, scratch;
+typedef struct {                // bytes of this rank's memory, per kind (printed at start)
+    size_t params, grads, optimizer, activations, scratch;   // the buffers allocated once (scratch: "workspace")
+    size_t kernel_scratch;      // the most the GPU's launchers borrow at once during a step (0 on the CPU build)
+    size_t comm;                // the communicators' own buffers (NCCL's, estimated; 0 on the CPU build)
 } mt_memory_report;
 
 struct mt_rank {
@@ -1102,6 +1160,7 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank);
 void mt_rank_free(mt_rank *r);
 /* what mt_rank_init will allocate on `rank` (bytes per buffer), computed without allocating */
 void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out);
+size_t mt_memory_total(const mt_memory_report *m);   /* every term: what the rank holds at its peak */
 void mt_print_memory_plan(const mt_config *cfg, FILE *f);   /* --dry-run: every rank's plan */
 /* records this rank's work (forward / backward per micro-batch and chunk, optimizer) and every call
    on its groups into log while log->enabled; NULL detaches */
@@ -6114,6 +6173,251 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 }
 
 // ---------------------------------------------------------------------------------------------
+// the GPU build's kernel scratch: what its launchers borrow, and the most one step holds at once
+// ---------------------------------------------------------------------------------------------
+// Besides the buffers a rank allocates once (parameters, gradients, AdamW's moments, activations,
+// the per-layer workspace: sections 5 and 6), kernels.cuh's launchers borrow device memory for the
+// length of one op: cudaMallocAsync on the rank's stream as they start, cudaFreeAsync before they
+// return, lent by the device's stream-ordered pool (which keeps what comes back, for the next op).
+// What each borrows, in bytes (a bf16 or fp16 element is 2, a float or an int 4):
+//   GEMM, wgmma rung    both operands rounded to bf16 / fp16: (span + 8) x 2 each, where the span
+//                       runs from the operand's first element to its last in its own layout and
+//                       leading dimension, plus 8 spare elements; and with split-K,
+//                       slots x 128 x 256 fp32 partial tiles (mt_wgmma_plan_make)
+//   GEMM, tiled / mma   split-K only: splits x M x N fp32 partial products (mt_gemm_splits)
+//   matmul backward     wgmma: dout, weight (when dinp is wanted) and inp are rounded ONCE and all
+//                       three stay alive through both products, so dout16 + w16 + inp16 + the larger
+//                       split-K scratch of the two products; after they are freed, dbias's column
+//                       sums: ceil(BT/256) x OC floats. The other rungs: the dinp GEMM, the dweight
+//                       GEMM and the column sums one after another: the largest of the three.
+//   attention forward   bf16 / fp16: qkv rounded, B*T*3*C_local elements
+//   attention backward  D = rowsum(dO * O), B*NH_local*T floats, and (bf16 / fp16) qkv and dout
+//                       rounded: all three alive together
+//   layernorm backward  each block's partial dweight and dbias: 2 x ceil(N/32) x C floats
+//   embedding backward  the counting sort's row starts and positions: V_local + 1 + BT ints
+// A launcher frees what it borrowed before it returns, and a rank's ops run one after another on
+// its stream, so the most the pool lends at once is the largest of the ops' own sums: the peak is
+// one op, not a sum over ops. GPT-2 small, B=16 (BT = 16384), bf16: the LM head's backward,
+//   dlogits (16384 x 50304) as bf16   (824,180,736 + 8) x 2 = 1648.4 MB
+//   wte (50304 x 768) as bf16         ( 38,633,472 + 8) x 2 =   77.3 MB
+//   lnf (16384 x 768) as bf16         ( 12,582,912 + 8) x 2 =   25.2 MB   (split-K: none, both
+//                                                          1750.8 MB   products fill the GPU)
+// against 158.9 MB for the next largest, the MLP's backward GEMMs (fc: dout 100.7 + weight 4.7 +
+// inp 25.2 MB as bf16, and split-K in 3 slices of the 72 weight-gradient tiles: 216 x 128 KB = 28.3 MB).
+// Left out: the optimizer's reductions (the norm's per-block partial sums, at most 8 KB; fp16's
+// inf/NaN flag, 4 bytes), and the aligned copies the attention launchers make of a tensor that
+// does not start on a 16-byte boundary (the carve's tensors do, when B*T and C are multiples of 4).
+// The tiles the split-K choices count in (kernels.cuh's GEMM kernels are built on them):
+static const int MT__TILED_BM = 128, MT__TILED_BN = 128, MT__TILED_BK = 8;   // kernel2_tiled (fp32)
+static const int MT__MMA_BM = 128, MT__MMA_BN = 128, MT__MMA_BK = 32;        // kernel3_mma (bf16 / fp16)
+static const int MT__WG_BM = 128, MT__WG_BN = 256, MT__WG_BK = 64;           // kernel4_wgmma (Hopper)
+static const int MT__WG_SMS = 132;   // the SM count the wgmma split-K choice assumes (H100 / H200 SXM)
+static const int MT__LN_ROWS_PER_BLOCK = 32;   // rows of one block of the layernorm backward
+static const int MT__COLSUM_ROWS = 256;        // rows of one chunk of the bias gradient's column sums
+#define MT_GEMV_MAX_ROWS 8   // a matmul forward of at most this many rows is a GEMV: no scratch
+
+// how many k-slices for the tiled and mma rungs: enough blocks for about two per SM of an
+// H100/H200 (132 SMs), each slice at least 4 steps of bk. A function of the shape only, so results
+// do not depend on the device.
+static int mt__gemm_splits(int tiles, int K, int bk) {
+    int splits = 1;
+    while (splits < 16 && tiles * splits < 264 && K / (2 * splits) >= 4 * bk) splits *= 2;
+    return splits;
+}
+// the tiled or mma rung's cut of one GEMM: k_per_split (a multiple of bk) and the slices (no empty one)
+int mt_gemm_splits(mt_gemm_impl impl, int M, int N, int K, int *k_per_split) {
+    int bm = impl == MT_GEMM_MMA ? MT__MMA_BM : MT__TILED_BM, bn = impl == MT_GEMM_MMA ? MT__MMA_BN : MT__TILED_BN;
+    int bk = impl == MT_GEMM_MMA ? MT__MMA_BK : MT__TILED_BK;
+    int tiles_m = (M + bm - 1) / bm, tiles_n = (N + bn - 1) / bn;
+    int splits = mt__gemm_splits(tiles_m * tiles_n, K, bk);
+    int per = ((K + splits - 1) / splits + bk - 1) / bk * bk;   // a multiple of bk
+    if (per == 0) per = bk;                                     // K = 0: one empty slice
+    *k_per_split = per;
+    return K == 0 ? 1 : (K + per - 1) / per;                    // no empty slice
+}
+
+// THE PLAN for a GEMM of `tiles` output tiles of `steps` k-steps each: 1 = one block per tile,
+// S > 1 = split-K in S slices. Estimated time, in units of one k-step of one block (~0.78 us on an
+// H200): (waves of tiles*S units on 132 SMs) x (k-steps per unit + ~4 for its epilogue), plus for
+// S > 1 the reduce kernel: ~3 to launch + 0.044 per 128 x 256 partial read (128 KB at ~4 TB/s =
+// 33 ns). Slices of at least 8 steps, at most 16; more slices must win by 3%. A function of the
+// shape only (132 is fixed, not read from the GPU), so the bits of C do not depend on the device.
+// Stream-K (plan 0) is never chosen here: measured on an H200 at GPT-2's weight-gradient shapes it
+// was 15-40% SLOWER than split-K although it balances the k-steps perfectly. Its workers start at
+// staggered k positions, so the blocks working on tiles that share rows of A or columns of B no
+// longer read them at the same time and L2 stops catching the re-reads (these products reread
+// each operand 3-24 times); split-K slices of neighbouring tiles start at the same k together.
+// It stays available (kernels.cuh's mt__gemm_wgmma_splits(..., -1, ...)) and tested, for the curious.
+static int mt__wgmma_splits(int tiles, int steps) {
+    int best = 1;
+    double best_cost = 1e300;
+    for (int s = 1; s <= 16; s++) {
+        int per = (steps + s - 1) / s;
+        if (s > 1 && per < 8) break;
+        double waves = (double)((tiles * s + MT__WG_SMS - 1) / MT__WG_SMS);
+        double cost = waves * (per + 4) + (s > 1 ? 3.0 + 0.044 * s * tiles : 0.0);
+        if (cost < 0.97 * best_cost) { best = s; best_cost = cost; }
+    }
+    return best;
+}
+// the wgmma rung's cut of one GEMM (the launcher runs it, the scratch counts its partial tiles).
+// want_splits = 0: mt__wgmma_splits decides; S > 0: S k-slices (1 = none); -1: stream-K
+void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits) {
+    memset(p, 0, sizeof *p);
+    p->tiles_m = (M + MT__WG_BM - 1) / MT__WG_BM;
+    p->tiles_n = (N + MT__WG_BN - 1) / MT__WG_BN;
+    int tiles = p->tiles_m * p->tiles_n;
+    p->steps = (K + MT__WG_BK - 1) / MT__WG_BK;
+    int plan = want_splits != 0 ? (want_splits < 0 ? 0 : want_splits) : mt__wgmma_splits(tiles, p->steps);
+    if (K == 0) plan = 1;
+    int splits = plan > 0 ? plan : 1;
+    p->k_per_split = ((p->steps + splits - 1) / splits) * MT__WG_BK;   // a multiple of 64
+    if (p->k_per_split == 0) p->k_per_split = MT__WG_BK;               // K = 0: one empty slice
+    p->splits = K == 0 ? 1 : (K + p->k_per_split - 1) / p->k_per_split;   // no empty slice
+    p->units = (size_t)tiles * (size_t)p->splits;
+    p->slots = p->splits > 1 ? p->units : 0;
+    if (plan == 0) {   // stream-K: 132 workers, whatever the GPU
+        p->stream_k = 1;
+        p->sk_total = (long long)tiles * p->steps;
+        p->sk_slots = (int)(((p->sk_total + MT__WG_SMS - 1) / MT__WG_SMS + p->steps - 1) / p->steps) + 1;
+        p->units = MT__WG_SMS;
+        p->slots = (size_t)MT__WG_SMS * (size_t)p->sk_slots;
+    }
+}
+
+// an operand X (rows x K) as a GEMM reads it: X(i,k) = x[i*ld + k] (k inner) or x[k*ld + i]
+// (k outer); its copy keeps that layout, so it spans from x[0] to the last element read
+size_t mt_gpu_operand_span(int rows, int K, int ld, int k_inner) {
+    if (rows <= 0 || K <= 0) return 0;
+    return k_inner ? (size_t)(rows - 1) * ld + K : (size_t)(K - 1) * ld + rows;
+}
+size_t mt_gpu_rounded_copy_bytes(size_t n) { return (n + 8) * 2; }
+
+// one GEMM as kernels.cuh's mt__gemm runs it: C (M x N) = A (M x K) B (N x K)^T. The wgmma rung
+// needs leading dimensions that are multiples of 8 (the TMA's 16-byte rows), else the mma rung runs.
+size_t mt_gpu_gemm_scratch(mt_gemm_impl impl, int M, int N, int K, int lda, int ldb, int a_k_inner, int b_k_inner,
+                           mt_dtype dtype) {
+    (void)dtype;   // bf16 and fp16 copies are the same size
+    if (M <= 0 || N <= 0) return 0;
+    if (impl == MT_GEMM_WGMMA && (lda % 8 != 0 || ldb % 8 != 0)) impl = MT_GEMM_MMA;
+    if (impl == MT_GEMM_WGMMA) {   // a16 and b16 alive through the product, and its partial tiles
+        mt_wgmma_plan p;
+        mt_wgmma_plan_make(&p, M, N, K, 0);
+        return mt_gpu_rounded_copy_bytes(mt_gpu_operand_span(M, K, lda, a_k_inner)) +
+               mt_gpu_rounded_copy_bytes(mt_gpu_operand_span(N, K, ldb, b_k_inner)) +
+               p.slots * MT__WG_BM * MT__WG_BN * sizeof(float);
+    }
+    if (impl != MT_GEMM_TILED && impl != MT_GEMM_MMA) return 0;   // the naive rung borrows nothing
+    int per, splits = mt_gemm_splits(impl, M, N, K, &per);
+    return splits > 1 ? (size_t)splits * M * N * sizeof(float) : 0;
+}
+
+// mt_matmul_forward_gpu: out (BT,OC) = inp (BT,C) @ weight (OC,C)^T, a GEMM with M = BT, N = OC, K = C
+size_t mt_gpu_matmul_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype) {
+    if (BT > 0 && BT <= MT_GEMV_MAX_ROWS && OC > 0) return 0;   // the GEMV reads fp32 directly
+    return mt_gpu_gemm_scratch(impl, BT, OC, C, C, C, 1, 1, dtype);
+}
+// mt__column_sum_add: the bias gradient's partial column sums, one row of N per chunk of 256 rows
+size_t mt_gpu_column_sum_scratch(int M, int N) {
+    return (size_t)((M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS) * N * sizeof(float);
+}
+// mt_matmul_backward_gpu: dinp (BT,C) = dout (BT,OC) @ weight (OC,C), dweight (OC,C) += dout^T inp,
+// dbias (OC) += column sums of dout
+size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
+                                      mt_dtype dtype) {
+    size_t colsum = has_dbias ? mt_gpu_column_sum_scratch(BT, OC) : 0, most = colsum;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
+        mt_wgmma_plan pd, pw;   // the dinp product (BT x C, OC long), the dweight product (OC x C, BT long)
+        mt_wgmma_plan_make(&pd, BT, C, OC, 0);
+        mt_wgmma_plan_make(&pw, OC, C, BT, 0);
+        size_t slots = pw.slots > (has_dinp ? pd.slots : 0) ? pw.slots : (has_dinp ? pd.slots : 0);
+        size_t copies = mt_gpu_rounded_copy_bytes((size_t)BT * OC) + mt_gpu_rounded_copy_bytes((size_t)BT * C) +
+                        (has_dinp ? mt_gpu_rounded_copy_bytes((size_t)OC * C) : 0);
+        size_t both = copies + slots * MT__WG_BM * MT__WG_BN * sizeof(float);
+        // with a bias, dout's rounded copy is written by the column-sum pass: both alive first
+        size_t first = has_dbias ? mt_gpu_rounded_copy_bytes((size_t)BT * OC) + colsum : 0;
+        return both > first ? both : first;
+    }
+    // dinp: A = dout (k = o inner), B = weight (k outer); dweight: A = dout, B = inp (both k outer)
+    size_t d = has_dinp ? mt_gpu_gemm_scratch(impl, BT, C, OC, OC, C, 1, 0, dtype) : 0;
+    size_t w = mt_gpu_gemm_scratch(impl, OC, C, BT, OC, C, 0, 0, dtype);
+    if (d > most) most = d;
+    return w > most ? w : most;
+}
+// mt_matmul_backward_gelu_gpu: the wgmma rung as mt_matmul_backward_gpu (the GELU in the epilogue);
+// the other rungs first take dL/d gelu(x) (BT,C) as fp32 scratch, then the matmul's own
+size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype) {
+    size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype);
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) return own;
+    return (size_t)BT * C * sizeof(float) + own;
+}
+// mt_attention_forward_gpu: the tensor-core kernels read qkv (B,T,3*C_local) rounded
+size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
+    (void)NH_local;
+    if (B == 0 || T == 0 || dtype == MT_DTYPE_FP32) return 0;
+    return mt_gpu_rounded_copy_bytes((size_t)B * T * 3 * C_local);
+}
+// mt_attention_backward_gpu: D (B,NH_local,T), and the rounded qkv and dout (B,T,C_local)
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
+    if (B == 0 || T == 0) return 0;
+    size_t dsum = (size_t)B * NH_local * T * sizeof(float);
+    if (dtype == MT_DTYPE_FP32) return dsum;
+    return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * 3 * C_local) +
+           mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
+}
+// mt_layernorm_backward_gpu over N rows of C: two (blocks, C) partial sums
+size_t mt_gpu_layernorm_backward_scratch(int N, int C) {
+    if (N == 0) return 0;
+    return (size_t)2 * ((N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK) * C * sizeof(float);
+}
+// mt_embedding_backward_gpu: row_start (V_local + 1) and positions (BT), ints
+size_t mt_gpu_embedding_backward_scratch(int BT, int V_local) {
+    if (BT == 0 || V_local == 0) return 0;
+    return ((size_t)V_local + 1 + BT) * sizeof(int);
+}
+
+// the rung the GPU build takes on an H100/H200: --gemm, else tiled for fp32 and wgmma for bf16 /
+// fp16 (kernels.cuh's mt_gemm_impl_for_precision there). For counting, where there is no GPU to ask.
+static mt_gemm_impl mt__gpu_rung(const mt_config *cfg) {
+    const char *names[4] = {"naive", "tiled", "mma", "wgmma"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(cfg->train.gemm, names[i]) == 0) return (mt_gemm_impl)i;
+    return cfg->compute_dtype == MT_DTYPE_FP32 ? MT_GEMM_TILED : MT_GEMM_WGMMA;
+}
+
+// The ops of one training step of rank r that borrow, at the shapes they run at (section 5:
+// mt__layer_forward / mt__layer_backward, the head, the embedding; sections 4's linear layers
+// call the matmuls over all B*T positions, with sequence parallelism too). Every layer runs the
+// same shapes, and recompute runs a layer's forward (or its attention) again at the same shapes:
+// neither changes the peak. Evaluation runs the forwards only.
+size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
+    const mt_dims *d = &r->dims;
+    int B = d->B, T = d->T, BT = B * T, C = d->C, C_tp = d->C_tp, F_tp = d->F_tp, NH_tp = d->NH_tp;
+    size_t op[16];
+    int n = 0;
+    op[n++] = mt_gpu_matmul_forward_scratch(BT, C, 3 * C_tp, impl, dt);             // qkv = ln1 @ qkvw^T
+    op[n++] = mt_gpu_attention_forward_scratch(B, T, C_tp, NH_tp, dt);
+    op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
+    op[n++] = mt_gpu_matmul_forward_scratch(BT, C, F_tp, impl, dt);                 // fc (and its GELU)
+    op[n++] = mt_gpu_matmul_forward_scratch(BT, F_tp, C, impl, dt);                 // fc projection
+    op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt);          // fc
+    op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
+    op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt);
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt);          // attention projection
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt);      // qkv
+    if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
+        op[n++] = mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt);
+        op[n++] = mt_gpu_matmul_backward_scratch(BT, C, d->Vp_tp, 1, 0, impl, dt);
+    }
+    if (r->ps.is_first_stage) op[n++] = mt_gpu_embedding_backward_scratch(BT, d->Vp_tp);
+    size_t peak = 0;
+    for (int i = 0; i < n; i++)
+        if (op[i] > peak) peak = op[i];
+    return peak;
+}
+
+// ---------------------------------------------------------------------------------------------
 // THE BACKEND SEAM: where the two builds differ, one place per op
 // ---------------------------------------------------------------------------------------------
 // The model (§4, §5), the optimizer (§6), the schedules (§8) and the loop (§12) call
@@ -6131,6 +6435,13 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 #ifdef __CUDACC__   /* (3 of 3) the GPU half of the seam: kernels.cuh */
 #include "kernels.cuh"
 #else               /* the CPU half: each op is its reference function */
+// The ops that borrow scratch on the GPU also count here what the GPU's launcher would borrow for
+// the same call (the rung and precision in r->dev), keeping the most: r->dev.gpu_scratch_high.
+// tests/test_recompute.c compares it, after real steps, with the plan's mt_gpu_scratch_peak.
+static void mt__count_gpu_scratch(mt_rank *r, size_t bytes) {
+    if (bytes > r->dev.gpu_scratch_high) r->dev.gpu_scratch_high = bytes;
+}
+
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local) {
     (void)r; mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
@@ -6138,7 +6449,8 @@ void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float
 
 void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                            int vocab_start, int V_local) {
-    (void)r; mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
+    mt__count_gpu_scratch(r, mt_gpu_embedding_backward_scratch(B * T, V_local));
+    mt_embedding_backward_cpu(dwte, dout, tokens, B, T, C, vocab_start, V_local);
 }
 
 void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C) {
@@ -6156,26 +6468,33 @@ void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, cons
 
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C) {
-    (void)r; mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+    mt__count_gpu_scratch(r, mt_gpu_layernorm_backward_scratch(B * T, C));
+    mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
 }
 
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_matmul_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
     mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int BT, int C, int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_matmul_backward_scratch(BT, C, OC, dinp != NULL, dbias != NULL,
+                                                            (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
     mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, r->dev.dtype);
 }
 
 void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
                             int BT, int C, int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_matmul_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
     mt_matmul_forward_gelu_cpu(pre, out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, const float *gelu_inp, int BT, int C, int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_matmul_backward_gelu_scratch(BT, C, OC, dbias != NULL, (mt_gemm_impl)r->dev.gemm_impl,
+                                                                 r->dev.dtype));
     mt_matmul_backward_gelu_cpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, r->dev.dtype);
 }
 
@@ -6193,6 +6512,7 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    mt__count_gpu_scratch(r, mt_gpu_attention_forward_scratch(B, T, C_local, NH_local, r->dev.dtype));
     mt_attention_forward_rounded_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                      r->dev.dtype);
 }
@@ -6200,6 +6520,7 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global) {
+    mt__count_gpu_scratch(r, mt_gpu_attention_backward_scratch(B, T, C_local, NH_local, r->dev.dtype));
     mt_attention_backward_rounded_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
                                       NH_global, r->dev.dtype);
 }
@@ -6308,9 +6629,11 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
 void mt_device_init(mt_rank *r) {
     r->dev.device = -1;
     r->dev.stream = NULL;
-    r->dev.gemm_impl = 0;
+    r->dev.gemm_impl = (int)mt__gpu_rung(r->cfg);
     r->dev.dtype = r->cfg->compute_dtype;   // emulated: the GEMM and attention operands rounded to it
     r->dev.name[0] = 0;
+    r->dev.context_bytes = 0;
+    r->dev.gpu_scratch_high = 0;
 }
 
 void mt_device_free(mt_rank *r) { (void)r; }
@@ -6320,6 +6643,15 @@ void mt_device_marks_resolve(mt_span_log *log) { (void)log; }
 void mt_device_clock_free(mt_span_log *log) { (void)log; }
 int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
     (void)r; *used_gib = *total_gib = 0.0;
+    return 0;
+}
+// the memory plan's device terms: the CPU build's ops borrow no device memory (its emulated
+// roundings make host copies of their operands, not counted), and the threads backend reads and
+// writes the ranks' own buffers (no communication buffers)
+size_t mt_device_scratch_bytes(const mt_rank *r) { (void)r; return 0; }
+size_t mt_device_comm_bytes(const mt_rank *r) { (void)r; return 0; }
+int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
+    (void)r; memset(m, 0, sizeof *m);
     return 0;
 }
 
@@ -7926,6 +8258,8 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_optimizer_init(r);                                       // §6: AdamW's moments, the loss scaler
     r->state.loss_scale = r->optim.scaler.scale;                // (each train step sets it again)
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
+    r->memory.kernel_scratch = mt_device_scratch_bytes(r);                // §3: borrowed op by op
+    r->memory.comm = mt_device_comm_bytes(r);                             // §3: NCCL's own buffers
     mt__rank_own_buffers(r, 1);   // an aborted world ends this thread: the buffers go with it
 }
 
@@ -7948,7 +8282,18 @@ void mt_rank_free(mt_rank *r) {
 
 // the memory plan: the sizes mt_rank_init allocates, from the same functions that compute them
 // for the allocation, on a rank that allocates nothing (Megatron prints a "theoretical memory"
-// report; this one is held to the allocation by tests/test_recompute.c)
+// report; this one is held to the allocation by tests/test_recompute.c, and on the GPU build to
+// the measured peak by the memory report after the first iterations, section 12). Per rank:
+//   parameters, gradients    fp32, one buffer each (section 5; padded to DP shards with the
+//                            distributed optimizer)
+//   optimizer                AdamW's m and v over this rank's shard (section 6)
+//   activations              the saved tensors of each micro-batch in flight, as recompute keeps
+//                            them, and the recompute scratch (section 5)
+//   workspace                the per-layer scratch the backward works in (section 5)
+//   kernel scratch           the most the GPU's launchers borrow at once in a step (section 3)
+//   communication            NCCL's buffers (an estimate per communicator, section 3's seam)
+// Not counted: the CUDA context (the GPU build measures it at start: the memory report), host
+// staging (token ids, losses, pipeline messages: host memory on either build).
 void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "memory plan");
     r->cfg = cfg;
@@ -7957,23 +8302,31 @@ void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
     mt__model_sizes(r);
     mt__optimizer_sizes(r);
     mt__activation_sizes(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));
+    r->memory.kernel_scratch = mt_device_scratch_bytes(r);
+    r->memory.comm = mt_device_comm_bytes(r);
     *out = r->memory;
     free(r);
 }
 
+size_t mt_memory_total(const mt_memory_report *m) {
+    return m->params + m->grads + m->optimizer + m->activations + m->scratch + m->kernel_scratch + m->comm;
+}
+
 // --dry-run: one line per rank, in Megatron's rank order
 void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
-    fprintf(f, "memory plan per rank (MB, what each rank allocates; nothing is allocated now):\n");
+    fprintf(f, "memory plan per rank (MB = 10^6 bytes, what each rank allocates; nothing is allocated now):\n");
     for (int rank = 0; rank < cfg->world_size; rank++) {
         mt_memory_report m;
         mt_memory_plan(cfg, rank, &m);
         mt_parallel_state ps;
         mt_parallel_state_init(&ps, cfg, rank);
-        double total = (double)(m.params + m.grads + m.optimizer + m.activations + m.scratch);
         fprintf(f, "rank %d (tp %d, dp %d, pp %d): parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
-                   "workspace %.1f, total %.1f\n", rank, ps.tp_rank, ps.dp_rank, ps.pp_rank, m.params / 1e6,
-                m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6, m.scratch / 1e6, total / 1e6);
+                   "workspace %.1f, kernel scratch %.1f, communication %.1f, total %.1f\n", rank, ps.tp_rank,
+                ps.dp_rank, ps.pp_rank, m.params / 1e6, m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6,
+                m.scratch / 1e6, m.kernel_scratch / 1e6, m.comm / 1e6, (double)mt_memory_total(&m) / 1e6);
     }
+    fprintf(f, "(kernel scratch: what the GPU build's kernels borrow at once during a step; communication: NCCL's "
+               "buffers, estimated; both 0 on the CPU build. Not counted: the CUDA context, about 0.5 GB a GPU)\n");
 }
 
 // =============================================================================================
@@ -11115,12 +11468,16 @@ static void mt__print_rank_tables(mt_rank *r) {
     }
     for (int k = 0; k < cfg->world_size; k++) {
         if (k == rank) {
+            char device_terms[96] = "";   // the GPU build's: borrowed by the kernels, NCCL's buffers
+            if (r->memory.kernel_scratch || r->memory.comm)
+                snprintf(device_terms, sizeof device_terms, ", kernel scratch %.1f, communication %.1f",
+                         r->memory.kernel_scratch / 1e6, r->memory.comm / 1e6);
             printf("rank %d (tp %d, dp %d, pp %d%s%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, "
-                   "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f\n",
+                   "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f%s\n",
                    rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->dev.name[0] ? ", " : "", r->dev.name,
                    r->model.num_params, r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6,
                    r->memory.activations / 1e6, r->acts.num_slots, r->acts.num_slots == 1 ? "" : "s",
-                   r->memory.scratch / 1e6);
+                   r->memory.scratch / 1e6, device_terms);
             fflush(stdout);
         }
         mt_barrier(&r->groups.world);
@@ -11249,8 +11606,7 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         if (t->log_memory_to_tensorboard) {
             double used = 0, total = 0;
             double bytes = mt_device_memory_in_use(r, &used, &total) ? used * (1 << 30)
-                           : (double)(r->memory.params + r->memory.grads + r->memory.optimizer +
-                                      r->memory.activations + r->memory.scratch);
+                                                                     : (double)mt_memory_total(&r->memory);
             mt_tb_scalar(tb, "mem-allocated-bytes", (float)bytes, it);
         }
         if (t->log_timers_to_tensorboard) {   // Megatron's timers.write: name + '-time', seconds
@@ -11345,6 +11701,45 @@ static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_
 // the scale finds its level (from 2^32: some 15-25 skipped steps at the start of a run).
 #define MT_MAX_BAD_ITERATIONS 5
 
+// Megatron's report_memory, once, after the first iterations (training.py calls it at the first
+// log interval), and beside it the plan against what was measured. Every rank prints its own
+// lines, in rank order. On the GPU build (the CPU build has no device: nothing is printed):
+//   allocated       our cudaMalloc'd buffers + what the stream-ordered pool lends now (0 between ops)
+//   max allocated   the buffers at most + the most the pool lent at once (the kernel scratch's peak)
+//   reserved        the buffers + the pool's backing memory (it keeps what comes back)
+//   max reserved    the buffers at most + the pool's backing memory at most
+// in Megatron's MB (2^20 bytes, torch's), which leave out the CUDA context as Megatron's do. Then
+//   measured peak = max reserved + what the GPU holds beyond the context at start, our buffers and
+//                   the pool (NCCL's buffers, and the kernels' code and stacks loaded since)
+//   planned       = mt_memory_total of the plan (section 8), MB = 10^6 bytes as the plan's
+// and their ratio (tests/gpu/test_memory.sh holds it within 10%), then the kernel scratch alone
+// (planned, and the pool's most lent) and the context (measured at start, outside the plan).
+static void mt__report_memory(mt_rank *r, int iterations) {
+    mt_device_memory m;
+    if (!mt_device_memory_measure(r, &m)) return;   // no device (every rank of a run is the same build)
+    for (int k = 0; k < r->ps.world_size; k++) {
+        if (k == r->ps.rank) {
+            double mib = 1024.0 * 1024.0;
+            size_t ours = m.allocated + m.pool_reserved;   // beyond the context now: NCCL's, the code's
+            size_t beyond = m.in_use > m.context + ours ? m.in_use - m.context - ours : 0;
+            double peak = (double)(m.allocated_peak + m.pool_reserved_peak + beyond);
+            double planned = (double)mt_memory_total(&r->memory);
+            printf("[Rank %d] (after %d iterations) memory (MB) | allocated: %.2f | max allocated: %.2f | "
+                   "reserved: %.2f | max reserved: %.2f\n", r->ps.rank, iterations,
+                   (double)(m.allocated + m.pool_used) / mib, (double)(m.allocated_peak + m.pool_used_peak) / mib,
+                   (double)(m.allocated + m.pool_reserved) / mib,
+                   (double)(m.allocated_peak + m.pool_reserved_peak) / mib);
+            printf("[Rank %d] memory plan vs measured: planned %.1f MB, measured peak %.1f MB (ratio %.3f) | "
+                   "kernel scratch: planned %.1f MB, the pool lent at most %.1f MB | outside the plan: the CUDA "
+                   "context %.1f MB at start, %.1f MB more since (NCCL, kernels)\n", r->ps.rank, planned / 1e6,
+                   peak / 1e6, planned > 0 ? peak / planned : 0.0, r->memory.kernel_scratch / 1e6,
+                   m.pool_used_peak / 1e6, m.context / 1e6, beyond / 1e6);
+            fflush(stdout);
+        }
+        mt_barrier(&r->groups.world);
+    }
+}
+
 // Megatron's train(): the step, the log line, evaluation, save and exit, each a named call.
 // Returns the last iteration trained (--exit-interval may stop it early).
 static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_iteration, int *last_saved,
@@ -11354,6 +11749,7 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
     memset(&acc, 0, sizeof acc);
     mt__snapshot_comm(r, acc.comm);
     int bad_in_a_row = 0;   // iterations with a NaN/inf loss or a skipped step (the same on every rank)
+    int reported = 0;       // the memory report, once
     for (int it = first_iteration; it <= t->train_iters; it++) {
         if (r->timeline) {   // --timeline: record the window [--profile-step-start, --profile-step-end)
             r->timeline->iteration = it;
@@ -11366,6 +11762,13 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
             r->timeline->enabled = 0;
         }
         mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
+        // the memory report: at the first log interval after at least two steps (the pool has lent
+        // what a step borrows, and kept it), or at the last iteration of a shorter run
+        int ran = it - first_iteration + 1;
+        if (!reported && ((ran >= 2 && it % t->log_interval == 0) || it == t->train_iters)) {
+            mt__report_memory(r, it);
+            reported = 1;
+        }
         bad_in_a_row = !isfinite(res.loss) || (res.skipped && !res.overflow) ? bad_in_a_row + 1 : 0;
         *ended_bad = bad_in_a_row > 0;
         if (bad_in_a_row >= MT_MAX_BAD_ITERATIONS)

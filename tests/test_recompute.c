@@ -6,6 +6,10 @@
  * the SAME BITS as without recompute (tolerance 0), in one rank and in a TP=2 x PP=2 interleaved
  * layout, with dropout on. And the activation memory must be what the method says it keeps,
  * counted from the shapes here independently of the carve.
+ * The memory plan (--dry-run) is what the allocation reports; and its kernel scratch term (the
+ * most the GPU build's launchers borrow at once, section 3) is what the ops of real steps would
+ * have borrowed, as the CPU seam counts them op by op, in every layout and precision tried, and
+ * for two shapes what kernels.cuh's allocations add up to, restated here.
  */
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
@@ -22,6 +26,8 @@ typedef struct {
     size_t num_params;
     size_t activation_bytes;  // rank 0's report
     mt_memory_report report;  // rank 0's, from its allocation
+    size_t scratch_seen[8];   // each rank's r->dev.gpu_scratch_high after the steps: the ops' own count
+    size_t scratch_plan[8];   // each rank's mt_gpu_scratch_peak, for the same rung and precision
 } run_t;
 
 static void rank_main(mt_world *w, int rank, void *arg) {
@@ -31,6 +37,10 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     for (int it = 1; it <= STEPS; it++) {
         mt_step_result res = mt_train_step(r, synthetic_batch, NULL, it);
         if (rank == 0) { run->losses[it - 1] = res.loss; run->norms[it - 1] = res.grad_norm; }
+    }
+    if (rank < 8) {
+        run->scratch_seen[rank] = r->dev.gpu_scratch_high;
+        run->scratch_plan[rank] = mt_gpu_scratch_peak(r, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype);
     }
     if (rank == 0) {
         run->num_params = r->model.num_params;
@@ -174,7 +184,8 @@ MT_TEST(memory_plan_is_the_allocation) {
         mt_memory_plan(&run.cfg, 0, &plan);
         int same = plan.params == run.report.params && plan.grads == run.report.grads &&
                    plan.optimizer == run.report.optimizer && plan.activations == run.report.activations &&
-                   plan.scratch == run.report.scratch;
+                   plan.scratch == run.report.scratch && plan.kernel_scratch == run.report.kernel_scratch &&
+                   plan.comm == run.report.comm;
         mt_expect(same, "case %zu: the plan (%zu %zu %zu %zu %zu) is not the allocation (%zu %zu %zu %zu %zu)", c,
                   plan.params, plan.grads, plan.optimizer, plan.activations, plan.scratch, run.report.params,
                   run.report.grads, run.report.optimizer, run.report.activations, run.report.scratch);
@@ -182,10 +193,103 @@ MT_TEST(memory_plan_is_the_allocation) {
     }
 }
 
+// the kernel scratch: what the plan says one step borrows at most (mt_gpu_scratch_peak) is what
+// the ops of real steps would have borrowed on the GPU (the CPU seam counts each call with the
+// same functions kernels.cuh sizes its cudaMallocAsync with), on every rank: first and last
+// stages, TP slices, sequence parallel, recompute, fp32's tiled rung and bf16 / fp16's wgmma
+MT_TEST(kernel_scratch_plan_is_a_step) {
+    static run_t run;
+    struct { int tp, pp, vp, sp, B; mt_dtype dt; const char *g, *m; const char *name; } cases[] = {
+        {1, 1, 0, 0, 2, MT_DTYPE_FP32, "", "", "fp32 (tiled rung)"},
+        {1, 1, 0, 0, 2, MT_DTYPE_BF16, "selective", "", "bf16 (wgmma), selective recompute"},
+        {2, 2, 1, 0, 2, MT_DTYPE_BF16, "full", "uniform", "bf16 TP=2 PP=2 interleaved, full recompute"},
+        {2, 1, 0, 1, 4, MT_DTYPE_BF16, "", "", "bf16 TP=2 sequence parallel, B=4"},
+        {1, 2, 0, 0, 2, MT_DTYPE_FP16, "full", "block", "fp16 PP=2, full block recompute"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mt_config *cfg = &run.cfg;
+        memset(&run, 0, sizeof run);
+        synthetic_config(cfg, cases[c].tp, cases[c].pp, 1);
+        cfg->parallel.num_layers_per_virtual_pipeline_stage = cases[c].vp;
+        cfg->parallel.sequence_parallel = cases[c].sp;
+        cfg->train.micro_batch_size = cases[c].B;
+        cfg->train.train_iters = 2;
+        cfg->train.bf16 = cases[c].dt == MT_DTYPE_BF16;
+        cfg->train.fp16 = cases[c].dt == MT_DTYPE_FP16;
+        snprintf(cfg->train.recompute_granularity, sizeof cfg->train.recompute_granularity, "%s", cases[c].g);
+        snprintf(cfg->train.recompute_method, sizeof cfg->train.recompute_method, "%s", cases[c].m);
+        cfg->train.recompute_num_layers = 1;
+        mt_config_derive(cfg);
+        mt_world *w = mt_world_create(cfg->world_size);
+        int rc = mt_world_run(w, rank_main, &run);
+        mt_world_destroy(w);
+        mt_expect(rc == 0, "%s: the run failed", cases[c].name);
+        for (int k = 0; k < cfg->world_size; k++)
+            mt_expect(run.scratch_seen[k] > 0 && run.scratch_seen[k] == run.scratch_plan[k],
+                      "%s, rank %d: the plan's kernel scratch is %zu bytes, the step's ops borrowed %zu at most",
+                      cases[c].name, k, run.scratch_plan[k], run.scratch_seen[k]);
+        printf("  %-48s kernel scratch rank 0: %zu bytes planned, %zu by the ops\n", cases[c].name,
+               run.scratch_plan[0], run.scratch_seen[0]);
+        free(run.params);
+    }
+}
+
+// kernels.cuh's allocations for two shapes, restated from its launchers (the sizes a GPU run's
+// pool then lends: tests/gpu/test_memory.sh compares the pool's peak with the plan)
+MT_TEST(kernel_scratch_restated) {
+    // the LM head's backward on the wgmma rung, B*T = 32, C = 32, Vp = 128: dout (32 x 128), the
+    // weight (128 x 32) and inp (32 x 32) rounded to bf16, 2 bytes each and 8 spare elements, all
+    // alive at once; both products are a single 128 x 256 tile of 1 k-step: no split-K
+    size_t want = (32 * 128 + 8) * 2 + (128 * 32 + 8) * 2 + (32 * 32 + 8) * 2;
+    size_t got = mt_gpu_matmul_backward_scratch(32, 32, 128, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_BF16);
+    mt_expect(got == want, "LM head backward, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
+    // GPT-2 small's fc weight gradient (OC = 3072, C = 768, B*T = 16384), wgmma: 24 x 3 = 72 tiles
+    // of 256 k-steps; 3 slices (2 waves of 216 units on 132 SMs at 86 steps: cost 2 x 90 + 3 +
+    // 0.044 x 216 = 192.5 against 260 unsplit) write 216 partial tiles of 128 x 256 floats
+    mt_wgmma_plan p;
+    mt_wgmma_plan_make(&p, 3072, 768, 16384, 0);
+    mt_expect(p.splits == 3 && p.slots == 216, "fc's weight gradient: %d slices, %zu partial tiles (want 3, 216)",
+              p.splits, p.slots);
+    want = (16384 * 3072 + 8) * 2 + (3072 * 768 + 8) * 2 + (16384 * 768 + 8) * 2 + (size_t)216 * 128 * 256 * 4;
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16);
+    mt_expect(got == want, "fc backward, GPT-2 small, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
+    // fp32's tiled rung on the same product: 24 x 6 = 144 tiles; 2 slices (288 >= 264 stops the
+    // doubling) of 3072 x 768 floats; the bias's column sums (64 chunks x 3072) are smaller
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_TILED, MT_DTYPE_FP32);
+    want = (size_t)2 * 3072 * 768 * 4;
+    mt_expect(got == want, "fc backward, tiled: %zu bytes, kernels.cuh allocates %zu", got, want);
+    // layernorm backward over 100 rows of 48: ceil(100/32) = 4 blocks' dweight and dbias
+    mt_expect(mt_gpu_layernorm_backward_scratch(100, 48) == 2 * 4 * 48 * 4, "layernorm backward scratch");
+    // and GPT-2 small's plan: the LM head's backward, 1750.8 MB (section 3's arithmetic)
+    mt_config cfg;
+    synthetic_config(&cfg, 1, 1, 1);
+    cfg.model.num_layers = 12;
+    cfg.model.hidden_size = 768;
+    cfg.model.num_attention_heads = 12;
+    cfg.model.seq_length = 1024;
+    cfg.model.max_position_embeddings = 1024;
+    cfg.model.vocab_size = 50257;
+    cfg.train.micro_batch_size = 16;
+    cfg.train.global_batch_size = 16;
+    cfg.train.bf16 = 1;
+    mt_config_derive(&cfg);
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    r->cfg = &cfg;
+    mt_parallel_state_init(&r->ps, &cfg, 0);
+    mt_dims_init(&r->dims, &cfg, &r->ps);
+    want = ((size_t)16384 * 50304 + 8) * 2 + ((size_t)50304 * 768 + 8) * 2 + ((size_t)16384 * 768 + 8) * 2;
+    got = mt_gpu_scratch_peak(r, MT_GEMM_WGMMA, MT_DTYPE_BF16);
+    mt_expect(got == want, "GPT-2 small B=16 bf16: kernel scratch %zu bytes, want the LM head's %zu", got, want);
+    printf("  GPT-2 small, B=16, bf16: kernel scratch %.1f MB (the LM head's backward)\n", got / 1e6);
+    free(r);
+}
+
 int main(void) {
     mt_run_test(recompute_flags);
     mt_run_test(recompute_one_rank);
     mt_run_test(recompute_tp2_pp2_interleaved);
     mt_run_test(memory_plan_is_the_allocation);
+    mt_run_test(kernel_scratch_plan_is_a_step);
+    mt_run_test(kernel_scratch_restated);
     return mt_test_summary();
 }
