@@ -45,7 +45,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_offload tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
 
 .PHONY: all run build-tests test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
