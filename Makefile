@@ -9,7 +9,8 @@
 #   make fuzz       libFuzzer on every parser of outside data (FUZZ_SECONDS=30 by default)
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training;
-#                   --fp16 against the CPU's emulation of it and against --bf16 (tests/gpu/test_fp16.sh)
+#                   --fp16 against the CPU's emulation of it and against --bf16 (tests/gpu/test_fp16.sh);
+#                   --optimizer-cpu-offload and the DeepSpeed config on the GPU (tests/gpu/test_offload.sh)
 #   make test-gpu-generate  (GPU machine) generation: GPU vs CPU logits, vs transformers, the benchmark
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
@@ -45,7 +46,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_offload tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_offload tests/test_deepspeed tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
 
 .PHONY: all run build-tests test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
@@ -219,10 +220,11 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	 sh tests/gpu/test_train.sh 2>&1 | tee build/test_train.log; \
 	 sh tests/gpu/test_sp.sh 2>&1 | tee build/test_sp_gpu.log; \
 	 sh tests/gpu/test_fp16.sh 2>&1 | tee build/test_fp16_gpu.log; \
+	 sh tests/gpu/test_offload.sh 2>&1 | tee build/test_offload_gpu.log; \
 	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
 	 sh tests/gpu/test_multinode.sh 2>&1 | tee build/test_multinode.log; \
 	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_sp_gpu.log \
-	   build/test_fp16_gpu.log build/test_docs_gpu.log build/test_multinode.log
+	   build/test_fp16_gpu.log build/test_offload_gpu.log build/test_docs_gpu.log build/test_multinode.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda

@@ -17,7 +17,8 @@
    TABLE OF CONTENTS  (grep -n '^// [0-9]*\. ' megatron.h prints it with line numbers; docs/map.md
    is the map: what each section defines and the path of one training step through them)
       1. UTILITIES, ERRORS & CONFIG   mt_fatal, allocation, atomic files, UTF-8, the JSON reader,
-                                      Megatron's flags and the JSON config, the counter-based RNG;
+                                      Megatron's flags and the JSON config, DeepSpeed's ds_config
+                                      mapped onto the flags, the counter-based RNG;
                                       the GPU build's CUDA and NCCL error checks
       2. RANKS, GROUPS, COMMUNICATORS  the threads backend with NCCL's shape, the NCCL path (GPU
                                       build), launching several processes (srun, mpirun, torchrun-
@@ -34,7 +35,8 @@
                                       layer forward/backward, embedding, head
       6. OPTIMIZER, CLIPPING, LEARNING RATE  loss scaling (--fp16: Megatron's dynamic grad
                                       scaler), AdamW's state and step (sharded over DP with
-                                      --use-distributed-optimizer), the global grad norm,
+                                      --use-distributed-optimizer, on the host with
+                                      --optimizer-cpu-offload), the global grad norm,
                                       Megatron's learning-rate schedule
       7. DATA PARALLEL                bucketed gradient all-reduce (reduce-scatter with the distributed
                                       optimizer), tied-embedding all-reduce
@@ -125,7 +127,8 @@ typedef struct mt_rank mt_rank;
 /* ============================================================================================= */
 /* 1. UTILITIES, ERRORS & CONFIG
  * defines: mt_fatal and allocation, atomic files, UTF-8, the JSON reader,
- *          edit distance, mt_config (Megatron's flags, the JSON config file), the counter-based RNG,
+ *          edit distance, mt_config (Megatron's flags, the JSON config file, DeepSpeed's config),
+ *          the counter-based RNG,
  *          TensorBoard's records (TFRecord, Event), the timeline's spans */
 /* mt_fatal: the single exit for every error. Prints "error: <cause>" and, when the message
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
@@ -976,8 +979,9 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer
 
 /* ============================================================================================= */
 /* 6. OPTIMIZER, CLIPPING, LEARNING RATE
- * defines: loss scaling (mt_grad_scaler), mt_optimizer (AdamW's state), the global gradient norm
- *          and clipping, the AdamW step over the parameter table, Megatron's learning-rate schedule */
+ * defines: loss scaling (mt_grad_scaler), mt_optimizer (AdamW's state, on the device or offloaded to
+ *          the host), the global gradient norm and clipping, the AdamW step over the parameter
+ *          table, Megatron's learning-rate schedule */
 /* loss scaling (--fp16): Megatron's ConstantGradScaler and DynamicGradScaler (grad_scaler.py) */
 typedef enum {
     MT_SCALER_NONE = 0,         // fp32, bf16: the loss is not scaled
@@ -2768,7 +2772,8 @@ static void mt__ds_read_value(mt_json *j, const char *path, const char *key, mt_
     if (type == MT_JSON_OBJECT) mt_fatal("%s:%d: \"%s\" is a value, not an object\nhint: see DeepSpeed's config "
                                          "documentation for its form", path, line, key);
     if (type == MT_JSON_STRING || type == MT_JSON_NUMBER) {
-        if (lit >= sizeof v->text) mt_fatal("%s:%d: the value of \"%s\" is too long", path, line, key);
+        if (lit >= sizeof v->text) mt_fatal("%s:%d: the value of \"%s\" is too long\nhint: a number or a short "
+                                            "string (at most %zu characters)", path, line, key, sizeof v->text - 1);
         if (type == MT_JSON_NUMBER) {
             memcpy(v->text, q, lit);
             v->text[lit] = 0;
@@ -2839,12 +2844,14 @@ static double mt__ds_number(const mt__ds_map *m, const char *key, const mt__ds_v
 static long long mt__ds_whole(const mt__ds_map *m, const char *key, const mt__ds_value *v, long long lo) {
     double d = mt__ds_number(m, key, v);
     if (d != floor(d) || d < (double)lo || d > 2147483647.0)
-        mt_fatal("%s:%d: \"%s\" is a whole number of at least %lld, got %s", m->path, v->line, key, lo, v->text);
+        mt_fatal("%s:%d: \"%s\" is a whole number of at least %lld, got %s\nhint: e.g. %lld (or \"auto\": our flag's "
+                 "value)", m->path, v->line, key, lo, v->text, lo > 1 ? lo : 1);
     return (long long)d;
 }
 static int mt__ds_bool(const mt__ds_map *m, const char *key, const mt__ds_value *v) {
     if (v->type != MT_JSON_TRUE && v->type != MT_JSON_FALSE)
-        mt_fatal("%s:%d: \"%s\" is true or false, got %s", m->path, v->line, key, v->text);
+        mt_fatal("%s:%d: \"%s\" is true or false, got %s\nhint: write true or false (or \"auto\": our flag)",
+                 m->path, v->line, key, v->text);
     return v->type == MT_JSON_TRUE;
 }
 
@@ -2899,7 +2906,8 @@ static void mt__ds_set(mt__ds_map *m, mt_config *cfg, const char *flag, const ch
 static void mt__ds_set_number(mt__ds_map *m, mt_config *cfg, const char *flag, double value, const char *key,
                               int line) {
     char text[64];
-    for (int digits = 1; digits <= 17; digits++) {   // the shortest text that reads back as value
+    if (value == floor(value) && fabs(value) < 1e15) snprintf(text, sizeof text, "%.0f", value);   // a count
+    else for (int digits = 1; digits <= 17; digits++) {   // the shortest text that reads back as value
         snprintf(text, sizeof text, "%.*g", digits, value);
         if (strtod(text, NULL) == value) break;
     }
@@ -2952,8 +2960,8 @@ static void mt__ds_map_zero(mt__ds_map *m, mt_config *cfg) {
     if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "offload_optimizer.device");
     else if (v->given) {
         if (v->type != MT_JSON_STRING)
-            mt_fatal("%s:%d: offload_optimizer.device is \"cpu\", \"none\" or \"nvme\", got %s", m->path, v->line,
-                     v->text);
+            mt_fatal("%s:%d: offload_optimizer.device is a string, got %s\nhint: \"cpu\" or \"none\"", m->path,
+                     v->line, v->text);
         if (strcmp(v->text, "nvme") == 0)
             mt_fatal("%s:%d: offload_optimizer.device \"nvme\" (ZeRO-Infinity, the optimizer state on an NVMe disk) "
                      "is not implemented in megatron.h\nhint: use \"cpu\" (--optimizer-cpu-offload: pinned host "
@@ -2993,8 +3001,8 @@ static void mt__ds_map_optimizer(mt__ds_map *m, mt_config *cfg) {
     v = mt__ds_get(m, "optimizer.params.betas");
     if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "betas");
     else if (v->given) {
-        if (v->type != MT_JSON_ARRAY) mt_fatal("%s:%d: optimizer.params.betas is [beta1, beta2], got %s", m->path,
-                                               v->line, v->text);
+        if (v->type != MT_JSON_ARRAY) mt_fatal("%s:%d: optimizer.params.betas is [beta1, beta2], got %s\nhint: e.g. "
+                                               "[0.9, 0.95]", m->path, v->line, v->text);
         mt__ds_set_number(m, cfg, "--adam-beta1", v->num, "optimizer.params.betas", v->line);
         mt__ds_set_number(m, cfg, "--adam-beta2", v->num2, "optimizer.params.betas", v->line);
     }
@@ -3177,8 +3185,8 @@ void mt_config_load_deepspeed(mt_config *cfg, const char *path, int argc, char *
     mt_json j;
     mt_json_init(&j, text, len, 0);
     mt_json_ws(&j);
-    if (j.p >= j.end || *j.p != '{') mt_fatal("%s:%d: a DeepSpeed config is one JSON object { ... }", path,
-                                              mt_json_line(&j));
+    if (j.p >= j.end || *j.p != '{') mt_fatal("%s:%d: a DeepSpeed config is one JSON object { ... }\nhint: e.g. "
+                                              "{\"zero_optimization\": {\"stage\": 1}}", path, mt_json_line(&j));
     mt__ds_read_object(&j, m, "");
     if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
     if (j.err) mt_fatal("%s:%d: %s\nhint: a DeepSpeed config is JSON (DeepSpeed's json.load reads it)", path,
@@ -7764,7 +7772,8 @@ static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
 // =============================================================================================
 // 6. OPTIMIZER, CLIPPING, LEARNING RATE
 // =============================================================================================
-// Mirrors megatron/core/optimizer (clip_grads.py) and optimizer_param_scheduler.py.
+// Mirrors megatron/core/optimizer (clip_grads.py, cpu_offloading/hybrid_optimizer.py) and
+// optimizer_param_scheduler.py.
 
 // Megatron's OptimizerParamScheduler.get_lr, with steps counted in iterations:
 //   warm-up:  lr = max_lr * step / warmup_steps                     for step <= warmup_steps
