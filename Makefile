@@ -121,11 +121,11 @@ test: train_gpt preprocess $(TESTS)
 SAN_CC ?= clang
 ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
 TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
-TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch
+TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch tests/test_offload
 build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
-build/tsan/%: %.c tests/harness.h $(HEADERS)
+build/tsan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
 # SAN_TESTS: which C tests (all by default). CI passes SAN_TESTS="$(SAN_CI_TESTS)": the tests of
@@ -133,14 +133,14 @@ build/tsan/%: %.c tests/harness.h $(HEADERS)
 # (layouts, recompute, SP, fp16, the model, generation) run under the sanitizers here, on demand.
 SAN_TESTS ?= $(TESTS)
 SAN_CI_TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_ops tests/test_data tests/test_pp \
-               tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_launch
+               tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_launch tests/test_deepspeed
 test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(SAN_TESTS)) \
                $(addprefix build/tsan/,$(TSAN_TESTS))
 	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
 	  sh tests/run.sh $(addprefix build/asan/,$(SAN_TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
 
 # libFuzzer on every parser of outside data: tests/fuzz_parsers.c (JSON, config, checkpoint, .idx/.bin,
-# vocabulary and merges, tracker, the trainer's flags) and tests/fuzz_preprocess.c (preprocess's JSON
+# vocabulary and merges, tracker, the trainer's flags, the DeepSpeed config) and tests/fuzz_preprocess.c (preprocess's JSON
 # lines and text readers with GPT-2's real BPE, its flags), each from a seed corpus of real files;
 # the inputs that once failed (tests/fuzz_cases/, tests/fuzz_cases_preprocess/) are replayed first.
 # Any crash, hang (10 s), sanitizer report or out-of-bounds access fails, and libFuzzer leaves the

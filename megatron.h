@@ -2884,8 +2884,7 @@ static void mt__ds_flag_text(const mt_config *cfg, const mt__flag *f, char *out,
 // flag := text (what key says, at line); an error if the flag was given with another value
 static void mt__ds_set(mt__ds_map *m, mt_config *cfg, const char *flag, const char *text, const char *key, int line) {
     const mt__flag *f = mt__find_flag(flag);
-    mt_config *probe = (mt_config *)mt_malloc(sizeof *probe, "deepspeed config");
-    *probe = *cfg;
+    mt_config probe_cfg = *cfg, *probe = &probe_cfg;   // on the stack: an error here leaks nothing
     mt__set_flag(probe, f, &text, 1);
     size_t size = f->type == MT__STR ? f->size : f->type == MT__DOUBLE ? sizeof(double)
                 : f->type == MT__FLOAT ? sizeof(float) : sizeof(int);   // the types mapped onto
@@ -2894,12 +2893,10 @@ static void mt__ds_set(mt__ds_map *m, mt_config *cfg, const char *flag, const ch
     if (differs && mt__ds_flag_given(m, cfg, f)) {
         char ours[128];
         mt__ds_flag_text(cfg, f, ours, sizeof ours);
-        free(probe);
         mt_fatal("%s:%d: \"%s\" says %s %s, but the command line says %s %s\nhint: drop one of the two, or write "
                  "\"auto\" in the file to keep the flag's value", m->path, line, key, flag, text, flag, ours);
     }
     memcpy((char *)cfg + f->offset, want, size);
-    free(probe);
     int in_params = strncmp(key, "optimizer.params.", 17) == 0 || strncmp(key, "scheduler.params.", 17) == 0;
     mt__ds_list_add(m->mapped, sizeof m->mapped, "%s -> %s %s", in_params ? key + 17 : key, flag, text);
 }
@@ -3177,7 +3174,8 @@ static void mt__ds_map_precision(mt__ds_map *m, mt_config *cfg) {
 void mt_config_load_deepspeed(mt_config *cfg, const char *path, int argc, char **argv, char *summary, size_t cap) {
     size_t len;
     char *text = mt__read_config_text(path, "--deepspeed_config", &len);
-    mt__ds_map *m = (mt__ds_map *)mt_calloc(1, sizeof *m, "deepspeed config");
+    mt__ds_map map, *m = &map;   // on the stack (the parse runs on the main thread): errors leak nothing
+    memset(m, 0, sizeof *m);
     m->path = path;
     m->argc = argc;
     m->argv = argv;
@@ -3212,7 +3210,6 @@ void mt_config_load_deepspeed(mt_config *cfg, const char *path, int argc, char *
     if (summary && cap)
         snprintf(summary, cap, "deepspeed config %s: %s%s%s%s%s", path, m->mapped[0] ? m->mapped : "nothing mapped",
                  m->kept[0] ? "; auto (our flags kept): " : "", m->kept, m->ignored[0] ? "; ignored: " : "", m->ignored);
-    free(m);
 }
 
 void mt_print_help(FILE *f) {
