@@ -2929,7 +2929,7 @@ static void mt__ds_switch(mt__ds_map *m, mt_config *cfg, const char *flag, int o
                  "in the file to keep the flag", m->path, line, key, flag);
     *field = on;
 }
-// a key whose value applies only with another setting (line 0: from the absent default)
+// a key the file gives that changes nothing here (why: the reason, for the summary)
 static void mt__ds_ignore(mt__ds_map *m, const char *key, const char *why) {
     mt__ds_list_add(m->ignored, sizeof m->ignored, "%s%s%s", key, why[0] ? " " : "", why);
 }
