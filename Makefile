@@ -10,7 +10,8 @@
 #   make test-ref   outside references: GPT-2 in JAX (autodiff) and OpenAI's tiktoken, in a local .venv
 #   make test-gpu   (GPU machine) every kernel against its CPU twin; GPU training against CPU training;
 #                   --fp16 against the CPU's emulation of it and against --bf16 (tests/gpu/test_fp16.sh);
-#                   the memory plan against the measured peak (tests/gpu/test_memory.sh)
+#                   the memory plan against the measured peak (tests/gpu/test_memory.sh);
+#                   --optimizer-cpu-offload and the DeepSpeed config on the GPU (tests/gpu/test_offload.sh)
 #   make test-gpu-generate  (GPU machine) generation: GPU vs CPU logits, vs transformers, the benchmark
 #   make bench      (GPU machine) GPT-2 small on 1 and 2 GPUs: tokens/s, ms/step, MFU, memory
 #   make bench-tokenizer   our GPT-2 tokenizer against tiktoken (MB/s, tokens/s, 1 and 2 threads)
@@ -46,7 +47,7 @@ else
 $(info megatron.h: CPU build, and the GPU build (train_gpt_cuda) with $(NVCC))
 endif
 
-TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
+TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_recompute tests/test_sp tests/test_fp16 tests/test_offload tests/test_deepspeed tests/test_ops tests/test_data tests/test_pp tests/test_layouts tests/test_model tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_generate tests/test_launch
 
 .PHONY: all run build-tests test test-sanitize fuzz test-kill test-ref test-gpu test-gpu-generate bench bench-tokenizer cuda-check debug debug-cuda clean
 
@@ -121,11 +122,11 @@ test: train_gpt preprocess $(TESTS)
 SAN_CC ?= clang
 ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
 TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
-TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch
+TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch tests/test_offload
 build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
-build/tsan/%: %.c tests/harness.h $(HEADERS)
+build/tsan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
 # SAN_TESTS: which C tests (all by default). CI passes SAN_TESTS="$(SAN_CI_TESTS)": the tests of
@@ -133,14 +134,14 @@ build/tsan/%: %.c tests/harness.h $(HEADERS)
 # (layouts, recompute, SP, fp16, the model, generation) run under the sanitizers here, on demand.
 SAN_TESTS ?= $(TESTS)
 SAN_CI_TESTS = tests/test_header tests/test_logging tests/test_comm tests/test_ops tests/test_data tests/test_pp \
-               tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_launch
+               tests/test_checkpoint tests/test_tokenizer tests/test_hostile tests/test_launch tests/test_deepspeed
 test-sanitize: train_gpt preprocess build/asan/train_gpt build/asan/preprocess $(addprefix build/asan/,$(SAN_TESTS)) \
                $(addprefix build/tsan/,$(TSAN_TESTS))
 	@ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MT_BIN_DIR=build/asan \
 	  sh tests/run.sh $(addprefix build/asan/,$(SAN_TESTS)) $(addprefix build/tsan/,$(TSAN_TESTS))
 
 # libFuzzer on every parser of outside data: tests/fuzz_parsers.c (JSON, config, checkpoint, .idx/.bin,
-# vocabulary and merges, tracker, the trainer's flags) and tests/fuzz_preprocess.c (preprocess's JSON
+# vocabulary and merges, tracker, the trainer's flags, the DeepSpeed config) and tests/fuzz_preprocess.c (preprocess's JSON
 # lines and text readers with GPT-2's real BPE, its flags), each from a seed corpus of real files;
 # the inputs that once failed (tests/fuzz_cases/, tests/fuzz_cases_preprocess/) are replayed first.
 # Any crash, hang (10 s), sanitizer report or out-of-bounds access fails, and libFuzzer leaves the
@@ -221,10 +222,12 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	 sh tests/gpu/test_sp.sh 2>&1 | tee build/test_sp_gpu.log; \
 	 sh tests/gpu/test_fp16.sh 2>&1 | tee build/test_fp16_gpu.log; \
 	 sh tests/gpu/test_memory.sh 2>&1 | tee build/test_memory_gpu.log; \
+	 sh tests/gpu/test_offload.sh 2>&1 | tee build/test_offload_gpu.log; \
 	 sh tests/test_docs.sh --gpu 2>&1 | tee build/test_docs_gpu.log; \
 	 sh tests/gpu/test_multinode.sh 2>&1 | tee build/test_multinode.log; \
 	 sh tests/run_logs.sh build/test_kernels.log build/test_gemm_wgmma.log build/test_train.log build/test_sp_gpu.log \
-	   build/test_fp16_gpu.log build/test_memory_gpu.log build/test_docs_gpu.log build/test_multinode.log
+	   build/test_fp16_gpu.log build/test_memory_gpu.log build/test_offload_gpu.log build/test_docs_gpu.log \
+	   build/test_multinode.log
 
 # on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
 bench: preprocess train_gpt_cuda

@@ -3952,6 +3952,25 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
     mt__profile_end(r, "buffer download", t0);
 }
 
+// pinned host memory (--optimizer-cpu-offload's master weights, moments and gradients): page-locked,
+// so the copies above run at full PCIe speed straight from it (pageable memory is staged through a
+// driver buffer); zeroed. The host's limit is its RAM (and ulimit -l where locked memory is capped)
+float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what) {
+    size_t bytes = (n ? n : 1) * sizeof(float);
+    void *p = NULL;
+    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+    if (err != cudaSuccess)
+        mt_fatal("out of pinned host memory allocating %.1f MB for %s on rank %d (%s)\n"
+                 "hint: --optimizer-cpu-offload keeps 16 bytes per parameter of each rank's shard on the host: add "
+                 "--use-distributed-optimizer (DP ranks share it), fewer ranks per node, or drop the offload",
+                 (double)bytes / 1e6, what, r->ps.rank, cudaGetErrorString(err));
+    memset(p, 0, bytes);
+    return (float *)p;
+}
+void mt_buffer_free_host(void *p) {
+    if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
 // device facts. One thread per GPU: rank r drives GPU r (every rank is still a thread of this
 // one process, as on the CPU), with one stream for all its kernels.
 void mt_device_init(mt_rank *r) {

@@ -17,7 +17,8 @@
    TABLE OF CONTENTS  (grep -n '^// [0-9]*\. ' megatron.h prints it with line numbers; docs/map.md
    is the map: what each section defines and the path of one training step through them)
       1. UTILITIES, ERRORS & CONFIG   mt_fatal, allocation, atomic files, UTF-8, the JSON reader,
-                                      Megatron's flags and the JSON config, the counter-based RNG;
+                                      Megatron's flags and the JSON config, DeepSpeed's ds_config
+                                      mapped onto the flags, the counter-based RNG;
                                       the GPU build's CUDA and NCCL error checks
       2. RANKS, GROUPS, COMMUNICATORS  the threads backend with NCCL's shape, the NCCL path (GPU
                                       build), launching several processes (srun, mpirun, torchrun-
@@ -34,7 +35,8 @@
                                       layer forward/backward, embedding, head
       6. OPTIMIZER, CLIPPING, LEARNING RATE  loss scaling (--fp16: Megatron's dynamic grad
                                       scaler), AdamW's state and step (sharded over DP with
-                                      --use-distributed-optimizer), the global grad norm,
+                                      --use-distributed-optimizer, on the host with
+                                      --optimizer-cpu-offload), the global grad norm,
                                       Megatron's learning-rate schedule
       7. DATA PARALLEL                bucketed gradient all-reduce (reduce-scatter with the distributed
                                       optimizer), tied-embedding all-reduce
@@ -125,7 +127,8 @@ typedef struct mt_rank mt_rank;
 /* ============================================================================================= */
 /* 1. UTILITIES, ERRORS & CONFIG
  * defines: mt_fatal and allocation, atomic files, UTF-8, the JSON reader,
- *          edit distance, mt_config (Megatron's flags, the JSON config file), the counter-based RNG,
+ *          edit distance, mt_config (Megatron's flags, the JSON config file, DeepSpeed's config),
+ *          the counter-based RNG,
  *          TensorBoard's records (TFRecord, Event), the timeline's spans */
 /* mt_fatal: the single exit for every error. Prints "error: <cause>" and, when the message
  * contains a "\nhint: " part, the fix on its own line. Inside a rank thread of a multi-rank
@@ -214,6 +217,10 @@ typedef struct {
     int num_layers_per_virtual_pipeline_stage; // --num-layers-per-virtual-pipeline-stage, 0 = not interleaved
     long ddp_bucket_size;                      // --ddp-bucket-size: gradient elements per DP all-reduce bucket
     int use_distributed_optimizer;             // --use-distributed-optimizer: AdamW state sharded over DP (ZeRO-1)
+    int zero_stage;                            // not a flag: --deepspeed_config's zero_optimization.stage (0: none
+                                               // given). 1: the distributed optimizer with the gradients all-reduced
+                                               // (DeepSpeed's stage 1); 2: reduce-scattered into each owner's shard,
+                                               // as --use-distributed-optimizer alone does (section 7)
     int sequence_parallel;                     // --sequence-parallel: layernorm/dropout/residual regions split
                                                // along the sequence over the TP group (needs TP > 1)
     int print_layout;                          // --print-layout: print the rank groups and exit
@@ -247,6 +254,14 @@ typedef struct {
     float adam_beta2;          // --adam-beta2, default 0.999
     float adam_eps;            // --adam-eps, default 1e-8
     float clip_grad;           // --clip-grad, default 1.0 (0 = no clipping)
+    int optimizer_cpu_offload; // --optimizer-cpu-offload: AdamW's fp32 master weights and moments of this rank's
+                               // shard in pinned host memory, the update on host threads (section 6)
+    double optimizer_offload_fraction; // --optimizer-offload-fraction, default 1.0: the share offloaded (only 1.0)
+    int optimizer_offload_threads;     // --optimizer-offload-threads N: host threads per rank for the offloaded
+                                       // update (0: the host's cores / ranks on this node, at most 8)
+    int deepspeed;             // --deepspeed: Megatron-DeepSpeed's switch; the work is --deepspeed_config's
+    char deepspeed_config[MT_PATH_MAX];   // --deepspeed_config / --deepspeed-config ds_config.json, mapped onto
+                                          // these flags (mt_config_load_deepspeed)
     unsigned long long seed;   // --seed, default 1234
     int log_interval;          // --log-interval, default 100
     int verbose;               // --verbose: also print rank 0's tensor table (name, shape, offset) at start
@@ -350,6 +365,11 @@ void mt_config_defaults(mt_config *cfg);
 /* parses argv (a --config JSON file first, then the command line over it); mt_fatal on any bad flag */
 void mt_config_parse(mt_config *cfg, int argc, char **argv);
 void mt_config_load_json(mt_config *cfg, const char *path);
+/* --deepspeed_config: maps DeepSpeed's ds_config.json onto cfg (ZeRO stage, optimizer offload, optimizer,
+ * scheduler, batch, fp16 / bf16 keys); "auto" keeps our value. argv (may be NULL) is the command line:
+ * a flag given there (or set away from its default) that the file contradicts is an error, as is any
+ * key without an equivalent. summary (cap bytes) receives the one line of what was mapped and ignored. */
+void mt_config_load_deepspeed(mt_config *cfg, const char *path, int argc, char **argv, char *summary, size_t cap);
 /* checks and fills the derived fields; world_size 0 = take --nproc-per-node or TP*PP */
 void mt_config_derive(mt_config *cfg);
 void mt_print_help(FILE *f);
@@ -766,9 +786,14 @@ void mt_buffer_copy(mt_rank *r, float *dst, const float *src, size_t n);
    the sequence-parallel shards of a (B,T,C) tensor are B such rows (section 4) */
 void mt_buffer_copy_strided(mt_rank *r, float *dst, size_t dst_stride, const float *src, size_t src_stride, size_t row,
                             size_t rows);
-/* host <-> buffer (bytes); synchronous, for small things: token ids, losses, pipeline messages */
+/* host <-> buffer (bytes); synchronous: token ids, losses, pipeline messages, and the offloaded
+   optimizer's gradients down and parameters up (once per step, from and into mt_buffer_alloc_host) */
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes);
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes);
+/* host memory the device copies to and from at full speed, zeroed: pinned (page-locked, cudaHostAlloc)
+   on the GPU build, ordinary host memory on the CPU build. --optimizer-cpu-offload keeps AdamW's state in it */
+float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what);
+void mt_buffer_free_host(void *p);
 /* the device: set-up (which GPU, its stream, the GEMM rung) and tear-down; the memory in use
    (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
 void mt_device_init(mt_rank *r);
@@ -1046,8 +1071,9 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer
 
 /* ============================================================================================= */
 /* 6. OPTIMIZER, CLIPPING, LEARNING RATE
- * defines: loss scaling (mt_grad_scaler), mt_optimizer (AdamW's state), the global gradient norm
- *          and clipping, the AdamW step over the parameter table, Megatron's learning-rate schedule */
+ * defines: loss scaling (mt_grad_scaler), mt_optimizer (AdamW's state, on the device or offloaded to
+ *          the host), the global gradient norm and clipping, the AdamW step over the parameter
+ *          table, Megatron's learning-rate schedule */
 /* loss scaling (--fp16): Megatron's ConstantGradScaler and DynamicGradScaler (grad_scaler.py) */
 typedef enum {
     MT_SCALER_NONE = 0,         // fp32, bf16: the loss is not scaled
@@ -1068,13 +1094,20 @@ void mt_grad_scaler_init(mt_grad_scaler *s, const mt_config *cfg);
 void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf);
 
 typedef struct {
-    float *m_memory, *v_memory; // (shard_size) AdamW's first and second moments of this rank's shard
+    float *m_memory, *v_memory; // (shard_size) AdamW's first and second moments of this rank's shard: device
+                                // memory, or pinned host memory with --optimizer-cpu-offload
     int step;                   // optimizer steps taken (AdamW's bias correction)
     int skipped;                // iterations whose step was skipped: the learning rate does not advance
     mt_grad_scaler scaler;      // loss scaling (--fp16)
     int distributed;            // --use-distributed-optimizer: this DP rank owns one shard (ZeRO-1)
     size_t shard_start;         // the shard: parameters [shard_start, shard_start + shard_size) of the
     size_t shard_size;          // buffer (all of it without the distributed optimizer)
+    // --optimizer-cpu-offload (ZeRO-Offload): the shard's state and update on the host
+    int offload;                // 1: m_memory, v_memory and the two below are pinned host memory
+    float *master_params;       // (shard_size) the fp32 master copy of my shard's parameters
+    float *host_grads;          // (shard_size) my shard's gradients, copied down once per step
+    void *host_threads;         // the host threads that share the update (section 6, private)
+    int num_host_threads;       // how many, the rank's own thread included
 } mt_optimizer;
 void mt_optimizer_init(mt_rank *r);
 void mt_optimizer_free(mt_rank *r);
@@ -1138,6 +1171,8 @@ typedef struct {                // bytes of this rank's memory, per kind (printe
     size_t params, grads, optimizer, activations, scratch;   // the buffers allocated once (scratch: "workspace")
     size_t kernel_scratch;      // the most the GPU's launchers borrow at once during a step (0 on the CPU build)
     size_t comm;                // the communicators' own buffers (NCCL's, estimated; 0 on the CPU build)
+    size_t host_optimizer;      // --optimizer-cpu-offload: pinned host memory (master copy, m, v, gradients
+                                // of the shard), in place of `optimizer`; not part of the device's total
 } mt_memory_report;
 
 struct mt_rank {
@@ -2079,6 +2114,7 @@ void mt_config_defaults(mt_config *cfg) {
     cfg->train.adam_beta2 = 0.999f;
     cfg->train.adam_eps = 1e-8f;
     cfg->train.clip_grad = 1.0f;
+    cfg->train.optimizer_offload_fraction = 1.0;   // Megatron's default: all of it, once offloaded
     cfg->train.initial_loss_scale = 4294967296.0f;   // 2^32, Megatron's
     cfg->train.min_loss_scale = 1.0f;
     cfg->train.loss_scale_window = 1000;
@@ -2186,6 +2222,20 @@ static const mt__flag mt__flags[] = {
     {"--adam-beta2", MT__FLOAT, MT__OFF(train.adam_beta2), 0, "training", "AdamW beta2"},
     {"--adam-eps", MT__FLOAT, MT__OFF(train.adam_eps), 0, "training", "AdamW epsilon"},
     {"--clip-grad", MT__FLOAT, MT__OFF(train.clip_grad), 0, "training", "clip gradients to this global norm (0 = off)"},
+    {"--optimizer-cpu-offload", MT__BOOL, MT__OFF(train.optimizer_cpu_offload), 0, "training",
+     "AdamW's fp32 master weights and both moments (this rank's shard) in pinned host memory, the update on host "
+     "threads; gradients down and parameters up once per step (ZeRO-Offload): 0 optimizer bytes on the device"},
+    {"--optimizer-offload-fraction", MT__DOUBLE, MT__OFF(train.optimizer_offload_fraction), 0, "training",
+     "the share of the optimizer offloaded by --optimizer-cpu-offload (only 1.0 here: all of it)"},
+    {"--optimizer-offload-threads", MT__INT, MT__OFF(train.optimizer_offload_threads), 0, "training",
+     "host threads per rank for the offloaded AdamW update (0: the host's cores / ranks on this node, at most 8)"},
+    {"--deepspeed", MT__BOOL, MT__OFF(train.deepspeed), 0, "training",
+     "Megatron-DeepSpeed's launch: read --deepspeed_config and map it onto these flags"},
+    {"--deepspeed_config", MT__STR, MT__OFF(train.deepspeed_config), MT_PATH_MAX, "training",
+     "DeepSpeed's ds_config.json: ZeRO stage 0-2, offload_optimizer, optimizer, scheduler, batch, fp16/bf16 keys "
+     "as our flags (\"auto\": ours); one line says what was mapped and ignored"},
+    {"--deepspeed-config", MT__STR, MT__OFF(train.deepspeed_config), MT_PATH_MAX, "training",
+     "the same as --deepspeed_config"},
     {"--seed", MT__U64, MT__OFF(train.seed), 0, "training", "seed of init, data shuffling and dropout"},
     {"--fp32", MT__BOOL, MT__OFF(train.fp32), 0, "training", "compute in fp32 (the default)"},
     {"--bf16", MT__BOOL, MT__OFF(train.bf16), 0, "training",
@@ -2318,6 +2368,8 @@ static const mt__flag mt__flags[] = {
     {"--no-async-tensor-model-parallel-allreduce", MT__IGNORED, 0, 0, "ignored",
      "tensor-parallel all-reduces run in order on the rank's stream"},
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
+    {"--overlap-cpu-optimizer-d2h-h2d", MT__IGNORED, 0, 0, "ignored",
+     "--optimizer-cpu-offload's copies and host update run one after another"},
 };
 // Megatron flags that this build knows but does not implement yet: an error that says so
 // (instead of "unknown flag"), so a tutorial's user knows what to drop.
@@ -2576,6 +2628,15 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
             i++;
         }
     }
+    // --deepspeed --deepspeed_config FILE: DeepSpeed's keys onto the flags above, checked against them
+    if (cfg->train.deepspeed && !cfg->train.deepspeed_config[0])
+        mt_fatal("--deepspeed needs --deepspeed_config FILE (DeepSpeed's ds_config.json)\nhint: add --deepspeed_config "
+                 "ds_config.json, or drop --deepspeed and give the flags themselves");
+    if (cfg->train.deepspeed_config[0]) {
+        char summary[4096];
+        mt_config_load_deepspeed(cfg, cfg->train.deepspeed_config, argc, argv, summary, sizeof summary);
+        fprintf(stderr, "note: %s%s\n", summary, cfg->train.deepspeed ? "" : " (read without --deepspeed)");
+    }
     // Megatron accepts the loss-scale flags with --bf16 (bf16 has fp32's range: nothing to scale)
     const mt_train_config *t = &cfg->train;
     if (t->bf16 && !t->fp16 && (t->loss_scale != 0.0f || t->initial_loss_scale != 4294967296.0f ||
@@ -2601,14 +2662,15 @@ static void mt__nearest_key(const char *flag, char *out, size_t cap) {
     for (char *q = out; *q; q++) if (*q == '-') *q = '_';
 }
 
-void mt_config_load_json(mt_config *cfg, const char *path) {
+// a config file's whole text (NUL-terminated), *len its bytes; `flag` names it in the messages
+static char *mt__read_config_text(const char *path, const char *flag, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) mt_fatal("cannot open config file %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
         fclose(f);
-        mt_fatal("config file %s is %s\nhint: --config names a JSON file", path,
-                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file of at most 64 MB");
+        mt_fatal("config file %s is %s\nhint: %s names a JSON file", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file of at most 64 MB", flag);
     }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
@@ -2617,6 +2679,13 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
     size_t got = fread(text, 1, (size_t)(size > 0 ? size : 0), f);
     fclose(f);
     text[got] = 0;
+    *len = got;
+    return text;
+}
+
+void mt_config_load_json(mt_config *cfg, const char *path) {
+    size_t got;
+    char *text = mt__read_config_text(path, "--config", &got);
     mt_json j;
     mt_json_init(&j, text, got, 1);
     if (!mt_json_eat(&j, '{')) mt_fatal("%s:%d: a config file is one JSON object { ... }", path, mt_json_line(&j));
@@ -2676,6 +2745,567 @@ void mt_config_load_json(mt_config *cfg, const char *path) {
     if (j.err) mt_fatal("%s:%d: %s\nhint: config files are JSON objects of \"key\": value", path, mt_json_line(&j),
                         j.err);
     free(text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the DeepSpeed config: --deepspeed --deepspeed_config ds_config.json (Megatron-DeepSpeed's launch,
+// the tutorial's DeepSpeed section), read with the JSON reader above and mapped onto our flags:
+//   zero_optimization.stage       0: nothing (no sharding)
+//                                 1: --use-distributed-optimizer with the gradients all-reduced
+//                                    (every DP rank holds all of them, updates only its shard)
+//                                 2: --use-distributed-optimizer, the gradients reduce-scattered
+//                                    into the owner's shard (section 7). What stage 2 saves here
+//                                    over 1: half the DP gradient traffic (a ring reduce-scatter
+//                                    moves (DP-1)/DP of the buffer per rank, an all-reduce twice
+//                                    that), not memory: our backward accumulates every micro-batch
+//                                    into one whole gradient buffer, so there is no bucket to free
+//                                    early as DeepSpeed's stage 2 does. The two give the same bits.
+//                                 3: an error (ZeRO-3 shards the parameters too: not here)
+//   zero_optimization.offload_optimizer.device   "cpu": --optimizer-cpu-offload; "none": nothing;
+//                                 "nvme": an error (ZeRO-Infinity). .pin_memory: accepted (we always pin)
+//   optimizer.type                Adam or AdamW: our AdamW (DeepSpeed's Adam is AdamW by default)
+//   optimizer.params              lr -> --lr, betas [b1, b2] -> --adam-beta1/2, eps -> --adam-eps,
+//                                 weight_decay -> --weight-decay
+//   scheduler.type, .params       Megatron's warm-up is linear from 0: warmup_type must say "linear"
+//                                 (DeepSpeed's default is "log") and warmup_min_lr / warmup_min_ratio
+//                                 be 0; warmup_num_steps (DeepSpeed's default 1000) -> --lr-warmup-iters;
+//                                 then
+//       WarmupLR                  constant at warmup_max_lr (-> --lr)
+//       WarmupDecayLR             linear down to 0 at total_num_steps (-> --lr-decay-iters)
+//       WarmupCosineLR            cosine down to cos_min_ratio x lr (-> --min-lr) at total_num_steps
+//   train_micro_batch_size_per_gpu -> --micro-batch-size, train_batch_size -> --global-batch-size,
+//   gradient_accumulation_steps   global = micro x steps x DP, checked once DP is known (DeepSpeed's
+//                                 rule); train_batch_size without the micro-batch: it is derived
+//   gradient_clipping -> --clip-grad;  steps_per_print -> --log-interval
+//   fp16.enabled -> --fp16; with it loss_scale (0 = dynamic) -> --loss-scale, initial_scale_power p
+//                                 -> --initial-loss-scale 2^p (DeepSpeed's default p = 16),
+//                                 loss_scale_window, hysteresis, min_loss_scale -> those flags
+//   bf16.enabled -> --bf16
+//   wall_clock_breakdown          accepted, ignored (the iteration line always shows the timers)
+// "auto" keeps our flag's value. A key the file leaves out leaves our flag alone, except inside a
+// block it gives (scheduler, fp16 enabled): there DeepSpeed's default applies unless the flag is
+// given. A flag given on the command line (or set away from its default) that the file
+// contradicts is an error naming both; any other key is an error naming it.
+
+// the objects of the file that hold the keys, and the keys (leaves) read
+static const char *const mt__ds_objects[] = {"zero_optimization", "zero_optimization.offload_optimizer", "optimizer",
+                                             "optimizer.params", "scheduler", "scheduler.params", "fp16", "bf16"};
+static const char *const mt__ds_keys[] = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "steps_per_print", "wall_clock_breakdown", "zero_optimization.stage", "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_optimizer.pin_memory", "optimizer.type", "optimizer.params.lr",
+    "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.type",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+    "scheduler.params.warmup_type", "scheduler.params.total_num_steps", "scheduler.params.warmup_min_ratio",
+    "scheduler.params.cos_min_ratio", "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power",
+    "fp16.loss_scale_window", "fp16.hysteresis", "fp16.min_loss_scale", "bf16.enabled"};
+#define MT__DS_NUM_KEYS (sizeof mt__ds_keys / sizeof mt__ds_keys[0])
+
+typedef struct {                // one key's value as the file gives it
+    int given;                  // the key is in the file (null counts as absent)
+    int is_auto;                // the string "auto": keep our flag's value
+    mt_json_type type;
+    double num, num2;           // a number (true 1, false 0); betas: [num, num2]
+    char text[64];              // a number's literal, or a string
+    int line;                   // where, for the messages
+} mt__ds_value;
+
+typedef struct {                // the mapping in progress
+    const char *path;           // the file, for the messages
+    int argc;
+    char **argv;                // the command line: its flags are "given"
+    mt_config defaults;         // and so is any field set away from its default
+    mt__ds_value values[MT__DS_NUM_KEYS];   // in mt__ds_keys' order
+    char mapped[2048], kept[512], ignored[512];   // the summary's three lists
+} mt__ds_map;
+
+static mt__ds_value *mt__ds_get(mt__ds_map *m, const char *key) {
+    for (size_t i = 0; i < MT__DS_NUM_KEYS; i++)
+        if (strcmp(mt__ds_keys[i], key) == 0) return &m->values[i];
+    return NULL;
+}
+static int mt__ds_number_given(const mt__ds_value *v) { return v->given && !v->is_auto; }
+
+static void mt__ds_list_add(char *list, size_t cap, const char *fmt, ...) {
+    size_t n = strlen(list);
+    if (n + 3 >= cap) return;
+    if (n) { strcat(list, ", "); n += 2; }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(list + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+// a key with no equivalent: the error names it, and a near one if there is
+static void mt__ds_unknown_key(const char *path, int line, const char *key) {
+    if (strncmp(key, "zero_optimization.stage3_", 25) == 0)
+        mt_fatal("%s:%d: \"%s\" belongs to ZeRO stage 3 (parameters sharded too), which megatron.h does not "
+                 "implement\nhint: use \"stage\": 1 or 2 (the distributed optimizer) and remove the stage3_ keys",
+                 path, line, key);
+    const char *best = NULL;
+    int best_d = 4;   // a suggestion only when it is close
+    for (size_t i = 0; i < MT__DS_NUM_KEYS; i++) {
+        int d = mt_edit_distance(key, mt__ds_keys[i]);
+        if (d < best_d) { best_d = d; best = mt__ds_keys[i]; }
+    }
+    if (best) mt_fatal("%s:%d: DeepSpeed key \"%s\" is not one megatron.h reads\nhint: did you mean \"%s\"?", path,
+                       line, key, best);
+    mt_fatal("%s:%d: DeepSpeed key \"%s\" has no equivalent in megatron.h\nhint: remove it (docs/tutorial.md, "
+             "\"DeepSpeed\", lists the keys read and what each becomes)", path, line, key);
+}
+
+// the value at the cursor into v (the cursor moves past it)
+static void mt__ds_read_value(mt_json *j, const char *path, const char *key, mt__ds_value *v, int line) {
+    mt_json_ws(j);
+    const char *q = j->p;
+    mt_json_type type = mt_json_skip(j);
+    if (j->err) return;
+    memset(v, 0, sizeof *v);
+    v->given = type != MT_JSON_NULL;
+    v->type = type;
+    v->line = line;
+    size_t lit = (size_t)(j->p - q);
+    if (type == MT_JSON_OBJECT) mt_fatal("%s:%d: \"%s\" is a value, not an object\nhint: see DeepSpeed's config "
+                                         "documentation for its form", path, line, key);
+    if (type == MT_JSON_STRING || type == MT_JSON_NUMBER) {
+        if (lit >= sizeof v->text) mt_fatal("%s:%d: the value of \"%s\" is too long\nhint: a number or a short "
+                                            "string (at most %zu characters)", path, line, key, sizeof v->text - 1);
+        if (type == MT_JSON_NUMBER) {
+            memcpy(v->text, q, lit);
+            v->text[lit] = 0;
+            v->num = strtod(v->text, NULL);
+        } else {
+            mt_json s = *j;
+            size_t n = 0;
+            s.p = q;
+            if (!mt_json_string_at(&s, v->text, &n)) mt_fatal("%s:%d: \"%s\": %s", path, line, key, s.err);
+            v->text[n] = 0;
+            v->is_auto = strcmp(v->text, "auto") == 0;
+        }
+    } else if (type == MT_JSON_TRUE || type == MT_JSON_FALSE) {
+        v->num = type == MT_JSON_TRUE;
+        snprintf(v->text, sizeof v->text, "%s", type == MT_JSON_TRUE ? "true" : "false");
+    } else if (type == MT_JSON_ARRAY) {   // betas: [beta1, beta2]
+        mt_json a = *j;
+        a.p = q;
+        int ok = mt_json_eat(&a, '[') && mt_json_number(&a, &v->num) && mt_json_eat(&a, ',') &&
+                 mt_json_number(&a, &v->num2) && mt_json_eat(&a, ']');
+        if (!ok || strcmp(key, "optimizer.params.betas") != 0)
+            mt_fatal("%s:%d: \"%s\" is %s, not a list\nhint: betas is the only list read: [beta1, beta2]", path, line,
+                     key, strcmp(key, "optimizer.params.betas") == 0 ? "[beta1, beta2] (two numbers)" : "one value");
+        snprintf(v->text, sizeof v->text, "[%.9g, %.9g]", v->num, v->num2);
+    }
+}
+
+static int mt__ds_is_object(const char *key) {
+    for (size_t i = 0; i < sizeof mt__ds_objects / sizeof mt__ds_objects[0]; i++)
+        if (strcmp(mt__ds_objects[i], key) == 0) return 1;
+    return 0;
+}
+
+// the object at the cursor, its keys prefixed with `prefix.` ("" at the top)
+static void mt__ds_read_object(mt_json *j, mt__ds_map *m, const char *prefix) {
+    if (!mt_json_expect(j, '{', "expected an object { ... }")) return;
+    if (mt_json_eat(j, '}')) return;
+    do {
+        char key[96], full[200];
+        if (!mt_json_key(j, key, sizeof key)) return;
+        snprintf(full, sizeof full, "%s%s%s", prefix, prefix[0] ? "." : "", key);
+        mt_json_ws(j);
+        int line = mt_json_line(j);
+        if (mt__ds_is_object(full)) {
+            if (!(j->p < j->end && *j->p == '{'))
+                mt_fatal("%s:%d: \"%s\" is an object { ... }\nhint: e.g. \"%s\": {%s}", m->path, line, full, key,
+                         strcmp(full, "zero_optimization") == 0 ? "\"stage\": 1" : " ... ");
+            mt__ds_read_object(j, m, full);
+            if (j->err) return;
+            continue;
+        }
+        mt__ds_value *v = mt__ds_get(m, full);
+        if (!v) mt__ds_unknown_key(m->path, line, full);
+        mt__ds_read_value(j, m->path, full, v, line);
+        if (j->err) return;
+    } while (mt_json_eat(j, ','));
+    mt_json_expect(j, '}', "expected ',' or '}'");
+}
+
+// the number of a key that must be one (v->given and not "auto")
+static double mt__ds_number(const mt__ds_map *m, const char *key, const mt__ds_value *v) {
+    if (v->type != MT_JSON_NUMBER || !isfinite(v->num))
+        mt_fatal("%s:%d: \"%s\" is a number, got %s\nhint: e.g. \"%s\": 1 (or \"auto\": our flag's value)",
+                 m->path, v->line, key, v->text[0] ? v->text : "a list", strrchr(key, '.') ? strrchr(key, '.') + 1
+                                                                                        : key);
+    return v->num;
+}
+static long long mt__ds_whole(const mt__ds_map *m, const char *key, const mt__ds_value *v, long long lo) {
+    double d = mt__ds_number(m, key, v);
+    if (d != floor(d) || d < (double)lo || d > 2147483647.0)
+        mt_fatal("%s:%d: \"%s\" is a whole number of at least %lld, got %s\nhint: e.g. %lld (or \"auto\": our flag's "
+                 "value)", m->path, v->line, key, lo, v->text, lo > 1 ? lo : 1);
+    return (long long)d;
+}
+static int mt__ds_bool(const mt__ds_map *m, const char *key, const mt__ds_value *v) {
+    if (v->type != MT_JSON_TRUE && v->type != MT_JSON_FALSE)
+        mt_fatal("%s:%d: \"%s\" is true or false, got %s\nhint: write true or false (or \"auto\": our flag)",
+                 m->path, v->line, key, v->text);
+    return v->type == MT_JSON_TRUE;
+}
+
+// is flag f given: on the command line (--f V or --f=V), or its field away from the default?
+static int mt__ds_flag_given(const mt__ds_map *m, const mt_config *cfg, const mt__flag *f) {
+    size_t len = strlen(f->name);
+    for (int i = 1; m->argv && i < m->argc; i++)
+        if (strncmp(m->argv[i], f->name, len) == 0 && (m->argv[i][len] == 0 || m->argv[i][len] == '=')) return 1;
+    const char *a = (const char *)cfg + f->offset, *b = (const char *)&m->defaults + f->offset;
+    switch (f->type) {
+    case MT__INT: case MT__BOOL: return *(const int *)a != *(const int *)b;
+    case MT__FLOAT: return *(const float *)a != *(const float *)b;
+    case MT__DOUBLE: return *(const double *)a != *(const double *)b;
+    case MT__STR: return strcmp(a, b) != 0;
+    default: return 0;
+    }
+}
+static void mt__ds_flag_text(const mt_config *cfg, const mt__flag *f, char *out, size_t cap) {
+    const char *a = (const char *)cfg + f->offset;
+    switch (f->type) {
+    case MT__INT: snprintf(out, cap, "%d", *(const int *)a); break;
+    case MT__BOOL: snprintf(out, cap, "%s", *(const int *)a ? "on" : "off"); break;
+    case MT__FLOAT: snprintf(out, cap, "%g", (double)*(const float *)a); break;
+    case MT__DOUBLE: snprintf(out, cap, "%g", *(const double *)a); break;
+    case MT__STR: snprintf(out, cap, "%s", a); break;
+    default: out[0] = 0;
+    }
+}
+
+// flag := text (what key says, at line); an error if the flag was given with another value
+static void mt__ds_set(mt__ds_map *m, mt_config *cfg, const char *flag, const char *text, const char *key, int line) {
+    const mt__flag *f = mt__find_flag(flag);
+    mt_config probe_cfg = *cfg, *probe = &probe_cfg;   // on the stack: an error here leaks nothing
+    mt__set_flag(probe, f, &text, 1);
+    size_t size = f->type == MT__STR ? f->size : f->type == MT__DOUBLE ? sizeof(double)
+                : f->type == MT__FLOAT ? sizeof(float) : sizeof(int);   // the types mapped onto
+    const char *now = (const char *)cfg + f->offset, *want = (const char *)probe + f->offset;
+    int differs = f->type == MT__STR ? strcmp(now, want) != 0 : memcmp(now, want, size) != 0;
+    if (differs && mt__ds_flag_given(m, cfg, f)) {
+        char ours[128];
+        mt__ds_flag_text(cfg, f, ours, sizeof ours);
+        mt_fatal("%s:%d: \"%s\" says %s %s, but the command line says %s %s\nhint: drop one of the two, or write "
+                 "\"auto\" in the file to keep the flag's value", m->path, line, key, flag, text, flag, ours);
+    }
+    memcpy((char *)cfg + f->offset, want, size);
+    int in_params = strncmp(key, "optimizer.params.", 17) == 0 || strncmp(key, "scheduler.params.", 17) == 0;
+    mt__ds_list_add(m->mapped, sizeof m->mapped, "%s -> %s %s", in_params ? key + 17 : key, flag, text);
+}
+static void mt__ds_set_number(mt__ds_map *m, mt_config *cfg, const char *flag, double value, const char *key,
+                              int line) {
+    char text[64];
+    if (value == floor(value) && fabs(value) < 1e15) snprintf(text, sizeof text, "%.0f", value);   // a count
+    else for (int digits = 1; digits <= 17; digits++) {   // the shortest text that reads back as value
+        snprintf(text, sizeof text, "%.*g", digits, value);
+        if (strtod(text, NULL) == value) break;
+    }
+    mt__ds_set(m, cfg, flag, text, key, line);
+}
+// DeepSpeed's default for a parameter the file leaves out of a block it gives (a scheduler's
+// warm-up steps, the fp16 scaler's first scale): taken unless the flag is given, which then stays
+static void mt__ds_default(mt__ds_map *m, mt_config *cfg, const char *flag, double value, const char *key, int line) {
+    if (mt__ds_flag_given(m, cfg, mt__find_flag(flag))) {
+        mt__ds_list_add(m->kept, sizeof m->kept, "%s (not in the file: %s kept)", key, flag);
+        return;
+    }
+    mt__ds_set_number(m, cfg, flag, value, key, line);
+    strncat(m->mapped, " (DeepSpeed's default)", sizeof m->mapped - strlen(m->mapped) - 1);
+}
+// a switch the file turns on (on = 1), or says is off (on = 0: an error if the switch is given)
+static void mt__ds_switch(mt__ds_map *m, mt_config *cfg, const char *flag, int on, const char *key, int line) {
+    const mt__flag *f = mt__find_flag(flag);
+    int *field = (int *)((char *)cfg + f->offset);
+    if (!on && *field)
+        mt_fatal("%s:%d: \"%s\" says off, but the command line says %s\nhint: drop one of the two, or write \"auto\" "
+                 "in the file to keep the flag", m->path, line, key, flag);
+    *field = on;
+}
+// a key the file gives that changes nothing here (why: the reason, for the summary)
+static void mt__ds_ignore(mt__ds_map *m, const char *key, const char *why) {
+    mt__ds_list_add(m->ignored, sizeof m->ignored, "%s%s%s", key, why[0] ? " " : "", why);
+}
+
+// zero_optimization: the stage and the offload
+static void mt__ds_map_zero(mt__ds_map *m, mt_config *cfg) {
+    mt__ds_value *v = mt__ds_get(m, "zero_optimization.stage");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "zero_optimization.stage");
+    else if (v->given) {
+        long long stage = mt__ds_whole(m, "zero_optimization.stage", v, 0);
+        if (stage == 3)
+            mt_fatal("%s:%d: zero_optimization.stage 3 (the parameters sharded too, ZeRO-3) is not implemented in "
+                     "megatron.h\nhint: use stage 1 or 2 (the distributed optimizer); tensor and pipeline "
+                     "parallelism split the parameters here", m->path, v->line);
+        if (stage > 3) mt_fatal("%s:%d: zero_optimization.stage %lld: DeepSpeed's stages are 0 to 3\nhint: 0, 1 or 2 "
+                                "here", m->path, v->line, stage);
+        mt__ds_switch(m, cfg, "--use-distributed-optimizer", stage > 0, "zero_optimization.stage", v->line);
+        cfg->parallel.zero_stage = (int)stage;
+        mt__ds_list_add(m->mapped, sizeof m->mapped, "zero stage %lld -> %s", stage,
+                        stage == 0 ? "no sharding"
+                        : stage == 1 ? "--use-distributed-optimizer (gradients all-reduced)"
+                                     : "--use-distributed-optimizer (gradients reduce-scattered)");
+    }
+    v = mt__ds_get(m, "zero_optimization.offload_optimizer.device");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "offload_optimizer.device");
+    else if (v->given) {
+        if (v->type != MT_JSON_STRING)
+            mt_fatal("%s:%d: offload_optimizer.device is a string, got %s\nhint: \"cpu\" or \"none\"", m->path,
+                     v->line, v->text);
+        if (strcmp(v->text, "nvme") == 0)
+            mt_fatal("%s:%d: offload_optimizer.device \"nvme\" (ZeRO-Infinity, the optimizer state on an NVMe disk) "
+                     "is not implemented in megatron.h\nhint: use \"cpu\" (--optimizer-cpu-offload: pinned host "
+                     "memory) or \"none\"", m->path, v->line);
+        if (strcmp(v->text, "cpu") != 0 && strcmp(v->text, "none") != 0)
+            mt_fatal("%s:%d: offload_optimizer.device \"%s\" is not a device DeepSpeed knows\nhint: \"cpu\" or "
+                     "\"none\"", m->path, v->line, v->text);
+        int on = strcmp(v->text, "cpu") == 0;
+        mt__ds_switch(m, cfg, "--optimizer-cpu-offload", on, "zero_optimization.offload_optimizer.device", v->line);
+        mt__ds_list_add(m->mapped, sizeof m->mapped, "offload_optimizer %s -> %s", v->text,
+                        on ? "--optimizer-cpu-offload" : "no offload");
+    }
+    v = mt__ds_get(m, "zero_optimization.offload_optimizer.pin_memory");
+    if (v->given) mt__ds_ignore(m, "offload_optimizer.pin_memory", "(the host copies are always pinned)");
+}
+
+// optimizer: the type and its parameters
+static void mt__ds_map_optimizer(mt__ds_map *m, mt_config *cfg) {
+    mt__ds_value *v = mt__ds_get(m, "optimizer.type");
+    if (v->given && !v->is_auto) {
+        int adam = v->type == MT_JSON_STRING && (strcmp(v->text, "Adam") == 0 || strcmp(v->text, "AdamW") == 0 ||
+                                                 strcmp(v->text, "adam") == 0 || strcmp(v->text, "adamw") == 0);
+        if (!adam)
+            mt_fatal("%s:%d: optimizer.type %s: megatron.h has AdamW only\nhint: \"type\": \"AdamW\" (or \"Adam\": "
+                     "DeepSpeed's Adam is AdamW unless adam_w_mode is false)", m->path, v->line, v->text);
+        mt__ds_list_add(m->mapped, sizeof m->mapped, "optimizer %s -> AdamW", v->text);
+    }
+    struct { const char *key, *flag; } plain[] = {{"optimizer.params.lr", "--lr"},
+                                                  {"optimizer.params.eps", "--adam-eps"},
+                                                  {"optimizer.params.weight_decay", "--weight-decay"}};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        v = mt__ds_get(m, plain[i].key);
+        if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "%s", plain[i].key + 17);
+        else if (v->given) mt__ds_set_number(m, cfg, plain[i].flag, mt__ds_number(m, plain[i].key, v), plain[i].key,
+                                             v->line);
+    }
+    v = mt__ds_get(m, "optimizer.params.betas");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "betas");
+    else if (v->given) {
+        if (v->type != MT_JSON_ARRAY) mt_fatal("%s:%d: optimizer.params.betas is [beta1, beta2], got %s\nhint: e.g. "
+                                               "[0.9, 0.95]", m->path, v->line, v->text);
+        mt__ds_set_number(m, cfg, "--adam-beta1", v->num, "optimizer.params.betas", v->line);
+        mt__ds_set_number(m, cfg, "--adam-beta2", v->num2, "optimizer.params.betas", v->line);
+    }
+}
+
+// scheduler: DeepSpeed's three warm-up schedules, where they are Megatron's
+static void mt__ds_map_scheduler(mt__ds_map *m, mt_config *cfg) {
+    mt__ds_value *type = mt__ds_get(m, "scheduler.type");
+    static const char *const params[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                                         "total_num_steps", "warmup_min_ratio", "cos_min_ratio"};
+    // which parameters each schedule takes (DeepSpeed's constructor arguments)
+    static const char *const takes[3] = {"warmup_min_lr warmup_max_lr warmup_num_steps warmup_type",
+                                         "warmup_min_lr warmup_max_lr warmup_num_steps warmup_type total_num_steps",
+                                         "warmup_min_ratio warmup_num_steps warmup_type total_num_steps cos_min_ratio"};
+    static const char *const names[3] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    char key[64];
+    int any_param = 0;
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        snprintf(key, sizeof key, "scheduler.params.%s", params[i]);
+        any_param |= mt__ds_get(m, key)->given;
+    }
+    if (!type->given) {
+        if (any_param) mt_fatal("%s: scheduler.params without scheduler.type\nhint: add \"type\": \"WarmupLR\", "
+                                "\"WarmupDecayLR\" or \"WarmupCosineLR\"", m->path);
+        return;
+    }
+    if (type->is_auto) { mt__ds_list_add(m->kept, sizeof m->kept, "scheduler"); return; }
+    int kind = -1;
+    for (int k = 0; k < 3; k++) if (type->type == MT_JSON_STRING && strcmp(type->text, names[k]) == 0) kind = k;
+    if (kind < 0)
+        mt_fatal("%s:%d: scheduler.type %s has no Megatron equivalent\nhint: WarmupLR, WarmupDecayLR or "
+                 "WarmupCosineLR, or leave \"scheduler\" out and use --lr-decay-style", m->path, type->line,
+                 type->text);
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        snprintf(key, sizeof key, "scheduler.params.%s", params[i]);
+        mt__ds_value *p = mt__ds_get(m, key);
+        if (p->given && !strstr(takes[kind], params[i]))
+            mt_fatal("%s:%d: %s is not a parameter of %s\nhint: %s takes %s", m->path, p->line, key, names[kind],
+                     names[kind], takes[kind]);
+    }
+    mt__ds_set(m, cfg, "--lr-decay-style", kind == 0 ? "constant" : kind == 1 ? "linear" : "cosine", "scheduler.type",
+               type->line);
+    // the warm-up: linear from 0, Megatron's only kind
+    mt__ds_value *wt = mt__ds_get(m, "scheduler.params.warmup_type");
+    if (!wt->given || (!wt->is_auto && strcmp(wt->text, "linear") != 0))
+        mt_fatal("%s:%d: scheduler.params.warmup_type is %s: Megatron's warm-up is linear\nhint: add \"warmup_type\": "
+                 "\"linear\" to scheduler.params", m->path, wt->given ? wt->line : type->line,
+                 wt->given ? wt->text : "not given (DeepSpeed's default: \"log\")");
+    const char *start_key = kind == 2 ? "scheduler.params.warmup_min_ratio" : "scheduler.params.warmup_min_lr";
+    mt__ds_value *start = mt__ds_get(m, start_key);
+    if (mt__ds_number_given(start) && mt__ds_number(m, start_key, start) != 0.0)
+        mt_fatal("%s:%d: %s %s: Megatron's warm-up starts from 0\nhint: set it to 0 (or leave it out)", m->path,
+                 start->line, start_key, start->text);
+    mt__ds_value *steps = mt__ds_get(m, "scheduler.params.warmup_num_steps");
+    if (steps->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "warmup_num_steps");
+    else if (steps->given) {
+        if (cfg->train.lr_warmup_fraction > 0)
+            mt_fatal("%s:%d: scheduler.params.warmup_num_steps says the warm-up, but the command line says "
+                     "--lr-warmup-fraction %g\nhint: drop one of the two", m->path, steps->line,
+                     cfg->train.lr_warmup_fraction);
+        mt__ds_set_number(m, cfg, "--lr-warmup-iters",
+                          (double)mt__ds_whole(m, "scheduler.params.warmup_num_steps", steps, 0),
+                          "scheduler.params.warmup_num_steps", steps->line);
+    } else if (cfg->train.lr_warmup_fraction == 0) {   // DeepSpeed's default: 1000 steps
+        mt__ds_default(m, cfg, "--lr-warmup-iters", 1000, "scheduler.params.warmup_num_steps", type->line);
+    }
+    mt__ds_value *max_lr = mt__ds_get(m, "scheduler.params.warmup_max_lr");
+    if (mt__ds_number_given(max_lr))
+        mt__ds_set_number(m, cfg, "--lr", mt__ds_number(m, "scheduler.params.warmup_max_lr", max_lr),
+                          "scheduler.params.warmup_max_lr", max_lr->line);
+    if (kind == 0) return;
+    mt__ds_value *total = mt__ds_get(m, "scheduler.params.total_num_steps");
+    if (!total->given)
+        mt_fatal("%s:%d: %s needs scheduler.params.total_num_steps (where the decay ends)\nhint: add \"total_num_"
+                 "steps\": N (or \"auto\": --lr-decay-iters, default --train-iters)", m->path, type->line, names[kind]);
+    if (total->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "total_num_steps");
+    else mt__ds_set_number(m, cfg, "--lr-decay-iters",
+                           (double)mt__ds_whole(m, "scheduler.params.total_num_steps", total, 1),
+                           "scheduler.params.total_num_steps", total->line);
+    if (kind == 1) {   // WarmupDecayLR ends at warmup_min_lr, which is 0
+        mt__ds_set(m, cfg, "--min-lr", "0", "scheduler.params.warmup_min_lr", type->line);
+        return;
+    }
+    mt__ds_value *ratio = mt__ds_get(m, "scheduler.params.cos_min_ratio");
+    if (ratio->is_auto) { mt__ds_list_add(m->kept, sizeof m->kept, "cos_min_ratio"); return; }
+    if (ratio->given)
+        mt__ds_set_number(m, cfg, "--min-lr",
+                          (double)(float)(mt__ds_number(m, "scheduler.params.cos_min_ratio", ratio) *
+                                          (double)cfg->train.lr), "scheduler.params.cos_min_ratio", ratio->line);
+    else   // DeepSpeed's default ratio: 0.0001
+        mt__ds_default(m, cfg, "--min-lr", (double)(float)(0.0001 * (double)cfg->train.lr),
+                       "scheduler.params.cos_min_ratio", type->line);
+}
+
+// the batch: two of the three keys give the third (DeepSpeed's rule); the check against DP is
+// mt_config_derive's, once DP is known
+static void mt__ds_map_batch(mt__ds_map *m, mt_config *cfg) {
+    mt__ds_value *tb = mt__ds_get(m, "train_batch_size"), *mb = mt__ds_get(m, "train_micro_batch_size_per_gpu"),
+                 *gas = mt__ds_get(m, "gradient_accumulation_steps");
+    if (mb->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "train_micro_batch_size_per_gpu");
+    else if (mb->given) mt__ds_set_number(m, cfg, "--micro-batch-size",
+                                          (double)mt__ds_whole(m, "train_micro_batch_size_per_gpu", mb, 1),
+                                          "train_micro_batch_size_per_gpu", mb->line);
+    if (tb->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "train_batch_size");
+    else if (tb->given) mt__ds_set_number(m, cfg, "--global-batch-size",
+                                          (double)mt__ds_whole(m, "train_batch_size", tb, 1), "train_batch_size",
+                                          tb->line);
+    if (gas->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "gradient_accumulation_steps");
+    else if (gas->given) {
+        int n = (int)mt__ds_whole(m, "gradient_accumulation_steps", gas, 1);
+        if (cfg->train.gradient_accumulation_steps > 0 && cfg->train.gradient_accumulation_steps != n)
+            mt_fatal("%s:%d: \"gradient_accumulation_steps\" says %d, but the command line says "
+                     "--gradient-accumulation-steps %d\nhint: drop one of the two, or write \"auto\" in the file",
+                     m->path, gas->line, n, cfg->train.gradient_accumulation_steps);
+        cfg->train.gradient_accumulation_steps = n;
+        mt__ds_list_add(m->mapped, sizeof m->mapped, "gradient_accumulation_steps %d -> global = micro x DP x %d", n,
+                        n);
+    }
+    // train_batch_size without the micro-batch: DeepSpeed derives it, micro = global / (steps x DP)
+    const mt__flag *micro_flag = mt__find_flag("--micro-batch-size");
+    if (mt__ds_number_given(tb) && !mb->given && !mt__ds_flag_given(m, cfg, micro_flag)) {
+        cfg->train.micro_batch_size = 0;   // mt_config_derive: global / (steps x DP)
+        if (cfg->train.gradient_accumulation_steps == 0) cfg->train.gradient_accumulation_steps = 1;
+        mt__ds_list_add(m->mapped, sizeof m->mapped, "micro-batch = train_batch_size / (%d x DP)",
+                        cfg->train.gradient_accumulation_steps);
+    }
+}
+
+// fp16 and bf16
+static void mt__ds_map_precision(mt__ds_map *m, mt_config *cfg) {
+    mt__ds_value *v = mt__ds_get(m, "bf16.enabled");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "bf16.enabled");
+    else if (v->given) {
+        int on = mt__ds_bool(m, "bf16.enabled", v);
+        if (on && cfg->train.fp16)
+            mt_fatal("%s:%d: \"bf16.enabled\" is true, but the command line says --fp16\nhint: drop one of the two",
+                     m->path, v->line);
+        mt__ds_switch(m, cfg, "--bf16", on, "bf16.enabled", v->line);
+        if (on) mt__ds_list_add(m->mapped, sizeof m->mapped, "bf16 -> --bf16");
+    }
+    v = mt__ds_get(m, "fp16.enabled");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "fp16.enabled");
+    else if (v->given) {
+        int on = mt__ds_bool(m, "fp16.enabled", v);
+        if (on && cfg->train.bf16)
+            mt_fatal("%s:%d: \"fp16.enabled\" is true, but %s says --bf16\nhint: enable one of fp16 and bf16", m->path,
+                     v->line, mt__ds_get(m, "bf16.enabled")->given ? "bf16.enabled" : "the command line");
+        mt__ds_switch(m, cfg, "--fp16", on, "fp16.enabled", v->line);
+        if (on) mt__ds_list_add(m->mapped, sizeof m->mapped, "fp16 -> --fp16");
+        // DeepSpeed's scaler starts at 2^16 where the file does not say (Megatron's at 2^32)
+        if (on && !mt__ds_get(m, "fp16.initial_scale_power")->given)
+            mt__ds_default(m, cfg, "--initial-loss-scale", 65536.0, "fp16.initial_scale_power", v->line);
+    }
+    // the loss-scale keys: with fp16 only (DeepSpeed reads them only then)
+    struct { const char *key, *flag; } scale[] = {{"fp16.loss_scale", "--loss-scale"},
+                                                  {"fp16.initial_scale_power", "--initial-loss-scale"},
+                                                  {"fp16.loss_scale_window", "--loss-scale-window"},
+                                                  {"fp16.hysteresis", "--hysteresis"},
+                                                  {"fp16.min_loss_scale", "--min-loss-scale"}};
+    for (size_t i = 0; i < sizeof scale / sizeof scale[0]; i++) {
+        v = mt__ds_get(m, scale[i].key);
+        if (!v->given) continue;
+        if (v->is_auto) { mt__ds_list_add(m->kept, sizeof m->kept, "%s", scale[i].key); continue; }
+        if (!cfg->train.fp16) { mt__ds_ignore(m, scale[i].key, "(fp16 off)"); continue; }
+        double x = mt__ds_number(m, scale[i].key, v);
+        if (i == 1) x = ldexp(1.0, (int)mt__ds_whole(m, scale[i].key, v, 0));   // 2^initial_scale_power
+        else if (i == 2 || i == 3) x = (double)mt__ds_whole(m, scale[i].key, v, 1);
+        mt__ds_set_number(m, cfg, scale[i].flag, x, scale[i].key, v->line);
+    }
+}
+
+void mt_config_load_deepspeed(mt_config *cfg, const char *path, int argc, char **argv, char *summary, size_t cap) {
+    size_t len;
+    char *text = mt__read_config_text(path, "--deepspeed_config", &len);
+    mt__ds_map map, *m = &map;   // on the stack (the parse runs on the main thread): errors leak nothing
+    memset(m, 0, sizeof *m);
+    m->path = path;
+    m->argc = argc;
+    m->argv = argv;
+    mt_config_defaults(&m->defaults);
+    mt_json j;
+    mt_json_init(&j, text, len, 0);
+    mt_json_ws(&j);
+    if (j.p >= j.end || *j.p != '{') mt_fatal("%s:%d: a DeepSpeed config is one JSON object { ... }\nhint: e.g. "
+                                              "{\"zero_optimization\": {\"stage\": 1}}", path, mt_json_line(&j));
+    mt__ds_read_object(&j, m, "");
+    if (!j.err) { mt_json_ws(&j); if (j.p != j.end) mt_json_fail(&j, "text after the closing '}'"); }
+    if (j.err) mt_fatal("%s:%d: %s\nhint: a DeepSpeed config is JSON (DeepSpeed's json.load reads it)", path,
+                        mt_json_line(&j), j.err);
+    free(text);
+    // each group of keys onto its flags; the order matters only where a key reads another's
+    // result (the cosine schedule's --min-lr is a ratio of the optimizer's --lr)
+    mt__ds_map_zero(m, cfg);
+    mt__ds_map_optimizer(m, cfg);
+    mt__ds_map_scheduler(m, cfg);
+    mt__ds_map_batch(m, cfg);
+    mt__ds_value *v = mt__ds_get(m, "gradient_clipping");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "gradient_clipping");
+    else if (v->given) mt__ds_set_number(m, cfg, "--clip-grad", mt__ds_number(m, "gradient_clipping", v),
+                                         "gradient_clipping", v->line);
+    mt__ds_map_precision(m, cfg);
+    v = mt__ds_get(m, "steps_per_print");
+    if (v->is_auto) mt__ds_list_add(m->kept, sizeof m->kept, "steps_per_print");
+    else if (v->given) mt__ds_set_number(m, cfg, "--log-interval", (double)mt__ds_whole(m, "steps_per_print", v, 1),
+                                         "steps_per_print", v->line);
+    if (mt__ds_get(m, "wall_clock_breakdown")->given)
+        mt__ds_ignore(m, "wall_clock_breakdown", "(the iteration line always shows the step's timers)");
+    if (summary && cap)
+        snprintf(summary, cap, "deepspeed config %s: %s%s%s%s%s", path, m->mapped[0] ? m->mapped : "nothing mapped",
+                 m->kept[0] ? "; auto (our flags kept): " : "", m->kept, m->ignored[0] ? "; ignored: " : "", m->ignored);
 }
 
 void mt_print_help(FILE *f) {
@@ -2756,7 +3386,9 @@ static void mt__derive_check_ranges(mt_config *cfg) {
     mt__check_range("--max-position-embeddings", m->max_position_embeddings, 0, MT__MAX_DIM);
     mt__check_range("--vocab-size", m->vocab_size, 0, 64 * MT__MAX_DIM);
     mt__check_range("--make-vocab-size-divisible-by", m->make_vocab_size_divisible_by, 1, MT__MAX_DIM);
-    mt__check_range("--micro-batch-size", t->micro_batch_size, 1, MT__MAX_DIM);
+    // (0: derived from a DeepSpeed config's train_batch_size, see mt__derive_batch)
+    mt__check_range("--micro-batch-size", t->micro_batch_size, t->gradient_accumulation_steps > 0 ? 0 : 1,
+                    MT__MAX_DIM);
     mt__check_range("--global-batch-size", t->global_batch_size, 0, 1LL << 30);
     mt__check_range("--nproc-per-node", p->nproc_per_node, 0, 4096);
     mt__check_range("--distributed-timeout-minutes", p->distributed_timeout_minutes, 1, 100000);
@@ -2875,10 +3507,25 @@ static void mt__derive_batch(mt_config *cfg) {
     mt_parallel_config *p = &cfg->parallel;
     mt_train_config *t = &cfg->train;
     int DP = cfg->data_parallel_size, B = t->micro_batch_size, PP = p->pipeline_model_parallel_size;
+    int ds = t->deepspeed_config[0] != 0;   // the numbers came from DeepSpeed's keys: say them so
+    if (B == 0 && t->gradient_accumulation_steps > 0 && t->global_batch_size > 0) {
+        // a DeepSpeed config's train_batch_size without its micro-batch: DeepSpeed derives it
+        int per = t->gradient_accumulation_steps * DP;
+        if (t->global_batch_size % per)
+            mt_fatal("deepspeed config: train_batch_size %d is not divisible by gradient_accumulation_steps %d x "
+                     "data-parallel size %d = %d\nhint: give train_micro_batch_size_per_gpu, or a train_batch_size "
+                     "that is a multiple of %d", t->global_batch_size, t->gradient_accumulation_steps, DP, per, per);
+        B = t->micro_batch_size = t->global_batch_size / per;
+    }
     if (B < 1) mt_fatal("--micro-batch-size must be at least 1");
     if (t->gradient_accumulation_steps > 0) {   // older Megatron's way to say the global batch
         int want = B * DP * t->gradient_accumulation_steps;
         if (t->global_batch_size == 0) t->global_batch_size = want;
+        else if (t->global_batch_size != want && ds)   // DeepSpeed's own check, in its words
+            mt_fatal("deepspeed config: train_batch_size %d is not train_micro_batch_size_per_gpu %d x "
+                     "gradient_accumulation_steps %d x data-parallel size %d = %d\nhint: make them agree (DeepSpeed's "
+                     "rule), or write \"auto\" for one of them", t->global_batch_size, B,
+                     t->gradient_accumulation_steps, DP, want);
         else if (t->global_batch_size != want)
             mt_fatal("--gradient-accumulation-steps %d does not match --global-batch-size %d: micro-batch %d x "
                      "data-parallel size %d x %d steps = %d\nhint: drop one of the two, or make them agree",
@@ -2956,6 +3603,22 @@ static void mt__derive_precision(mt_config *cfg) {
                  "--min-loss-scale 1", (double)t->min_loss_scale, (double)t->initial_loss_scale);
 }
 
+// the optimizer's placement: --optimizer-cpu-offload (all of it: Megatron's fraction 1.0), and the
+// ZeRO stage a DeepSpeed config chose (it rides on the distributed optimizer)
+static void mt__derive_optimizer(mt_config *cfg) {
+    mt_train_config *t = &cfg->train;
+    mt_parallel_config *p = &cfg->parallel;
+    if (!(t->optimizer_offload_fraction >= 0.0 && t->optimizer_offload_fraction <= 1.0))
+        mt_fatal("--optimizer-offload-fraction %g must be in [0, 1]", t->optimizer_offload_fraction);
+    if (t->optimizer_offload_fraction != 1.0)
+        mt_fatal("--optimizer-offload-fraction %g: only 1.0 (all of the optimizer on the host) is implemented here\n"
+                 "hint: drop it (1.0 is the default) and give --optimizer-cpu-offload, or give neither to keep the "
+                 "optimizer on the device", t->optimizer_offload_fraction);
+    mt__check_range("--optimizer-offload-threads", t->optimizer_offload_threads, 0, 256);
+    if (p->zero_stage < 0 || p->zero_stage > 2) mt_fatal("ZeRO stage %d: 0, 1 or 2 here", p->zero_stage);
+    if (p->zero_stage > 0) p->use_distributed_optimizer = 1;
+}
+
 // checks the configuration and fills the derived fields, in the order of the steps above
 // (Megatron's validate_args); idempotent, so calling it twice changes nothing
 void mt_config_derive(mt_config *cfg) {
@@ -2966,6 +3629,7 @@ void mt_config_derive(mt_config *cfg) {
     mt__derive_lr(cfg);
     mt__derive_recompute(cfg);
     mt__derive_precision(cfg);
+    mt__derive_optimizer(cfg);
     mt_train_config *t = &cfg->train;
     if (t->log_interval < 1) t->log_interval = 1;
     if (t->tensorboard_log_interval < 1) t->tensorboard_log_interval = 1;
@@ -6625,6 +7289,13 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
     (void)r; memcpy(host_dst, src, bytes);
 }
 
+// the host memory of --optimizer-cpu-offload: the CPU's own (there is no device to pin it for)
+float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what) {
+    (void)r; return (float *)mt_calloc(n ? n : 1, sizeof(float), what);
+}
+
+void mt_buffer_free_host(void *p) { free(p); }
+
 // device facts: there is no device; every rank is a thread on the host
 void mt_device_init(mt_rank *r) {
     r->dev.device = -1;
@@ -7542,7 +8213,8 @@ static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
 // =============================================================================================
 // 6. OPTIMIZER, CLIPPING, LEARNING RATE
 // =============================================================================================
-// Mirrors megatron/core/optimizer (clip_grads.py) and optimizer_param_scheduler.py.
+// Mirrors megatron/core/optimizer (clip_grads.py, cpu_offloading/hybrid_optimizer.py) and
+// optimizer_param_scheduler.py.
 
 // Megatron's OptimizerParamScheduler.get_lr, with steps counted in iterations:
 //   warm-up:  lr = max_lr * step / warmup_steps                     for step <= warmup_steps
@@ -7651,31 +8323,236 @@ void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// OPTIMIZER OFFLOAD (--optimizer-cpu-offload): ZeRO-Offload (Ren et al. 2021); Megatron's
+// HybridDeviceOptimizer with --optimizer-offload-fraction 1.0
+// ---------------------------------------------------------------------------------------------
+// AdamW's state is 8 bytes per parameter of the shard (m and v), twice the parameters' own 4.
+// Offloaded, the device keeps only the parameters and the gradients; the shard's fp32 master
+// copy, m, v and a landing place for its gradients live in pinned host memory (16 bytes per
+// parameter of the shard), and the update runs on host threads:
+//
+//   device (the rank's GPU)                          host (pinned, this rank's shard)
+//   backward; DP reduction; unscale and check
+//   (fp16); norm; clip: all as without offload
+//   grads[shard]   ------ down, once per step ---->  host_grads
+//                                                    AdamW on T host threads: master_params,
+//                                                    m, v += ... (mt_adamw_cpu; thread k takes
+//                                                    the k-th of T pieces of the shard)
+//   params[shard]  <----- up, once per step -------  master_params
+//   all-gather of the shards over DP (--use-distributed-optimizer), as without offload
+//
+// The same bits: the update is elementwise, so the pieces only decide which thread computes an
+// element, never how; on the CPU build the device's update (mt_adamw) is that same mt_adamw_cpu,
+// so training with and without offload is identical bit for bit (tests/test_offload.c). On the
+// GPU build the device's AdamW kernel may round differently from the host's loop (a fused
+// multiply-add), the difference of one float rounding per step.
+// The master copy is exact: the parameters are fp32 on the device too, so params[shard] and
+// master_params hold the same values after every step (bf16 / fp16 are compute types only).
+
+typedef struct {                  // one host update: AdamW over the tensors' parts of the shard
+    float *param, *m, *v;         // (n) the shard's host copies
+    const float *grad;            // (n)
+    size_t n;
+    int num_parts;
+    size_t part[MT_NUM_PARAM_TENSORS][2];   // [start, end) of each tensor's part, within the shard
+    float weight_decay[MT_NUM_PARAM_TENSORS];
+    float lr, beta1, beta2, eps;
+    int step;
+} mt__host_adamw;
+
+typedef struct mt__host_threads mt__host_threads;
+typedef struct { mt__host_threads *pool; int index; } mt__host_thread_arg;
+struct mt__host_threads {         // helpers that wait for an update, do their piece, and wait again
+    int count;                    // threads of an update, the rank's own thread (index 0) included
+    pthread_t *threads;           // (count - 1) the helpers, indices 1 .. count-1
+    mt__host_thread_arg *args;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned long generation;     // one more per update: a helper starts when it changes
+    int busy;                     // helpers not done with the current update
+    int stop;
+    const mt__host_adamw *job;
+    int rank;                     // for the helpers' names
+};
+
+// thread `index` of `count`: the elements [n*index/count, n*(index+1)/count) of the shard, tensor
+// part by tensor part (each with its own weight decay)
+static void mt__host_adamw_piece(const mt__host_adamw *job, int index, int count) {
+    size_t lo = job->n * (size_t)index / (size_t)count, hi = job->n * (size_t)(index + 1) / (size_t)count;
+    for (int k = 0; k < job->num_parts; k++) {
+        size_t a = job->part[k][0] > lo ? job->part[k][0] : lo;
+        size_t b = job->part[k][1] < hi ? job->part[k][1] : hi;
+        if (a < b) mt_adamw_cpu(job->param + a, job->m + a, job->v + a, job->grad + a, b - a, job->lr, job->beta1,
+                                job->beta2, job->eps, job->weight_decay[k], job->step);
+    }
+}
+
+static void *mt__host_thread_main(void *p) {
+    mt__host_thread_arg *arg = (mt__host_thread_arg *)p;
+    mt__host_threads *pool = arg->pool;
+    char name[16];
+    snprintf(name, sizeof name, "r%d adamw%d", pool->rank, arg->index);
+    mt_thread_set_name(name);   // gdb: "r3 adamw1" beside the rank's own "r3"
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->go, &pool->mu);
+        if (pool->stop) { pthread_mutex_unlock(&pool->mu); return NULL; }
+        seen = pool->generation;
+        const mt__host_adamw *job = pool->job;
+        pthread_mutex_unlock(&pool->mu);
+        mt__host_adamw_piece(job, arg->index, pool->count);
+        pthread_mutex_lock(&pool->mu);
+        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->mu);
+    }
+}
+
+static mt__host_threads *mt__host_threads_create(int count, int rank) {
+    mt__host_threads *pool = (mt__host_threads *)mt_calloc(1, sizeof *pool, "host threads");
+    pool->count = count;
+    pool->rank = rank;
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->go, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = (pthread_t *)mt_calloc((size_t)count, sizeof(pthread_t), "host threads");
+    pool->args = (mt__host_thread_arg *)mt_calloc((size_t)count, sizeof(mt__host_thread_arg), "host threads");
+    for (int i = 1; i < count; i++) {
+        pool->args[i].pool = pool;
+        pool->args[i].index = i;
+        if (pthread_create(&pool->threads[i - 1], NULL, mt__host_thread_main, &pool->args[i]) != 0)
+            mt_fatal("cannot start host thread %d of the offloaded optimizer on rank %d\nhint: "
+                     "--optimizer-offload-threads 1 runs the update on the rank's own thread", i, rank);
+    }
+    return pool;
+}
+
+// stops and joins the helpers (they are idle: an update runs inside mt__host_threads_run only)
+static void mt__host_threads_free(void *p) {
+    mt__host_threads *pool = (mt__host_threads *)p;
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->go);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 1; i < pool->count; i++) pthread_join(pool->threads[i - 1], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->go);
+    pthread_cond_destroy(&pool->done);
+    free(pool->threads);
+    free(pool->args);
+    free(pool);
+}
+
+// runs job on every thread of the pool, the caller's piece on the caller's thread; returns when all are done
+static void mt__host_threads_run(mt__host_threads *pool, const mt__host_adamw *job) {
+    pthread_mutex_lock(&pool->mu);
+    pool->job = job;
+    pool->busy = pool->count - 1;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->go);
+    pthread_mutex_unlock(&pool->mu);
+    mt__host_adamw_piece(job, 0, pool->count);
+    pthread_mutex_lock(&pool->mu);
+    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+}
+
+// how many threads: --optimizer-offload-threads, or the host's cores shared by the ranks on this
+// node, 1 to 8 (a memory-bound loop: more threads than memory channels add nothing)
+static int mt__host_threads_count(const mt_rank *r) {
+    int want = r->cfg->train.optimizer_offload_threads;
+    if (want > 0) return want;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int ranks = r->ps.node_size > 0 ? r->ps.node_size : 1;
+    long n = cores > 0 ? cores / ranks : 1;
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
 // AdamW's state: two moments per parameter of this rank's shard. Without the distributed
 // optimizer the shard is the whole buffer; with it (Megatron's --use-distributed-optimizer, ZeRO
 // stage 1, Rajbhandari et al. 2020) DP rank d owns the d-th of DP equal shards: its gradients
 // arrive by reduce-scatter, it alone updates them, and the new parameters go back to every DP
-// rank by all-gather. Each DP rank keeps 1/DP of the optimizer state.
+// rank by all-gather. Each DP rank keeps 1/DP of the optimizer state. With
+// --optimizer-cpu-offload the state is on the host (above): nothing of it on the device.
 static void mt__optimizer_sizes(mt_rank *r) {
     mt_optimizer *o = &r->optim;
     o->distributed = r->cfg->parallel.use_distributed_optimizer;
+    o->offload = r->cfg->train.optimizer_cpu_offload;
     o->shard_size = o->distributed ? r->model.buffer_floats / (size_t)r->ps.dp_size : r->model.num_params;
     o->shard_start = o->distributed ? o->shard_size * (size_t)r->ps.dp_rank : 0;
-    r->memory.optimizer = 2 * o->shard_size * sizeof(float);
+    r->memory.optimizer = o->offload ? 0 : 2 * o->shard_size * sizeof(float);
+    r->memory.host_optimizer = o->offload ? 4 * o->shard_size * sizeof(float) : 0;   // master, m, v, gradients
 }
 void mt_optimizer_init(mt_rank *r) {
     mt_optimizer *o = &r->optim;
     mt__optimizer_sizes(r);
-    o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
-    o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
+    if (o->offload) {
+        o->m_memory = mt_buffer_alloc_host(r, o->shard_size, "AdamW m (host)");
+        o->v_memory = mt_buffer_alloc_host(r, o->shard_size, "AdamW v (host)");
+        o->host_grads = mt_buffer_alloc_host(r, o->shard_size, "gradients (host)");
+        o->master_params = mt_buffer_alloc_host(r, o->shard_size, "master parameters (host)");
+        // the master copy starts as the parameters (mt_model_init uploaded them; a checkpoint
+        // load refreshes both)
+        mt_buffer_download(r, o->master_params, r->model.params_memory + o->shard_start,
+                           o->shard_size * sizeof(float));
+        o->num_host_threads = mt__host_threads_count(r);
+        o->host_threads = mt__host_threads_create(o->num_host_threads, r->ps.rank);
+    } else {
+        o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
+        o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
+    }
     o->step = 0;
     o->skipped = 0;
     mt_grad_scaler_init(&o->scaler, r->cfg);
-    r->memory.optimizer = 2 * o->shard_size * sizeof(float);
 }
 void mt_optimizer_free(mt_rank *r) {
-    mt_buffer_free(r->optim.m_memory);
-    mt_buffer_free(r->optim.v_memory);
+    mt_optimizer *o = &r->optim;
+    if (o->offload) {
+        mt__host_threads_free(o->host_threads);
+        mt_buffer_free_host(o->m_memory);
+        mt_buffer_free_host(o->v_memory);
+        mt_buffer_free_host(o->host_grads);
+        mt_buffer_free_host(o->master_params);
+    } else {
+        mt_buffer_free(o->m_memory);
+        mt_buffer_free(o->v_memory);
+    }
+    o->host_threads = NULL;
+    o->m_memory = o->v_memory = o->host_grads = o->master_params = NULL;
+}
+
+// the offloaded update: gradients down, AdamW on the host threads, parameters up
+static void mt__optimizer_step_offloaded(mt_rank *r, float lr) {
+    const mt_config *cfg = r->cfg;
+    mt_optimizer *o = &r->optim;
+    size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
+    mt__host_adamw job;
+    memset(&job, 0, sizeof job);
+    job.param = o->master_params;
+    job.m = o->m_memory;
+    job.v = o->v_memory;
+    job.grad = o->host_grads;
+    job.n = o->shard_size;
+    job.lr = lr;
+    job.beta1 = cfg->train.adam_beta1;
+    job.beta2 = cfg->train.adam_beta2;
+    job.eps = cfg->train.adam_eps;
+    job.step = o->step;
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {   // the same parts as the device's loop below
+        const mt_param_spec *s = &r->model.specs[i];
+        if (!s->present) continue;
+        size_t a, b;
+        mt__shard_part(s, lo, hi, &a, &b);
+        if (a >= b) continue;
+        job.part[job.num_parts][0] = a - lo;
+        job.part[job.num_parts][1] = b - lo;
+        job.weight_decay[job.num_parts++] = s->no_decay ? 0.0f : cfg->train.weight_decay;
+    }
+    mt_buffer_download(r, o->host_grads, r->model.grads_memory + lo, o->shard_size * sizeof(float));
+    mt__host_threads_run((mt__host_threads *)o->host_threads, &job);
+    mt_buffer_upload(r, r->model.params_memory + lo, o->master_params, o->shard_size * sizeof(float));
 }
 
 // One optimizer step on synchronised gradients (Megatron's optimizer.step()):
@@ -7687,7 +8564,8 @@ void mt_optimizer_free(mt_rank *r) {
 //   2. clip by it (clip_grad_norm_fp32): grads *= clip / (norm + 1e-6) when that is below 1
 //   3. AdamW, tensor by tensor, with weight decay only where Megatron applies it (the
 //      elementwise update is the op mt_adamw, section 3), at the learning rate of the steps taken
-//      (a skipped step does not advance the schedule: Megatron steps its scheduler only on success)
+//      (a skipped step does not advance the schedule: Megatron steps its scheduler only on success);
+//      with --optimizer-cpu-offload on the host instead (mt__optimizer_step_offloaded, above)
 // Returns the norm before clipping; *skipped tells whether the parameters moved.
 double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     const mt_config *cfg = r->cfg;
@@ -7716,17 +8594,21 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     }
     o->step++;
     float lr = mt_learning_rate(cfg, iteration - 1 - o->skipped);
-    // each tensor's part inside the shard (a tensor may straddle two shards)
     size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
-    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-        const mt_param_spec *s = &r->model.specs[i];
-        if (!s->present) continue;
-        size_t a, b;
-        mt__shard_part(s, lo, hi, &a, &b);
-        if (a >= b) continue;
-        mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
-                 r->model.grads_memory + a, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
-                 cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, o->step);
+    if (o->offload) {
+        mt__optimizer_step_offloaded(r, lr);   // on the host (above)
+    } else {
+        // each tensor's part inside the shard (a tensor may straddle two shards)
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+            const mt_param_spec *s = &r->model.specs[i];
+            if (!s->present) continue;
+            size_t a, b;
+            mt__shard_part(s, lo, hi, &a, &b);
+            if (a >= b) continue;
+            mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
+                     r->model.grads_memory + a, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
+                     cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, o->step);
+        }
     }
     // distributed: every DP rank gets the new parameters of every shard
     if (o->distributed && r->groups.dp.size > 1)
@@ -7766,29 +8648,37 @@ static void mt__sequence_parallel_grads_all_reduce(mt_rank *r) {
     }
 }
 
+// the gradients summed over DP, bucket by bucket (--ddp-bucket-size elements per all-reduce)
+static void mt__dp_all_reduce_buckets(mt_rank *r) {
+    long bucket_flag = r->cfg->parallel.ddp_bucket_size;
+    size_t bucket = bucket_flag > 0 ? (size_t)bucket_flag : r->model.num_params;
+    for (size_t off = 0; off < r->model.num_params; off += bucket) {
+        size_t n = r->model.num_params - off < bucket ? r->model.num_params - off : bucket;
+        mt_all_reduce(&r->groups.dp, r->model.grads_memory + off, n, MT_SUM);
+    }
+}
+
 void mt_finish_grad_sync(mt_rank *r) {
     mt__sequence_parallel_grads_all_reduce(r);
     if (r->optim.distributed) {
         // the tied embedding's two copies first (on the whole buffer: the two stages' buffers are
         // carved differently, so their DP shards would not line up), then each DP rank receives
-        // the sum over DP of its own shard (reduce-scatter: half an all-reduce's traffic)
+        // the sum over DP of its own shard (reduce-scatter: half an all-reduce's traffic).
+        // A DeepSpeed config's ZeRO stage 1 all-reduces instead: every DP rank gets every
+        // gradient and reads only its shard's. The sums are the same, element by element in
+        // rank order (section 2: all_gather(reduce_scatter(x)) == all_reduce(x)), so stage 1 and
+        // stage 2 train to the same bits; stage 2 moves half the bytes.
         if (r->ps.in_embedding_group) {
             const mt_param_spec *s = &r->model.specs[0];   // wte
             mt_all_reduce(&r->groups.embd, r->model.grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
         }
-        if (r->ps.dp_size > 1)
+        if (r->ps.dp_size > 1 && r->cfg->parallel.zero_stage == 1) mt__dp_all_reduce_buckets(r);
+        else if (r->ps.dp_size > 1)
             mt_reduce_scatter(&r->groups.dp, r->model.grads_memory, r->model.grads_memory + r->optim.shard_start,
                               r->optim.shard_size, MT_SUM);
         return;
     }
-    if (r->ps.dp_size > 1) {
-        long bucket_flag = r->cfg->parallel.ddp_bucket_size;
-        size_t bucket = bucket_flag > 0 ? (size_t)bucket_flag : r->model.num_params;
-        for (size_t off = 0; off < r->model.num_params; off += bucket) {
-            size_t n = r->model.num_params - off < bucket ? r->model.num_params - off : bucket;
-            mt_all_reduce(&r->groups.dp, r->model.grads_memory + off, n, MT_SUM);
-        }
-    }
+    if (r->ps.dp_size > 1) mt__dp_all_reduce_buckets(r);
     if (r->ps.in_embedding_group) {
         const mt_param_spec *s = &r->model.specs[0];   // wte
         mt_all_reduce(&r->groups.embd, r->model.grads_memory + s->offset, mt__spec_numel(s), MT_SUM);
@@ -8229,10 +9119,14 @@ int mt_schedule_max_alive(const mt_config *cfg, int pp_rank) {
 // live on the stack the abort unwinds. Communicators and device are left alone (NCCL cannot be
 // torn down while peers may still be inside a collective); the process is ending.
 static void mt__rank_own_buffers(mt_rank *r, int own) {
-    void *device[7] = {r->model.params_memory, r->model.grads_memory, r->optim.m_memory, r->optim.v_memory,
-                       r->acts.memory, r->scratch.memory, r->acts.recompute_memory};
+    const mt_optimizer *o = &r->optim;
+    void *device[7] = {r->model.params_memory, r->model.grads_memory, o->offload ? NULL : o->m_memory,
+                       o->offload ? NULL : o->v_memory, r->acts.memory, r->scratch.memory, r->acts.recompute_memory};
     void *device_ints = r->acts.ids_memory;
     void *host[6] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.losses, r->host.p2p, r->acts.where};
+    // --optimizer-cpu-offload: the pinned host state, and the threads of its update
+    void *pinned[4] = {o->offload ? o->m_memory : NULL, o->offload ? o->v_memory : NULL, o->host_grads,
+                       o->master_params};
     for (int i = 0; i < 7; i++) {
         if (device[i] && own) mt__own(mt_buffer_free, device[i]);
         else if (device[i]) mt__disown(device[i]);
@@ -8243,6 +9137,12 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
         if (host[i] && own) mt__own(free, host[i]);
         else if (host[i]) mt__disown(host[i]);
     }
+    for (int i = 0; i < 4; i++) {
+        if (pinned[i] && own) mt__own(mt_buffer_free_host, pinned[i]);
+        else if (pinned[i]) mt__disown(pinned[i]);
+    }
+    if (o->host_threads && own) mt__own(mt__host_threads_free, o->host_threads);
+    else if (o->host_threads) mt__disown(o->host_threads);
 }
 
 void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
@@ -8312,7 +9212,8 @@ size_t mt_memory_total(const mt_memory_report *m) {
     return m->params + m->grads + m->optimizer + m->activations + m->scratch + m->kernel_scratch + m->comm;
 }
 
-// --dry-run: one line per rank, in Megatron's rank order
+// --dry-run: one line per rank, in Megatron's rank order; the device's bytes, then (with
+// --optimizer-cpu-offload) the pinned host bytes on their own, outside the device's total
 void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
     fprintf(f, "memory plan per rank (MB = 10^6 bytes, what each rank allocates; nothing is allocated now):\n");
     for (int rank = 0; rank < cfg->world_size; rank++) {
@@ -8320,10 +9221,12 @@ void mt_print_memory_plan(const mt_config *cfg, FILE *f) {
         mt_memory_plan(cfg, rank, &m);
         mt_parallel_state ps;
         mt_parallel_state_init(&ps, cfg, rank);
+        char host[96] = "";
+        if (m.host_optimizer) snprintf(host, sizeof host, " | host (pinned): optimizer %.1f", m.host_optimizer / 1e6);
         fprintf(f, "rank %d (tp %d, dp %d, pp %d): parameters %.1f, gradients %.1f, optimizer %.1f, activations %.1f, "
-                   "workspace %.1f, kernel scratch %.1f, communication %.1f, total %.1f\n", rank, ps.tp_rank,
+                   "workspace %.1f, kernel scratch %.1f, communication %.1f, total %.1f%s\n", rank, ps.tp_rank,
                 ps.dp_rank, ps.pp_rank, m.params / 1e6, m.grads / 1e6, m.optimizer / 1e6, m.activations / 1e6,
-                m.scratch / 1e6, m.kernel_scratch / 1e6, m.comm / 1e6, (double)mt_memory_total(&m) / 1e6);
+                m.scratch / 1e6, m.kernel_scratch / 1e6, m.comm / 1e6, (double)mt_memory_total(&m) / 1e6, host);
     }
     fprintf(f, "(kernel scratch: what the GPU build's kernels borrow at once during a step; communication: NCCL's "
                "buffers, estimated; both 0 on the CPU build. Not counted: the CUDA context, about 0.5 GB a GPU)\n");
@@ -9976,36 +10879,54 @@ static void mt__ckpt_write_tracker(const char *dir, int iteration) {
     mt_atomic_commit(f, tmp, path);
 }
 
+// one of AdamW's moments whole, on the host (host: num_params floats on DP rank 0, NULL on the
+// others), from this rank's shard wherever the optimizer keeps it: device memory, or pinned host
+// memory with --optimizer-cpu-offload. The distributed optimizer's shards meet in a whole buffer
+// on the device (full: buffer_floats, a collective of the DP group), so that the file is the
+// same whatever the optimizer and wherever it ran.
+static void mt__ckpt_moment_to_host(mt_rank *r, const float *shard, float *host, float *full) {
+    const mt_optimizer *o = &r->optim;
+    size_t n = r->model.num_params;
+    if (!full) {   // the whole moment is here
+        if (host && o->offload) memcpy(host, shard, n * sizeof(float));
+        else if (host) mt_buffer_download(r, host, shard, n * sizeof(float));
+        return;
+    }
+    const float *send = shard;
+    if (o->offload) {   // up to my shard's place in the whole buffer, then gathered in place
+        mt_buffer_upload(r, full + o->shard_start, shard, o->shard_size * sizeof(float));
+        send = full + o->shard_start;
+    }
+    mt_all_gather(&r->groups.dp, send, full, o->shard_size);
+    if (host) mt_buffer_download(r, host, full, n * sizeof(float));
+}
+
 void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed) {
     const mt_config *cfg = r->cfg;
     int is_logger = r->ps.rank == cfg->world_size - 1;
     if (is_logger) { printf("saving checkpoint at iteration %7d to %s\n", iteration, dir); fflush(stdout); }
     double t0 = mt_time_seconds();
-    // the distributed optimizer's shards of m and v, gathered into whole buffers (a collective
-    // of the DP group), so that the file is the same whatever the optimizer
     const mt_optimizer *o = &r->optim;
-    float *full_m = o->m_memory, *full_v = o->v_memory;
-    if (o->distributed && r->ps.dp_size > 1) {
-        full_m = mt_buffer_alloc(r, r->model.buffer_floats, "checkpoint AdamW m");
-        full_v = mt_buffer_alloc(r, r->model.buffer_floats, "checkpoint AdamW v");
-        mt_all_gather(&r->groups.dp, o->m_memory, full_m, o->shard_size);
-        mt_all_gather(&r->groups.dp, o->v_memory, full_v, o->shard_size);
+    // the values, on the host of DP rank 0 (DP replicas are identical: one writes); the
+    // distributed optimizer's shards gathered through one whole device buffer, m then v
+    int writer = r->ps.dp_rank == 0;
+    float *host[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3 && writer; k++) {
+        host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
+        mt__own(free, host[k]);   // a failed write ends the rank: these go with it
     }
-    if (r->ps.dp_rank == 0) {   // DP replicas are identical: one writes
+    if (writer) mt_buffer_download(r, host[0], r->model.params_memory, r->model.num_params * sizeof(float));
+    float *full = o->distributed && r->ps.dp_size > 1 ? mt_buffer_alloc(r, r->model.buffer_floats, "checkpoint "
+                                                                        "AdamW moment") : NULL;
+    mt__ckpt_moment_to_host(r, o->m_memory, host[1], full);
+    mt__ckpt_moment_to_host(r, o->v_memory, host[2], full);
+    mt_buffer_free(full);
+    if (writer) {
         char path[MT_PATH_MAX + 128];
         mt_checkpoint_path(path, sizeof path, dir, iteration, r->ps.tp_rank, r->ps.pp_rank, r->ps.pp_size);
-        // the values, on the host (the GPU build copies them down first)
-        float *host[3];
-        const float *dev[3] = {r->model.params_memory, full_m, full_v};
-        for (int k = 0; k < 3; k++) {
-            host[k] = (float *)mt_malloc(r->model.num_params * sizeof(float) + 1, "checkpoint");
-            mt__own(free, host[k]);   // a failed write ends the rank: these go with it
-            mt_buffer_download(r, host[k], dev[k], r->model.num_params * sizeof(float));
-        }
         mt__ckpt_write_file(r, path, host, iteration, valid_consumed);
         for (int k = 0; k < 3; k++) { mt__disown(host[k]); free(host[k]); }
     }
-    if (full_m != o->m_memory) { mt_buffer_free(full_m); mt_buffer_free(full_v); }
     // the tracker file last, once every rank's file is complete
     mt_barrier(&r->groups.world);
     if (r->ps.rank == 0) mt__ckpt_write_tracker(dir, iteration);
@@ -10292,15 +11213,17 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     mt__ckpt_read_file(r, path, host, saved, &sc);
     mt__ckpt_check_counters(path, iteration, saved);
     // the parameters whole; AdamW's moments: this rank's shard of them (all of them without the
-    // distributed optimizer), the padding past num_params staying 0
+    // distributed optimizer), the padding past num_params staying 0, into the device or (offload)
+    // into the host memory that holds them, with the master copy of the shard's parameters
     const mt_optimizer *o = &r->optim;
     mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
-    float *dest[2] = {o->m_memory, o->v_memory};
-    for (int k = 1; k < 3; k++) {
-        size_t n = o->shard_start >= r->model.num_params ? 0
-                 : o->shard_start + o->shard_size <= r->model.num_params ? o->shard_size
-                                                                         : r->model.num_params - o->shard_start;
-        if (n) mt_buffer_upload(r, dest[k - 1], host[k] + o->shard_start, n * sizeof(float));
+    size_t n = o->shard_start >= r->model.num_params ? 0
+             : o->shard_start + o->shard_size <= r->model.num_params ? o->shard_size
+                                                                     : r->model.num_params - o->shard_start;
+    float *dest[3] = {o->master_params, o->m_memory, o->v_memory};
+    for (int k = 0; k < 3 && n; k++) {
+        if (o->offload) memcpy(dest[k], host[k] + o->shard_start, n * sizeof(float));
+        else if (k > 0) mt_buffer_upload(r, dest[k], host[k] + o->shard_start, n * sizeof(float));
     }
     for (int k = 0; k < 3; k++) {
         mt__disown(host[k]);
@@ -11472,12 +12395,17 @@ static void mt__print_rank_tables(mt_rank *r) {
             if (r->memory.kernel_scratch || r->memory.comm)
                 snprintf(device_terms, sizeof device_terms, ", kernel scratch %.1f, communication %.1f",
                          r->memory.kernel_scratch / 1e6, r->memory.comm / 1e6);
+            char host[128] = "";   // --optimizer-cpu-offload: the optimizer's pinned host memory, on its own
+            if (r->memory.host_optimizer)
+                snprintf(host, sizeof host, " | host (pinned) MB: optimizer %.1f, updated by %d thread%s",
+                         r->memory.host_optimizer / 1e6, r->optim.num_host_threads,
+                         r->optim.num_host_threads == 1 ? "" : "s");
             printf("rank %d (tp %d, dp %d, pp %d%s%s): %zu parameters | memory MB: parameters %.1f, gradients %.1f, "
-                   "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f%s\n",
+                   "optimizer %.1f, activations %.1f (%d micro-batch slot%s), workspace %.1f%s%s\n",
                    rank, r->ps.tp_rank, r->ps.dp_rank, r->ps.pp_rank, r->dev.name[0] ? ", " : "", r->dev.name,
                    r->model.num_params, r->memory.params / 1e6, r->memory.grads / 1e6, r->memory.optimizer / 1e6,
                    r->memory.activations / 1e6, r->acts.num_slots, r->acts.num_slots == 1 ? "" : "s",
-                   r->memory.scratch / 1e6, device_terms);
+                   r->memory.scratch / 1e6, device_terms, host);
             fflush(stdout);
         }
         mt_barrier(&r->groups.world);
@@ -11678,9 +12606,13 @@ static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_
     }
     // AdamW's moments: this rank's shard (the whole buffer without the distributed optimizer);
     // the all-reduce below covers every shard
+    // (on the host with --optimizer-cpu-offload: summed there, by the reference loop)
+    const mt_optimizer *o = &r->optim;
     double sum = mt_sum_squares(r, r->model.params_memory, r->model.num_params) +
-                 mt_sum_squares(r, r->optim.m_memory, r->optim.shard_size) +
-                 mt_sum_squares(r, r->optim.v_memory, r->optim.shard_size);
+                 (o->offload ? mt_sum_squares_cpu(o->m_memory, o->shard_size) + mt_sum_squares_cpu(o->v_memory,
+                                                                                                 o->shard_size)
+                             : mt_sum_squares(r, o->m_memory, o->shard_size) + mt_sum_squares(r, o->v_memory,
+                                                                                             o->shard_size));
     double bad = isfinite(sum) ? 0.0 : 1.0;
     if (r->ps.world_size > 1) mt_all_reduce_double(&r->groups.world, &bad, 1, MT_SUM);
     if (bad > 0) {

@@ -5,6 +5,7 @@
  *   1 a --config file, then mt_config_derive     5 latest_checkpointed_iteration.txt
  *   2 a checkpoint file (at iteration 2)         6 the flag parser (arguments separated by NUL bytes)
  *   3 an .idx + .bin pair (4-byte length of .idx, the .idx, the .bin), then every token read
+ *   7 a DeepSpeed config (--deepspeed_config), mapped onto the defaults, then mt_config_derive
  * A clear error is fine: built with -DMT_FATAL_JMP, mt_fatal returns here by longjmp. A crash, a
  * hang, a sanitizer report or a read out of bounds is a failure. Run by `make fuzz`
  * (FUZZ_SECONDS=N per run; CI runs it briefly); the seed corpus is made from real files by
@@ -119,7 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         mkdir(dir, 0755);
     }
     if (size < 1) return 0;
-    int which = data[0] % 7;
+    int which = data[0] % 8;
     data++, size--;
     jmp_buf env;
     mt_fatal_jmp = &env;
@@ -142,6 +143,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             snprintf(path, sizeof path, "%s/latest_checkpointed_iteration.txt", dir);
             write_file(path, data, size);
             mt__ckpt_latest(dir);
+            break;
+        case 7:
+            snprintf(path, sizeof path, "%s/ds_config.json", dir);
+            write_file(path, data, size);
+            mt_config_defaults(&cfg);
+            mt_config_load_deepspeed(&cfg, path, 0, NULL, NULL, 0);
+            mt_config_derive(&cfg);
             break;
         default: fuzz_flags(data, size); break;
         }

@@ -76,6 +76,15 @@ small["<|endoftext|>"] = 300
 v = json.dumps(small).encode()
 seed("tokenizer", 4, struct.pack("<I", len(v)) + v + merges)
 seed("tracker", 5, b"300\n")
+# a DeepSpeed config with every key read (docs/tutorial.md's, and the scheduler and fp16 blocks)
+seed("ds_config", 7, b"""{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+ "steps_per_print": 1, "gradient_clipping": 1.0, "wall_clock_breakdown": false,
+ "optimizer": {"type": "Adam", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+ "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10,
+   "warmup_type": "linear", "warmup_min_ratio": 0, "cos_min_ratio": 0.1}},
+ "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+   "min_loss_scale": 1}, "bf16": {"enabled": "auto"},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}""")
 seed("flags", 6, b"\0".join([b"--num-layers", b"2", b"--hidden-size", b"64", b"--num-attention-heads", b"4",
                              b"--seq-length", b"32", b"--tensor-model-parallel-size", b"2", b"--nproc-per-node",
                              b"4", b"--lr=3e-4", b"--data-path", b"0.5", b"a", b"0.5", b"b"]))

@@ -23,7 +23,7 @@ for h in parsers preprocess; do
     echo "fuzz_$h: $runs executions in ${secs} s, $cov edges, nothing found"; passed=$((passed + 1))
     # coverage per parser: the grown corpus split by the byte that picks the parser, each part
     # replayed alone (-runs=0) and its edges counted
-    n=7; [ "$h" = preprocess ] && n=3
+    n=8; [ "$h" = preprocess ] && n=3
     [ "$per_parser" = 0 ] && n=0
     k=0
     while [ $k -lt $n ]; do
