@@ -1455,18 +1455,21 @@ __device__ static inline int mt__wgmma_next(const mt__wgmma_args &g, mt__wgmma_c
 }
 
 // write one output of C, with bias and accumulation exactly as mt__gemm_store, and the epilogue
+// EPI (an MT__EPI_*, a template parameter: the plain GEMM's code holds none of the GELU's)
+template <int EPI>
 __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, int j, float v) {
     if (i >= g.M || j >= g.N) return;
     size_t at = (size_t)i * g.ldc + j;
     float *c = g.c + at;
     if (g.bias) v += g.bias[j];
-    if (g.epilogue == MT__EPI_GELU) g.c2[at] = mt__gelu(v);
-    if (g.epilogue == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(g.aux[at]);
+    if (EPI == MT__EPI_GELU) g.c2[at] = mt__gelu(v);
+    if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(g.aux[at]);
     *c = g.accumulate ? *c + v : v;
 }
 
-// F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16)
-template <int A_K_INNER, int B_K_INNER, int F16>
+// F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
+// only where asked: the GELU's code in every GEMM's epilogue cost the plain GEMMs 37% (registers)
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI>
 __global__ void __launch_bounds__(MT__WG_THREADS, 1)
     mt_matmul_kernel4_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                             mt__wgmma_args g) {
@@ -1572,9 +1575,9 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             for (int n0 = 0; n0 < 32; n0 += 8) {
                 // old: what each output reads besides the sum: C itself (accumulate) or the GELU's
                 // input (the GELU_GRAD epilogue, never with accumulate), loaded together as well
-                const float *r0 = g.epilogue == MT__EPI_GELU_GRAD ? g.aux + (size_t)i0 * g.ldc : c0;
+                const float *r0 = EPI == MT__EPI_GELU_GRAD ? g.aux + (size_t)i0 * g.ldc : c0;
                 const float *r1 = r0 + (size_t)8 * g.ldc;
-                int reads = g.accumulate || g.epilogue == MT__EPI_GELU_GRAD;
+                int reads = g.accumulate || EPI == MT__EPI_GELU_GRAD;
                 float2 old0[8], old1[8], bias[8];
                 #pragma unroll
                 for (int n = 0; n < 8; n++) {
@@ -1590,7 +1593,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     if (j >= g.N) continue;
                     float2 v0 = make_float2(d[e] + bias[n].x, d[e + 1] + bias[n].y);
                     float2 v1 = make_float2(d[e + 2] + bias[n].x, d[e + 3] + bias[n].y);
-                    if (g.epilogue == MT__EPI_GELU_GRAD) {   // C = v gelu'(x)
+                    if (EPI == MT__EPI_GELU_GRAD) {   // C = v gelu'(x)
                         v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));
                         v1 = make_float2(v1.x * mt__gelu_grad(old1[n].x), v1.y * mt__gelu_grad(old1[n].y));
                     } else if (g.accumulate) {
@@ -1599,7 +1602,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     }
                     if (in0) *(float2 *)(c0 + j) = v0;
                     if (in1) *(float2 *)(c1 + j) = v1;
-                    if (g.epilogue == MT__EPI_GELU) {   // C2 = gelu(v)
+                    if (EPI == MT__EPI_GELU) {   // C2 = gelu(v)
                         float *q0 = g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(float2 *)q0 = make_float2(mt__gelu(v0.x), mt__gelu(v0.y));
                         if (in1) *(float2 *)q1 = make_float2(mt__gelu(v1.x), mt__gelu(v1.y));
@@ -1609,10 +1612,10 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
         } else {             // any alignment, N odd: one output at a time (slow, correct)
             #pragma unroll
             for (int n = 0; n < 32; n++) {
-                mt__wgmma_store1(g, i0, j0 + 8 * n, d[4 * n]);
-                mt__wgmma_store1(g, i0, j0 + 8 * n + 1, d[4 * n + 1]);
-                mt__wgmma_store1(g, i0 + 8, j0 + 8 * n, d[4 * n + 2]);
-                mt__wgmma_store1(g, i0 + 8, j0 + 8 * n + 1, d[4 * n + 3]);
+                mt__wgmma_store1<EPI>(g, i0, j0 + 8 * n, d[4 * n]);
+                mt__wgmma_store1<EPI>(g, i0, j0 + 8 * n + 1, d[4 * n + 1]);
+                mt__wgmma_store1<EPI>(g, i0 + 8, j0 + 8 * n, d[4 * n + 2]);
+                mt__wgmma_store1<EPI>(g, i0 + 8, j0 + 8 * n + 1, d[4 * n + 3]);
             }
         }
     }
@@ -1648,10 +1651,13 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     int row0, col0;
     mt__wgmma_tile_origin(g, t, &row0, &col0);
     int i = row0 + 64 * wg + 16 * (lt / 32) + (lt % 32) / 4, j = col0 + 8 * q + 2 * (lt % 4);
-    mt__wgmma_store1(g, i, j, s.x);
-    mt__wgmma_store1(g, i, j + 1, s.y);
-    mt__wgmma_store1(g, i + 8, j, s.z);
-    mt__wgmma_store1(g, i + 8, j + 1, s.w);
+    float v[4] = {s.x, s.y, s.z, s.w};
+    for (int e = 0; e < 4; e++) {   // the epilogue as the GEMM kernel would apply it
+        int ie = i + 8 * (e / 2), je = j + e % 2;
+        if (g.epilogue == MT__EPI_GELU) mt__wgmma_store1<MT__EPI_GELU>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_GELU_GRAD) mt__wgmma_store1<MT__EPI_GELU_GRAD>(g, ie, je, v[e]);
+        else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
+    }
 }
 
 // ---- host side
@@ -1715,21 +1721,30 @@ static CUtensorMap mt__wgmma_map(const void *x, int f16, int rows, int K, int ld
 // THE PLAN for a GEMM (one block per tile, or split-K in S slices, or stream-K) is
 // mt_wgmma_plan_make's, megatron.h section 3: its cost model is explained there, and the memory
 // plan counts the partial tiles of the same plan.
-template <int A_K_INNER, int B_K_INNER, int F16>
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI>
 static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g, int grid,
                                   cudaStream_t stream) {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16>,
+    MT_CUDA_CHECK(cudaFuncSetAttribute(mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, MT__WG_SMEM));
-    mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16><<<grid, MT__WG_THREADS, MT__WG_SMEM, stream>>>(map_a, map_b, g);
+    mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI><<<grid, MT__WG_THREADS, MT__WG_SMEM, stream>>>(map_a, map_b,
+                                                                                                        g);
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
 }
+// the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
+// GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer)
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
-    if (a_k_inner && b_k_inner) mt__gemm_wgmma_launch<1, 1, F16>(map_a, map_b, g, grid, stream);
-    else if (a_k_inner) mt__gemm_wgmma_launch<1, 0, F16>(map_a, map_b, g, grid, stream);
-    else if (b_k_inner) mt__gemm_wgmma_launch<0, 1, F16>(map_a, map_b, g, grid, stream);
-    else mt__gemm_wgmma_launch<0, 0, F16>(map_a, map_b, g, grid, stream);
+    if (g.epilogue == MT__EPI_GELU) {
+        if (!a_k_inner || !b_k_inner) mt_fatal("internal: the GELU epilogue is built for the forward's layout only");
+        mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
+    } else if (g.epilogue == MT__EPI_GELU_GRAD) {
+        if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
+        mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
+    } else if (a_k_inner && b_k_inner) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
+    else if (a_k_inner) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
+    else if (b_k_inner) mt__gemm_wgmma_launch<0, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
+    else mt__gemm_wgmma_launch<0, 0, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
 }
 // mt__gemm_wgmma with the plan chosen by the caller, for tests: want_splits = 0: mt__wgmma_splits
 // (megatron.h) decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Where one training step goes, kernel by kernel (on the GPU machine; ncu is there).
-#   sh tests/gpu/profile_step.sh [extra train_gpt_cuda flags]
+#   sh tests/gpu/profile_step.sh [extra train_gpt_cuda flags]      (BIN=other/train_gpt_cuda: another build)
 # Runs GPT-2 small (bf16, B=16, T=1024) for 2 iterations under Nsight Compute, collecting only each
 # kernel's duration and DRAM bytes, then tests/gpu/profile_summary.py keeps the second iteration
 # (the kernels after the first optimizer step) and prints, per kernel name: launches, total ms,
@@ -17,7 +17,7 @@ G="--config configs/gpt_small.json --bf16 --micro-batch-size 16 --global-batch-s
  --hidden-dropout 0 --attention-dropout 0 --log-interval 1 --eval-interval 100000 --eval-iters 0 --split 949,50,1
  --data-path build/bench_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
 ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
-  --log-file "$out/ncu.log" ./train_gpt_cuda $G "$@" > "$out/ncu_run.log" 2>&1
-# the CSV is printed among the program's output lines: keep the lines that start with a quote
-grep '^"' "$out/ncu_run.log" > "$out/ncu.csv"
+  --log-file "$out/ncu.log" ${BIN:-./train_gpt_cuda} $G "$@" > "$out/ncu_run.log" 2>&1
+# --log-file puts the CSV among ncu's own lines: keep the lines that start with a quote
+grep '^"' "$out/ncu.log" > "$out/ncu.csv"
 python3 tests/gpu/profile_summary.py "$out/ncu.csv" | tee "$out/profile.txt"

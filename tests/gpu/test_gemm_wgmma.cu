@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, prop.major, prop.minor, MT__WG_THREADS, MT__WG_SMEM);
     {
         cudaFuncAttributes fa;
-        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1, 0>));
+        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1, 0, MT__EPI_NONE>));
         printf("registers per thread %d, local memory %zu bytes\n", fa.numRegs, fa.localSizeBytes);
     }
 
