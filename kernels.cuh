@@ -1468,7 +1468,8 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
 }
 
 // F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
-// only where asked: the GELU's code in every GEMM's epilogue cost the plain GEMMs 37% (registers)
+// only where asked: with the GELU's code in every GEMM's epilogue behind a runtime switch, the
+// plain GEMMs ran 37% slower (docs/perf.md)
 template <int A_K_INNER, int B_K_INNER, int F16, int EPI>
 __global__ void __launch_bounds__(MT__WG_THREADS, 1)
     mt_matmul_kernel4_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
