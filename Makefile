@@ -99,7 +99,7 @@ run: train_gpt preprocess
 	  --tokens-to-generate 40 --temperature 0.8 --top-k 40 --prompt "It is a truth universally acknowledged" 
 
 # the tests: each binary prints "N passed, N failed"; tests/run.sh adds them up
-tests/test_%: tests/test_%.c tests/harness.h tests/synthetic.h $(HEADERS)
+tests/test_%: tests/test_%.c tests/harness.h tests/synthetic.h tests/child.h $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 tests/tok_ids: tests/tok_ids.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -123,10 +123,10 @@ SAN_CC ?= clang
 ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -std=c11 -I.
 TSAN_FLAGS = -O1 -g -fsanitize=thread -std=c11 -I.
 TSAN_TESTS = tests/test_comm tests/test_pp tests/test_launch tests/test_offload
-build/asan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
+build/asan/%: %.c tests/harness.h tests/synthetic.h tests/child.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(ASAN_FLAGS) -o $@ $< $(LDLIBS)
-build/tsan/%: %.c tests/harness.h tests/synthetic.h $(HEADERS)
+build/tsan/%: %.c tests/harness.h tests/synthetic.h tests/child.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(SAN_CC) $(TSAN_FLAGS) -o $@ $< $(LDLIBS)
 # SAN_TESTS: which C tests (all by default). CI passes SAN_TESTS="$(SAN_CI_TESTS)": the tests of

@@ -15,6 +15,7 @@
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
 #include "harness.h"
+#include "child.h"
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -74,41 +75,6 @@ static void remove_tmpdir(void) {
     rmdir(tmpdir);
 }
 
-typedef void (*child_fn)(void *arg);
-// runs fn(arg) in a child with stdout+stderr into `out`; returns the exit status, 77 if fn
-// returned (the call under test did not exit), 128+signal if the child crashed
-static int run_child(child_fn fn, void *arg, char *out, size_t cap) {
-    int fd[2];
-    if (pipe(fd) != 0) { perror("pipe"); exit(2); }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); exit(2); }
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 1);
-        dup2(fd[1], 2);
-        close(fd[1]);
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(77);
-    }
-    close(fd[1]);
-    size_t n = 0;
-    char sink[4096];
-    for (;;) {   // read to EOF, keeping what fits, so the child never blocks on a full pipe
-        ssize_t k = n + 1 < cap ? read(fd[0], out + n, cap - 1 - n) : read(fd[0], sink, sizeof sink);
-        if (k <= 0) break;
-        if (n + 1 < cap) n += (size_t)k;
-    }
-    out[n] = 0;
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (WIFEXITED(status)) return WEXITSTATUS(status);
-    return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
 // expects the child to exit with `code` and its output to contain every word of `words`
 // (a NULL-terminated list)
 static void expect_child(const char *what, child_fn fn, void *arg, int code, const char *const *words) {

@@ -18,6 +18,7 @@
 #define MEGATRON_IMPLEMENTATION
 #include "../megatron.h"
 #include "harness.h"
+#include "child.h"
 #include "synthetic.h"
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -156,37 +157,6 @@ static void parse_child(void *p) {
     parse(&cfg, a->argc, a->argv);
 }
 
-static int run_child(void (*fn)(void *), void *arg, char *out, size_t cap) {
-    int fd[2];
-    if (pipe(fd) != 0) { perror("pipe"); exit(2); }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) { perror("fork"); exit(2); }
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 1);
-        dup2(fd[1], 2);
-        close(fd[1]);
-        fn(arg);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(77);
-    }
-    close(fd[1]);
-    size_t n = 0;
-    char sink[4096];
-    for (;;) {
-        ssize_t k = n + 1 < cap ? read(fd[0], out + n, cap - 1 - n) : read(fd[0], sink, sizeof sink);
-        if (k <= 0) break;
-        if (n + 1 < cap) n += (size_t)k;
-    }
-    out[n] = 0;
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
 
 // the file `json` with the extra flags must fail: status 1, "error: ", "hint: " and `want`
 static void expect_error(const char *what, const char *json, const char *flag1, const char *value1, const char *want) {
