@@ -2199,7 +2199,8 @@ static const mt__flag mt__flags[] = {
     {"--distributed-timeout-minutes", MT__INT, MT__OFF(parallel.distributed_timeout_minutes), 0, "parallel",
      "minutes to wait for the other processes at the rendezvous"},
     {"--dry-run", MT__BOOL, MT__OFF(parallel.dry_run), 0, "parallel",
-     "print each rank's memory plan (parameters, gradients, optimizer, activations, workspace) and exit"},
+     "print each rank's memory plan (parameters, gradients, optimizer, activations, workspace, the GPU kernels' "
+     "scratch, NCCL's buffers) and exit"},
     {"--print-schedule", MT__BOOL, MT__OFF(parallel.print_schedule), 0, "parallel",
      "print each stage's pipeline time line and the bubble, then exit"},
     {"--micro-batch-size", MT__INT, MT__OFF(train.micro_batch_size), 0, "training",
