@@ -145,7 +145,11 @@ static void parse_args(int argc, char **argv, pp_args *a) {
             }
             mt_fatal("unknown flag %s\nhint: did you mean %s? (./preprocess --help lists the flags)", name, best);
         }
-        if (!strcmp(f->name, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f->name, "--help")) {
+            if (inline_value) mt_fatal("--help takes no value (got \"%s\")", arg);   // argparse refuses it too
+            usage(stdout);
+            exit(0);
+        }
         if (f->kind == F_UNSUPPORTED)
             mt_fatal("--split-sentences is not supported: it needs NLTK's punkt sentence splitter\n"
                      "hint: leave it out; each document then becomes one sequence, which is what GPT pretraining uses");

@@ -62,6 +62,9 @@ check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
 check "make debug never writes ./train_gpt" \
   "make -n debug 2>/dev/null | grep -E -- '-o (train_gpt|preprocess) ' > /dev/null; [ \$? -ne 0 ]"
 check "make debug writes ./train_gpt_debug" "make -n -B debug 2>/dev/null | grep -- '-o train_gpt_debug ' > /dev/null"
+# --help=VALUE is an error (argparse's too), not the help and exit 0 (the fuzzer found it:
+# tests/fuzz_cases_preprocess/flags_help_with_value)
+check "preprocess: --help=x is refused" "! ./preprocess --help=x > /dev/null 2>&1 && ./preprocess --help=x 2>&1 | grep -q 'takes no value'"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
