@@ -2597,6 +2597,7 @@ void mt_config_parse(mt_config *cfg, int argc, char **argv) {
             name = namebuf;
             inline_value = eq + 1;
         }
+        if (strcmp(name, "--help") == 0) mt_fatal("--help takes no value (got '%s')", argv[i]);   // as argparse
         const mt__flag *f = mt__find_flag(name);
         if (!f) {   // an older Megatron's flag (or the tutorial's): honoured, with a note
             int k = 0, n = sizeof mt__old_flags / sizeof mt__old_flags[0];

@@ -65,6 +65,7 @@ check "make debug writes ./train_gpt_debug" "make -n -B debug 2>/dev/null | grep
 # --help=VALUE is an error (argparse's too), not the help and exit 0 (the fuzzer found it:
 # tests/fuzz_cases_preprocess/flags_help_with_value)
 check "preprocess: --help=x is refused" "! ./preprocess --help=x > /dev/null 2>&1 && ./preprocess --help=x 2>&1 | grep -q 'takes no value'"
+check "train_gpt: --help=x is refused" "! ./train_gpt --help=x > /dev/null 2>&1 && ./train_gpt --help=x 2>&1 | grep -q 'takes no value'"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
