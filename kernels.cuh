@@ -1856,13 +1856,17 @@ static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
     return copy;
 }
 // one GEMM on the wgmma rung from fp32 operands: both rounded to T, multiplied, the copies freed
+// (epi: NULL, or a fused epilogue: the MLP's GELU, mt_matmul_forward_gelu_gpu)
+static int mt__f16_flag(const __half *) { return 1; }
+static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
 template <typename T>
 static void mt__gemm_wgmma_rounded(float *c, const float *a, const float *b, const float *bias, int M, int N, int K,
                                    int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
-                                   cudaStream_t stream) {
+                                   const mt__epilogue *epi, cudaStream_t stream) {
     T *a16 = mt__rounded_copy<T>(a, M, K, lda, a_k_inner, stream);
     T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
-    mt__gemm_wgmma(c, a16, b16, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, stream);
+    mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(a16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
+                       epi, stream);
     MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
     MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
 }
@@ -1880,10 +1884,10 @@ static void mt__gemm(mt_gemm_impl impl, float *c, const float *a, const float *b
     if (impl == MT_GEMM_WGMMA) {
         if (dtype == MT_DTYPE_FP16)
             mt__gemm_wgmma_rounded<__half>(c, a, b, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate,
-                                           stream);
+                                           NULL, stream);
         else
             mt__gemm_wgmma_rounded<__nv_bfloat16>(c, a, b, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner,
-                                                  accumulate, stream);
+                                                  accumulate, NULL, stream);
         return;
     }
     mt__gemm_args g;
@@ -2099,8 +2103,6 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // (mt__column_sum_add_copy), one read of dout instead of two.
 // gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
 // dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
-static int mt__f16_flag(const __half *) { return 1; }
-static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                       const float *weight, const float *gelu_inp, int BT, int C, int OC,
@@ -2161,20 +2163,10 @@ void mt_matmul_forward_gelu_gpu(float *pre, float *out, const float *inp, const 
         return;
     }
     if (impl == MT_GEMM_WGMMA && C % 8 == 0) {
-        mt__epilogue epi = {MT__EPI_GELU, NULL, out};
-        if (dtype == MT_DTYPE_FP16) {
-            __half *a16 = mt__rounded_copy<__half>(inp, BT, C, C, 1, stream);
-            __half *b16 = mt__rounded_copy<__half>(weight, OC, C, C, 1, stream);
-            mt__gemm_wgmma_any(pre, a16, b16, 1, bias, BT, OC, C, C, C, OC, 1, 1, 0, 0, &epi, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
-            MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
-        } else {
-            __nv_bfloat16 *a16 = mt__rounded_copy<__nv_bfloat16>(inp, BT, C, C, 1, stream);
-            __nv_bfloat16 *b16 = mt__rounded_copy<__nv_bfloat16>(weight, OC, C, C, 1, stream);
-            mt__gemm_wgmma_any(pre, a16, b16, 0, bias, BT, OC, C, C, C, OC, 1, 1, 0, 0, &epi, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
-            MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
-        }
+        mt__epilogue epi = {MT__EPI_GELU, NULL, out};   // C = out as mt_matmul_forward_gpu's GEMM, plus C2
+        if (dtype == MT_DTYPE_FP16)
+            mt__gemm_wgmma_rounded<__half>(pre, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+        else mt__gemm_wgmma_rounded<__nv_bfloat16>(pre, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
         return;
     }
     mt_matmul_forward_gpu(pre, inp, weight, bias, BT, C, OC, impl, dtype, stream);
@@ -3714,16 +3706,21 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
     mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, mt__stream(r));
     mt__profile_end(r, "layernorm backward", t0);
 }
+// decoding (mt_device_decoding_weights): the 16-bit copy of `weight` when the copy exists and the
+// product has a GEMV's few rows; else NULL
+static const void *mt__decoding_weight(const mt_rank *r, const float *weight, int BT) {
+    const mt_device *d = &r->dev;
+    if (!d->decoding_weights || BT > MT_GEMV_MAX_ROWS || weight < d->decoding_of || weight >= d->decoding_of + d->decoding_n)
+        return NULL;
+    return (const uint16_t *)d->decoding_weights + (weight - d->decoding_of);
+}
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
     double t0 = mt__profile_begin(r);
     const mt_device *d = &r->dev;
-    if (d->decoding_weights && BT <= MT_GEMV_MAX_ROWS && weight >= d->decoding_of &&
-        weight < d->decoding_of + d->decoding_n)   // decoding: the 16-bit copy of this weight
-        mt_matmul_forward_rounded_weight_gpu(out, inp, (const uint16_t *)d->decoding_weights + (weight - d->decoding_of),
-                                             bias, BT, C, OC, d->dtype, mt__stream(r));
-    else
-        mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
+    const void *weight16 = mt__decoding_weight(r, weight, BT);
+    if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
+    else mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
@@ -3741,11 +3738,8 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
                             int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
     const mt_device *d = &r->dev;
-    const void *weight16 = d->decoding_weights && weight >= d->decoding_of && weight < d->decoding_of + d->decoding_n
-                               ? (const void *)((const uint16_t *)d->decoding_weights + (weight - d->decoding_of))
-                               : NULL;
-    mt_matmul_forward_gelu_gpu(pre, out, inp, weight, weight16, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype,
-                               mt__stream(r));
+    mt_matmul_forward_gelu_gpu(pre, out, inp, weight, mt__decoding_weight(r, weight, BT), bias, BT, C, OC,
+                               (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
     mt__profile_end(r, label, t0);
@@ -3854,17 +3848,6 @@ void mt_scale(mt_rank *r, float *x, float s, size_t n) {
     mt__profile_end(r, "scale", t0);
 }
 // the sum lands in device memory; one synchronisation brings it to the host
-double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
-    double *sumsq, result = 0.0;
-    cudaStream_t stream = mt__stream(r);
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), stream));
-    MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), stream));
-    mt_sum_squares_gpu(sumsq, x, n, stream);
-    MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(sumsq, stream));
-    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return result;
-}
 // the pieces' sums added into one device double in order (mt_sum_squares_gpu adds), then one copy
 double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
     double t0 = mt__profile_begin(r);
@@ -3878,6 +3861,11 @@ double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, con
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
     mt__profile_end(r, "sum of squares", t0);
     return result;
+}
+// the whole of x: one piece
+double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
+    size_t start = 0;
+    return mt_sum_squares_parts(r, x, &start, &n, 1);
 }
 // loss scaling's check: the flag lands in device memory; one synchronisation brings it to the host
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
