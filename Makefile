@@ -66,12 +66,10 @@ preprocess: preprocess.c $(HEADERS)
 
 # megatron.h, preprocess.c and the GPU tests must compile as CUDA C++ (CI: compile only, no GPU there)
 # (one object each, so make -j2 cuda-check compiles two at a time)
-CUDA_CHECK = build/cuda_check/train_gpt.o build/cuda_check/preprocess.o build/cuda_check/test_kernels.o \
+# (train_gpt_cuda itself, linked: the GPU binary; CI builds it here and nowhere else)
+CUDA_CHECK = train_gpt_cuda build/cuda_check/preprocess.o build/cuda_check/test_kernels.o \
              build/cuda_check/test_gemm_wgmma.o
 cuda-check: $(CUDA_CHECK)
-build/cuda_check/train_gpt.o: train_gpt.c kernels.cuh $(HEADERS)
-	@mkdir -p build/cuda_check
-	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c train_gpt.c -o $@
 build/cuda_check/preprocess.o: preprocess.c $(HEADERS)
 	@mkdir -p build/cuda_check
 	$(NVCC) $(NVCCFLAGS) -x cu -c preprocess.c -o $@

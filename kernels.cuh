@@ -10,7 +10,9 @@
  *
  * THE RULE is the CPU's: every backward ADDS (+=) into its d-buffers and the caller zeroes them;
  * a kernel that writes with '=' says so. Storage is fp32 everywhere (parameters, gradients,
- * activations). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
+ * activations), but for one tensor: the LM head's gradient, which the cross-entropy writes already
+ * rounded to 16 bits where the wgmma rung reads it so (mt_logits_grad_dtype, megatron.h section 3;
+ * mt_cross_entropy_finish16_kernel). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
  * attention tensor-core paths round their fp32 operands to bf16 or fp16 as they load them (a
  * template parameter F16 picks the instruction's form) and accumulate in fp32. The CPU build
  * emulates the same roundings (megatron.h, 3. OPS, "reduced precision").
@@ -622,6 +624,85 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
         partial_dbias[(size_t)blockIdx.x * C + i] = db;
     }
 }
+// The same with each row in registers (C % 4 == 0, C <= 128 NV, 16-byte aligned rows): a lane holds
+// float4 j = lane + 32 v (v < NV) of the row's dout and inp, all loaded before the first sum, so a
+// warp has the whole row in flight at once instead of one float per lane (the loop above waits on
+// each load: ~2.3 TB/s at GPT-2 small's shape); the second pass reads registers. The same sums in
+// the same per-channel order for dweight and dbias (the warp's rows in order, then the block's
+// warps in order); the row sums add a lane's four channels before the next float4.
+template <int NV>
+__global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float *__restrict__ partial_dweight,
+                                                 float *__restrict__ partial_dbias, const float *__restrict__ dout,
+                                                 const float *__restrict__ inp, const float *__restrict__ weight,
+                                                 const float *__restrict__ mean, const float *__restrict__ rstd,
+                                                 int N, int C) {
+    extern __shared__ float mt__ln_smem[];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32, C4 = C / 4;
+    float4 *dw_acc = (float4 *)(mt__ln_smem + (size_t)warp * C);            // this warp's dweight slice
+    float4 *db_acc = (float4 *)(mt__ln_smem + (size_t)(nwarps + warp) * C); // this warp's dbias slice
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = lane; j < C4; j += 32) { dw_acc[j] = zero; db_acc[j] = zero; }
+    const float4 *w4 = (const float4 *)weight;
+    int row_end = min(N, (int)(blockIdx.x + 1) * MT__LN_ROWS_PER_BLOCK);
+    for (int row = blockIdx.x * MT__LN_ROWS_PER_BLOCK + warp; row < row_end; row += nwarps) {
+        const float4 *dout4 = (const float4 *)(dout + (size_t)row * C), *inp4 = (const float4 *)(inp + (size_t)row * C);
+        float4 *dinp4 = (float4 *)(dinp + (size_t)row * C);
+        float4 g[NV], x[NV];   // dout and inp of my channels
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            g[v] = j < C4 ? dout4[j] : zero;
+            x[v] = j < C4 ? inp4[j] : zero;
+        }
+        float mean_r = mean[row], rstd_r = rstd[row];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            if (j >= C4) continue;
+            float4 w = w4[j];
+            float gv[4] = {g[v].x, g[v].y, g[v].z, g[v].w}, xv[4] = {x[v].x, x[v].y, x[v].z, x[v].w};
+            float wv[4] = {w.x, w.y, w.z, w.w};
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float norm_k = (xv[k] - mean_r) * rstd_r;
+                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // rounded, never fused into the next line's FMA
+                dnorm_mean += dnorm_k;
+                dnorm_norm_mean += dnorm_k * norm_k;
+            }
+        }
+        dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
+        dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            if (j >= C4) continue;
+            float4 w = w4[j], d = dinp4[j], dw = dw_acc[j], db = db_acc[j];
+            float gv[4] = {g[v].x, g[v].y, g[v].z, g[v].w}, xv[4] = {x[v].x, x[v].y, x[v].z, x[v].w};
+            float wv[4] = {w.x, w.y, w.z, w.w}, dv[4] = {d.x, d.y, d.z, d.w};
+            float dwv[4] = {dw.x, dw.y, dw.z, dw.w}, dbv[4] = {db.x, db.y, db.z, db.w};
+            #pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float norm_k = (xv[k] - mean_r) * rstd_r;
+                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // so dnorm_k - dnorm_mean cancels exactly as on the CPU
+                dbv[k] += gv[k];
+                dwv[k] += norm_k * gv[k];
+                dv[k] += (dnorm_k - dnorm_mean - norm_k * dnorm_norm_mean) * rstd_r;
+            }
+            dinp4[j] = make_float4(dv[0], dv[1], dv[2], dv[3]);
+            dw_acc[j] = make_float4(dwv[0], dwv[1], dwv[2], dwv[3]);
+            db_acc[j] = make_float4(dbv[0], dbv[1], dbv[2], dbv[3]);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int w = 0; w < nwarps; w++)
+            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
+        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
+        partial_dbias[(size_t)blockIdx.x * C + i] = db;
+    }
+}
 // dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
 // 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
 // the eight in order. (One thread per channel walking all 512 partials of GPT-2's batch was a
@@ -657,13 +738,26 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     int nblocks = (N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK;
     float *partial;   // (2, nblocks, C): mt_gpu_layernorm_backward_scratch bytes
     MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_layernorm_backward_scratch(N, C), stream));
-    mt__allow_smem((const void *)mt_layernorm_backward_kernel, smem);
-    mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial + (size_t)nblocks * C,
-                                                                         dout, inp, weight, mean, rstd, N, C);
-    mt__launch_check("mt_layernorm_backward_kernel", stream);
+    float *partial_dbias = partial + (size_t)nblocks * C;
+    int vec = C % 4 == 0 && mt__aligned16(dinp) && mt__aligned16(dout) && mt__aligned16(inp) && mt__aligned16(weight);
+    if (vec && C <= 32 * 4 * 8) {
+        mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<8>, smem);
+        mt_layernorm_backward_vec_kernel<8><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
+                                                                                   inp, weight, mean, rstd, N, C);
+        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+    } else if (vec && C <= 32 * 4 * 16) {
+        mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<16>, smem);
+        mt_layernorm_backward_vec_kernel<16><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
+                                                                                    inp, weight, mean, rstd, N, C);
+        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+    } else {
+        mt__allow_smem((const void *)mt_layernorm_backward_kernel, smem);
+        mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout, inp,
+                                                                             weight, mean, rstd, N, C);
+        mt__launch_check("mt_layernorm_backward_kernel", stream);
+    }
     mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(
-        dweight, dbias, partial, partial + (size_t)nblocks * C, nblocks, C);
-    mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
+        dweight, dbias, partial, partial_dbias, nblocks, C);
     mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
@@ -1653,6 +1747,18 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     mt__wgmma_tile_origin(g, t, &row0, &col0);
     int i = row0 + 64 * wg + 16 * (lt / 32) + (lt % 32) / 4, j = col0 + 8 * q + 2 * (lt % 4);
     float v[4] = {s.x, s.y, s.z, s.w};
+    if (g.store2_ok && g.epilogue == MT__EPI_NONE) {   // the weight-gradients: float2 pairs (j, j+1) of
+        if (j >= g.N) return;                           // rows i and i+8, both reads before either write
+        float2 zero = make_float2(0.0f, 0.0f), b = g.bias ? *(const float2 *)(g.bias + j) : zero;
+        float *c0 = g.c + (size_t)i * g.ldc + j, *c1 = c0 + (size_t)8 * g.ldc;
+        int in0 = i < g.M, in1 = i + 8 < g.M;
+        float2 old0 = g.accumulate && in0 ? *(const float2 *)c0 : zero;
+        float2 old1 = g.accumulate && in1 ? *(const float2 *)c1 : zero;
+        float2 v0 = make_float2(v[0] + b.x, v[1] + b.y), v1 = make_float2(v[2] + b.x, v[3] + b.y);   // as store1:
+        if (in0) *(float2 *)c0 = g.accumulate ? make_float2(old0.x + v0.x, old0.y + v0.y) : v0;   // old + (v + bias)
+        if (in1) *(float2 *)c1 = g.accumulate ? make_float2(old1.x + v1.x, old1.y + v1.y) : v1;
+        return;
+    }
     for (int e = 0; e < 4; e++) {   // the epilogue as the GEMM kernel would apply it
         int ie = i + 8 * (e / 2), je = j + e % 2;
         if (g.epilogue == MT__EPI_GELU) mt__wgmma_store1<MT__EPI_GELU>(g, ie, je, v[e]);
@@ -2103,6 +2209,23 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // (mt__column_sum_add_copy), one read of dout instead of two.
 // gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
 // dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
+// the two products from dout16, dout already rounded to T (row stride ld_dout >= OC: the LM
+// head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel)
+template <typename T>
+static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
+                                              const float *inp, const float *weight, const float *gelu_inp, int BT,
+                                              int C, int OC, cudaStream_t stream) {
+    T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
+    T *inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
+    if (dinp) {   // '='
+        mt__epilogue epi = {gelu_inp ? MT__EPI_GELU_GRAD : MT__EPI_NONE, gelu_inp, NULL};
+        mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
+                           stream);
+    }
+    mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
+    if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+}
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                       const float *weight, const float *gelu_inp, int BT, int C, int OC,
@@ -2115,16 +2238,22 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
         if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
     }
-    T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
-    T *inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
-    if (dinp) {   // '='
-        mt__epilogue epi = {gelu_inp ? MT__EPI_GELU_GRAD : MT__EPI_NONE, gelu_inp, NULL};
-        mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, OC, C, C, 1, 0, 0, 0, &epi, stream);
-    }
-    mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, OC, C, C, 0, 0, 1, stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, weight, gelu_inp, BT, C, OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
-    if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+}
+// the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu packed
+// in place (grad_dtype MT_DTYPE_BF16 or FP16: row i's OC values at (16-bit *)(dout + i * OC)); the
+// wgmma rung only (mt__logits_grad_dtype, the seam below, says when). The same products as mt_matmul_backward_gpu
+// on the fp32 gradient, whose rounded copy holds the same 16-bit values.
+void mt_matmul_backward_packed16_gpu(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
+    if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (grad_dtype == MT_DTYPE_FP16)
+        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, weight, NULL, BT, C,
+                                                  OC, stream);
+    else
+        mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout, 2 * OC, inp,
+                                                         weight, NULL, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
@@ -2689,14 +2818,21 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
 
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half, on tensor cores.
 // grid (T/64 key tiles, B*NH_local), 128 threads = 4 warps, each 16 keys of the block's 64. Per
-// query tile of BQ rows (64, or 32 when HS = 128 to keep the accumulators in registers), with
-// queries as the columns of every product:
+// query tile of BQ = 32 rows, with queries as the columns of every product:
 //   S^T = K Q^T, dP'^T = V dO^T  ->  P'^T, dS^T (elementwise)  ->  dV += P'^T dO, dK += dS^T Q
 // shared: K, V (64 x (HS+8)) bf16; then two stages of the query tile's Q, dO (BQ x (HS+8) bf16),
 // lse (in base 2) and D (BQ floats each): cp.async fills stage qt+1 while the warps use stage qt.
+// Occupancy: a thread holds S^T and dP'^T for its rows (2 x BQ/8 x 4 floats) next to its dK and
+// dV (2 x HS/8 x 4). With BQ = 64 at HS = 64 that took 241 registers: 2 blocks (8 warps) per SM,
+// one instruction issued every 3.4 cycles per scheduler (ncu), the tensor cores waiting on the
+// softmax's chain. BQ = 32 halves the first pair, and the launch bound holds the kernel to 128
+// registers at HS <= 64: 4 blocks (16 warps) per SM; GPT-2 small's dK/dV 6.9 -> ~6.5 ms a step
+// (docs/perf.md). At HS = 128 dK, dV alone are 128 floats a thread: one block, no bound.
+__host__ __device__ constexpr int mt__att_dkdv_bq(int hs) { (void)hs; return 32; }
+__host__ __device__ constexpr int mt__att_dkdv_min_blocks(int hs) { return hs <= 64 ? 4 : 1; }
 template <int HS, int F16>
-__global__ void __launch_bounds__(128) mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
-    const int LD = HS + 8, BQ = HS <= 64 ? 64 : 32;
+__global__ void __launch_bounds__(128, mt__att_dkdv_min_blocks(HS)) mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
+    const int LD = HS + 8, BQ = mt__att_dkdv_bq(HS);
     const int STAGE = 2 * BQ * LD + 2 * BQ * 2;   // bf16 elements per stage: Q, dO, then lse2 and D (floats)
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)mt__att_smem, *Vs = Ks + 64 * LD, *stages = Vs + 64 * LD;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
@@ -2954,8 +3090,7 @@ static void mt__unstage(float *p, float *staged, size_t n, int copy_out, cudaStr
 static size_t mt__att_smem_fwd(int hs, int bf16) {   // bf16: Q + two stages of K, V
     return bf16 ? (size_t)5 * 64 * (hs + 8) * sizeof(__nv_bfloat16) : ((size_t)3 * 32 * (hs + 1) + 32 * 33) * sizeof(float);
 }
-static size_t mt__att_smem_dkdv(int hs, int bf16) {   // bf16: K, V + two stages of Q, dO, lse, D
-    int bq = hs <= 64 ? 64 : 32;
+static size_t mt__att_smem_dkdv(int hs, int bf16, int bq) {   // bf16: K, V + two stages of Q, dO, lse, D
     return bf16 ? (size_t)128 * (hs + 8) * sizeof(__nv_bfloat16) +
                       2 * ((size_t)2 * bq * (hs + 8) * sizeof(__nv_bfloat16) + 2 * bq * sizeof(float))
                 : ((size_t)4 * 32 * (hs + 1) + 2 * 32 * 33 + 64) * sizeof(float);
@@ -3006,7 +3141,7 @@ static void mt__attention_backward_launch(const mt__attention_args &a, int dtype
     size_t rows = (size_t)a.B * a.T * a.NH_local;
     mt_attention_backward_preprocess_kernel<<<mt__blocks(rows * 32, 256), 256, 0, stream>>>(a, HS);
     mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
-    size_t smem_kv = mt__att_smem_dkdv(HS, bf16), smem_q = mt__att_smem_dq(HS, bf16);
+    size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
     if (dtype == MT_DTYPE_FP16) {
         mt__attention_backward_mma_launch<HS, 1>(a, smem_kv, smem_q, stream);
     } else if (bf16) {
@@ -3460,10 +3595,68 @@ __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, co
         l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
     }
 }
+// The same gradient written as 16-bit values (bf16, or fp16 with F16 = 1), the rounding the LM head's
+// backward GEMMs would apply to it anyway, packed in place: row i's V_local values at
+// (T16 *)(dlogits + i * V_local), the first half of the row's own bytes, so the row stride stays
+// V_local floats = 2 V_local 16-bit values (mt_lm_head_backward reads it so; one pass that writes
+// half the bytes, and no separate cast pass over the (BT, V_local) logits: 824M values at GPT-2
+// small's batch). In place needs care: the block walks the row in chunks of 8 x 256 values; every
+// thread loads its 8 floats, the block meets at a barrier, then writes its 8 16-bit values.
+// Chunk c's 16-bit values land in bytes [2 x start, 2 x end) of the row, which only chunks <= c
+// ever read, and chunk c's readers are past the barrier. V_local % 8 == 0, 16-byte aligned rows.
+template <int F16>
+__global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *losses, float *dlogits, const float *maxv,
+                                                                        const float *sumexp, const float *target_logit,
+                                                                        const int *targets, int V_local, int vocab_start,
+                                                                        int n, float dloss) {
+    int i = blockIdx.x;
+    if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
+    float *l = dlogits + (size_t)i * V_local;
+    unsigned short *g = (unsigned short *)l;   // 16-bit values: bf16 (F16 = 0) or fp16 (F16 = 1) bits
+    float m = maxv[i], inv = 1.0f / sumexp[i];
+    int local = targets[i] - vocab_start;
+    for (int c0 = 0; c0 < V_local; c0 += 8 * 256) {
+        int v = c0 + 8 * threadIdx.x;
+        float e[8];
+        if (v < V_local) {
+            float4 x0 = *(const float4 *)(l + v), x1 = *(const float4 *)(l + v + 4);
+            e[0] = x0.x; e[1] = x0.y; e[2] = x0.z; e[3] = x0.w; e[4] = x1.x; e[5] = x1.y; e[6] = x1.z; e[7] = x1.w;
+        }
+        __syncthreads();   // every float of this chunk is read: its 16-bit values may overwrite it
+        if (v < V_local) {
+            uint32_t packed[4];
+            #pragma unroll
+            for (int k = 0; k < 8; k += 2) {   // as mt_cross_entropy_finish_kernel, then rounded
+                float p0 = v + k < n ? expf(e[k] - m) * inv : 0.0f, p1 = v + k + 1 < n ? expf(e[k + 1] - m) * inv : 0.0f;
+                float d0 = (p0 - (v + k == local ? 1.0f : 0.0f)) * dloss;
+                float d1 = (p1 - (v + k + 1 == local ? 1.0f : 0.0f)) * dloss;
+                packed[k / 2] = mt__pack16x2<F16>(d0, d1);
+            }
+            *(uint4 *)(g + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        }
+    }
+}
+// grad_dtype (an mt_dtype): MT_DTYPE_FP32 writes dlogits in fp32 in place of the logits;
+// MT_DTYPE_BF16 / FP16 packs it as 16-bit values (mt_cross_entropy_finish16_kernel: V_local % 8
+// == 0 and dlogits 16-byte aligned, else a fatal error: the seam asks mt__logits_grad_dtype).
 void mt_cross_entropy_finish_gpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
                                  const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
-                                 int V, float dloss, cudaStream_t stream) {
+                                 int V, float dloss, int grad_dtype, cudaStream_t stream) {
     if (BT == 0) return;
+    if (dlogits && grad_dtype != MT_DTYPE_FP32) {
+        if (V_local % 8 != 0 || !mt__aligned16(dlogits))
+            mt_fatal("internal: a packed 16-bit logits gradient needs V_local %% 8 == 0 and aligned rows (V_local = %d)",
+                     V_local);
+        int n = mt__real_columns(vocab_start, V_local, V);
+        if (grad_dtype == MT_DTYPE_FP16)
+            mt_cross_entropy_finish16_kernel<1><<<BT, 256, 0, stream>>>(losses, dlogits, maxv, sumexp, target_logit,
+                                                                           targets, V_local, vocab_start, n, dloss);
+        else
+            mt_cross_entropy_finish16_kernel<0><<<BT, 256, 0, stream>>>(
+                losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start, n, dloss);
+        mt__launch_check("mt_cross_entropy_finish16_kernel", stream);
+        return;
+    }
     mt_cross_entropy_finish_kernel<<<BT, dlogits ? 256 : 32, 0, stream>>>(
         losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start,
         mt__real_columns(vocab_start, V_local, V), dloss, dlogits && V_local % 4 == 0 && mt__aligned16(dlogits));
@@ -3828,13 +4021,34 @@ void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit,
                                     mt__stream(r));
     mt__profile_end(r, "cross entropy local sums", t0);
 }
+// how mt_cross_entropy_finish leaves the logits gradient and mt_lm_head_backward reads it: packed
+// 16-bit where mt_logits_grad_dtype (megatron.h, section 3) says so for the LM head's shape (C =
+// the hidden size) and the rows are 16-byte aligned; both ops ask this, so they always agree
+static int mt__logits_grad_dtype(const mt_rank *r, const float *dlogits, int V_local) {
+    if (!dlogits || !mt__aligned16(dlogits)) return MT_DTYPE_FP32;
+    return mt_logits_grad_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, r->dims.C, V_local);
+}
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
                              const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                              int V, float dloss) {
     double t0 = mt__profile_begin(r);
     mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
-                                dloss, mt__stream(r));
+                                dloss, mt__logits_grad_dtype(r, dlogits, V_local), mt__stream(r));
     mt__profile_end(r, "cross entropy finish", t0);
+}
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
+                         const float *weight, int BT, int C, int V_local) {
+    int grad_dtype = mt__logits_grad_dtype(r, dlogits, V_local);
+    if (C != r->dims.C) mt_fatal("internal: mt_lm_head_backward with C = %d, not the hidden size %d", C, r->dims.C);
+    if (grad_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
+        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local);
+        return;
+    }
+    double t0 = mt__profile_begin(r);
+    mt_matmul_backward_packed16_gpu(dinp, dweight, dlogits, inp, weight, BT, C, V_local, grad_dtype, mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "lm head backward %dx%d", C, V_local);
+    mt__profile_end(r, label, t0);
 }
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step) {

@@ -705,6 +705,10 @@ size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local,
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
+/* the LM head's gradient (mt_lm_head_backward): 16 bits (bf16 / fp16), packed in place by the
+   cross-entropy, where the wgmma rung multiplies in 16 bits and C, V_local % 8 == 0; else fp32 */
+mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_local);
+size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
 
@@ -767,6 +771,12 @@ void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit,
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
                              const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                              int V, float dloss);
+/* the LM head's matmul backward (no bias): dinp = dlogits @ weight, dweight += dlogits^T inp, with
+   dlogits as mt_cross_entropy_finish left it in place of the logits: fp32, or (the GPU, where
+   mt_logits_grad_dtype says 16 bits) already rounded to the GEMMs' 16-bit type and packed in the
+   first half of each row's bytes, which the GEMMs read as is */
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
+                         const float *weight, int BT, int C, int V_local);
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step);
 void mt_scale(mt_rank *r, float *x, float s, size_t n);
@@ -858,6 +868,10 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
                                        const float *bias, int BT, int K, int OC_tp);
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp);
+/* the LM head's (column-parallel over the vocabulary, no bias), from the logits gradient as
+   mt_vocab_parallel_cross_entropy_forward left it (mt_lm_head_backward, section 3) */
+void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
+                                  const float *weight, int BT, int K, int V_tp);
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC);
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -965,7 +979,8 @@ typedef struct {
     float *lnf;       // (B,T,C)       last stage
     float *lnf_mean;  // (B,T)
     float *lnf_rstd;  // (B,T)
-    float *logits;    // (B,T,Vp_tp)   last stage; after a training forward, holds dloss/dlogits
+    float *logits;    // (B,T,Vp_tp)   last stage; after a training forward, holds dloss/dlogits (on the
+                      //               GPU in 16 bits where mt_logits_grad_dtype says: mt_lm_head_backward)
     float *losses;    // (B,T)         last stage
     int mb;           // micro-batch held, -1 if free
     int sample_offset;// global sample index of its first sample within the iteration
@@ -7017,6 +7032,22 @@ size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias,
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) return own;
     return (size_t)BT * C * sizeof(float) + own;
 }
+// The LM head's gradient (BT, V_local) is the largest tensor of a GPT-2 step (824M values at
+// B = 16): rounding it into a copy for the backward's GEMMs would take a pass over 3.3 GB and
+// borrow 1.6 GB. Where the wgmma rung multiplies in 16 bits, the cross-entropy writes it already
+// rounded, packed in place (kernels.cuh, mt_cross_entropy_finish16_kernel: 16-byte pieces of 8
+// values, so V_local % 8 == 0), and mt_lm_head_backward hands it to the GEMMs as it is. (The
+// logits are always the LM head's: C is the hidden size; the GPU also wants the rows 16-byte aligned.)
+mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_local) {
+    int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && V_local % 8 == 0;   // (the wgmma backward's condition too)
+    return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
+}
+// mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, less dout's copy when packed
+size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype) {
+    size_t all = mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype);
+    if (mt_logits_grad_dtype(impl, dtype, C, V_local) == MT_DTYPE_FP32 || BT <= 0 || C <= 0) return all;
+    return all - mt_gpu_rounded_copy_bytes((size_t)BT * V_local);
+}
 // mt_attention_forward_gpu: the tensor-core kernels read qkv (B,T,3*C_local) rounded
 size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
     (void)NH_local;
@@ -7074,7 +7105,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt);      // qkv
     if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
         op[n++] = mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt);
-        op[n++] = mt_gpu_matmul_backward_scratch(BT, C, d->Vp_tp, 1, 0, impl, dt);
+        op[n++] = mt_gpu_lm_head_backward_scratch(BT, C, d->Vp_tp, impl, dt);
     }
     if (r->ps.is_first_stage) op[n++] = mt_gpu_embedding_backward_scratch(BT, d->Vp_tp);
     size_t peak = 0;
@@ -7233,6 +7264,14 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const fl
     (void)r;
     mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
                                 dloss);
+}
+
+// the CPU keeps dlogits in fp32: the matmul backward (rounding its operands as r->dev.dtype says)
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
+                         const float *weight, int BT, int C, int V_local) {
+    mt__count_gpu_scratch(r, mt_gpu_lm_head_backward_scratch(BT, C, V_local, (mt_gemm_impl)r->dev.gemm_impl,
+                                                             r->dev.dtype));
+    mt_matmul_backward_rounded_cpu(dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local, r->dev.dtype);
 }
 
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
@@ -7486,17 +7525,26 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
 // X again: the forward kept only my shard, so it is all-gathered a second time (Megatron does the
 // same: the memory saved is the point). dX's partial sums are reduce-scattered (g's backward):
 // each rank gets the sum at its own positions.
+// (lm_head: the LM head's, whose dout is the logits gradient as the cross-entropy left it and whose
+// matmul is mt_lm_head_backward's, section 3)
+static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                         const float *inp, const float *weight, int BT, int K, int OC_tp, int lm_head) {
+    int sp = mt__sequence_parallel(r);
+    float *d = sp ? r->scratch.sp_partial : dinp;
+    if (sp) mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
+    const float *x = sp ? r->scratch.sp_full : inp;
+    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, x, weight, BT, K, OC_tp);
+    else mt_matmul_backward(r, d, dweight, dbias, dout, x, weight, BT, K, OC_tp);
+    if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
+    else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
+}
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp) {
-    if (mt__sequence_parallel(r)) {
-        mt_scratch *s = &r->scratch;
-        mt_gather_from_sequence_parallel_region_forward(r, s->sp_full, inp, K);
-        mt_matmul_backward(r, s->sp_partial, dweight, dbias, dout, s->sp_full, weight, BT, K, OC_tp);
-        mt_gather_from_sequence_parallel_region_backward(r, dinp, s->sp_partial, K);
-        return;
-    }
-    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp);
-    mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
+    mt__column_parallel_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp, 0);
+}
+void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
+                                  const float *weight, int BT, int K, int V_tp) {
+    mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, inp, weight, BT, K, V_tp, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7863,10 +7911,10 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
         {&a->lnf, last ? BT_sp * C : 0}, {&a->lnf_mean, last ? BT_sp : 0}, {&a->lnf_rstd, last ? BT_sp : 0},
         {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
     };
-    size_t offset = 0;
+    size_t offset = 0;   // each tensor starts on a 16-byte boundary (the GPU's 16-byte loads)
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
         *carve[i].ptr = (base && carve[i].n) ? base + offset : NULL;
-        offset += carve[i].n;
+        offset += (carve[i].n + 3) / 4 * 4;
     }
     return offset;
 }
@@ -8162,8 +8210,8 @@ static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
     mt_scratch *s = &r->scratch;
     // logits = lnf @ wte_r^T: dlnf = sum_r dlogits_r @ wte_r (f's backward), dwte_r += dlogits_r^T lnf
-    mt_column_parallel_linear_backward(r, s->dln, r->model.grads.wte, NULL, a->logits, a->lnf, r->model.params.wte, BT,
-                                       C, r->dims.Vp_tp);
+    mt_lm_head_parallel_backward(r, s->dln, r->model.grads.wte, a->logits, a->lnf, r->model.params.wte, BT, C,
+                                 r->dims.Vp_tp);
     mt_buffer_zero(r, s->dresidual, (size_t)B * r->dims.T_sp * C);
     mt_layernorm_backward(r, s->dresidual, r->model.grads.lnfw, r->model.grads.lnfb, s->dln, x, r->model.params.lnfw,
                           a->lnf_mean, a->lnf_rstd, B, r->dims.T_sp, C);

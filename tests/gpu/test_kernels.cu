@@ -820,6 +820,25 @@ MT_TEST(vector_and_scalar_paths) {
         for (size_t i = 0; i < n; i++) want[i] = __bfloat162float(__float2bfloat16_rn(y[off + i]));
         got = dev_download(d_out, n);
         check_close("cast fp32->bf16->fp32, offset path", got, want, n, 0.0); free(got);
+        {   // layernorm backward: the row-in-registers kernel when aligned, the scalar one when not (1e-5)
+            int C = 768, N = (int)(n / C);
+            float *w = host_random(C, 0.5f, 1.5f), *bias = host_random(C, -1, 1), *dw = host_random(C, -1, 1);
+            float *db = host_random(C, -1, 1), *mean = (float *)mt_malloc(N * sizeof(float), "mean");
+            float *rstd = (float *)mt_malloc(N * sizeof(float), "rstd"), *dw_ref = host_copy(dw, C), *db_ref = host_copy(db, C);
+            float *dinp0 = host_random((size_t)N * C, -1, 1), *dinp_ref = host_copy(dinp0, (size_t)N * C);
+            mt_layernorm_forward_cpu(want, mean, rstd, x + off, w, bias, 1, N, C);
+            mt_layernorm_backward_cpu(dinp_ref, dw_ref, db_ref, y + off, x + off, w, mean, rstd, 1, N, C);
+            float *d_w = dev_upload(w, C), *d_dw = dev_upload(dw, C), *d_db = dev_upload(db, C);
+            float *d_mean = dev_upload(mean, N), *d_rstd = dev_upload(rstd, N), *d_xin = dev_upload(x, n + 4);   // (d_x is scaled above)
+            dev_set(d_out + off, dinp0, (size_t)N * C);
+            mt_layernorm_backward_gpu(d_out + off, d_dw, d_db, d_y + off, d_xin + off, d_w, d_mean, d_rstd, 1, N, C, 0);
+            got = dev_download(d_out, n + 4);
+            check_added("layernorm backward dinp, offset path", got + off, dinp_ref, dinp0, (size_t)N * C, 1e-5); free(got);
+            got = dev_download(d_dw, C); check_added("layernorm backward dweight, offset path", got, dw_ref, dw, C, 1e-5); free(got);
+            got = dev_download(d_db, C); check_added("layernorm backward dbias, offset path", got, db_ref, db, C, 1e-5); free(got);
+            free(w); free(bias); free(dw); free(db); free(mean); free(rstd); free(dw_ref); free(db_ref); free(dinp0); free(dinp_ref);
+            dev_free(d_w); dev_free(d_dw); dev_free(d_db); dev_free(d_mean); dev_free(d_rstd); dev_free(d_xin);
+        }
         int widths[] = {768, 30, 4};   // OC % 4 == 0 (float4 path when aligned) and not
         for (int w = 0; w < 3; w++) {
             int OC = widths[w], BT = (int)(n / OC);
@@ -875,7 +894,7 @@ MT_TEST(cross_entropy) {
         check_close("cross-entropy target logit", got, tl, BT, 0.0); free(got);
         if (nreal > 0) {
             float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
-            mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
+            mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_FP32, 0);
             got = dev_download(d_loss, BT);
             // loss = log S + m - l_y cancels when the target dominates: the device's logf rounds at
             // the scale of the terms |log S| + |m| + |l_y|, not of the (maybe tiny) loss
@@ -885,9 +904,31 @@ MT_TEST(cross_entropy) {
             got = dev_download(d_logits, n);
             // dlogits = (p - [v == y]) dloss: p - 1 cancels when the target's p is near 1, so the
             // device's expf rounds at the scale of dloss
-            check_close_scale("cross-entropy dlogits", got, dlogits, n, 1e-5, dloss); free(got);
+            check_close_scale("cross-entropy dlogits", got, dlogits, n, 1e-5, dloss);
+            if (VL % 8 == 0) {   // packed 16-bit in place: exactly the fp32 gradient above, rounded (bf16, fp16)
+                for (int dt = MT_DTYPE_BF16; dt <= MT_DTYPE_FP16; dt++) {
+                    dev_set(d_logits, logits, n);
+                    mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V,
+                                                dloss, dt, 0);
+                    float *packed = dev_download(d_logits, n), *as_f32 = (float *)mt_malloc(n * sizeof(float), "unpacked"),
+                          *want16 = (float *)mt_malloc(n * sizeof(float), "rounded");
+                    for (int i = 0; i < BT; i++)
+                        for (int v = 0; v < VL; v++) {
+                            const uint16_t *row = (const uint16_t *)(packed + (size_t)i * VL);
+                            uint32_t bits = row[v];
+                            if (dt == MT_DTYPE_BF16) { bits <<= 16; memcpy(&as_f32[(size_t)i * VL + v], &bits, 4); }
+                            else { __half h; memcpy(&h, &row[v], 2); as_f32[(size_t)i * VL + v] = __half2float(h); }
+                            want16[(size_t)i * VL + v] = mt_round_to_dtype(got[(size_t)i * VL + v], (mt_dtype)dt);
+                        }
+                    char label[96];
+                    snprintf(label, sizeof label, "cross-entropy dlogits packed %s BT=%d V_local=%d", dt == MT_DTYPE_BF16 ? "bf16" : "fp16", BT, VL);
+                    check_close(label, as_f32, want16, n, 0.0);
+                    free(packed); free(as_f32); free(want16);
+                }
+            }
+            free(got);
             dev_poison(d_loss, BT);
-            mt_cross_entropy_finish_gpu(d_loss, NULL, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
+            mt_cross_entropy_finish_gpu(d_loss, NULL, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_BF16, 0);
             got = dev_download(d_loss, BT);
             check_close("cross-entropy losses (no grad)", got, losses, BT, 1e-5); free(got);
             dev_free(d_sum_ref); dev_free(d_tl_ref);
@@ -1152,7 +1193,7 @@ static void bench(void) {
         report("cross-entropy local max", shape, ms, 0, (double)BT * V * 4);
         ms = time_ms([&] { mt_cross_entropy_local_sums_gpu(se, tl, out, mx, tok, (int)BT, V, 0, 50257, 0); }, 10);
         report("cross-entropy local sums", shape, ms, 0, (double)BT * V * 4);
-        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, dout, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, 0); }, 10);
+        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, dout, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, MT_DTYPE_FP32, 0); }, 10);
         report("cross-entropy finish (+dlogits)", shape, ms, 0, 2.0 * BT * V * 4);
         dev_free(x); dev_free(y); dev_free(z); dev_free(w); dev_free(bb); dev_free(mean); dev_free(rstd); dev_free(dw); dev_free(db);
         dev_free(tok); dev_free(wte); dev_free(wpe); dev_free(mx); dev_free(se); dev_free(tl); dev_free(loss);
