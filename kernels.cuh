@@ -375,16 +375,45 @@ __global__ void mt_embedding_backward_place_kernel(int *positions, const int *ro
     int local = mine - vocab_start;
     if (bt < BT && local >= 0 && local < V_local) positions[row_start[local] + rank] = bt;
 }
-// block v adds the dout rows of its positions, in increasing bt, into dwte row v
+// block v adds the dout rows of its positions, in increasing bt, into dwte row v. A frequent
+// token (GPT-2's "," or "the": hundreds of positions in a batch) makes one block's chain long,
+// and the whole kernel waits for it: so the loads run 8 positions ahead of the additions (the
+// additions stay in increasing bt: the same bits), and with C % 4 == 0 (vec4) a thread owns 4
+// channels as a float4.
 __global__ void mt_embedding_backward_accumulate_kernel(float *__restrict__ dwte, const float *__restrict__ dout,
                                                         const int *__restrict__ row_start,
-                                                        const int *__restrict__ positions, int C) {
+                                                        const int *__restrict__ positions, int C, int vec4) {
     int v = blockIdx.x;
     int begin = row_start[v], end = row_start[v + 1];
     if (begin == end) return;
+    if (vec4) {
+        int C4 = C / 4;
+        for (int c = threadIdx.x; c < C4; c += blockDim.x) {
+            float4 acc = ((const float4 *)(dwte + (size_t)v * C))[c];
+            for (int i0 = begin; i0 < end; i0 += 8) {
+                float4 d[8];
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (i0 + k < end) d[k] = ((const float4 *)(dout + (size_t)positions[i0 + k] * C))[c];
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    if (i0 + k < end) { acc.x += d[k].x; acc.y += d[k].y; acc.z += d[k].z; acc.w += d[k].w; }
+            }
+            ((float4 *)(dwte + (size_t)v * C))[c] = acc;
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = dwte[(size_t)v * C + c];
-        for (int i = begin; i < end; i++) acc += dout[(size_t)positions[i] * C + c];
+        for (int i0 = begin; i0 < end; i0 += 8) {
+            float d[8];
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (i0 + k < end) d[k] = dout[(size_t)positions[i0 + k] * C + c];
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (i0 + k < end) acc += d[k];
+        }
         dwte[(size_t)v * C + c] = acc;
     }
 }
@@ -404,8 +433,9 @@ void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens
     mt_embedding_backward_place_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(positions, row_start, tokens, BT,
                                                                                 vocab_start, V_local);
     mt__launch_check("mt_embedding_backward_place_kernel", stream);
-    int threads = C >= 256 ? 256 : ((C + 31) / 32) * 32;
-    mt_embedding_backward_accumulate_kernel<<<V_local, threads, 0, stream>>>(dwte, dout, row_start, positions, C);
+    int vec4 = C % 4 == 0 && mt__aligned16(dwte) && mt__aligned16(dout), per_row = vec4 ? C / 4 : C;
+    int threads = per_row >= 256 ? 256 : ((per_row + 31) / 32) * 32;
+    mt_embedding_backward_accumulate_kernel<<<V_local, threads, 0, stream>>>(dwte, dout, row_start, positions, C, vec4);
     mt__launch_check("mt_embedding_backward_accumulate_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
@@ -1341,16 +1371,20 @@ typedef struct {
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
     int epilogue;            // MT__EPI_*: what the epilogue does with v = sum + bias besides storing it
     const float *aux;        // MT__EPI_GELU_GRAD: the GELU's input, (M, N) with row stride ldc
-    float *c2;               // MT__EPI_GELU: gelu(v) also goes here, (M, N) with row stride ldc
+    void *c2;                // MT__EPI_GELU(16): gelu(v) also goes here, (M, N) with row stride ldc: fp32
+                             // (GELU), or 16 bits (GELU16: bf16, or fp16 where c2_f16 = 1)
+    int c2_f16;
 } mt__wgmma_args;
 // the fused epilogues (accumulate = 0): the MLP's GELU after the fc GEMM, and its derivative after
 // the fc-proj input gradient, while the GEMM's output is still in registers (one pass over (M, N)
-// less each). C = v (plain); C = v, C2 = gelu(v) (GELU); C = v * gelu'(aux) (GELU_GRAD)
-enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2 };
+// less each). C = v (plain); C = v, C2 = gelu(v) (GELU); C = v * gelu'(aux) (GELU_GRAD); and
+// C = v, C2 = gelu(v) rounded to the GEMM's 16-bit operand type (GELU16: the training MLP, whose
+// GELU output only ever enters the next GEMM, mt_mlp_forward_gpu: half the bytes, no cast pass)
+enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3 };
 typedef struct {
     int op;             // MT__EPI_*
     const float *aux;   // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc
-    float *c2;          // MT__EPI_GELU: gelu(C) (M, N), row stride ldc
+    void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits
 } mt__epilogue;
 
 // ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
@@ -1556,7 +1590,9 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
     size_t at = (size_t)i * g.ldc + j;
     float *c = g.c + at;
     if (g.bias) v += g.bias[j];
-    if (EPI == MT__EPI_GELU) g.c2[at] = mt__gelu(v);
+    if (EPI == MT__EPI_GELU) ((float *)g.c2)[at] = mt__gelu(v);
+    if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
+    if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(g.aux[at]);
     *c = g.accumulate ? *c + v : v;
 }
@@ -1698,9 +1734,14 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     if (in0) *(float2 *)(c0 + j) = v0;
                     if (in1) *(float2 *)(c1 + j) = v1;
                     if (EPI == MT__EPI_GELU) {   // C2 = gelu(v)
-                        float *q0 = g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        float *q0 = (float *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(float2 *)q0 = make_float2(mt__gelu(v0.x), mt__gelu(v0.y));
                         if (in1) *(float2 *)q1 = make_float2(mt__gelu(v1.x), mt__gelu(v1.y));
+                    }
+                    if (EPI == MT__EPI_GELU16) {   // C2 = gelu(v) in 16 bits: two in one 4-byte store
+                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(mt__gelu(v0.x), mt__gelu(v0.y));
+                        if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(mt__gelu(v1.x), mt__gelu(v1.y));
                     }
                 }
             }
@@ -1762,6 +1803,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     for (int e = 0; e < 4; e++) {   // the epilogue as the GEMM kernel would apply it
         int ie = i + 8 * (e / 2), je = j + e % 2;
         if (g.epilogue == MT__EPI_GELU) mt__wgmma_store1<MT__EPI_GELU>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_GELU16) mt__wgmma_store1<MT__EPI_GELU16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD) mt__wgmma_store1<MT__EPI_GELU_GRAD>(g, ie, je, v[e]);
         else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
     }
@@ -1842,9 +1884,10 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
-    if (g.epilogue == MT__EPI_GELU) {
+    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16) {
         if (!a_k_inner || !b_k_inner) mt_fatal("internal: the GELU epilogue is built for the forward's layout only");
-        mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
+        if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
+        else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
     } else if (g.epilogue == MT__EPI_GELU_GRAD) {
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
         mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
@@ -1876,9 +1919,9 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     g.store2_ok = (uintptr_t)c % 8 == 0 && ldc % 2 == 0 && N % 2 == 0 && (bias == NULL || (uintptr_t)bias % 8 == 0);
     if (epi && epi->op != MT__EPI_NONE) {
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
-        g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2;
-        const void *other = epi->op == MT__EPI_GELU ? (const void *)epi->c2 : (const void *)epi->aux;
-        if ((uintptr_t)other % 8 != 0) g.store2_ok = 0;
+        g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
+        const void *other = epi->op == MT__EPI_GELU_GRAD ? (const void *)epi->aux : (const void *)epi->c2;
+        if ((uintptr_t)other % (epi->op == MT__EPI_GELU16 ? 4 : 8) != 0) g.store2_ok = 0;
     }
     mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
     mt_wgmma_plan_make(&plan, M, N, K, want_splits);
@@ -2209,14 +2252,22 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // (mt__column_sum_add_copy), one read of dout instead of two.
 // gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
 // dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
+static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
 // the two products from dout16, dout already rounded to T (row stride ld_dout >= OC: the LM
-// head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel)
+// head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel).
+// inp NULL: inp is gelu(gelu_inp), remade here rounded (the training MLP keeps only the GELU's input)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
                                               const float *inp, const float *weight, const float *gelu_inp, int BT,
                                               int C, int OC, cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
-    T *inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
+    T *inp16;
+    if (inp) {
+        inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
+    } else {
+        MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
+        mt__gelu_rounded(inp16, gelu_inp, (size_t)BT * C, mt__f16_flag(inp16), stream);
+    }
     if (dinp) {   // '='
         mt__epilogue epi = {gelu_inp ? MT__EPI_GELU_GRAD : MT__EPI_NONE, gelu_inp, NULL};
         mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
@@ -2306,7 +2357,8 @@ void mt_matmul_forward_gelu_gpu(float *pre, float *out, const float *inp, const 
 //   dx = (dout @ weight) * gelu'(x)   (written '='; dx is dinp, the GELU input's gradient)
 //   dweight += dout^T @ inp, dbias += column sums of dout, as mt_matmul_backward_gpu.
 // gelu_inp = x (BT, C). The wgmma rung multiplies by gelu'(x) in the dinp GEMM's epilogue; other
-// rungs: the GEMM into scratch, then the GELU backward kernel.
+// rungs: the GEMM into scratch, then the GELU backward kernel. inp may be NULL: then it is remade
+// from gelu_inp (the training MLP does not keep gelu(x): mt_mlp_forward_gpu)
 void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_gemm_impl impl,
                                  int dtype, cudaStream_t stream) {
@@ -2319,11 +2371,54 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
                                                      stream);
         return;
     }
-    float *d_gelu_out;   // dL/d gelu(x), then through the GELU
+    float *d_gelu_out, *remade = NULL;   // dL/d gelu(x), then through the GELU; gelu(x) itself if inp is NULL
     MT_CUDA_CHECK(cudaMallocAsync((void **)&d_gelu_out, (size_t)BT * C * sizeof(float), stream));
+    if (!inp) {
+        MT_CUDA_CHECK(cudaMallocAsync((void **)&remade, (size_t)BT * C * sizeof(float), stream));
+        mt_gelu_forward_gpu(remade, gelu_inp, (size_t)BT * C, stream);
+        inp = remade;
+    }
     mt_matmul_backward_gpu(d_gelu_out, dweight, dbias, dout, inp, weight, BT, C, OC, impl, dtype, stream);
     mt_gelu_backward_gpu(dinp, gelu_inp, d_gelu_out, (size_t)BT * C, stream);
     MT_CUDA_CHECK(cudaFreeAsync(d_gelu_out, stream));
+    if (remade) MT_CUDA_CHECK(cudaFreeAsync(remade, stream));
+}
+
+// the MLP's two products in a training forward (matches mt_mlp_forward_cpu, megatron.h, 3. OPS):
+//   fch (BT,F) = inp (BT,C) @ fcw^T + fcb      kept for the backward
+//   out (BT,OC) = gelu(fch) @ fcprojw^T (+ fcprojb when not NULL)
+// gelu(fch) is never stored: on the wgmma rung the fc GEMM's GELU16 epilogue writes it in 16 bits
+// into scratch, which fc-proj's GEMM reads as its A operand as is (the values its own cast would
+// have made); the backward remakes it from fch (mt_matmul_backward_gelu_gpu with inp = NULL).
+// Other rungs: gelu(fch) in fp32 scratch between the two products.
+void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_gemm_impl impl,
+                        int dtype, cudaStream_t stream) {
+    if (BT <= 0 || F <= 0 || OC <= 0) return;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+        int f16 = dtype == MT_DTYPE_FP16;
+        void *h16;
+        MT_CUDA_CHECK(cudaMallocAsync(&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
+        mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
+        if (f16) {
+            mt__gemm_wgmma_rounded<__half>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+            __half *w16 = mt__rounded_copy<__half>(fcprojw, OC, F, F, 1, stream);
+            mt__gemm_wgmma_any(out, h16, w16, 1, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
+            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+        } else {
+            mt__gemm_wgmma_rounded<__nv_bfloat16>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+            __nv_bfloat16 *w16 = mt__rounded_copy<__nv_bfloat16>(fcprojw, OC, F, F, 1, stream);
+            mt__gemm_wgmma_any(out, h16, w16, 0, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
+            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+        }
+        MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+        return;
+    }
+    float *h;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&h, (size_t)BT * F * sizeof(float), stream));
+    mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
+    mt_matmul_forward_gpu(out, h, fcprojw, fcprojb, BT, F, OC, impl, dtype, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(h, stream));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2510,6 +2605,7 @@ __global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention
 }
 
 // D[b,h,t] = sum_d dout[b,t,h*hs+d] * out[b,t,h*hs+d]; one warp per (b, t, h). Writes '='.
+// (The scalar version: any alignment. mt_attention_backward_preprocess_vec_kernel below is the fast one.)
 __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, int hs) {
     size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
@@ -2522,6 +2618,34 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
     for (int i = lane; i < hs; i += 32) s += o[i] * d[i];
     s = mt__warp_sum(s);
     if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
+}
+
+// The same with one warp per row (b, t): lane l holds float4 j = l + 32 v (v < NV) of the row's out
+// and dout, all loaded at once (a warp per (b, t, h) left a 64-float head 2 floats a lane: ~1.8
+// TB/s). A head is hs/4 consecutive float4s, and hs/4 divides 32 (hs = 16..128), so for each v
+// the lanes fall into groups of hs/4, one head each: xor-shuffles within a group add its products
+// (each lane's float4 first). C_local % 4 == 0, 16-byte aligned rows.
+template <int NV>
+__global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a, int hs) {
+    size_t bt = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32, group = hs / 4, C4 = a.C_local / 4;
+    if (bt >= (size_t)a.B * a.T) return;
+    int t = (int)(bt % a.T), b = (int)(bt / a.T);
+    const float4 *o4 = (const float4 *)(a.out + bt * a.C_local), *d4 = (const float4 *)(a.dout + bt * a.C_local);
+    float4 o[NV], d[NV];
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        o[v] = j < C4 ? o4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        d[v] = j < C4 ? d4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        float s = (o[v].x * d[v].x + o[v].y * d[v].y) + (o[v].z * d[v].z + o[v].w * d[v].w);
+        for (int off = group / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (j < C4 && j % group == 0) a.dsum[((size_t)b * a.NH_local + j / group) * a.T + t] = s;
+    }
 }
 
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Writes them with '='.
@@ -3138,9 +3262,18 @@ static void mt__attention_forward_launch(const mt__attention_args &a, int dtype,
 template <int HS>
 static void mt__attention_backward_launch(const mt__attention_args &a, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
-    size_t rows = (size_t)a.B * a.T * a.NH_local;
-    mt_attention_backward_preprocess_kernel<<<mt__blocks(rows * 32, 256), 256, 0, stream>>>(a, HS);
-    mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
+    size_t rows = (size_t)a.B * a.T * a.NH_local, bt = (size_t)a.B * a.T;
+    int vec = a.C_local % 4 == 0 && mt__aligned16(a.out) && mt__aligned16(a.dout);
+    if (vec && a.C_local <= 32 * 4 * 8) {
+        mt_attention_backward_preprocess_vec_kernel<8><<<mt__blocks(bt * 32, 256), 256, 0, stream>>>(a, HS);
+        mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
+    } else if (vec && a.C_local <= 32 * 4 * 16) {
+        mt_attention_backward_preprocess_vec_kernel<16><<<mt__blocks(bt * 32, 256), 256, 0, stream>>>(a, HS);
+        mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
+    } else {
+        mt_attention_backward_preprocess_kernel<<<mt__blocks(rows * 32, 256), 256, 0, stream>>>(a, HS);
+        mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
+    }
     size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
     if (dtype == MT_DTYPE_FP16) {
         mt__attention_backward_mma_launch<HS, 1>(a, smem_kv, smem_q, stream);
@@ -3245,6 +3378,34 @@ void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t st
     if (N4 * 4 == N) return;
     mt_gelu_forward_kernel<<<mt__blocks(N - N4 * 4, 256), 256, 0, stream>>>(out + N4 * 4, inp + N4 * 4, N - N4 * 4);
     mt__launch_check("mt_gelu_forward_kernel", stream);
+}
+// gelu(x) rounded to 16 bits (F16 = 0: bf16, 1: fp16), written as such: out[i] = round(gelu(inp[i])),
+// the value the fc GEMM's GELU16 epilogue stored in the forward (the same mt__gelu of the same
+// fp32 input, the same rounding): the training backward remakes the fc-proj input this way from
+// the saved fc output instead of keeping gelu's output from the forward (mt_matmul_backward_gelu_gpu).
+// 8 elements a thread (two float4 in, one 16-byte store) over the aligned bulk, one a thread after.
+template <int F16>
+__global__ void mt_gelu_rounded_kernel(unsigned short *__restrict__ out, const float *__restrict__ inp, size_t n,
+                                       size_t n8) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n8) {
+        float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
+        uint4 o = make_uint4(mt__pack16x2<F16>(mt__gelu(a.x), mt__gelu(a.y)), mt__pack16x2<F16>(mt__gelu(a.z), mt__gelu(a.w)),
+                             mt__pack16x2<F16>(mt__gelu(b.x), mt__gelu(b.y)), mt__pack16x2<F16>(mt__gelu(b.z), mt__gelu(b.w)));
+        ((uint4 *)out)[i] = o;
+        return;
+    }
+    size_t e = 8 * n8 + (i - n8);   // the tail, one element a thread
+    if (e >= n) return;
+    uint32_t two = mt__pack16x2<F16>(mt__gelu(inp[e]), 0.0f);
+    out[e] = (unsigned short)(two & 0xffffu);
+}
+static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream) {
+    if (n == 0) return;
+    size_t n8 = mt__aligned16(out) && mt__aligned16(inp) ? n / 8 : 0, threads = n8 + (n - 8 * n8);
+    if (f16) mt_gelu_rounded_kernel<1><<<mt__blocks(threads, 256), 256, 0, stream>>>((unsigned short *)out, inp, n, n8);
+    else mt_gelu_rounded_kernel<0><<<mt__blocks(threads, 256), 256, 0, stream>>>((unsigned short *)out, inp, n, n8);
+    mt__launch_check("mt_gelu_rounded_kernel", stream);
 }
 // matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Writes dinp with '='.
 // in the forward pass this was: y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3)
@@ -3937,10 +4098,19 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+    double t0 = mt__profile_begin(r);
+    mt_mlp_forward_gpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                       r->dev.dtype, mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "mlp forward %dx%dx%d", C, F, OC);
+    mt__profile_end(r, label, t0);
+}
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *weight, const float *gelu_inp, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_gelu_gpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC,
+    mt_matmul_backward_gelu_gpu(dinp, dweight, dbias, dout, NULL, weight, gelu_inp, BT, C, OC,
                                 (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu backward", C, OC);

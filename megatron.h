@@ -667,6 +667,8 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
                                 int C, int OC, mt_dtype dt);
 void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_dtype dt);
+void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt);
 void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
                                       int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
                                       mt_dtype dt);
@@ -701,6 +703,7 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
                                       mt_dtype dtype);
 size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
+size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
@@ -746,8 +749,14 @@ void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, c
                         const float *weight, int BT, int C, int OC);
 void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
                             int BT, int C, int OC);
-void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+/* the MLP's fc-proj backward through the GELU: dinp = (dout @ weight) * gelu'(gelu_inp) ('='), dweight +=
+   dout^T gelu(gelu_inp), dbias += column sums of dout; gelu(gelu_inp) is remade, not read */
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *weight, const float *gelu_inp, int BT, int C, int OC);
+/* the MLP's two products in a training forward: fch = inp @ fcw^T + fcb (BT,F), kept; out = gelu(fch)
+   @ fcprojw^T (+ fcprojb unless NULL) (BT,OC); gelu(fch) lives only inside the op */
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC);
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
@@ -881,8 +890,11 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
                                             const float *bias, int BT, int K, int OC_tp);
 void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                          const float *inp, const float *weight, const float *gelu_inp, int BT,
-                                          int K_tp, int OC);
+                                          const float *weight, const float *gelu_inp, int BT, int K_tp, int OC);
+/* a training forward's whole MLP: fch = X A_r + a_r (column-parallel, kept for the backward),
+   out = gelu(fch) B_r summed over TP (+ b), as the two calls above with gelu(fch) never stored */
+void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, const float *fcw, const float *fcb,
+                             const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp);
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe);
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens);
 void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
@@ -973,8 +985,8 @@ typedef struct {
     float *ln2;       // (kept layers, B,T,C)
     float *ln2_mean;  // (kept layers, B,T)
     float *ln2_rstd;  // (kept layers, B,T)
-    float *fch;       // (kept layers, B,T,F_tp)
-    float *fch_gelu;  // (kept layers, B,T,F_tp)
+    float *fch;       // (kept layers, B,T,F_tp)   the MLP's fc output (its GELU's output is never kept:
+                      //               the backward remakes it, mt_matmul_backward_gelu)
     float *residual3; // (kept layers, B,T,C)   the layer's output; kept at every recompute group's end
     float *lnf;       // (B,T,C)       last stage
     float *lnf_mean;  // (B,T)
@@ -989,13 +1001,12 @@ typedef struct {
 /* the per-layer tensor kinds of mt_activations, in carve order */
 typedef enum {
     MT_LT_LN1, MT_LT_LN1_MEAN, MT_LT_LN1_RSTD, MT_LT_QKV, MT_LT_ATTY, MT_LT_LSE, MT_LT_RESIDUAL2,
-    MT_LT_LN2, MT_LT_LN2_MEAN, MT_LT_LN2_RSTD, MT_LT_FCH, MT_LT_FCH_GELU, MT_LT_RESIDUAL3, MT_LT_COUNT
+    MT_LT_LN2, MT_LT_LN2_MEAN, MT_LT_LN2_RSTD, MT_LT_FCH, MT_LT_RESIDUAL3, MT_LT_COUNT
 } mt_layer_tensor;
 
 /* one layer's saved activations, wherever they live (a slot's stack or the recompute scratch) */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
-        *residual3;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *residual3;
 } mt_layer_acts;
 
 typedef struct {
@@ -6813,6 +6824,18 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
     mt_gelu_forward_cpu(out, pre, (size_t)BT * OC);
 }
 
+// the MLP's two products of a training forward: fch = round(inp) @ round(fcw)^T + fcb, then
+// out = round(gelu(fch)) @ round(fcprojw)^T (+ fcprojb): mt_matmul_forward_gelu_cpu, then the
+// second matmul, gelu(fch) in a temporary (the GPU writes it rounded, in 16 bits, from the first
+// GEMM's epilogue straight into the second's operand: the same values)
+void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt) {
+    float *h = (float *)mt_malloc((size_t)BT * F * sizeof(float) + 1, "gelu(fch)");
+    mt_matmul_forward_gelu_cpu(fch, h, inp, fcw, fcb, BT, C, F, dt);
+    mt_matmul_forward_rounded_cpu(out, h, fcprojw, fcprojb, BT, F, OC, dt);
+    free(h);
+}
+
 // the fc-proj layer's backward through the GELU in front of it: inp = gelu(x), x = gelu_inp (BT,C);
 // dinp = dL/dx = (dout @ weight) * gelu'(x), the matmul's input gradient taken through the GELU in place
 void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -7027,10 +7050,25 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
 }
 // mt_matmul_backward_gelu_gpu: the wgmma rung as mt_matmul_backward_gpu (the GELU in the epilogue);
 // the other rungs first take dL/d gelu(x) (BT,C) as fp32 scratch, then the matmul's own
+// (gelu's output is remade from its input: on the wgmma rung straight into the rounded copy the
+// plain backward would make; on the others as fp32 scratch next to dL/d gelu(x))
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype) {
     size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) return own;
-    return (size_t)BT * C * sizeof(float) + own;
+    return 2 * (size_t)BT * C * sizeof(float) + own;
+}
+// mt_mlp_forward_gpu: gelu(fch) (BT,F) alive through both products, 16-bit on the wgmma rung (the
+// fc GEMM's epilogue writes it; the fc-proj GEMM reads it as is: only its weight is rounded), else
+// fp32 between two plain matmul forwards
+size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype) {
+    if (BT <= 0 || F <= 0 || OC <= 0) return 0;
+    size_t fc = mt_gpu_matmul_forward_scratch(BT, C, F, impl, dtype), proj;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+        proj = mt_gpu_gemm_scratch(impl, BT, OC, F, F, F, 1, 1, dtype) - mt_gpu_rounded_copy_bytes((size_t)BT * F);
+        return mt_gpu_rounded_copy_bytes((size_t)BT * F) + (fc > proj ? fc : proj);
+    }
+    proj = mt_gpu_matmul_forward_scratch(BT, F, OC, impl, dtype);
+    return (size_t)BT * F * sizeof(float) + (fc > proj ? fc : proj);
 }
 // The LM head's gradient (BT, V_local) is the largest tensor of a GPT-2 step (824M values at
 // B = 16): rounding it into a copy for the backward's GEMMs would take a pass over 3.3 GB and
@@ -7095,8 +7133,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C, 3 * C_tp, impl, dt);             // qkv = ln1 @ qkvw^T
     op[n++] = mt_gpu_attention_forward_scratch(B, T, C_tp, NH_tp, dt);
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
-    op[n++] = mt_gpu_matmul_forward_scratch(BT, C, F_tp, impl, dt);                 // fc (and its GELU)
-    op[n++] = mt_gpu_matmul_forward_scratch(BT, F_tp, C, impl, dt);                 // fc projection
+    op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt);                 // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt);          // fc
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
@@ -7188,11 +7225,20 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     mt_matmul_forward_gelu_cpu(pre, out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_mlp_forward_scratch(BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
+    mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, r->dev.dtype);
+}
+
+void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *weight, const float *gelu_inp, int BT, int C, int OC) {
     mt__count_gpu_scratch(r, mt_gpu_matmul_backward_gelu_scratch(BT, C, OC, dbias != NULL, (mt_gemm_impl)r->dev.gemm_impl,
                                                                  r->dev.dtype));
+    float *inp = (float *)mt_malloc((size_t)BT * C * sizeof(float) + 1, "gelu(gelu_inp)");   // remade, as the GPU
+    mt_gelu_forward_cpu(inp, gelu_inp, (size_t)BT * C);
     mt_matmul_backward_gelu_cpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, r->dev.dtype);
+    free(inp);
 }
 
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
@@ -7554,21 +7600,33 @@ void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const
 // inp (BT, K_tp) this rank's slice, out (BT, OC) whole on every rank after the reduce.
 // --sequence-parallel: out is my shard (B, T_sp, OC): the partial sums go to the scratch and are
 // reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
-void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
-                                    const float *bias, int BT, int K_tp, int OC) {
+// (mlp: NULL, or the MLP's fc layer in front, whose gelu(fc(x)) is X_r: mt_parallel_mlp_forward)
+typedef struct { float *fch; const float *x, *fcw, *fcb; int K; } mt__mlp_front;
+// the local product X_r W_r (+ b when bias is not NULL) into y
+static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, const float *weight, const float *bias,
+                                     int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
+    if (mlp) mt_mlp_forward(r, mlp->fch, y, mlp->x, mlp->fcw, mlp->fcb, weight, bias, BT, mlp->K, K_tp, OC);
+    else mt_matmul_forward(r, y, inp, weight, bias, BT, K_tp, OC);
+}
+static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias,
+                                     int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
     if (mt__sequence_parallel(r)) {
-        mt_matmul_forward(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
+        mt__row_parallel_product(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC, mlp);   // X_r W_r
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
         mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
         return;
     }
     if (r->groups.tp.size == 1) {   // no sum to wait for: the bias in the GEMM's epilogue, one pass less
-        mt_matmul_forward(r, out, inp, weight, bias, BT, K_tp, OC);   // (x.w) + b: the same rounding
+        mt__row_parallel_product(r, out, inp, weight, bias, BT, K_tp, OC, mlp);   // (x.w) + b: the same rounding
         return;
     }
-    mt_matmul_forward(r, out, inp, weight, NULL, BT, K_tp, OC);   // partial sum X_r W_r
+    mt__row_parallel_product(r, out, inp, weight, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r
     mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
     mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
+}
+void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                    const float *bias, int BT, int K_tp, int OC) {
+    mt__row_parallel_forward(r, out, inp, weight, bias, BT, K_tp, OC, NULL);
 }
 
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
@@ -7601,16 +7659,30 @@ void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, 
     }
     mt_matmul_forward_gelu(r, pre, out, inp, weight, bias, BT, K, OC_tp);
 }
-// backward of fc-proj (row-parallel, inp = gelu(gelu_inp), my K_tp columns) on through the GELU:
-// dinp = (dY W_r^T) * gelu'(gelu_inp), all local as in mt_row_parallel_linear_backward; '='
+// a training forward's MLP, fc and fc-proj in one op (mt_mlp_forward, section 3), so that gelu(fch),
+// (BT, F_tp) and only ever fc-proj's input, is never stored (the GPU hands it from one GEMM's
+// epilogue to the next GEMM in 16 bits): the column-parallel fc's input gathered as there, the
+// row-parallel fc-proj's sum and bias as there. out (B, T_sp, K) as mt_row_parallel_linear_forward's.
+void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, const float *fcw, const float *fcb,
+                             const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
+    if (mt__sequence_parallel(r)) {
+        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
+        inp = r->scratch.sp_full;   // (the row-parallel half's partial sums go to sp_partial)
+    }
+    mt__mlp_front mlp = {fch, inp, fcw, fcb, K};
+    mt__row_parallel_forward(r, out, NULL, fcprojw, fcprojb, BT, F_tp, K, &mlp);
+}
+
+// backward of fc-proj (row-parallel, its input gelu(gelu_inp), my K_tp columns) on through the GELU:
+// dinp = (dY W_r^T) * gelu'(gelu_inp), all local as in mt_row_parallel_linear_backward; '='.
+// gelu(gelu_inp) is remade inside the op (the training forward does not keep it: mt_parallel_mlp_forward)
 void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                          const float *inp, const float *weight, const float *gelu_inp, int BT,
-                                          int K_tp, int OC) {
+                                          const float *weight, const float *gelu_inp, int BT, int K_tp, int OC) {
     if (mt__sequence_parallel(r)) {
         mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
         dout = r->scratch.sp_full;
     }
-    mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, K_tp, OC);
+    mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, weight, gelu_inp, BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7837,7 +7909,7 @@ static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
     case MT_LT_QKV: return BT * 3 * (size_t)r->dims.C_tp;
     case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
-    case MT_LT_FCH: case MT_LT_FCH_GELU: return BT * (size_t)r->dims.F_tp;
+    case MT_LT_FCH: return BT * (size_t)r->dims.F_tp;
     case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT_sp;
     default: return BT_sp * C;   // ln1, residual2, ln2, residual3
     }
@@ -7877,12 +7949,11 @@ static void mt__plan_recompute(mt_rank *r, int *where, size_t kept[MT_LT_COUNT],
 static void mt__layer_acts(const mt_rank *r, const mt_activations *a, int l, mt_layer_acts *la) {
     const mt_activations *s = &r->acts.recompute;
     float *const kept_base[MT_LT_COUNT] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->lse, a->residual2,
-                                           a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->residual3};
+                                           a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->residual3};
     float *const scratch_base[MT_LT_COUNT] = {s->ln1, s->ln1_mean, s->ln1_rstd, s->qkv, s->atty, s->lse, s->residual2,
-                                              s->ln2, s->ln2_mean, s->ln2_rstd, s->fch, s->fch_gelu, s->residual3};
+                                              s->ln2, s->ln2_mean, s->ln2_rstd, s->fch, s->residual3};
     float **out[MT_LT_COUNT] = {&la->ln1, &la->ln1_mean, &la->ln1_rstd, &la->qkv, &la->atty, &la->lse,
-                                &la->residual2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->fch_gelu,
-                                &la->residual3};
+                                &la->residual2, &la->ln2, &la->ln2_mean, &la->ln2_rstd, &la->fch, &la->residual3};
     for (int k = 0; k < MT_LT_COUNT; k++) {
         int w = r->acts.where[l * MT_LT_COUNT + k];
         size_t n = mt__layer_tensor_floats(r, k);
@@ -7906,7 +7977,7 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
         {&a->qkv, n[MT_LT_QKV]}, {&a->atty, n[MT_LT_ATTY]}, {&a->lse, n[MT_LT_LSE]},
         {&a->residual2, n[MT_LT_RESIDUAL2]},
         {&a->ln2, n[MT_LT_LN2]}, {&a->ln2_mean, n[MT_LT_LN2_MEAN]}, {&a->ln2_rstd, n[MT_LT_LN2_RSTD]},
-        {&a->fch, n[MT_LT_FCH]}, {&a->fch_gelu, n[MT_LT_FCH_GELU]},
+        {&a->fch, n[MT_LT_FCH]},
         {&a->residual3, n[MT_LT_RESIDUAL3]},
         {&a->lnf, last ? BT_sp * C : 0}, {&a->lnf_mean, last ? BT_sp : 0}, {&a->lnf_rstd, last ? BT_sp : 0},
         {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
@@ -8079,7 +8150,7 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     float *l_ln1 = la.ln1, *l_ln1_mean = la.ln1_mean, *l_ln1_rstd = la.ln1_rstd;
     float *l_qkv = la.qkv, *l_atty = la.atty, *l_lse = la.lse, *l_residual2 = la.residual2;
     float *l_ln2 = la.ln2, *l_ln2_mean = la.ln2_mean, *l_ln2_rstd = la.ln2_rstd;
-    float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu, *l_residual3 = la.residual3;
+    float *l_fch = la.fch, *l_residual3 = la.residual3;
     float *out_c = r->scratch.out_c;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             r->state.training ? cfg->model.attention_dropout : 0.0f, sample_offset, T, C, 0, T};
@@ -8098,8 +8169,7 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_dropout_forward(r, out_c, &hid_drop, B);
     // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
     mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C);
-    mt_column_parallel_linear_gelu_forward(r, l_fch, l_fch_gelu, l_ln2, l_fcw, l_fcb, BT, C, F_tp);   // fc, GELU
-    mt_row_parallel_linear_forward(r, out_c, l_fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
+    mt_parallel_mlp_forward(r, out_c, l_fch, l_ln2, l_fcw, l_fcb, l_fcprojw, l_fcprojb, BT, C, F_tp);   // fc, GELU, proj
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_forward(r, out_c, &hid_drop, B);
     mt_residual_forward(r, l_residual3, l_residual2, out_c, BTC_sp);
@@ -8131,7 +8201,7 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     float *l_ln1 = la.ln1, *l_ln1_mean = la.ln1_mean, *l_ln1_rstd = la.ln1_rstd;
     float *l_qkv = la.qkv, *l_atty = la.atty, *l_lse = la.lse, *l_residual2 = la.residual2;
     float *l_ln2 = la.ln2, *l_ln2_mean = la.ln2_mean, *l_ln2_rstd = la.ln2_rstd;
-    float *l_fch = la.fch, *l_fch_gelu = la.fch_gelu;
+    float *l_fch = la.fch;
     mt_dropout attn_drop = {cfg->train.seed, (uint64_t)r->state.iteration, (uint64_t)(gl + 1) * 8 + 1,
                             cfg->model.attention_dropout, sample_offset, T, C, 0, T};
     mt_dropout hid_drop = attn_drop;
@@ -8146,8 +8216,7 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     // fc-proj's backward on through the GELU: dfch = dL/d fch
-    mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fch_gelu, l_fcprojw, l_fch, BT,
-                                         F_tp, C);
+    mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fcprojw, l_fch, BT, F_tp, C);
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
                           T_sp, C);

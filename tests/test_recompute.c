@@ -92,7 +92,7 @@ static size_t layer_floats(int kind) {
     case MT_LT_QKV: return BT * 3 * C;
     case MT_LT_ATTY: return BT * C;
     case MT_LT_LSE: return B * NH * T;
-    case MT_LT_FCH: case MT_LT_FCH_GELU: return BT * F;
+    case MT_LT_FCH: return BT * F;
     case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT;
     default: return BT * C;
     }

@@ -526,6 +526,42 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             got = dev_download(d_dw, nw); check_added(label, got, dw_r, dw0, nw, 1e-4); free(got);
             snprintf(label, sizeof label, "matmul + gelu %s %s backward: dbias BT=%d", rung, type, BT);
             got = dev_download(d_db, C); check_added(label, got, db_r, db0, C, 1e-4); free(got);
+            // the training MLP (mt_mlp_forward_gpu, and the backward with inp = NULL): gelu's output is
+            // never kept in fp32, but handed over in 16 bits (the forward's GELU16 epilogue) or remade
+            // rounded (the backward). Both must give exactly what the unfused device ops give from
+            // gelu(x) in fp32 (the GEMMs round it the same way): tolerance 0. And against the CPU's
+            // op at bf16's 1e-2: an fp32 difference in gelu's input can flip gelu's rounding.
+            float *d_gx = dev_nan(nout), *gx = (float *)mt_malloc(nout * sizeof(float), "gelu(x)");
+            mt_gelu_forward_gpu(d_gx, d_x, nout, 0);
+            float *dx_u, *dw_u;   // the unfused: inp = gelu(x) from the GELU kernel
+            dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_gx, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            dx_u = dev_download(d_dx, nout); dw_u = dev_download(d_dw, nw);
+            dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            snprintf(label, sizeof label, "matmul + gelu %s %s backward, gelu(x) remade: dx BT=%d", rung, type, BT);
+            got = dev_download(d_dx, nout); check_close(label, got, dx_u, nout, 0.0); free(got);
+            snprintf(label, sizeof label, "matmul + gelu %s %s backward, gelu(x) remade: dweight BT=%d", rung, type, BT);
+            got = dev_download(d_dw, nw); check_close(label, got, dw_u, nw, 0.0); free(got);
+            free(dx_u); free(dw_u);
+            // forward: fc (w, bias), GELU, fc-proj (w2: C rows of OC, bias2) in one op
+            float *w2 = host_random(nw, -1, 1), *bias2 = host_random(C, -1, 1);
+            float *d_w2 = dev_upload(w2, nw), *d_bias2 = dev_upload(bias2, C), *d_y = dev_nan(nin), *d_y_u = dev_nan(nin);
+            mt_matmul_forward_gelu_gpu(d_pre, d_out, d_inp, d_w, NULL, d_bias, BT, C, OC, impls[k], dt, 0);
+            mt_matmul_forward_gpu(d_y_u, d_out, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
+            float *pre_u = dev_download(d_pre, nout), *y_u = dev_download(d_y_u, nin);
+            dev_poison(d_pre, nout);
+            mt_mlp_forward_gpu(d_pre, d_y, d_inp, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
+            snprintf(label, sizeof label, "mlp %s %s forward: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
+            got = dev_download(d_pre, nout); check_close(label, got, pre_u, nout, 0.0); free(got);
+            snprintf(label, sizeof label, "mlp %s %s forward: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
+            got = dev_download(d_y, nin); check_close(label, got, y_u, nin, 0.0);
+            float *fch_r = (float *)mt_malloc(nout * sizeof(float), "ref"), *y_r = (float *)mt_malloc(nin * sizeof(float), "ref");
+            mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt);
+            snprintf(label, sizeof label, "mlp %s %s forward: out against the CPU BT=%d C=%d F=%d", rung, type, BT, C, OC);
+            check_close(label, got, y_r, nin, 1e-2); free(got);
+            free(gx); free(pre_u); free(y_u); free(w2); free(bias2); free(fch_r); free(y_r);
+            dev_free(d_gx); dev_free(d_w2); dev_free(d_bias2); dev_free(d_y); dev_free(d_y_u);
             free(pre_r); free(out_r); free(dx_r); free(dw_r); free(db_r);
         }
     }
