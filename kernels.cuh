@@ -9,10 +9,11 @@
  *                                            all pointers DEVICE pointers; checks its launches
  *
  * THE RULE is the CPU's: every backward ADDS (+=) into its d-buffers and the caller zeroes them;
- * a kernel that writes with '=' says so. Storage is fp32 everywhere (parameters, gradients,
- * activations), but for one tensor: the LM head's gradient, which the cross-entropy writes already
- * rounded to 16 bits where the wgmma rung reads it so (mt_logits_grad_dtype, megatron.h section 3;
- * mt_cross_entropy_finish16_kernel). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
+ * a kernel that writes with '=' says so. Storage is fp32 (parameters, gradients, activations),
+ * but for the tensors that only ever enter the tensor cores, born in 16 bits with --bf16/--fp16:
+ * a layer's q, k, v (mt_qkv_forward16_gpu, megatron.h's mt_qkv_storage_dtype), the MLP's GELU
+ * output (never stored: mt_mlp_forward_gpu) and the LM head's gradient (packed in place of the
+ * logits: mt_cross_entropy_finish16_kernel, mt_logits_grad_dtype). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
  * attention tensor-core paths round their fp32 operands to bf16 or fp16 as they load them (a
  * template parameter F16 picks the instruction's form) and accumulate in fp32. The CPU build
  * emulates the same roundings (megatron.h, 3. OPS, "reduced precision").
@@ -1380,11 +1381,13 @@ typedef struct {
 // less each). C = v (plain); C = v, C2 = gelu(v) (GELU); C = v * gelu'(aux) (GELU_GRAD); and
 // C = v, C2 = gelu(v) rounded to the GEMM's 16-bit operand type (GELU16: the training MLP, whose
 // GELU output only ever enters the next GEMM, mt_mlp_forward_gpu: half the bytes, no cast pass)
-enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3 };
+// STORE16: C itself in 16 bits, at c2 (the attention's q, k, v as it reads them: mt_qkv_forward_gpu)
+enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4 };
 typedef struct {
     int op;             // MT__EPI_*
     const float *aux;   // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc
-    void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits
+    void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits;
+                        // MT__EPI_STORE16: C in 16 bits (then c is not written)
 } mt__epilogue;
 
 // ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
@@ -1588,8 +1591,13 @@ template <int EPI>
 __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, int j, float v) {
     if (i >= g.M || j >= g.N) return;
     size_t at = (size_t)i * g.ldc + j;
-    float *c = g.c + at;
     if (g.bias) v += g.bias[j];
+    if (EPI == MT__EPI_STORE16) {   // (never with accumulate)
+        if (g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(v);
+        else ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(v);
+        return;
+    }
+    float *c = g.c + at;
     if (EPI == MT__EPI_GELU) ((float *)g.c2)[at] = mt__gelu(v);
     if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
@@ -1731,6 +1739,12 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                         v0 = make_float2(old0[n].x + v0.x, old0[n].y + v0.y);
                         v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
                     }
+                    if (EPI == MT__EPI_STORE16) {   // C in 16 bits, two in one 4-byte store
+                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(v0.x, v0.y);
+                        if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(v1.x, v1.y);
+                        continue;
+                    }
                     if (in0) *(float2 *)(c0 + j) = v0;
                     if (in1) *(float2 *)(c1 + j) = v1;
                     if (EPI == MT__EPI_GELU) {   // C2 = gelu(v)
@@ -1804,6 +1818,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
         int ie = i + 8 * (e / 2), je = j + e % 2;
         if (g.epilogue == MT__EPI_GELU) mt__wgmma_store1<MT__EPI_GELU>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU16) mt__wgmma_store1<MT__EPI_GELU16>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_STORE16) mt__wgmma_store1<MT__EPI_STORE16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD) mt__wgmma_store1<MT__EPI_GELU_GRAD>(g, ie, je, v[e]);
         else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
     }
@@ -1884,10 +1899,11 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
-    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16) {
-        if (!a_k_inner || !b_k_inner) mt_fatal("internal: the GELU epilogue is built for the forward's layout only");
+    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16) {
+        if (!a_k_inner || !b_k_inner) mt_fatal("internal: the forward's epilogues are built for its layout only");
         if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
-        else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
+        else if (g.epilogue == MT__EPI_GELU16) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
+        else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
     } else if (g.epilogue == MT__EPI_GELU_GRAD) {
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
         mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
@@ -1921,7 +1937,8 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
         g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
         const void *other = epi->op == MT__EPI_GELU_GRAD ? (const void *)epi->aux : (const void *)epi->c2;
-        if ((uintptr_t)other % (epi->op == MT__EPI_GELU16 ? 4 : 8) != 0) g.store2_ok = 0;
+        int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16;
+        if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
     }
     mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
     mt_wgmma_plan_make(&plan, M, N, K, want_splits);
@@ -2419,6 +2436,31 @@ void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *f
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
     mt_matmul_forward_gpu(out, h, fcprojw, fcprojb, BT, F, OC, impl, dtype, stream);
     MT_CUDA_CHECK(cudaFreeAsync(h, stream));
+}
+
+// the attention's q, k, v projection in a training forward: qkv (BT, OC) = inp (BT, C) @ weight^T
+// + bias, stored as the tensor-core attention reads it, in dtype's 16 bits (BF16 or FP16; qkv16
+// 16-byte aligned): the attention kernels take it as is (mt_attention_forward16_gpu and the
+// backward's twin), instead of rounding an fp32 qkv into a copy in the forward and again in the
+// backward. The same values: the wgmma GEMM's STORE16 epilogue rounds what it would have stored
+// in fp32 (round(sum + bias)); other rungs: fp32 scratch, then the cast.
+void mt_qkv_forward16_gpu(void *qkv16, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
+                          mt_gemm_impl impl, int dtype, cudaStream_t stream) {
+    if (BT <= 0 || OC <= 0) return;
+    if (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) mt_fatal("internal: a 16-bit qkv in dtype %d", dtype);
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+        mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
+        if (dtype == MT_DTYPE_FP16)
+            mt__gemm_wgmma_rounded<__half>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+        else mt__gemm_wgmma_rounded<__nv_bfloat16>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+        return;
+    }
+    float *y;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&y, (size_t)BT * OC * sizeof(float), stream));
+    mt_matmul_forward_gpu(y, inp, weight, bias, BT, C, OC, impl, dtype, stream);
+    if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)qkv16, y, (size_t)BT * OC, stream);
+    else mt__cast_to((__nv_bfloat16 *)qkv16, y, (size_t)BT * OC, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(y, stream));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3297,18 +3339,22 @@ static __nv_bfloat16 *mt__attention_operand(const float *x, size_t n, int dtype,
 }
 // writes out (B,T,C_local) and lse (B,NH_local,T) with '='. dtype (an mt_dtype): 0 = fp32, 1 = bf16
 // tensor cores, 2 = fp16 tensor cores (1 and 2 as mt_attention_forward_rounded_cpu rounds).
-void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
-                              const mt_dropout *drop, int head_offset, int NH_global, int dtype, cudaStream_t stream) {
+// qkv16_in: NULL, or qkv already in dtype's 16 bits (16-byte aligned; then qkv is not read: the
+// training stores it so, mt_qkv_forward_gpu); else the launcher rounds qkv into a copy.
+static void mt__attention_forward_gpu(float *out, float *lse, const float *qkv, const void *qkv16_in, int B, int T,
+                                      int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                                      int NH_global, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;   // the tensor-core kernels' 16-byte alignment, for bf16 and fp16
     mt__attention_check("attention forward", C_local, NH_local);
     if (B == 0 || T == 0) return;
+    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in))) mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
-    a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
+    a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.out = mt__staged(out, n_out, bf16, 0, stream);
     a.lse = lse;
-    __nv_bfloat16 *qkv16 = bf16 ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
-    a.qkv16 = qkv16;
+    __nv_bfloat16 *qkv16 = bf16 && !qkv16_in ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
+    a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
     switch (C_local / NH_local) {
     case 16: mt__attention_forward_launch<16>(a, dtype, stream); break;
     case 32: mt__attention_forward_launch<32>(a, dtype, stream); break;
@@ -3316,27 +3362,40 @@ void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, i
     case 128: mt__attention_forward_launch<128>(a, dtype, stream); break;
     }
     if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
-    mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
+    if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage(out, a.out, n_out, 1, stream);
 }
+void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
+                              const mt_dropout *drop, int head_offset, int NH_global, int dtype, cudaStream_t stream) {
+    mt__attention_forward_gpu(out, lse, qkv, NULL, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype, stream);
+}
+// the same from qkv16, qkv stored in dtype's 16 bits (MT_DTYPE_BF16 or FP16), 16-byte aligned
+void mt_attention_forward16_gpu(float *out, float *lse, const void *qkv16, int B, int T, int C_local, int NH_local,
+                                const mt_dropout *drop, int head_offset, int NH_global, int dtype, cudaStream_t stream) {
+    mt__attention_forward_gpu(out, lse, NULL, qkv16, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype,
+                              stream);
+}
 // writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
-void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
-                               int NH_global, int dtype, cudaStream_t stream) {
+// qkv16_in as mt__attention_forward_gpu's.
+static void mt__attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const void *qkv16_in,
+                                       const float *out, const float *lse, int B, int T, int C_local, int NH_local,
+                                       const mt_dropout *drop, int head_offset, int NH_global, int dtype,
+                                       cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
     mt__attention_check("attention backward", C_local, NH_local);
     if (B == 0 || T == 0) return;
+    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in))) mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
-    a.qkv = mt__staged(qkv, n_qkv, bf16, 1, stream);
+    a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.dout = mt__staged(dout, n_out, bf16, 1, stream);
     a.dqkv = mt__staged(dqkv, n_qkv, bf16, 0, stream);
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
-    __nv_bfloat16 *qkv16 = bf16 ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
+    __nv_bfloat16 *qkv16 = bf16 && !qkv16_in ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
     __nv_bfloat16 *dout16 = bf16 ? mt__attention_operand(dout, n_out, dtype, stream) : NULL;
-    a.qkv16 = qkv16;
+    a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
     a.dout16 = dout16;
     switch (C_local / NH_local) {
     case 16: mt__attention_backward_launch<16>(a, dtype, stream); break;
@@ -3347,9 +3406,21 @@ void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv,
     if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
     if (dout16) MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
     MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
-    mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
+    if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
     mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
+}
+void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                               int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                               int NH_global, int dtype, cudaStream_t stream) {
+    mt__attention_backward_gpu(dqkv, dout, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                               dtype, stream);
+}
+void mt_attention_backward16_gpu(float *dqkv, const float *dout, const void *qkv16, const float *out, const float *lse,
+                                 int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                                 int NH_global, int dtype, cudaStream_t stream) {
+    mt__attention_backward_gpu(dqkv, dout, NULL, qkv16, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                               dtype, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4131,19 +4202,40 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
     mt_dropout_backward_gpu(dx, d, B, mt__stream(r));
     mt__profile_end(r, "dropout backward", t0);
 }
+// the GPU keeps a training layer's qkv in the attention's operand type (16 bits) unless in fp32
+mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { return cfg->compute_dtype; }
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
+                    int OC) {
+    if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
+        mt_matmul_forward(r, qkv, inp, weight, bias, BT, C, OC);
+        return;
+    }
+    double t0 = mt__profile_begin(r);
+    mt_qkv_forward16_gpu(qkv, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
+                         mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "qkv forward %dx%d", C, OC);
+    mt__profile_end(r, label, t0);
+}
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
-    mt_attention_forward_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.dtype,
-                             mt__stream(r));
+    if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)   // qkv as mt_qkv_forward stored it
+        mt_attention_forward16_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.dtype,
+                                   mt__stream(r));
+    else mt_attention_forward_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.dtype,
+                                  mt__stream(r));
     mt__profile_end(r, "attention forward", t0);
 }
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                            int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
-    mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
-                              r->dev.dtype, mt__stream(r));
+    if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)
+        mt_attention_backward16_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                                    r->dev.dtype, mt__stream(r));
+    else mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                                   r->dev.dtype, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
 }
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,

@@ -706,6 +706,7 @@ size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias,
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
+size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
 /* the LM head's gradient (mt_lm_head_backward): 16 bits (bf16 / fp16), packed in place by the
@@ -760,6 +761,13 @@ void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const 
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
+/* a training layer's qkv (B,T,3*C_local), from its projection to the attention's backward, is kept
+   in mt_qkv_storage_dtype: fp32 on the CPU; on the GPU the attention's 16-bit operand type (bf16,
+   fp16) unless --fp32, in half the floats, which only mt_qkv_forward writes and mt_attention_*
+   read. mt_qkv_forward: qkv = inp @ weight^T + bias (as mt_matmul_forward) so stored. */
+mt_dtype mt_qkv_storage_dtype(const mt_config *cfg);
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
+                    int OC);
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -877,6 +885,9 @@ void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp,
                                        const float *bias, int BT, int K, int OC_tp);
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int BT, int K, int OC_tp);
+/* the attention's q, k, v projection: the forward above, qkv stored as the attention reads it (mt_qkv_forward) */
+void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias,
+                                    int BT, int K, int OC_tp);
 /* the LM head's (column-parallel over the vocabulary, no bias), from the logits gradient as
    mt_vocab_parallel_cross_entropy_forward left it (mt_lm_head_backward, section 3) */
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
@@ -978,7 +989,7 @@ typedef struct {
     float *ln1;       // (kept layers, B,T,C)
     float *ln1_mean;  // (kept layers, B,T)
     float *ln1_rstd;  // (kept layers, B,T)
-    float *qkv;       // (kept layers, B,T,3*C_tp)
+    float *qkv;       // (kept layers, B,T,3*C_tp) in mt_qkv_storage_dtype (the GPU: 16 bits, --fp32 aside)
     float *atty;      // (kept layers, B,T,C_tp)
     float *lse;       // (kept layers, B,NH_tp,T) logsumexp of each attention score row
     float *residual2; // (kept layers, B,T,C)
@@ -7087,18 +7098,26 @@ size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl 
     return all - mt_gpu_rounded_copy_bytes((size_t)BT * V_local);
 }
 // mt_attention_forward_gpu: the tensor-core kernels read qkv (B,T,3*C_local) rounded
+// (in training, the GPU keeps qkv in the tensor cores' 16 bits already, mt_qkv_storage_dtype:
+// nothing to round; in fp32 the kernels read fp32)
 size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
-    (void)NH_local;
-    if (B == 0 || T == 0 || dtype == MT_DTYPE_FP32) return 0;
-    return mt_gpu_rounded_copy_bytes((size_t)B * T * 3 * C_local);
+    (void)B; (void)T; (void)C_local; (void)NH_local; (void)dtype;
+    return 0;
 }
-// mt_attention_backward_gpu: D (B,NH_local,T), and the rounded qkv and dout (B,T,C_local)
+// mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
     if (B == 0 || T == 0) return 0;
     size_t dsum = (size_t)B * NH_local * T * sizeof(float);
     if (dtype == MT_DTYPE_FP32) return dsum;
-    return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * 3 * C_local) +
-           mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
+    return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
+}
+// mt_qkv_forward16_gpu: the plain forward GEMM (its epilogue stores 16 bits) on the wgmma rung;
+// on the others an fp32 result, then its cast (fp32 storage: the plain matmul forward)
+size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype) {
+    size_t plain = mt_gpu_matmul_forward_scratch(BT, C, OC, impl, dtype);
+    if (dtype == MT_DTYPE_FP32 || BT <= 0 || OC <= 0) return plain;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) return plain;
+    return (size_t)BT * OC * sizeof(float) + plain;
 }
 // mt_layernorm_backward_gpu over N rows of C: two (blocks, C) partial sums
 size_t mt_gpu_layernorm_backward_scratch(int N, int C) {
@@ -7130,7 +7149,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     int B = d->B, T = d->T, BT = B * T, C = d->C, C_tp = d->C_tp, F_tp = d->F_tp, NH_tp = d->NH_tp;
     size_t op[16];
     int n = 0;
-    op[n++] = mt_gpu_matmul_forward_scratch(BT, C, 3 * C_tp, impl, dt);             // qkv = ln1 @ qkvw^T
+    op[n++] = mt_gpu_qkv_forward_scratch(BT, C, 3 * C_tp, impl, dt);                // qkv = ln1 @ qkvw^T
     op[n++] = mt_gpu_attention_forward_scratch(B, T, C_tp, NH_tp, dt);
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
     op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt);                 // fc, GELU, fc projection
@@ -7251,6 +7270,14 @@ void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B) {
 
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
     (void)r; mt_dropout_backward_cpu(dx, d, B);
+}
+
+// the CPU keeps qkv in fp32 (its emulation rounds it where the GPU's kernels read it)
+mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { (void)cfg; return MT_DTYPE_FP32; }
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
+                    int OC) {
+    mt__count_gpu_scratch(r, mt_gpu_qkv_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
+    mt_matmul_forward_rounded_cpu(qkv, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
@@ -7556,13 +7583,23 @@ static int mt__sequence_parallel(const mt_rank *r) {
 // inp (BT, K) whole on every rank, out (BT, OC_tp) this rank's columns.
 // --sequence-parallel: inp is my shard (B, T_sp, K) of the (B, T, K) input (BT = B*T still counts
 // the output's rows), all-gathered first (g) into the scratch.
-void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
-                                       const float *bias, int BT, int K, int OC_tp) {
+// (qkv: the attention's q, k, v projection, out stored as the attention reads it: mt_qkv_forward)
+static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                        const float *bias, int BT, int K, int OC_tp, int qkv) {
     if (mt__sequence_parallel(r)) {
         mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
         inp = r->scratch.sp_full;
     }
-    mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
+    if (qkv) mt_qkv_forward(r, out, inp, weight, bias, BT, K, OC_tp);
+    else mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
+}
+void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+                                       const float *bias, int BT, int K, int OC_tp) {
+    mt__column_parallel_forward(r, out, inp, weight, bias, BT, K, OC_tp, 0);
+}
+void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias,
+                                    int BT, int K, int OC_tp) {
+    mt__column_parallel_forward(r, qkv, inp, weight, bias, BT, K, OC_tp, 1);
 }
 
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
@@ -7906,7 +7943,9 @@ static void mt__init_params(mt_rank *r) {
 static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
     size_t BT = (size_t)r->dims.B * r->dims.T, BT_sp = (size_t)r->dims.B * r->dims.T_sp, C = r->dims.C;
     switch (k) {
-    case MT_LT_QKV: return BT * 3 * (size_t)r->dims.C_tp;
+    case MT_LT_QKV:   // in mt_qkv_storage_dtype: 16-bit values take half the floats (whole 16-byte pieces)
+        if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) return BT * 3 * (size_t)r->dims.C_tp;
+        return (BT * 3 * (size_t)r->dims.C_tp + 7) / 8 * 4;
     case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
     case MT_LT_FCH: return BT * (size_t)r->dims.F_tp;
@@ -8161,7 +8200,7 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
 
     // attention block
     mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T_sp, C);
-    mt_column_parallel_linear_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
+    mt_column_parallel_qkv_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp,
                              cfg->model.num_attention_heads);
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);

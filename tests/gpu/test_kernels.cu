@@ -560,6 +560,24 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt);
             snprintf(label, sizeof label, "mlp %s %s forward: out against the CPU BT=%d C=%d F=%d", rung, type, BT, C, OC);
             check_close(label, got, y_r, nin, 1e-2); free(got);
+            // the qkv projection stored in 16 bits (mt_qkv_forward16_gpu): the fp32 forward, rounded
+            {
+                void *q16 = dev_alloc(nout * 2 + 16);
+                unsigned short *want16 = (unsigned short *)mt_malloc(nout * 2 + 2, "rounded"), *got16;
+                mt_matmul_forward_gpu(d_pre, d_inp, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)q16, d_pre, nout, 0);
+                else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_pre, nout, 0);
+                MT_CUDA_CHECK(cudaMemcpy(want16, q16, nout * 2, cudaMemcpyDeviceToHost));
+                MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
+                mt_qkv_forward16_gpu(q16, d_inp, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                got16 = (unsigned short *)mt_malloc(nout * 2 + 2, "got");
+                MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
+                size_t differ = 0;
+                for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
+                snprintf(label, sizeof label, "qkv forward in 16 bits %s %s BT=%d C=%d OC=%d", rung, type, BT, C, OC);
+                mt_expect(differ == 0, "%s: %zu of %zu values differ from the fp32 forward rounded", label, differ, nout);
+                free(want16); free(got16); dev_free(q16);
+            }
             free(gx); free(pre_u); free(y_u); free(w2); free(bias2); free(fch_r); free(y_r);
             dev_free(d_gx); dev_free(d_w2); dev_free(d_bias2); dev_free(d_y); dev_free(d_y_u);
             free(pre_r); free(out_r); free(dx_r); free(dw_r); free(db_r);
@@ -743,7 +761,28 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
         check_close_scale(label, got, lse_dt, nlse, tol, attention_score_term_scale(qkv, B, T, C, NH)); free(got);
         got = dev_download(d_dqkv, nqkv);
         snprintf(label, sizeof label, "attention %s dqkv B=%d T=%d NH=%d hs=%d p=%.1f", mode, B, T, NH, hs, p);
-        check_close(label, got, dqkv_dt, nqkv, tol); free(got);   // '=': the random start is gone
+        check_close(label, got, dqkv_dt, nqkv, tol);   // '=': the random start is gone
+        if (dt) {   // from qkv stored in 16 bits (training's mt_qkv_forward): exactly the same results
+            float *out16 = dev_download(d_out, nout), *lse16 = dev_download(d_lse, nlse);
+            void *q16 = dev_alloc(nqkv * 2 + 16);
+            if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)q16, d_qkv, nqkv, 0);
+            else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_qkv, nqkv, 0);
+            dev_poison(d_out, nout); dev_poison(d_lse, nlse); dev_set(d_dqkv, dqkv0, nqkv);
+            mt_attention_forward16_gpu(d_out, d_lse, q16, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+            mt_attention_backward16_gpu(d_dqkv, d_dout, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset, NH_global,
+                                        dt, 0);
+            float *got16 = dev_download(d_out, nout);
+            snprintf(label, sizeof label, "attention %s from 16-bit qkv: out B=%d T=%d hs=%d", mode, B, T, hs);
+            check_close(label, got16, out16, nout, 0.0); free(got16);
+            got16 = dev_download(d_lse, nlse);
+            snprintf(label, sizeof label, "attention %s from 16-bit qkv: lse B=%d T=%d hs=%d", mode, B, T, hs);
+            check_close(label, got16, lse16, nlse, 0.0); free(got16);
+            got16 = dev_download(d_dqkv, nqkv);
+            snprintf(label, sizeof label, "attention %s from 16-bit qkv: dqkv B=%d T=%d hs=%d", mode, B, T, hs);
+            check_close(label, got16, got, nqkv, 0.0); free(got16);
+            free(out16); free(lse16); dev_free(q16);
+        }
+        free(got);
         dev_free(d_out_ref); dev_free(d_lse_ref);
         if (dt) { free(out_dt); free(lse_dt); free(dqkv_dt); }
     }
