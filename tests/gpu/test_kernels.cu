@@ -992,7 +992,7 @@ MT_TEST(cross_entropy) {
                             const uint16_t *row = (const uint16_t *)(packed + (size_t)i * VL);
                             uint32_t bits = row[v];
                             if (dt == MT_DTYPE_BF16) { bits <<= 16; memcpy(&as_f32[(size_t)i * VL + v], &bits, 4); }
-                            else { __half h; memcpy(&h, &row[v], 2); as_f32[(size_t)i * VL + v] = __half2float(h); }
+                            else { __half_raw hr; hr.x = row[v]; as_f32[(size_t)i * VL + v] = __half2float(__half(hr)); }
                             want16[(size_t)i * VL + v] = mt_round_to_dtype(got[(size_t)i * VL + v], (mt_dtype)dt);
                         }
                     char label[96];
