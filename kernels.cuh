@@ -13,10 +13,11 @@
  * but for the tensors that only ever enter the tensor cores, born in 16 bits with --bf16/--fp16:
  * a layer's q, k, v (mt_qkv_forward16_gpu, megatron.h's mt_qkv_storage_dtype), the MLP's GELU
  * output (never stored: mt_mlp_forward_gpu) and the LM head's gradient (packed in place of the
- * logits: mt_cross_entropy_finish16_kernel, mt_logits_grad_dtype). bf16 and fp16 are only compute types (--bf16, --fp16; mt_dtype): the GEMM and
- * attention tensor-core paths round their fp32 operands to bf16 or fp16 as they load them (a
- * template parameter F16 picks the instruction's form) and accumulate in fp32. The CPU build
- * emulates the same roundings (megatron.h, 3. OPS, "reduced precision").
+ * logits: mt_cross_entropy_finish16_kernel, mt_logits_grad_dtype). bf16 and fp16 are otherwise
+ * only compute types (--bf16, --fp16; mt_dtype): the GEMM and attention tensor-core paths round
+ * their fp32 operands to bf16 or fp16 as they load them (a template parameter F16 picks the
+ * instruction's form) and accumulate in fp32. The CPU build emulates the same roundings
+ * (megatron.h, 3. OPS, "reduced precision"), and keeps those tensors in fp32: the same values.
  *
  * CONTENTS (numbered as megatron.h's sections)
  *   1. UTILITIES & ERRORS (GPU)  MT_CUDA_CHECK, launch checks, MT_SYNC_DEBUG, the counter-based RNG
@@ -1740,7 +1741,8 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                         v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
                     }
                     if (EPI == MT__EPI_STORE16) {   // C in 16 bits, two in one 4-byte store
-                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j;
+                        unsigned short *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(v0.x, v0.y);
                         if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(v1.x, v1.y);
                         continue;
@@ -1753,7 +1755,8 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                         if (in1) *(float2 *)q1 = make_float2(mt__gelu(v1.x), mt__gelu(v1.y));
                     }
                     if (EPI == MT__EPI_GELU16) {   // C2 = gelu(v) in 16 bits: two in one 4-byte store
-                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j;
+                        unsigned short *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(mt__gelu(v0.x), mt__gelu(v0.y));
                         if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(mt__gelu(v1.x), mt__gelu(v1.y));
                     }
@@ -1902,7 +1905,8 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
     if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16) {
         if (!a_k_inner || !b_k_inner) mt_fatal("internal: the forward's epilogues are built for its layout only");
         if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
-        else if (g.epilogue == MT__EPI_GELU16) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
+        else if (g.epilogue == MT__EPI_GELU16)
+            mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
         else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
     } else if (g.epilogue == MT__EPI_GELU_GRAD) {
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
@@ -2997,7 +3001,8 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
 __host__ __device__ constexpr int mt__att_dkdv_bq(int hs) { (void)hs; return 32; }
 __host__ __device__ constexpr int mt__att_dkdv_min_blocks(int hs) { return hs <= 64 ? 4 : 1; }
 template <int HS, int F16>
-__global__ void __launch_bounds__(128, mt__att_dkdv_min_blocks(HS)) mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
+__global__ void __launch_bounds__(128, mt__att_dkdv_min_blocks(HS))
+    mt_attention_backward_dkdv_kernel_mma(mt__attention_args a) {
     const int LD = HS + 8, BQ = mt__att_dkdv_bq(HS);
     const int STAGE = 2 * BQ * LD + 2 * BQ * 2;   // bf16 elements per stage: Q, dO, then lse2 and D (floats)
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)mt__att_smem, *Vs = Ks + 64 * LD, *stages = Vs + 64 * LD;
@@ -3347,7 +3352,8 @@ static void mt__attention_forward_gpu(float *out, float *lse, const float *qkv, 
     int bf16 = dtype != MT_DTYPE_FP32;   // the tensor-core kernels' 16-byte alignment, for bf16 and fp16
     mt__attention_check("attention forward", C_local, NH_local);
     if (B == 0 || T == 0) return;
-    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in))) mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
+    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in)))
+        mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
@@ -3384,7 +3390,8 @@ static void mt__attention_backward_gpu(float *dqkv, const float *dout, const flo
     int bf16 = dtype != MT_DTYPE_FP32;
     mt__attention_check("attention backward", C_local, NH_local);
     if (B == 0 || T == 0) return;
-    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in))) mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
+    if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in)))
+        mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
@@ -3461,8 +3468,10 @@ __global__ void mt_gelu_rounded_kernel(unsigned short *__restrict__ out, const f
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n8) {
         float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
-        uint4 o = make_uint4(mt__pack16x2<F16>(mt__gelu(a.x), mt__gelu(a.y)), mt__pack16x2<F16>(mt__gelu(a.z), mt__gelu(a.w)),
-                             mt__pack16x2<F16>(mt__gelu(b.x), mt__gelu(b.y)), mt__pack16x2<F16>(mt__gelu(b.z), mt__gelu(b.w)));
+        uint4 o = make_uint4(mt__pack16x2<F16>(mt__gelu(a.x), mt__gelu(a.y)),
+                             mt__pack16x2<F16>(mt__gelu(a.z), mt__gelu(a.w)),
+                             mt__pack16x2<F16>(mt__gelu(b.x), mt__gelu(b.y)),
+                             mt__pack16x2<F16>(mt__gelu(b.z), mt__gelu(b.w)));
         ((uint4 *)out)[i] = o;
         return;
     }
