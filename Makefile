@@ -227,8 +227,9 @@ test-gpu: train_gpt preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/t
 	   build/test_fp16_gpu.log build/test_memory_gpu.log build/test_offload_gpu.log build/test_docs_gpu.log \
 	   build/test_multinode.log
 
-# on the GPU machine: GPT-2 small in bf16 on 1 GPU, TP=2 and DP=2: tokens/s, ms/step, MFU, memory
-bench: preprocess train_gpt_cuda
+# on the GPU machine, one run: the GEMMs against cuBLAS, attention against PyTorch SDPA, the GPT-2 small
+# step (1 GPU, TP=2, DP=2) against PyTorch compiled and eager: tokens/s, ms/step, MFU, memory
+bench: preprocess train_gpt_cuda tests/gpu/test_kernels tests/gpu/test_gemm_wgmma
 	@sh tests/gpu/bench.sh
 
 # the tokenizer against OpenAI's tiktoken on the bundled corpus: MB/s and tokens/s, 1 and 2 threads

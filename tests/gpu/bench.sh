@@ -1,7 +1,14 @@
 #!/bin/sh
-# make bench (on the GPU machine): GPT-2 small (124M) in bf16 on the bundled corpus, on 1 GPU
-# and on 2 GPUs as TP=2 and as DP=2. Prints one table: tokens/s, ms/step, MFU, memory per GPU.
+# make bench (on the GPU machine), everything measured in this one run on this GPU:
+#   1. the GEMMs at GPT-2 small's shapes (B*T = 16k), ours (wgmma, bf16 operands, fp32 out) next to
+#      cuBLAS's (tests/gpu/test_gemm_wgmma links cuBLAS for this comparison only), with the ratio;
+#   2. causal attention at B x 12 heads x 1024 x 64, bf16: ours (tests/gpu/test_kernels --bench-only)
+#      next to PyTorch's scaled_dot_product_attention with the flash and the cuDNN backends;
+#   3. the whole step, GPT-2 small (124M) in bf16 on the bundled corpus: ours on 1 GPU, and on 2 GPUs
+#      as TP=2 and as DP=2 when two are there; next to a PyTorch GPT-2 small step (bf16 autocast,
+#      fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py): tokens/s, ms/step, MFU, memory.
 # MFU = tokens/s x (6N + 12 L C T) / (989.4e12 x GPUs)  (H200 dense bf16 peak, Megatron's FLOPs).
+# Where PyTorch is missing the PyTorch rows say so. The tables go to build/bench_*.txt too.
 set -u
 export NCCL_NVLS_ENABLE=0
 mkdir -p build
@@ -29,8 +36,37 @@ run() {   # tag (file name), label, gpus, flags
   mfu=$(awk -v t="$tps" -v g="$gpus" 'BEGIN { printf "%.1f", 100 * t * 860.1e6 / (989.4e12 * g) }')
   printf "%-22s %5s %10s %12s %7s%% %12s %10s\n" "$label" "$gpus" "$ms" "$tps" "$mfu" "$mem" "$loss" >> build/bench_table.txt
 }
+PY=${PYTHON:-python3}
+torch_ok=0; $PY -c "import torch; assert torch.cuda.is_available()" > /dev/null 2>&1 && torch_ok=1
+
+echo "== 1. GEMMs, ours against cuBLAS (tests/gpu/test_gemm_wgmma)"
+if [ -x tests/gpu/test_gemm_wgmma ]; then
+  ./tests/gpu/test_gemm_wgmma > build/bench_gemm.log 2>&1
+  sed -n '/^GEMM /,/^ *$/p' build/bench_gemm.log | tee build/bench_gemm.txt
+else echo "tests/gpu/test_gemm_wgmma not built (make tests/gpu/test_gemm_wgmma)"; fi
+
+echo "== 2. attention, causal, B=$MB x 12 heads x T=1024 x 64, bf16"
+if [ -x tests/gpu/test_kernels ]; then
+  ./tests/gpu/test_kernels --bench-only > build/bench_kernels.log 2>&1
+  grep -E "attention bf16 (forward|backward|fwd\+bwd)" build/bench_kernels.log | sed 's/^ */ours: /' | tee build/bench_attention.txt
+else echo "tests/gpu/test_kernels not built"; fi
+if [ $torch_ok = 1 ]; then $PY tests/gpu/torch_ref.py attention --micro-batch $MB 2>&1 | tee -a build/bench_attention.txt
+else echo "PyTorch's SDPA: not measured (no torch with CUDA for $PY)" | tee -a build/bench_attention.txt; fi
+
+echo "== 3. the training step"
 printf "%-22s %5s %10s %12s %8s %12s %10s\n" "run (GPT-2 small bf16)" "GPUs" "ms/step" "tokens/s" "MFU" "GiB/GPU" "lm loss" > build/bench_table.txt
 run 1gpu "1 GPU, B=$MB" 1 --global-batch-size $MB
 run tp2 "TP=2, B=$MB" 2 --tensor-model-parallel-size 2 --nproc-per-node 2 --global-batch-size $MB
 run dp2 "DP=2, B=$MB/GPU" 2 --nproc-per-node 2 --global-batch-size $((2 * MB))
+if [ $torch_ok = 1 ]; then
+  for mode in compiled eager; do
+    flag=""; [ $mode = eager ] && flag=--eager
+    line=$($PY tests/gpu/torch_ref.py step --micro-batch $MB $flag 2> build/bench_torch_$mode.log | grep '^torch_step')
+    if [ -z "$line" ]; then echo "PyTorch $mode: failed (see build/bench_torch_$mode.log)" >> build/bench_table.txt; continue; fi
+    ms=$(echo "$line" | sed 's/.* ms \([0-9.]*\).*/\1/'); tps=$(echo "$line" | sed 's/.*tokens_per_s \([0-9]*\).*/\1/')
+    gib=$(echo "$line" | sed 's/.*peak_reserved_gib \([0-9.]*\).*/\1/')
+    mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 860.1e6 / 989.4e12 }')
+    printf "%-22s %5s %10s %12s %7s%% %12s %10s\n" "PyTorch $mode, B=$MB" 1 "$ms" "$tps" "$mfu" "$gib (res.)" "-" >> build/bench_table.txt
+  done
+else echo "PyTorch step: not measured (no torch with CUDA for $PY)" >> build/bench_table.txt; fi
 cat build/bench_table.txt

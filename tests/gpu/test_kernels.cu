@@ -1210,6 +1210,8 @@ static void bench(void) {
     {
         float *qkv = bench_random(BT * 3 * C, -1.5f, 1.5f), *aout = dev_alloc_f(BT * C), *lse = dev_alloc_f((size_t)B * NH * T);
         float *datt = bench_random(BT * C, -1, 1), *dqkv = bench_random(BT * 3 * C, -1, 1);
+        __nv_bfloat16 *qkv16 = (__nv_bfloat16 *)dev_alloc(BT * 3 * C * 2 + 16);
+        mt_cast_f32_to_bf16_gpu(qkv16, qkv, BT * 3 * C, 0);
         double fwd_flop = 4.0 * B * NH * (double)T * T * hs / 2, bwd_flop = 2.5 * fwd_flop;   // causal: half the square
         snprintf(shape, sizeof shape, "B=%d NH=%d T=%d hs=%d", B, NH, T, hs);
         for (int variant = 0; variant < 3; variant++) {
@@ -1218,16 +1220,24 @@ static void bench(void) {
             char name[64];
             const char *mode = variant == 0 ? "bf16" : variant == 1 ? "fp32" : "bf16 dropout 0.1";
             int reps = bf16 ? 10 : 3;
-            float f = time_ms([&] { mt_attention_forward_gpu(aout, lse, qkv, B, T, C, NH, &d, 0, NH, bf16, 0); }, reps);
+            // bf16: from qkv stored in bf16, as training keeps it (mt_qkv_storage_dtype) and as
+            // PyTorch's scaled_dot_product_attention takes q, k, v (tests/gpu/torch_ref.py)
+            float f = time_ms([&] {
+                if (bf16) mt_attention_forward16_gpu(aout, lse, qkv16, B, T, C, NH, &d, 0, NH, bf16, 0);
+                else mt_attention_forward_gpu(aout, lse, qkv, B, T, C, NH, &d, 0, NH, bf16, 0);
+            }, reps);
             snprintf(name, sizeof name, "attention %s forward", mode);
             report(name, shape, f, fwd_flop, 0);
-            float b = time_ms([&] { mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0); }, reps);
+            float b = time_ms([&] {
+                if (bf16) mt_attention_backward16_gpu(dqkv, datt, qkv16, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
+                else mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
+            }, reps);
             snprintf(name, sizeof name, "attention %s backward", mode);
             report(name, shape, b, bwd_flop, 0);
             snprintf(name, sizeof name, "attention %s fwd+bwd", mode);
             report(name, "(cuDNN 240, FA2 153 TFLOP/s)", f + b, fwd_flop + bwd_flop, 0);
         }
-        dev_free(qkv); dev_free(aout); dev_free(lse); dev_free(datt); dev_free(dqkv);
+        dev_free(qkv); dev_free(aout); dev_free(lse); dev_free(datt); dev_free(dqkv); dev_free(qkv16);
     }
     // ---- bandwidth-bound ops
     {

@@ -1,0 +1,146 @@
+"""PyTorch yardsticks for `make bench` (the GPU machine only: PyTorch is never part of the product).
+
+    python3 tests/gpu/torch_ref.py step [--micro-batch 16] [--iters 20] [--eager]
+    python3 tests/gpu/torch_ref.py attention [--micro-batch 16]
+
+step: one GPT-2 small training step as PyTorch users write it for speed: bf16 autocast, fp32
+  master weights, fused AdamW (lr 6e-4, weight decay 0.1, betas 0.9/0.95), gradient clipping at
+  1.0, F.scaled_dot_product_attention (causal), the LM head tied to the embedding, vocabulary
+  padded to 50304, torch.compile (--eager: without). Random tokens (the speed does not depend on
+  them). Prints one line: ms/step (median of --iters after warm-up), tokens/s, peak allocated and
+  reserved GiB.
+attention: causal attention at GPT-2 small's shape (B x 12 heads x 1024 x 64, bf16) through
+  F.scaled_dot_product_attention with the flash and the cuDNN backends: forward and
+  forward+backward ms and TFLOP/s (FLOPs counted as FlashAttention-2's paper: 4 B H T^2 d / 2
+  for the causal forward, 2.5x that for the backward).
+Output lines are "key value" pairs that tests/gpu/bench.sh reads.
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln1 = nn.LayerNorm(C)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.proj = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C)
+        self.fc = nn.Linear(C, 4 * C)
+        self.fcproj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, L=12, C=768, NH=12, V=50304, T=1024):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(T, C)
+        self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
+        self.lnf = nn.LayerNorm(C)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = F.linear(self.lnf(x), self.wte.weight)   # the tied LM head
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def timed(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def step(args):
+    torch.manual_seed(0)
+    B, T = args.micro_batch, 1024
+    model = GPT().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    fwd = model if args.eager else torch.compile(model)
+    data = torch.randint(0, 50257, (B, T + 1), device="cuda")
+    idx, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def one():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(idx, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats()
+    ms = timed(one, args.iters, warmup=5 if args.eager else 10)
+    gib = 1024.0 ** 3
+    print(f"torch_step mode {'eager' if args.eager else 'compiled'} ms {ms:.2f} tokens_per_s {B * T / ms * 1e3:.0f} "
+          f"peak_alloc_gib {torch.cuda.max_memory_allocated() / gib:.2f} "
+          f"peak_reserved_gib {torch.cuda.max_memory_reserved() / gib:.2f}")
+
+
+def attention(args):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, NH, T, d = args.micro_batch, 12, 1024, 64
+    flops_fwd = 4.0 * B * NH * T * T * d / 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, NH, T, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(B, NH, T, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                fwd_ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 20, 5)
+
+                def both():
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    out.backward(dout)
+                both_ms = timed(both, 20, 5)
+        except RuntimeError as e:   # a backend this build or GPU lacks
+            why = (str(e).splitlines() or ["?"])[0][:60].replace(" ", "_")
+            print(f"torch_attention backend {name} unavailable {why}")
+            continue
+        print(f"torch_attention backend {name} fwd_ms {fwd_ms:.3f} fwd_tflops {flops_fwd / fwd_ms / 1e9:.1f} "
+              f"fwdbwd_ms {both_ms:.3f} fwdbwd_tflops {3.5 * flops_fwd / both_ms / 1e9:.1f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["step", "attention"])
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--eager", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("torch_ref.py: no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    step(args) if args.what == "step" else attention(args)
+
+
+if __name__ == "__main__":
+    main()
