@@ -704,7 +704,6 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
 size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype);
-size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
 size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
@@ -7097,13 +7096,8 @@ size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl 
     if (mt_logits_grad_dtype(impl, dtype, C, V_local) == MT_DTYPE_FP32 || BT <= 0 || C <= 0) return all;
     return all - mt_gpu_rounded_copy_bytes((size_t)BT * V_local);
 }
-// mt_attention_forward_gpu: the tensor-core kernels read qkv (B,T,3*C_local) rounded
-// (in training, the GPU keeps qkv in the tensor cores' 16 bits already, mt_qkv_storage_dtype:
-// nothing to round; in fp32 the kernels read fp32)
-size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
-    (void)B; (void)T; (void)C_local; (void)NH_local; (void)dtype;
-    return 0;
-}
+// (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
+// 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
 // mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
     if (B == 0 || T == 0) return 0;
@@ -7150,7 +7144,6 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     size_t op[16];
     int n = 0;
     op[n++] = mt_gpu_qkv_forward_scratch(BT, C, 3 * C_tp, impl, dt);                // qkv = ln1 @ qkvw^T
-    op[n++] = mt_gpu_attention_forward_scratch(B, T, C_tp, NH_tp, dt);
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
     op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt);                 // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
@@ -7282,7 +7275,6 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weigh
 
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
-    mt__count_gpu_scratch(r, mt_gpu_attention_forward_scratch(B, T, C_local, NH_local, r->dev.dtype));
     mt_attention_forward_rounded_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                      r->dev.dtype);
 }
@@ -7575,6 +7567,20 @@ void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *d
 static int mt__sequence_parallel(const mt_rank *r) {
     return r->cfg->parallel.sequence_parallel && !r->state.decoding;
 }
+// the whole sequence (B, T, K) that a TP layer's GEMM reads: with --sequence-parallel my shard
+// (B, T_sp, K) all-gathered (g) into the scratch's sp_full, else x itself
+static const float *mt__whole_sequence(mt_rank *r, const float *x, int K) {
+    if (!mt__sequence_parallel(r)) return x;
+    mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, x, K);
+    return r->scratch.sp_full;
+}
+// the same for a gradient arriving sharded (B, T_sp, OC) at a row-parallel layer's output (or the
+// embedding's): g-bar's backward all-gathers it into sp_full
+static const float *mt__whole_sequence_grad(mt_rank *r, const float *dout, int OC) {
+    if (!mt__sequence_parallel(r)) return dout;
+    mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
+    return r->scratch.sp_full;
+}
 
 // ---------------------------------------------------------------------------------------------
 // column-parallel linear: Y_r = X A_r + b_r   (no communication forward)
@@ -7586,10 +7592,7 @@ static int mt__sequence_parallel(const mt_rank *r) {
 // (qkv: the attention's q, k, v projection, out stored as the attention reads it: mt_qkv_forward)
 static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                         const float *bias, int BT, int K, int OC_tp, int qkv) {
-    if (mt__sequence_parallel(r)) {
-        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
-        inp = r->scratch.sp_full;
-    }
+    inp = mt__whole_sequence(r, inp, K);
     if (qkv) mt_qkv_forward(r, out, inp, weight, bias, BT, K, OC_tp);
     else mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
@@ -7614,8 +7617,7 @@ static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight
                                          const float *inp, const float *weight, int BT, int K, int OC_tp, int lm_head) {
     int sp = mt__sequence_parallel(r);
     float *d = sp ? r->scratch.sp_partial : dinp;
-    if (sp) mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
-    const float *x = sp ? r->scratch.sp_full : inp;
+    const float *x = mt__whole_sequence(r, inp, K);
     if (lm_head) mt_lm_head_backward(r, d, dweight, dout, x, weight, BT, K, OC_tp);
     else mt_matmul_backward(r, d, dweight, dbias, dout, x, weight, BT, K, OC_tp);
     if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
@@ -7675,10 +7677,7 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // bias with the layernorms instead; the all-gather is already paid for here).
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
-    if (mt__sequence_parallel(r)) {
-        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
-        dout = r->scratch.sp_full;
-    }
+    dout = mt__whole_sequence_grad(r, dout, OC);
     mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
 }
 
@@ -7690,11 +7689,7 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // forward: pre (BT, OC_tp) = fc(inp) as mt_column_parallel_linear_forward; out = gelu(pre)
 void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
                                             const float *bias, int BT, int K, int OC_tp) {
-    if (mt__sequence_parallel(r)) {
-        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
-        inp = r->scratch.sp_full;
-    }
-    mt_matmul_forward_gelu(r, pre, out, inp, weight, bias, BT, K, OC_tp);
+    mt_matmul_forward_gelu(r, pre, out, mt__whole_sequence(r, inp, K), weight, bias, BT, K, OC_tp);
 }
 // a training forward's MLP, fc and fc-proj in one op (mt_mlp_forward, section 3), so that gelu(fch),
 // (BT, F_tp) and only ever fc-proj's input, is never stored (the GPU hands it from one GEMM's
@@ -7702,11 +7697,8 @@ void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, 
 // row-parallel fc-proj's sum and bias as there. out (B, T_sp, K) as mt_row_parallel_linear_forward's.
 void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, const float *fcw, const float *fcb,
                              const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
-    if (mt__sequence_parallel(r)) {
-        mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, inp, K);
-        inp = r->scratch.sp_full;   // (the row-parallel half's partial sums go to sp_partial)
-    }
-    mt__mlp_front mlp = {fch, inp, fcw, fcb, K};
+    // (the gathered input is in sp_full; the row-parallel half's partial sums go to sp_partial)
+    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, K), fcw, fcb, K};
     mt__row_parallel_forward(r, out, NULL, fcprojw, fcprojb, BT, F_tp, K, &mlp);
 }
 
@@ -7715,10 +7707,7 @@ void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *in
 // gelu(gelu_inp) is remade inside the op (the training forward does not keep it: mt_parallel_mlp_forward)
 void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                           const float *weight, const float *gelu_inp, int BT, int K_tp, int OC) {
-    if (mt__sequence_parallel(r)) {
-        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, OC);
-        dout = r->scratch.sp_full;
-    }
+    dout = mt__whole_sequence_grad(r, dout, OC);
     mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, weight, gelu_inp, BT, K_tp, OC);
 }
 
@@ -7748,10 +7737,7 @@ void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *toke
 // --sequence-parallel: dout is my shard; g-bar's backward all-gathers it first. Then dwpe too is
 // summed over every position from the gathered dout: whole on every rank, no all-reduce needed.
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens) {
-    if (mt__sequence_parallel(r)) {
-        mt_reduce_scatter_to_sequence_parallel_region_backward(r, r->scratch.sp_full, dout, r->dims.C);
-        dout = r->scratch.sp_full;
-    }
+    dout = mt__whole_sequence_grad(r, dout, r->dims.C);
     mt_embedding_backward(r, dwte, dout, tokens, r->dims.B, r->dims.T, r->dims.C, r->dims.vocab_start, r->dims.Vp_tp);
     mt_position_embedding_backward(r, dwpe, dout, r->dims.B, r->dims.T, r->dims.C);
 }
