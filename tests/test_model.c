@@ -170,10 +170,63 @@ MT_TEST(generation_is_the_same_in_every_layout) {
     }
 }
 
+// the parameters' initialisation split over host threads (mt__init_params) gives the values of one
+// thread, whatever the split: each value depends only on which element it is
+typedef struct { mt_config cfg; int threads, same, std_ok; } init_job;
+static void init_split_fn(mt_world *w, int rank, void *arg) {
+    init_job *j = (init_job *)arg;
+    mt_rank r;
+    mt_rank_init(&r, &j->cfg, w, rank);
+    size_t n = r.model.num_params;
+    float *made = r.model.params_memory;   // as mt_model_init made it (the CPU build: host memory)
+    float *one = (float *)mt_calloc(n, sizeof(float), "test"), *three = (float *)mt_calloc(n, sizeof(float), "test");
+    r.model.params_memory = one;
+    mt__init_part whole = {&r, 0, 1};
+    mt__init_params_part(&whole);
+    r.model.params_memory = three;
+    for (int t = 0; t < 3; t++) {
+        mt__init_part part = {&r, t, 3};
+        mt__init_params_part(&part);
+    }
+    r.model.params_memory = made;
+    // wte (the first tensor of the carve) is normal(0, 0.02): its rows are real draws
+    size_t wte_n = (size_t)r.model.specs[0].rows * r.model.specs[0].cols;
+    double sq = 0;
+    for (size_t i = 0; i < wte_n; i++) sq += (double)one[i] * one[i];
+    j->threads = mt__init_threads(&r);
+    j->same = r.model.initialised && memcmp(made, one, n * sizeof(float)) == 0 &&
+              memcmp(three, one, n * sizeof(float)) == 0;
+    j->std_ok = fabs(sqrt(sq / (double)wte_n) - 0.02) < 1e-3;
+    free(one);
+    free(three);
+    mt_rank_free(&r);
+}
+MT_TEST(initialisation_is_the_same_in_any_thread_split) {
+    init_job j;
+    memset(&j, 0, sizeof j);
+    mt_config_defaults(&j.cfg);
+    j.cfg.model.num_layers = 2;
+    j.cfg.model.hidden_size = 128;
+    j.cfg.model.num_attention_heads = 4;
+    j.cfg.model.seq_length = 32;
+    j.cfg.model.vocab_size = 50257;   // 6.9M parameters: over mt__init_threads' 4M
+    j.cfg.train.micro_batch_size = 1;
+    j.cfg.train.global_batch_size = 1;
+    j.cfg.train.train_iters = 1;
+    mt_config_derive(&j.cfg);
+    mt_world *w = mt_world_create(1);
+    mt_expect(mt_world_run(w, init_split_fn, &j) == 0, "the rank failed");
+    mt_world_destroy(w);
+    printf("    (mt_model_init used %d thread%s here)\n", j.threads, j.threads == 1 ? "" : "s");
+    mt_expect(j.same, "the parameters differ between thread splits");
+    mt_expect(j.std_ok, "wte's values are not normal(0, 0.02)");
+}
+
 int main(void) {
     mt_run_test(loss_falls_on_a_small_dataset);
     mt_run_test(trainer_prints_megatron_lines);
     mt_run_test(trainer_errors_are_one_clear_line);
     mt_run_test(generation_is_the_same_in_every_layout);
+    mt_run_test(initialisation_is_the_same_in_any_thread_split);
     return mt_test_summary();
 }
