@@ -12095,7 +12095,10 @@ static void mt__gen_recv(mt_rank *r, mt_generator *g, float *buf, size_t n, int 
 // one transformer layer over Tq new tokens per sequence, reading and extending layer l's cache:
 // section 5's mt__layer_forward with the attention over the cache and without dropout
 //   x (B,Tq,C) in, and out: x = res2 + fcproj(gelu(fc(ln2(res2)))), res2 = x + attproj(attn(ln1(x)))
-static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
+// x_pending: the layer before left its output as res2 + out_c (the residual add not yet done); this
+// layer's first op adds them into x as it normalises (mt_residual_layernorm_forward: one kernel
+// where two were, the same arithmetic). The chunk's last layer adds them itself (x_last).
+static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int x_pending, int x_last) {
     int C = r->dims.C, BT = B * Tq, C_tp = r->dims.C_tp, F_tp = r->dims.F_tp;
     mt_params *p = &r->model.params;
     float *l_ln1w = p->ln1w + (size_t)l * C, *l_ln1b = p->ln1b + (size_t)l * C;
@@ -12106,8 +12109,11 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
     float *l_fcprojw = p->fcprojw + (size_t)l * C * F_tp, *l_fcprojb = p->fcprojb + (size_t)l * C;
     size_t per_layer = (size_t)g->max_batch * g->cap * C_tp;   // this layer's (B, cap, C_tp) slab
     float *l_kcache = g->kcache + (size_t)l * per_layer, *l_vcache = g->vcache + (size_t)l * per_layer;
-    // attention block
-    mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C);
+    // attention block: x = res2 + out_c (the layer before's residual add) where pending, ln = layernorm(x)
+    if (x_pending)
+        mt_residual_layernorm_forward(r, g->x, g->ln, g->ln_mean, g->ln_rstd, g->res2, g->out_c, l_ln1w, l_ln1b, B, Tq,
+                                      C);
+    else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C);
     mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
     mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
@@ -12115,7 +12121,7 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq) {
     mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C);
     mt_column_parallel_linear_gelu_forward(r, g->fch, g->fch_gelu, g->ln, l_fcw, l_fcb, BT, C, F_tp);
     mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
-    mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);
+    if (x_last) mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);   // else the next layer's first op
 }
 
 void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
@@ -12158,7 +12164,7 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
             } else {
                 mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
             }
-            for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq);
+            for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq, j > 0, j == lpc - 1);
             if (!mt__is_last_virtual(r, chunk)) {
                 mt__gen_send(r, g, g->x, BTC, s < pp - 1 ? s + 1 : 0, s < pp - 1 ? chunk : chunk + 1);
                 continue;
