@@ -12170,9 +12170,15 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
                 continue;
             }
             // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T
-            for (int b = 0; b < B; b++)
-                mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
-            mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, g->last, r->model.params.lnfw,
+            // (a decode step's x is those rows already: no copies, which would also break the step's
+            // chain of kernels in the CUDA graph)
+            const float *x_last = g->x;
+            if (Tq > 1) {
+                for (int b = 0; b < B; b++)
+                    mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
+                x_last = g->last;
+            }
+            mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
                                  r->model.params.lnfb, B, 1, C);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
             // greedy: the token itself, on the device (B ids cross to the host instead of B x Vp logits)
