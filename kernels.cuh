@@ -99,6 +99,66 @@ static void mt__allow_smem(const void *kernel, size_t bytes) {
 static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
 // ---------------------------------------------------------------------------------------------
+// programmatic dependent launch (PDL, Hopper): a kernel that starts before the one ahead of it ends
+// ---------------------------------------------------------------------------------------------
+// A decode step is ~90 small kernels in a row, each a few microseconds, and between two of them
+// the GPU drains the first, makes its writes visible, then launches and ramps up the second: a
+// gap of about a microsecond per kernel, in which a GEMV has not even asked for its weights yet.
+// Launched with the attribute cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
+// start as soon as every block of the kernel ahead of it has executed `griddepcontrol.
+// launch_dependents` (mt__pdl_launch_next), and it must execute `griddepcontrol.wait`
+// (mt__pdl_wait) before it reads anything the kernel ahead wrote: the wait returns when that
+// kernel has completed and its memory is visible (PTX ISA, "griddepcontrol"). What a kernel does
+// before its wait must not depend on the kernel ahead: the GEMV loads its weights there.
+// The rule that keeps a chain of such kernels right: EVERY kernel launched so waits, in every
+// thread, before it reads or writes what another kernel of the step touches (a kernel that never
+// waited could end before the one ahead of it, and the one after it would then wait too little).
+// Without the attribute (training, and any launch outside a decode step's capture) both
+// instructions do nothing.
+// mt__pdl_on: set while a decode step is captured (mt_device_capture_begin): mt__launch then adds
+// the attribute. (Thread-local: each rank thread captures its own stream.)
+static MT_THREAD_LOCAL int mt__pdl_on;
+__device__ static inline void mt__pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ static inline void mt__pdl_launch_next(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// the two together: wait for the kernel ahead, then let the next one start
+__device__ static inline void mt__pdl_start(void) {
+    mt__pdl_wait();
+    mt__pdl_launch_next();
+}
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute while mt__pdl_on; then
+// mt__launch_check(name). The kernels launched so are the ones a decode step runs: each starts
+// with mt__pdl_start (after any loads that do not depend on the kernel ahead): the next kernel
+// launches only once this one has waited, so at most two are in flight, one computing and the
+// next loading its weights.
+template <typename... Params, typename... Args>
+static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = mt__pdl_on ? 1 : 0;
+    cudaError_t err = cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
+    if (err != cudaSuccess)
+        mt_fatal("launching %s failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the op that caused it",
+                 name, cudaGetErrorName(err), cudaGetErrorString(err));
+    mt__launch_check(name, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // warp and block reductions. The xor-shuffle tree and the fixed order over warps make them
 // deterministic: the same inputs give the same bits on every run.
 __device__ static inline float mt__warp_sum(float v) {
@@ -305,6 +365,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 __global__ void mt_embedding_forward_kernel(float *__restrict__ out, const int *__restrict__ tokens,
                                             const float *__restrict__ wte, size_t BTC, int C, int vocab_start,
                                             int V_local) {
+    mt__pdl_start();   // (a decode step's kernels: see "programmatic dependent launch", section 1)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BTC) return;
     size_t bt = i / C;
@@ -316,9 +377,8 @@ void mt_embedding_forward_gpu(float *out, const int *tokens, const float *wte, i
                               int V_local, cudaStream_t stream) {
     size_t BTC = (size_t)B * T * C;
     if (BTC == 0) return;
-    mt_embedding_forward_kernel<<<mt__blocks(BTC, 256), 256, 0, stream>>>(out, tokens, wte, BTC, C, vocab_start,
-                                                                          V_local);
-    mt__launch_check("mt_embedding_forward_kernel", stream);
+    mt__launch("mt_embedding_forward_kernel", mt_embedding_forward_kernel, mt__blocks(BTC, 256), 256, 0, stream, out,
+               tokens, wte, BTC, C, vocab_start, V_local);
 }
 
 // matches mt_embedding_backward_cpu (megatron.h, 3. OPS).
@@ -487,6 +547,7 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
                                             float *__restrict__ rstd, const float *__restrict__ inp,
                                             const float *__restrict__ weight, const float *__restrict__ bias, int N,
                                             int C) {
+    mt__pdl_start();
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -514,6 +575,7 @@ __global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *
                                                 const float *__restrict__ a, const float *__restrict__ inp,
                                                 const float *__restrict__ weight, const float *__restrict__ bias,
                                                 int N, int C) {
+    mt__pdl_start();
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -572,20 +634,18 @@ static void mt__layernorm_forward_launch(float *out, float *mean, float *rstd, f
     int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
               (!a || (mt__aligned16(a) && mt__aligned16(res)));
     if (vec && C <= 32 * 4 * 8) {
-        mt_layernorm_forward_vec_kernel<8><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
-                                                                                bias, N, C);
-        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8>, mt__blocks(N, 8), 256, 0, stream,
+                   out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
-        mt_layernorm_forward_vec_kernel<16><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
-                                                                                 bias, N, C);
-        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16>, mt__blocks(N, 8), 256, 0,
+                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else {
         if (a) {
             mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
             inp = res;
         }
-        mt_layernorm_forward_kernel<<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-        mt__launch_check("mt_layernorm_forward_kernel", stream);
+        mt__launch("mt_layernorm_forward_kernel", mt_layernorm_forward_kernel, mt__blocks(N, 8), 256, 0, stream, out,
+                   mean, rstd, inp, weight, bias, N, C);
     }
 }
 void mt_layernorm_forward_gpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
@@ -2168,6 +2228,8 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
 #pragma unroll
                 for (int p = 0; p < 4; p++)   // the loads first (independent: all in flight together)
                     if (kb + 256 * p < k1) mt__gemv_load8(wv[p], w + kb + 256 * p);
+                // first pass: wait for the kernel ahead (it wrote inp) with these weights on their way
+                if (kb == k0 + 8 * lane) mt__pdl_start();
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
                     int k = kb + 256 * p;
@@ -2187,6 +2249,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                 }
             }
         } else {
+            mt__pdl_start();
             for (int k = k0 + lane; k < k1; k += 32)
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
@@ -2195,6 +2258,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                                   mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
         }
     }
+    mt__pdl_start();   // the threads that did not wait above (no row, or no piece in the first pass); else nothing
 #pragma unroll
     for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = mt__warp_sum(acc[r]);
     if (lane == 0)
@@ -2213,12 +2277,11 @@ template <int ROUND, typename WT>
 static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const WT *weight, const float *bias, int BT,
                             int C, int OC, int vec, cudaStream_t stream) {
     if (OC < 2048)
-        mt_matmul_kernel5_gemv<4, ROUND, WT><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, gelu_out, inp, weight,
-                                                                                          bias, BT, C, OC, vec);
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<4, ROUND, WT>, (OC + 1) / 2, 256, 0, stream, out,
+                   gelu_out, inp, weight, bias, BT, C, OC, vec);
     else
-        mt_matmul_kernel5_gemv<1, ROUND, WT><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, gelu_out, inp, weight,
-                                                                                          bias, BT, C, OC, vec);
-    mt__launch_check("mt_matmul_kernel5_gemv", stream);
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, (OC + 7) / 8, 256, 0, stream, out,
+                   gelu_out, inp, weight, bias, BT, C, OC, vec);
 }
 // round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
 // weight already rounded to `round` and stored in 16 bits (read instead of weight). gelu_out: NULL,
@@ -3524,10 +3587,12 @@ void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size
 // matches mt_residual_forward_cpu (megatron.h, 3. OPS). Writes out with '='. out = a + b.
 // A float4 kernel over the aligned bulk, the one-element kernel for the rest (as GELU).
 __global__ void mt_residual_forward_kernel(float *out, const float *a, const float *b, size_t N) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) out[i] = a[i] + b[i];
 }
 __global__ void mt_residual_forward_vec4_kernel(float4 *out, const float4 *a, const float4 *b, size_t N4) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N4) return;
     float4 x = a[i], y = b[i];
@@ -3537,14 +3602,13 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
     if (N == 0) return;
     size_t N4 = mt__aligned16(out) && mt__aligned16(a) && mt__aligned16(b) ? N / 4 : 0;
     if (N4) {
-        mt_residual_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)a,
-                                                                                (const float4 *)b, N4);
-        mt__launch_check("mt_residual_forward_vec4_kernel", stream);
+        mt__launch("mt_residual_forward_vec4_kernel", mt_residual_forward_vec4_kernel, mt__blocks(N4, 256), 256, 0,
+                   stream, (float4 *)out, (const float4 *)a, (const float4 *)b, N4);
     }
     if (N4 * 4 == N) return;
     size_t d = N4 * 4;
-    mt_residual_forward_kernel<<<mt__blocks(N - d, 256), 256, 0, stream>>>(out + d, a + d, b + d, N - d);
-    mt__launch_check("mt_residual_forward_kernel", stream);
+    mt__launch("mt_residual_forward_kernel", mt_residual_forward_kernel, mt__blocks(N - d, 256), 256, 0, stream, out + d,
+               a + d, b + d, N - d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3558,6 +3622,7 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 // matches mt_attention_cached_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 __global__ void mt_kv_cache_store_kernel(float *kcache, float *vcache, const float *qkv, const int *start, int B,
                                          int Tq, int C_local, int cap) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * Tq * C_local;
     if (i >= n) return;
     int c = (int)(i % C_local);
@@ -3600,6 +3665,7 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
                                                                           const float *qkv, const int *start, int Tq,
                                                                           int C_local, int NH_local, int cap) {
     extern __shared__ float smem[];   // scores (cap) | partial outputs (128 float4) | reduction (32)
+    mt__pdl_start();
     const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
     const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
     int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
@@ -3668,17 +3734,16 @@ static void mt__attention_cached_launch(float *out, float *kcache, float *vcache
     unsigned blocks = (unsigned)(B * NH_local * Tq);
     if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
-        mt_attention_cached_forward_kernel<HS, 1><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
-                                                                                 C_local, NH_local, cap);
+        mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 1>, blocks, 128, smem,
+                   stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
     } else {
         size_t n = (size_t)B * Tq * C_local;
-        mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
-        mt__launch_check("mt_kv_cache_store_kernel", stream);
+        mt__launch("mt_kv_cache_store_kernel", mt_kv_cache_store_kernel, mt__blocks(n, 256), 256, 0, stream, kcache,
+                   vcache, qkv, start, B, Tq, C_local, cap);
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 0>, smem);
-        mt_attention_cached_forward_kernel<HS, 0><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
-                                                                                 C_local, NH_local, cap);
+        mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 0>, blocks, 128, smem,
+                   stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
     }
-    mt__launch_check("mt_attention_cached_forward_kernel", stream);
 }
 void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
@@ -3709,6 +3774,7 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
     __shared__ float best_v[MT__ARGMAX_THREADS];
     __shared__ int best_i[MT__ARGMAX_THREADS];
+    mt__pdl_start();
     const float *row = x + (size_t)blockIdx.x * ld;
     float bv = -INFINITY;
     int bi = n;   // "none yet": any real index is smaller
@@ -3744,8 +3810,8 @@ __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int 
 }
 void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
     if (rows == 0) return;
-    mt_argmax_rows_kernel<<<(unsigned)rows, MT__ARGMAX_THREADS, 0, stream>>>(out, x, n, ld);
-    mt__launch_check("mt_argmax_rows_kernel", stream);
+    mt__launch("mt_argmax_rows_kernel", mt_argmax_rows_kernel, (unsigned)rows, MT__ARGMAX_THREADS, 0, stream, out, x, n,
+               ld);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4656,10 +4722,13 @@ void mt_device_capture_begin(mt_rank *r) {
     const char *env = getenv("MT_CUDA_GRAPH");
     mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
     if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
+    const char *pdl = getenv("MT_PDL");   // MT_PDL=0: the step's kernels one after another, as outside a graph
+    mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
 }
 void *mt_device_capture_end(mt_rank *r) {
     if (!mt__capturing) return NULL;
     mt__capturing = 0;
+    mt__pdl_on = 0;
     cudaGraph_t graph;
     MT_CUDA_CHECK(cudaStreamEndCapture(mt__stream(r), &graph));
     cudaGraphExec_t exec;

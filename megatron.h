@@ -69,7 +69,8 @@
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
-     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph.
+     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph;
+     MT_PDL=0 (GPU build) keeps the graph but without programmatic dependent launch (kernels.cuh, 1.).
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length

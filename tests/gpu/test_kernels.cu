@@ -643,6 +643,146 @@ MT_TEST(decode) {
     dev_free(d_i);
 }
 
+// ---------------------------------------------------------------------------------------------
+// a decode step's chain of kernels (GPT-2 small's shapes, 16-bit weights, 3 layers, the head and
+// the argmax), captured in a CUDA graph with programmatic dependent launch (mt__pdl_on, kernels.cuh
+// section 1) and replayed 200 times: every replay equal bit for bit to the same chain run op by op
+// on a plain stream. A kernel that read what the kernel ahead writes before its mt__pdl_wait
+// would see stale values in some replay.
+struct decode_chain {
+    int B, C, NH, F, V, cap, L;
+    float *x0, *x, *res2, *ln, *mean, *rstd, *qkv, *atty, *outc, *fch, *fchg, *kc, *vc, *logits;
+    float *ln1w[3], *ln1b[3], *ln2w[3], *ln2b[3], *bqkv[3], *bproj[3], *bfc[3], *bfcproj[3], *lnfw, *lnfb;
+    __nv_bfloat16 *wqkv[3], *wproj[3], *wfc[3], *wfcproj[3], *wte;
+    int *start, *next;
+};
+template <typename F>
+static float time_ms(F f, int reps);   // (below, with the timings)
+static float *dev_random_f(size_t n, float lo, float hi) {
+    float *h = host_random(n, lo, hi), *d = dev_upload(h, n);
+    free(h);
+    return d;
+}
+static __nv_bfloat16 *dev_random_bf16(size_t n, float lo, float hi) {
+    float *h = host_random(n, lo, hi), *d = dev_upload(h, n);
+    __nv_bfloat16 *w = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+    mt_cast_f32_to_bf16_gpu(w, d, n, 0);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    free(h);
+    dev_free(d);
+    return w;
+}
+static void decode_chain_run(const decode_chain &d, cudaStream_t s) {
+    int B = d.B, C = d.C;
+    for (int l = 0; l < d.L; l++) {
+        if (l == 0) mt_layernorm_forward_gpu(d.ln, d.mean, d.rstd, d.x0, d.ln1w[l], d.ln1b[l], B, 1, C, s);
+        else mt_residual_layernorm_forward_gpu(d.x, d.ln, d.mean, d.rstd, d.res2, d.outc, d.ln1w[l], d.ln1b[l], B, 1, C, s);
+        mt_matmul_forward_rounded_weight_gpu(d.qkv, d.ln, d.wqkv[l], d.bqkv[l], B, C, 3 * C, MT_DTYPE_BF16, s);
+        mt_attention_cached_forward_gpu(d.atty, d.kc + (size_t)l * B * d.cap * C, d.vc + (size_t)l * B * d.cap * C, d.qkv,
+                                        d.start, B, 1, C, d.NH, d.cap, s);
+        mt_matmul_forward_rounded_weight_gpu(d.outc, d.atty, d.wproj[l], d.bproj[l], B, C, C, MT_DTYPE_BF16, s);
+        mt_residual_layernorm_forward_gpu(d.res2, d.ln, d.mean, d.rstd, l == 0 ? d.x0 : d.x, d.outc, d.ln2w[l], d.ln2b[l],
+                                          B, 1, C, s);
+        mt_matmul_forward_gelu_gpu(d.fch, d.fchg, d.ln, NULL, d.wfc[l], d.bfc[l], B, C, d.F, MT_GEMM_WGMMA, MT_DTYPE_BF16, s);
+        mt_matmul_forward_rounded_weight_gpu(d.outc, d.fchg, d.wfcproj[l], d.bfcproj[l], B, d.F, C, MT_DTYPE_BF16, s);
+    }
+    mt_residual_forward_gpu(d.x, d.res2, d.outc, (size_t)B * C, s);
+    mt_layernorm_forward_gpu(d.ln, d.mean, d.rstd, d.x, d.lnfw, d.lnfb, B, 1, C, s);
+    mt_matmul_forward_rounded_weight_gpu(d.logits, d.ln, d.wte, NULL, B, C, d.V, MT_DTYPE_BF16, s);
+    mt_argmax_rows_gpu(d.next, d.logits, B, d.V - 40, d.V, s);
+}
+static void decode_chain_case(int B) {
+    decode_chain d;
+    d.B = B; d.C = 768; d.NH = 12; d.F = 3072; d.V = 50304; d.cap = 64; d.L = 3;
+    int C = d.C, F = d.F;
+    d.x0 = dev_random_f((size_t)B * C, -1, 1);
+    d.x = dev_alloc_f((size_t)B * C); d.res2 = dev_alloc_f((size_t)B * C); d.ln = dev_alloc_f((size_t)B * C);
+    d.mean = dev_alloc_f(B); d.rstd = dev_alloc_f(B); d.qkv = dev_alloc_f((size_t)B * 3 * C);
+    d.atty = dev_alloc_f((size_t)B * C); d.outc = dev_alloc_f((size_t)B * C); d.fch = dev_alloc_f((size_t)B * F);
+    d.fchg = dev_alloc_f((size_t)B * F); d.logits = dev_alloc_f((size_t)B * d.V);
+    size_t ncache = (size_t)d.L * B * d.cap * C;
+    float *k0 = host_random(ncache, -1, 1), *v0 = host_random(ncache, -1, 1);
+    d.kc = dev_upload(k0, ncache); d.vc = dev_upload(v0, ncache);
+    for (int l = 0; l < d.L; l++) {
+        d.ln1w[l] = dev_random_f(C, 0.5f, 1.5f); d.ln1b[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.ln2w[l] = dev_random_f(C, 0.5f, 1.5f); d.ln2b[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.bqkv[l] = dev_random_f(3 * C, -0.1f, 0.1f); d.bproj[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.bfc[l] = dev_random_f(F, -0.1f, 0.1f); d.bfcproj[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.wqkv[l] = dev_random_bf16((size_t)3 * C * C, -0.05f, 0.05f); d.wproj[l] = dev_random_bf16((size_t)C * C, -0.05f, 0.05f);
+        d.wfc[l] = dev_random_bf16((size_t)F * C, -0.05f, 0.05f); d.wfcproj[l] = dev_random_bf16((size_t)C * F, -0.05f, 0.05f);
+    }
+    d.lnfw = dev_random_f(C, 0.5f, 1.5f); d.lnfb = dev_random_f(C, -0.1f, 0.1f);
+    d.wte = dev_random_bf16((size_t)d.V * C, -0.05f, 0.05f);
+    int start[8];
+    for (int b = 0; b < B; b++) start[b] = rand_int(d.cap);
+    d.start = dev_upload_int(start, (size_t)B);
+    d.next = (int *)dev_alloc(sizeof(int) * (size_t)B);
+    cudaStream_t s;
+    MT_CUDA_CHECK(cudaStreamCreate(&s));   // blocking: time_ms's events on stream 0 wait for it
+    // op by op (each kernel's position in the caches is rewritten with the same values every run)
+    decode_chain_run(d, s);
+    MT_CUDA_CHECK(cudaStreamSynchronize(s));
+    float *want_x = dev_download(d.x, (size_t)B * C), *want_logits = dev_download(d.logits, (size_t)B * d.V);
+    float *want_k = dev_download(d.kc, ncache), *want_v = dev_download(d.vc, ncache);
+    int want_next[8], got_next[8];
+    MT_CUDA_CHECK(cudaMemcpy(want_next, d.next, sizeof(int) * (size_t)B, cudaMemcpyDeviceToHost));
+    // the same chain as a graph of programmatic launches
+    MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    mt__pdl_on = 1;
+    decode_chain_run(d, s);
+    mt__pdl_on = 0;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    int bad = 0;
+    for (int rep = 0; rep < 200 && !bad; rep++) {
+        dev_poison(d.x, (size_t)B * C); dev_poison(d.logits, (size_t)B * d.V); dev_poison(d.ln, (size_t)B * C);
+        dev_poison(d.outc, (size_t)B * C); dev_poison(d.qkv, (size_t)B * 3 * C);
+        MT_CUDA_CHECK(cudaDeviceSynchronize());
+        MT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        MT_CUDA_CHECK(cudaStreamSynchronize(s));
+        float *got_x = dev_download(d.x, (size_t)B * C), *got_logits = dev_download(d.logits, (size_t)B * d.V);
+        MT_CUDA_CHECK(cudaMemcpy(got_next, d.next, sizeof(int) * (size_t)B, cudaMemcpyDeviceToHost));
+        bad = memcmp(got_x, want_x, sizeof(float) * (size_t)B * C) != 0 ||
+              memcmp(got_logits, want_logits, sizeof(float) * (size_t)B * d.V) != 0 ||
+              memcmp(got_next, want_next, sizeof(int) * (size_t)B) != 0;
+        if (bad) printf("    replay %d of the PDL graph differs from the op-by-op chain (B=%d)\n", rep, B);
+        free(got_x); free(got_logits);
+    }
+    mt_expect(!bad, "the decode chain with programmatic dependent launch differs from op by op (B=%d)", B);
+    float *got_k = dev_download(d.kc, ncache), *got_v = dev_download(d.vc, ncache);
+    check_equal_bits("decode chain: the KV caches after the replays", got_k, want_k, ncache * sizeof(float));
+    check_equal_bits("decode chain: values", got_v, want_v, ncache * sizeof(float));
+    // and the time of one replay, with and without PDL (the gap it closes, reported, not checked)
+    float ms_pdl = time_ms([&] { MT_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 50);
+    MT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    decode_chain_run(d, s);
+    MT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    float ms_plain = time_ms([&] { MT_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 50);
+    printf("    decode chain B=%d (3 layers + head, %d kernels): graph %.1f us, with PDL %.1f us\n", B, 3 * 7 + 5,
+           ms_plain * 1e3, ms_pdl * 1e3);
+    MT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    MT_CUDA_CHECK(cudaStreamDestroy(s));
+    free(k0); free(v0); free(want_x); free(want_logits); free(want_k); free(want_v); free(got_k); free(got_v);
+    void *buffers[] = {d.x0, d.x, d.res2, d.ln, d.mean, d.rstd, d.qkv, d.atty, d.outc, d.fch, d.fchg, d.kc, d.vc, d.logits,
+                       d.lnfw, d.lnfb, d.wte, d.start, d.next};
+    for (void *p : buffers) dev_free(p);
+    for (int l = 0; l < d.L; l++) {
+        void *layer[] = {d.ln1w[l], d.ln1b[l], d.ln2w[l], d.ln2b[l], d.bqkv[l], d.bproj[l], d.bfc[l], d.bfcproj[l],
+                         d.wqkv[l], d.wproj[l], d.wfc[l], d.wfcproj[l]};
+        for (void *p : layer) dev_free(p);
+    }
+}
+MT_TEST(decode_chain_pdl) {
+    decode_chain_case(1);
+    decode_chain_case(8);
+}
+
 MT_TEST(dropout) {
     // B, T, C, sample_offset, t_offset, T_local (the last two: a sequence-parallel shard)
     int shapes[][6] = {{1, 1, 1, 0, 0, 1}, {2, 7, 33, 5, 0, 7}, {4, 1024, 768, 12, 0, 1024}, {2, 64, 33, 5, 16, 16},
@@ -1345,6 +1485,7 @@ int main(int argc, char **argv) {
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
         run("decode", test_decode);
+        run("decode_chain_pdl", test_decode_chain_pdl);
         run("gelu_residual", test_gelu_residual);
         run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);
