@@ -3875,6 +3875,58 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
                                                               V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
 }
+// the two kernels above in one pass over the logits (a rank with the whole vocabulary, TP = 1:
+// nothing to all-reduce between them), an online softmax (Milakov and Gimelshein, 2018): each
+// thread keeps its running max m and the sum s of exp(x - m) so far, and when a float4 brings a
+// larger max mx, s becomes s exp(m - mx) before the new terms join; then the block's max M and
+// the sum of every thread's s exp(m - M). The same max; the sum differs from the CPU's in rounding
+// only (its terms are computed against another max first), which the loss and gradient tolerances
+// of tests/gpu/test_kernels (1e-5 against the sum in double) hold it to.
+// matches mt_cross_entropy_local_max_cpu, then mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS).
+// Writes maxv, sumexp, target_logit with '='.
+__global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(float *maxv, float *sumexp,
+                                                                              float *target_logit, const float *logits,
+                                                                              const int *targets, int V_local,
+                                                                              int vocab_start, int n, int vec4) {
+    int i = blockIdx.x;
+    const float *l = logits + (size_t)i * V_local;
+    float m = -INFINITY, s = 0.0f;
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+        if (mx > m) {   // (the first time s is 0: 0 x exp(-inf) = 0)
+            s *= expf(m - mx);
+            m = mx;
+        }
+        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) {
+        float x = l[v];
+        if (x > m) {
+            s *= expf(m - x);
+            m = x;
+        }
+        s += expf(x - m);
+    }
+    float M = mt__block_max(m);
+    float S = mt__block_sum(m == -INFINITY ? 0.0f : s * expf(m - M));   // a thread with no columns adds 0
+    if (threadIdx.x == 0) {
+        maxv[i] = M;
+        sumexp[i] = S;
+        int local = targets[i] - vocab_start;
+        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+    }
+}
+void mt_cross_entropy_local_max_sums_gpu(float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                         const int *targets, int BT, int V_local, int vocab_start, int V,
+                                         cudaStream_t stream) {
+    if (BT == 0) return;
+    mt_cross_entropy_local_max_sums_kernel<<<BT, 256, 0, stream>>>(maxv, sumexp, target_logit, logits, targets, V_local,
+                                                                  vocab_start, mt__real_columns(vocab_start, V_local, V),
+                                                                  V_local % 4 == 0 && mt__aligned16(logits));
+    mt__launch_check("mt_cross_entropy_local_max_sums_kernel", stream);
+}
 // matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
 // losses[i] = log S + m - l_y; if dlogits != NULL, in place of the logits:
 // dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss, 0 on padded columns.
@@ -4357,6 +4409,13 @@ void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit,
     mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V,
                                     mt__stream(r));
     mt__profile_end(r, "cross entropy local sums", t0);
+}
+void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+    double t0 = mt__profile_begin(r);
+    mt_cross_entropy_local_max_sums_gpu(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, V,
+                                        mt__stream(r));
+    mt__profile_end(r, "cross entropy local max+sums", t0);
 }
 // how mt_cross_entropy_finish leaves the logits gradient and mt_lm_head_backward reads it: packed
 // 16-bit where mt_logits_grad_dtype (megatron.h, section 3) says so for the LM head's shape (C =

@@ -1104,9 +1104,19 @@ MT_TEST(cross_entropy) {
             sum_double[i] = (float)acc;
         }
         check_close("cross-entropy local sums vs double", got, sum_double, BT, 1e-5);
-        free(got); free(sum_double);
+        free(got);
         got = dev_download(d_tl, BT);
         check_close("cross-entropy target logit", got, tl, BT, 0.0); free(got);
+        // the two in one pass (TP = 1): the same max and target, the sum against the double one
+        dev_poison(d_max, BT); dev_poison(d_sum, BT); dev_poison(d_tl, BT);
+        mt_cross_entropy_local_max_sums_gpu(d_max, d_sum, d_tl, d_logits, d_targets, BT, VL, vs, V, 0);
+        got = dev_download(d_max, BT);
+        check_close("cross-entropy one pass: max", got, maxv, BT, 0.0); free(got);
+        got = dev_download(d_tl, BT);
+        check_close("cross-entropy one pass: target logit", got, tl, BT, 0.0); free(got);
+        got = dev_download(d_sum, BT);
+        check_close("cross-entropy one pass: sums vs double", got, sum_double, BT, 1e-5);
+        free(got); free(sum_double);
         if (nreal > 0) {
             float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
             mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_FP32, 0);
