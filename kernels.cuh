@@ -362,8 +362,10 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 // matches mt_embedding_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out[b,t,:] = wte[tokens[b,t] - vocab_start, :] if the token is one of this rank's V_local rows,
 // else 0. out (B,T,C), tokens (B,T), wte (V_local, C). One thread per element of out.
+// wpe not NULL (decoding, mt_embedding_positions_forward_cpu): plus wpe[positions[b,t], :].
 __global__ void mt_embedding_forward_kernel(float *__restrict__ out, const int *__restrict__ tokens,
-                                            const float *__restrict__ wte, size_t BTC, int C, int vocab_start,
+                                            const float *__restrict__ wte, const int *__restrict__ positions,
+                                            const float *__restrict__ wpe, size_t BTC, int C, int vocab_start,
                                             int V_local) {
     mt__pdl_start();   // (a decode step's kernels: see "programmatic dependent launch", section 1)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -371,14 +373,25 @@ __global__ void mt_embedding_forward_kernel(float *__restrict__ out, const int *
     size_t bt = i / C;
     int c = (int)(i % C);
     int local = tokens[bt] - vocab_start;
-    out[i] = (local >= 0 && local < V_local) ? wte[(size_t)local * C + c] : 0.0f;
+    float v = (local >= 0 && local < V_local) ? wte[(size_t)local * C + c] : 0.0f;
+    if (wpe) v += wpe[(size_t)positions[bt] * C + c];
+    out[i] = v;
 }
 void mt_embedding_forward_gpu(float *out, const int *tokens, const float *wte, int B, int T, int C, int vocab_start,
                               int V_local, cudaStream_t stream) {
     size_t BTC = (size_t)B * T * C;
     if (BTC == 0) return;
     mt__launch("mt_embedding_forward_kernel", mt_embedding_forward_kernel, mt__blocks(BTC, 256), 256, 0, stream, out,
-               tokens, wte, BTC, C, vocab_start, V_local);
+               tokens, wte, (const int *)NULL, (const float *)NULL, BTC, C, vocab_start, V_local);
+}
+// matches mt_embedding_positions_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+void mt_embedding_positions_forward_gpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local,
+                                        cudaStream_t stream) {
+    size_t BTC = (size_t)B * T * C;
+    if (BTC == 0) return;
+    mt__launch("mt_embedding_forward_kernel", mt_embedding_forward_kernel, mt__blocks(BTC, 256), 256, 0, stream, out,
+               tokens, wte, positions, wpe, BTC, C, vocab_start, V_local);
 }
 
 // matches mt_embedding_backward_cpu (megatron.h, 3. OPS).
@@ -4245,6 +4258,12 @@ void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, 
     double t0 = mt__profile_begin(r);
     mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, mt__stream(r));
     mt__profile_end(r, "position embedding backward", t0);
+}
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
+    double t0 = mt__profile_begin(r);
+    mt_embedding_positions_forward_gpu(out, tokens, wte, positions, wpe, B, T, C, vocab_start, V_local, mt__stream(r));
+    mt__profile_end(r, "embedding + positions forward", t0);
 }
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                           const float *bias, int B, int T, int C) {

@@ -609,6 +609,10 @@ void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, i
 void mt_embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                                int vocab_start, int V_local);
 void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int T, int C);
+/* decoding's embedding: out[b,t,:] = (wte row of tokens[b,t] if it is one of my V_local rows, else 0)
+   + (wpe row positions[b,t] when wpe is not NULL), (B,T,C); writes out ('=') */
+void mt_embedding_positions_forward_cpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local);
 void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C);
 void mt_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C);
@@ -739,6 +743,8 @@ void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float
 void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                            int vocab_start, int V_local);
 void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C);
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local);
 void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C);
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                           const float *bias, int B, int T, int C);
@@ -1460,7 +1466,6 @@ typedef struct {
     float *kcache, *vcache;                    // (L_local, max_batch, cap, C_tp) each
     float *x, *res2, *ln, *ln_mean, *ln_rstd;  // (B,Tq,C), (B,Tq,C), (B,Tq,C), (B,Tq), (B,Tq)
     float *qkv, *atty, *fch, *fch_gelu, *out_c;// (B,Tq,3*C_tp), (B,Tq,C_tp), (B,Tq,F_tp) x2, (B,Tq,C)
-    float *pos_emb;                            // (B,Tq,C) wpe rows (first stage)
     float *last, *lnf, *lnf_mean, *lnf_rstd;   // (B,C) each sequence's last token, its ln_f (last stage)
     float *logits, *gathered;                  // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's (last stage)
     float *memory;                             // the buffer all of the above are carved from
@@ -6190,6 +6195,21 @@ void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int 
         }
 }
 
+// decoding: each token's row and its own position's row (positions differ per sequence), one op
+// (the GPU: one kernel in place of a lookup, a second lookup and an add). The same sum, wte + wpe,
+// as mt_embedding_forward then adding wpe's row: at TP > 1 rank 0 alone passes wpe, the others 0
+// rows, and the all-reduce after it adds zeros, which are exact
+void mt_embedding_positions_forward_cpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
+    mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
+    if (!wpe) return;
+    for (int bt = 0; bt < B * T; bt++) {
+        float *out_bt = out + (size_t)bt * C;
+        const float *wpe_p = wpe + (size_t)positions[bt] * C;
+        for (int i = 0; i < C; i++) out_bt[i] += wpe_p[i];
+    }
+}
+
 void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -7214,6 +7234,11 @@ void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int
 
 void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C) {
     (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
+}
+
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
+    (void)r; mt_embedding_positions_forward_cpu(out, tokens, wte, positions, wpe, B, T, C, vocab_start, V_local);
 }
 
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
@@ -12040,12 +12065,12 @@ static size_t mt__carve_generator(const mt_rank *r, mt_generator *g, float *base
     size_t BTq = (size_t)g->max_tokens, B = (size_t)g->max_batch, C = (size_t)r->dims.C;
     size_t C_tp = (size_t)r->dims.C_tp, F_tp = (size_t)r->dims.F_tp, Vp_tp = (size_t)r->dims.Vp_tp;
     size_t cache = (size_t)r->dims.L_local * B * (size_t)g->cap * C_tp;
-    int last = r->ps.is_last_stage, first = r->ps.is_first_stage;
+    int last = r->ps.is_last_stage;
     struct { float **ptr; size_t n; } carve[] = {
         {&g->kcache, cache}, {&g->vcache, cache},
         {&g->x, BTq * C}, {&g->res2, BTq * C}, {&g->ln, BTq * C}, {&g->ln_mean, BTq}, {&g->ln_rstd, BTq},
         {&g->qkv, BTq * 3 * C_tp}, {&g->atty, BTq * C_tp}, {&g->fch, BTq * F_tp}, {&g->fch_gelu, BTq * F_tp},
-        {&g->out_c, BTq * C}, {&g->pos_emb, first ? BTq * C : 0},
+        {&g->out_c, BTq * C},
         {&g->last, last ? B * C : 0}, {&g->lnf, last ? B * C : 0}, {&g->lnf_mean, last ? B : 0},
         {&g->lnf_rstd, last ? B : 0}, {&g->logits, last ? B * Vp_tp : 0},
         {&g->gathered, last && r->ps.tp_size > 1 ? B * Vp_tp * (size_t)r->ps.tp_size : 0},
@@ -12171,13 +12196,12 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         if (graphable) mt_device_capture_begin(r);
         for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
             if (mt__is_first_virtual(r, chunk)) {
-                // x = wte[token] (vocab-parallel: g's all-reduce) + wpe[position]
-                mt_embedding_forward(r, g->x, g->tokens, r->model.params.wte, B, Tq, C, r->dims.vocab_start,
-                                     r->dims.Vp_tp);
+                // x = wte[token] + wpe[position]; vocab-parallel, g's all-reduce sums the TP ranks'
+                // rows: wpe's comes from TP rank 0 only
+                mt_embedding_positions_forward(r, g->x, g->tokens, r->model.params.wte, g->positions,
+                                               r->ps.tp_rank == 0 ? r->model.params.wpe : NULL, B, Tq, C,
+                                               r->dims.vocab_start, r->dims.Vp_tp);
                 mt_reduce_from_tp_region_forward(r, g->x, BTC);
-                mt_embedding_forward(r, g->pos_emb, g->positions, r->model.params.wpe, B, Tq, C, 0,
-                                     r->cfg->model.max_position_embeddings);
-                mt_residual_forward(r, g->x, g->x, g->pos_emb, BTC);
             } else {
                 mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
             }

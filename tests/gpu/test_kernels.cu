@@ -274,6 +274,21 @@ MT_TEST(embedding) {
         snprintf(label, sizeof label, "embedding forward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
         check_close(label, got, out_ref, BTC, 0.0);   // a copy
         free(got);
+        {   // decoding's form: plus each token's own position's row of wpe (positions drawn at random)
+            int P = 1024;
+            int *positions = host_tokens((size_t)B * T, P);
+            float *wpe = host_random((size_t)P * C, -1, 1);
+            mt_embedding_positions_forward_cpu(out_ref, tokens, wte, positions, wpe, B, T, C, vs, VL);
+            int *d_positions = dev_upload_int(positions, (size_t)B * T);
+            float *d_wpe = dev_upload(wpe, (size_t)P * C);
+            dev_poison(d_out, BTC);
+            mt_embedding_positions_forward_gpu(d_out, d_tokens, d_wte, d_positions, d_wpe, B, T, C, vs, VL, 0);
+            got = dev_download(d_out, BTC);
+            snprintf(label, sizeof label, "embedding + positions forward B=%d T=%d C=%d", B, T, C);
+            check_close(label, got, out_ref, BTC, 0.0);   // one addition, the same
+            free(got); free(positions); free(wpe);
+            dev_free(d_positions); dev_free(d_wpe);
+        }
         got = dev_download(d_dwte, VC);
         snprintf(label, sizeof label, "embedding backward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
         check_close(label, got, dwte_ref, VC, 0.0);   // the same additions in the same (bt) order
