@@ -291,6 +291,11 @@ __device__ static inline void mt__store_rounded4(__half o[4], float4 v) {
     *(__half2 *)&o[0] = __floats2half2_rn(v.x, v.y);
     *(__half2 *)&o[2] = __floats2half2_rn(v.z, v.w);
 }
+// (and to fp32, as is: so a kernel templated on its output type T stores fp32 or 16 bits alike)
+__device__ static inline void mt__store_rounded4(float o[4], float4 v) { *(float4 *)o = v; }
+__device__ static inline void mt__store_rounded1(float *o, float v) { *o = v; }
+__device__ static inline void mt__store_rounded1(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
+__device__ static inline void mt__store_rounded1(__half *o, float v) { *o = __float2half_rn(v); }
 // the same to fp16 (--fp16): past 65504 to inf, subnormals below 2^-14 (as mt_fp16_from_float)
 // Two kernels, as the bf16 cast: 8 elements per thread over the 16-byte-aligned bulk, then one.
 __global__ void mt_cast_f32_to_f16_kernel(__half *out, const float *inp, size_t n) {
@@ -556,7 +561,10 @@ void mt_position_embedding_backward_gpu(float *dwpe, const float *dout, int B, i
 // inp/out (N,C) with N = B*T, mean/rstd (N), weight/bias (C).
 // One warp per row (8 rows per block of 256): each lane sums every 32nd channel, then the warp
 // adds the 32 partial sums; the row is read three times (mean, variance, output), from L1/L2.
-__global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__restrict__ mean,
+// OUT: out's type, float, or __nv_bfloat16 / __half (a training layer's ln1 and ln2 on the wgmma
+// rung, mt_ln_storage_dtype: the value rounded to nearest even, as the GEMM's own cast would)
+template <typename OUT>
+__global__ void mt_layernorm_forward_kernel(OUT *__restrict__ out, float *__restrict__ mean,
                                             float *__restrict__ rstd, const float *__restrict__ inp,
                                             const float *__restrict__ weight, const float *__restrict__ bias, int N,
                                             int C) {
@@ -572,8 +580,8 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
     for (int i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
     var = mt__warp_sum(var) / (float)C;
     float s = 1.0f / sqrtf(var + 1e-5f);
-    float *o = out + (size_t)row * C;
-    for (int i = lane; i < C; i += 32) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    OUT *o = out + (size_t)row * C;
+    for (int i = lane; i < C; i += 32) mt__store_rounded1(&o[i], (s * (x[i] - m)) * weight[i] + bias[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 // The same with the row in registers: a lane holds float4 j = lane + 32 v (v < NV) of its row, all
@@ -581,9 +589,9 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
 // decoding normalises a row or a few per launch, and waits for each), and the three passes
 // read registers. For C % 4 == 0, C <= 128 NV, 16-byte aligned rows. With a (the residual stream)
 // not NULL it also does the residual add first: res = a + inp, written out, and normalises res
-// (mt_residual_layernorm_forward: one pass over the row instead of two kernels).
-template <int NV>
-__global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *__restrict__ mean,
+// (mt_residual_layernorm_forward: one pass over the row instead of two kernels). OUT as above.
+template <int NV, typename OUT>
+__global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__restrict__ mean,
                                                 float *__restrict__ rstd, float *__restrict__ res,
                                                 const float *__restrict__ a, const float *__restrict__ inp,
                                                 const float *__restrict__ weight, const float *__restrict__ bias,
@@ -626,46 +634,61 @@ __global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *
         }
     var = mt__warp_sum(var) / (float)C;
     float s = 1.0f / sqrtf(var + 1e-5f);
-    float4 *o4 = (float4 *)(out + (size_t)row * C);
+    OUT *o = out + (size_t)row * C;
     const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
     #pragma unroll
     for (int v = 0; v < NV; v++) {
         int j = lane + 32 * v;
         if (j < C4) {
             float4 w = w4[j], b = b4[j];
-            o4[j] = make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
-                                (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w);
+            mt__store_rounded4(o + 4 * j, make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
+                                                      (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w));
         }
     }
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream);   // below
-// res (N rows) = a + inp first when a is not NULL (then res is what is normalised)
-static void mt__layernorm_forward_launch(float *out, float *mean, float *rstd, float *res, const float *a,
+// res (N rows) = a + inp first when a is not NULL (then res is what is normalised); out in OUT
+template <typename OUT>
+static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, float *res, const float *a,
                                          const float *inp, const float *weight, const float *bias, int N, int C,
                                          cudaStream_t stream) {
     int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
               (!a || (mt__aligned16(a) && mt__aligned16(res)));
     if (vec && C <= 32 * 4 * 8) {
-        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8>, mt__blocks(N, 8), 256, 0, stream,
-                   out, mean, rstd, res, a, inp, weight, bias, N, C);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT>, mt__blocks(N, 8), 256, 0,
+                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
-        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16>, mt__blocks(N, 8), 256, 0,
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16, OUT>, mt__blocks(N, 8), 256, 0,
                    stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else {
         if (a) {
             mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
             inp = res;
         }
-        mt__launch("mt_layernorm_forward_kernel", mt_layernorm_forward_kernel, mt__blocks(N, 8), 256, 0, stream, out,
-                   mean, rstd, inp, weight, bias, N, C);
+        mt__launch("mt_layernorm_forward_kernel", mt_layernorm_forward_kernel<OUT>, mt__blocks(N, 8), 256, 0, stream,
+                   out, mean, rstd, inp, weight, bias, N, C);
     }
 }
 void mt_layernorm_forward_gpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C, cudaStream_t stream) {
     int N = B * T;
     if (N == 0) return;
-    mt__layernorm_forward_launch(out, mean, rstd, NULL, NULL, inp, weight, bias, N, C, stream);
+    mt__layernorm_forward_launch(out, mean, rstd, (float *)NULL, (const float *)NULL, inp, weight, bias, N, C, stream);
+}
+// the same with out stored in dtype's 16 bits (MT_DTYPE_BF16 / FP16; out16 16-byte aligned, or
+// the scalar kernel): a training layer's ln1 (mt_ln_storage_dtype). res (optional) as
+// mt_residual_layernorm_forward_gpu's: then res = a + inp first, and res is normalised.
+void mt_layernorm_forward16_gpu(void *out16, float *mean, float *rstd, float *res, const float *a, const float *inp,
+                                const float *weight, const float *bias, int B, int T, int C, int dtype,
+                                cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) return;
+    if (dtype == MT_DTYPE_FP16)
+        mt__layernorm_forward_launch((__half *)out16, mean, rstd, res, a, inp, weight, bias, N, C, stream);
+    else if (dtype == MT_DTYPE_BF16)
+        mt__layernorm_forward_launch((__nv_bfloat16 *)out16, mean, rstd, res, a, inp, weight, bias, N, C, stream);
+    else mt_fatal("internal: a 16-bit layernorm output in dtype %d", dtype);
 }
 // matches mt_residual_layernorm_forward_cpu (megatron.h, 3. OPS): res = a + b (N = B*T rows of C),
 // then out, mean, rstd = layernorm(res)
@@ -2102,16 +2125,23 @@ static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
 // (epi: NULL, or a fused epilogue: the MLP's GELU, mt_matmul_forward_gelu_gpu)
 static int mt__f16_flag(const __half *) { return 1; }
 static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
+// the same with A already in T (a layer's ln1 / ln2 as the layernorm stored it): only B is rounded
+template <typename T>
+static void mt__gemm_wgmma_a16(float *c, const T *a16, const float *b, const float *bias, int M, int N, int K, int lda,
+                               int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate, const mt__epilogue *epi,
+                               cudaStream_t stream) {
+    T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
+    mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(b16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
+                       epi, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
+}
 template <typename T>
 static void mt__gemm_wgmma_rounded(float *c, const float *a, const float *b, const float *bias, int M, int N, int K,
                                    int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
                                    const mt__epilogue *epi, cudaStream_t stream) {
     T *a16 = mt__rounded_copy<T>(a, M, K, lda, a_k_inner, stream);
-    T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
-    mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(a16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
-                       epi, stream);
+    mt__gemm_wgmma_a16<T>(c, a16, b, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, epi, stream);
     MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
 }
 // C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]) with the layouts described above. dtype (an
 // mt_dtype): the operand type of the tensor-core rungs (mma, wgmma): MT_DTYPE_FP16 fp16, else
@@ -2352,14 +2382,18 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
 // the two products from dout16, dout already rounded to T (row stride ld_dout >= OC: the LM
 // head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel).
-// inp NULL: inp is gelu(gelu_inp), remade here rounded (the training MLP keeps only the GELU's input)
+// The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
+// inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
+// keeps only the GELU's input)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
-                                              const float *inp, const float *weight, const float *gelu_inp, int BT,
-                                              int C, int OC, cudaStream_t stream) {
+                                              const float *inp, const T *inp_t, const float *weight,
+                                              const float *gelu_inp, int BT, int C, int OC, cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16;
-    if (inp) {
+    if (inp_t) {
+        inp16 = (T *)inp_t;   // (not borrowed: not freed below)
+    } else if (inp) {
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
     } else {
         MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
@@ -2372,12 +2406,12 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
     }
     mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
     if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+    if (!inp_t) MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                      const float *weight, const float *gelu_inp, int BT, int C, int OC,
-                                      cudaStream_t stream) {
+                                      const T *inp_t, const float *weight, const float *gelu_inp, int BT, int C,
+                                      int OC, cudaStream_t stream) {
     T *dout16;
     if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
         MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
@@ -2386,7 +2420,7 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
         if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
     }
-    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, weight, gelu_inp, BT, C, OC, stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, BT, C, OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
 }
 // the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu packed
@@ -2397,19 +2431,20 @@ void mt_matmul_backward_packed16_gpu(float *dinp, float *dweight, const float *d
                                      const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (grad_dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, weight, NULL, BT, C,
-                                                  OC, stream);
+        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, NULL, weight, NULL,
+                                                  BT, C, OC, stream);
     else
         mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout, 2 * OC, inp,
-                                                         weight, NULL, BT, C, OC, stream);
+                                                         NULL, weight, NULL, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
                             cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
-        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC, stream);
+        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC,
+                                                      stream);
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
@@ -2417,6 +2452,23 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
     mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+}
+// the same with inp already in dtype's 16 bits (MT_DTYPE_BF16 / FP16): a layer's ln1 or ln2 as the
+// layernorm stored it (mt_ln_storage_dtype), read as is, where the wgmma rung runs both products
+// (megatron.h's mt_ln_gemm_dtype says when; anywhere else is an internal error)
+void mt_matmul_backward_inp16_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const void *inp16,
+                                  const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
+                                  cudaStream_t stream) {
+    if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (impl != MT_GEMM_WGMMA || C % 8 != 0 || OC % 8 != 0 || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16))
+        mt_fatal("internal: a matmul backward from a 16-bit input off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
+                 dtype);
+    if (dtype == MT_DTYPE_FP16)
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, BT, C,
+                                          OC, stream);
+    else
+        mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp16, weight,
+                                                 NULL, BT, C, OC, stream);
 }
 
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
@@ -2462,9 +2514,9 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC, stream);
         else
-            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC,
+            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC,
                                                      stream);
         return;
     }
@@ -2488,29 +2540,36 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
 // into scratch, which fc-proj's GEMM reads as its A operand as is (the values its own cast would
 // have made); the backward remakes it from fch (mt_matmul_backward_gelu_gpu with inp = NULL).
 // Other rungs: gelu(fch) in fp32 scratch between the two products.
-void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+// inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln2, mt_ln_storage_dtype:
+// the wgmma rung only), which the fc GEMM reads as is.
+template <typename T>
+static void mt__mlp_forward_wgmma(float *fch, float *out, const float *inp, int inp16, const float *fcw,
+                                  const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
+                                  int OC, cudaStream_t stream) {
+    T *h16;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
+    mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
+    if (inp16) mt__gemm_wgmma_a16<T>(fch, (const T *)inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+    else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+    T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
+    mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+}
+void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, int inp_dtype, const float *fcw, const float *fcb,
                         const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_gemm_impl impl,
                         int dtype, cudaStream_t stream) {
     if (BT <= 0 || F <= 0 || OC <= 0) return;
+    int inp16 = inp_dtype != MT_DTYPE_FP32;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
-        int f16 = dtype == MT_DTYPE_FP16;
-        void *h16;
-        MT_CUDA_CHECK(cudaMallocAsync(&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
-        mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
-        if (f16) {
-            mt__gemm_wgmma_rounded<__half>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
-            __half *w16 = mt__rounded_copy<__half>(fcprojw, OC, F, F, 1, stream);
-            mt__gemm_wgmma_any(out, h16, w16, 1, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-        } else {
-            mt__gemm_wgmma_rounded<__nv_bfloat16>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
-            __nv_bfloat16 *w16 = mt__rounded_copy<__nv_bfloat16>(fcprojw, OC, F, F, 1, stream);
-            mt__gemm_wgmma_any(out, h16, w16, 0, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-        }
-        MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+        if (inp16 && inp_dtype != dtype) mt_fatal("internal: the MLP's input in dtype %d, its GEMMs in %d", inp_dtype, dtype);
+        if (dtype == MT_DTYPE_FP16)
+            mt__mlp_forward_wgmma<__half>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
+        else
+            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
         return;
     }
+    if (inp16) mt_fatal("internal: a 16-bit MLP input off the wgmma rung");
     float *h;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&h, (size_t)BT * F * sizeof(float), stream));
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
@@ -2524,17 +2583,27 @@ void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *f
 // backward's twin), instead of rounding an fp32 qkv into a copy in the forward and again in the
 // backward. The same values: the wgmma GEMM's STORE16 epilogue rounds what it would have stored
 // in fp32 (round(sum + bias)); other rungs: fp32 scratch, then the cast.
-void mt_qkv_forward16_gpu(void *qkv16, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
-                          mt_gemm_impl impl, int dtype, cudaStream_t stream) {
+// inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln1, mt_ln_storage_dtype:
+// the wgmma rung only), read as is.
+template <typename T>
+static void mt__qkv_forward_wgmma(void *qkv16, const float *inp, int inp16, const float *weight, const float *bias,
+                                  int BT, int C, int OC, cudaStream_t stream) {
+    mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
+    if (inp16) mt__gemm_wgmma_a16<T>(NULL, (const T *)inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+    else mt__gemm_wgmma_rounded<T>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+}
+void mt_qkv_forward16_gpu(void *qkv16, const float *inp, int inp_dtype, const float *weight, const float *bias, int BT,
+                          int C, int OC, mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || OC <= 0) return;
     if (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) mt_fatal("internal: a 16-bit qkv in dtype %d", dtype);
+    int inp16 = inp_dtype != MT_DTYPE_FP32;
+    if (inp16 && inp_dtype != dtype) mt_fatal("internal: the qkv projection's input in dtype %d, qkv in %d", inp_dtype, dtype);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
-        mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
-        if (dtype == MT_DTYPE_FP16)
-            mt__gemm_wgmma_rounded<__half>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
-        else mt__gemm_wgmma_rounded<__nv_bfloat16>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+        if (dtype == MT_DTYPE_FP16) mt__qkv_forward_wgmma<__half>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
+        else mt__qkv_forward_wgmma<__nv_bfloat16>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
         return;
     }
+    if (inp16) mt_fatal("internal: a 16-bit qkv projection input off the wgmma rung");
     float *y;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&y, (size_t)BT * OC * sizeof(float), stream));
     mt_matmul_forward_gpu(y, inp, weight, bias, BT, C, OC, impl, dtype, stream);
@@ -4266,9 +4335,11 @@ void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, c
     mt__profile_end(r, "embedding + positions forward", t0);
 }
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                          const float *bias, int B, int T, int C) {
+                          const float *bias, int B, int T, int C, mt_dtype out_dtype) {
     double t0 = mt__profile_begin(r);
-    mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
+    if (out_dtype != MT_DTYPE_FP32)
+        mt_layernorm_forward16_gpu(out, mean, rstd, NULL, NULL, inp, weight, bias, B, T, C, out_dtype, mt__stream(r));
+    else mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
     mt__profile_end(r, "layernorm forward", t0);
 }
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -4297,10 +4368,13 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     mt__profile_end(r, label, t0);
 }
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, int BT, int C, int OC) {
+                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
-                           r->dev.dtype, mt__stream(r));
+    if (inp_dtype != MT_DTYPE_FP32)
+        mt_matmul_backward_inp16_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                                     inp_dtype, mt__stream(r));
+    else mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                                r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul backward", C, OC);
     mt__profile_end(r, label, t0);
@@ -4315,11 +4389,11 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_mlp_forward_gpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl,
-                       r->dev.dtype, mt__stream(r));
+    mt_mlp_forward_gpu(fch, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
+                       (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "mlp forward %dx%dx%d", C, F, OC);
     mt__profile_end(r, label, t0);
@@ -4350,14 +4424,26 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 }
 // the GPU keeps a training layer's qkv in the attention's operand type (16 bits) unless in fp32
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { return cfg->compute_dtype; }
-void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
-                    int OC) {
+// and its ln1, ln2 as the GEMMs that read them want them (megatron.h's mt_ln_gemm_dtype), for the
+// rung this build will run: the device's (mt_device_init sets it), or before there is one the
+// rung mt_device_scratch_bytes plans with
+static mt_gemm_impl mt__planned_rung(const mt_config *cfg);   // (below: the memory plan's device terms)
+mt_dtype mt_ln_storage_dtype(const mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    const mt_dims *d = &r->dims;
+    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(cfg);
+    return mt_ln_gemm_dtype(impl, cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp, d->F_tp,
+                            cfg->parallel.sequence_parallel);
+}
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                    const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
+        if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit qkv projection input with fp32 qkv");
         mt_matmul_forward(r, qkv, inp, weight, bias, BT, C, OC);
         return;
     }
     double t0 = mt__profile_begin(r);
-    mt_qkv_forward16_gpu(qkv, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
+    mt_qkv_forward16_gpu(qkv, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
                          mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "qkv forward %dx%d", C, OC);
@@ -4411,9 +4497,12 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
     mt__profile_end(r, "residual forward", t0);
 }
 void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *weight, const float *bias, int B, int T, int C) {
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C,
+                                   mt_dtype out_dtype) {
     double t0 = mt__profile_begin(r);
-    mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
+    if (out_dtype != MT_DTYPE_FP32)
+        mt_layernorm_forward16_gpu(out, mean, rstd, res, a, b, weight, bias, B, T, C, out_dtype, mt__stream(r));
+    else mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
     mt__profile_end(r, "residual + layernorm forward", t0);
 }
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
@@ -4456,7 +4545,7 @@ void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *d
     int grad_dtype = mt__logits_grad_dtype(r, dlogits, V_local);
     if (C != r->dims.C) mt_fatal("internal: mt_lm_head_backward with C = %d, not the hidden size %d", C, r->dims.C);
     if (grad_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
-        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local);
+        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
         return;
     }
     double t0 = mt__profile_begin(r);
@@ -4743,16 +4832,16 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
 // the memory plan's device terms (megatron.h section 3 says what they are). The rung is the one
 // mt_device_init takes, from the flags and this GPU: the plan can ask before any rank has a device
 // (--dry-run on a machine without one plans for an H100/H200, as the CPU build counts)
-size_t mt_device_scratch_bytes(const mt_rank *r) {
-    const mt_config *cfg = r->cfg;
+static mt_gemm_impl mt__planned_rung(const mt_config *cfg) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         (void)cudaGetLastError();
-        return mt_gpu_scratch_peak(r, mt__gpu_rung(cfg), cfg->compute_dtype);
+        return mt__gpu_rung(cfg);
     }
-    mt_gemm_impl impl = cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm)
-                                           : mt_gemm_impl_for_precision(cfg->compute_dtype);
-    return mt_gpu_scratch_peak(r, impl, cfg->compute_dtype);
+    return cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm) : mt_gemm_impl_for_precision(cfg->compute_dtype);
+}
+size_t mt_device_scratch_bytes(const mt_rank *r) {
+    return mt_gpu_scratch_peak(r, mt__planned_rung(r->cfg), r->cfg->compute_dtype);
 }
 // NCCL's own device memory per communicator: its channels' receive buffers for each peer and
 // protocol (by default 4 MiB for Simple, about 4.7 MiB for LL128 and 0.5 MiB for LL, per channel

@@ -363,6 +363,31 @@ MT_TEST(layernorm) {
         got = dev_download(d_out, NC);
         snprintf(label, sizeof label, "residual + layernorm: out B=%d T=%d C=%d", B, T, C);
         check_close(label, got, out_ref, NC, 1e-5); free(got);
+        // out stored in 16 bits (a training layer's ln1 / ln2 on the wgmma rung): the same kernel's
+        // fp32 values, each rounded to nearest even, bit for bit; mean, rstd and res as in fp32.
+        // Plain and with the residual in front; vector (C % 4 == 0, C <= 2048) and scalar kernels.
+        for (int dt = MT_DTYPE_BF16; dt <= MT_DTYPE_FP16; dt++)
+            for (int with_res = 0; with_res <= 1; with_res++) {
+                float *out32, *want = (float *)mt_malloc(NC * sizeof(float) + 4, "rounded");
+                dev_poison(d_out, NC);
+                if (with_res) mt_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_a, d_inp, d_w, d_b, B, T, C, 0);
+                else mt_layernorm_forward_gpu(d_out, d_mean, d_rstd, d_inp, d_w, d_b, B, T, C, 0);
+                out32 = dev_download(d_out, NC);
+                for (size_t i = 0; i < NC; i++) want[i] = mt_round_to_dtype(out32[i], (mt_dtype)dt);
+                void *o16 = dev_alloc(NC * 2 + 16);
+                MT_CUDA_CHECK(cudaMemset(o16, 0xff, NC * 2));
+                mt_layernorm_forward16_gpu(o16, d_mean, d_rstd, with_res ? d_res : NULL, with_res ? d_a : NULL, d_inp, d_w,
+                                           d_b, B, T, C, dt, 0);
+                uint16_t *h16 = (uint16_t *)mt_malloc(NC * 2 + 2, "got");
+                MT_CUDA_CHECK(cudaMemcpy(h16, o16, NC * 2, cudaMemcpyDeviceToHost));
+                float *as32 = (float *)mt_malloc(NC * sizeof(float) + 4, "got");
+                for (size_t i = 0; i < NC; i++)
+                    as32[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(h16[i]) : mt_fp16_to_float(h16[i]);
+                snprintf(label, sizeof label, "%slayernorm out in %s B=%d T=%d C=%d", with_res ? "residual + " : "",
+                         dt == MT_DTYPE_BF16 ? "bf16" : "fp16", B, T, C);
+                check_close(label, as32, want, NC, 0.0);
+                free(out32); free(want); free(h16); free(as32); dev_free(o16);
+            }
         got = dev_download(d_rstd, N); check_close("residual + layernorm: rstd", got, rstd_ref, N, 1e-5); free(got);
         free(a); free(res_ref); dev_free(d_a); dev_free(d_res);
         free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(mean_ref);
@@ -456,6 +481,24 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
             snprintf(label, sizeof label, "matmul %s dbias BT=%d C=%d OC=%d", name, BT, C, OC);
             // fp32 column sums in any rung, in another order than the CPU's
             check_added_scale(label, got, db_ref, db0, OC, 1e-5, column_sum_term_scale(dout, BT, OC)); free(got);
+        }
+        // the backward from an input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype: the
+        // wgmma rung only): the same bits as from the fp32 input, which the rung rounds to the same
+        if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && !misalign) {
+            float *dinp32 = with_dinp ? dev_download(d_dinp, nin) : NULL, *dw32 = dev_download(d_dw, nw);
+            float *db32 = with_bias ? dev_download(d_db, OC) : NULL;
+            void *in16 = dev_alloc(nin * 2 + 16);
+            if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
+            else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
+            dev_set(d_dinp, dinp0, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
+            mt_matmul_backward_inp16_gpu(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, d_dout, in16, d_w, BT, C,
+                                         OC, impl, dt, 0);
+            snprintf(label, sizeof label, "matmul %s backward from a 16-bit input BT=%d C=%d OC=%d", name, BT, C, OC);
+            if (with_dinp) { got = dev_download(d_dinp, nin); check_close(label, got, dinp32, nin, 0.0); free(got); }
+            got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
+            if (with_bias) { got = dev_download(d_db, OC); check_close(label, got, db32, OC, 0.0); free(got); }
+            free(dinp32); free(dw32); free(db32);
+            dev_free(in16);
         }
         }
     }
@@ -566,7 +609,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_matmul_forward_gpu(d_y_u, d_out, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
             float *pre_u = dev_download(d_pre, nout), *y_u = dev_download(d_y_u, nin);
             dev_poison(d_pre, nout);
-            mt_mlp_forward_gpu(d_pre, d_y, d_inp, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
+            mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
             snprintf(label, sizeof label, "mlp %s %s forward: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_pre, nout); check_close(label, got, pre_u, nout, 0.0); free(got);
             snprintf(label, sizeof label, "mlp %s %s forward: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
@@ -584,13 +627,42 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_pre, nout, 0);
                 MT_CUDA_CHECK(cudaMemcpy(want16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
-                mt_qkv_forward16_gpu(q16, d_inp, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                mt_qkv_forward16_gpu(q16, d_inp, MT_DTYPE_FP32, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
                 got16 = (unsigned short *)mt_malloc(nout * 2 + 2, "got");
                 MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 size_t differ = 0;
                 for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
                 snprintf(label, sizeof label, "qkv forward in 16 bits %s %s BT=%d C=%d OC=%d", rung, type, BT, C, OC);
                 mt_expect(differ == 0, "%s: %zu of %zu values differ from the fp32 forward rounded", label, differ, nout);
+                // from an input already in 16 bits (a layer's ln1 as the layernorm stores it on the
+                // wgmma rung, mt_ln_gemm_dtype): the GEMM's own rounding of it skipped, the same bits
+                if (impls[k] == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+                    void *in16 = dev_alloc(nin * 2 + 16);
+                    if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
+                    else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
+                    MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
+                    mt_qkv_forward16_gpu(q16, (const float *)in16, dt, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                    MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
+                    differ = 0;
+                    for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
+                    mt_expect(differ == 0, "%s from a 16-bit input: %zu of %zu values differ", label, differ, nout);
+                    if (OC % 8 == 0) {   // the MLP's fc from a 16-bit ln2 (F = OC here), against its fp32-input run
+                        float *fch32, *y32;
+                        dev_poison(d_pre, nout); dev_poison(d_y, nin);
+                        mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                                           impls[k], dt, 0);
+                        fch32 = dev_download(d_pre, nout); y32 = dev_download(d_y, nin);
+                        dev_poison(d_pre, nout); dev_poison(d_y, nin);
+                        mt_mlp_forward_gpu(d_pre, d_y, (const float *)in16, dt, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                                           impls[k], dt, 0);
+                        snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: fch BT=%d", rung, type, BT);
+                        float *g2 = dev_download(d_pre, nout); check_close(label, g2, fch32, nout, 0.0); free(g2);
+                        snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: out BT=%d", rung, type, BT);
+                        g2 = dev_download(d_y, nin); check_close(label, g2, y32, nin, 0.0); free(g2);
+                        free(fch32); free(y32);
+                    }
+                    dev_free(in16);
+                }
                 free(want16); free(got16); dev_free(q16);
             }
             free(gx); free(pre_u); free(y_u); free(w2); free(bias2); free(fch_r); free(y_r);
