@@ -711,6 +711,37 @@ void mt_residual_layernorm_forward_gpu(float *res, float *out, float *mean, floa
 // mt_layernorm_backward_reduce_kernel adds the blocks' partials in order. Deterministic.
 // dynamic shared memory: 2 * nwarps * C floats. partial_* are (blocks, C) each.
 // (MT__LN_ROWS_PER_BLOCK = 32 rows per block: megatron.h's, section 3, which sizes the partials)
+// One channel's terms, the same operations in both kernels below (so the same bits):
+//   norm = (x - mean) rstd; dnorm = weight * dout, rounded: never fused into the FMA that follows,
+//   so dnorm - mean_c(dnorm) cancels exactly as on the CPU
+__device__ static inline void mt__ln_backward_row_sums(float x, float g, float w, float mean_r, float rstd_r,
+                                                       float *dnorm_sum, float *dnorm_norm_sum) {
+    float norm = (x - mean_r) * rstd_r;
+    float dnorm = __fmul_rn(w, g);
+    *dnorm_sum += dnorm;
+    *dnorm_norm_sum += dnorm * norm;
+}
+__device__ static inline void mt__ln_backward_apply(float x, float g, float w, float mean_r, float rstd_r,
+                                                    float dnorm_mean, float dnorm_norm_mean, float *dinp, float *dw,
+                                                    float *db) {
+    float norm = (x - mean_r) * rstd_r;
+    float dnorm = __fmul_rn(w, g);
+    *db += g;
+    *dw += norm * g;
+    *dinp += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd_r;
+}
+// the block's end: its warps' dweight and dbias slices (smem: nwarps slices of C, then nwarps more)
+// added in warp order into the block's row of the partials
+__device__ static inline void mt__ln_backward_block_partials(const float *smem, float *partial_dweight,
+                                                             float *partial_dbias, int nwarps, int C) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int w = 0; w < nwarps; w++) { dw += smem[(size_t)w * C + i]; db += smem[(size_t)(nwarps + w) * C + i]; }
+        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
+        partial_dbias[(size_t)blockIdx.x * C + i] = db;
+    }
+}
 __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial_dweight,
                                              float *__restrict__ partial_dbias, const float *__restrict__ dout,
                                              const float *__restrict__ inp, const float *__restrict__ weight,
@@ -727,30 +758,15 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
         float *dinp_r = dinp + (size_t)row * C;
         float mean_r = mean[row], rstd_r = rstd[row];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int i = lane; i < C; i += 32) {
-            float norm_i = (inp_r[i] - mean_r) * rstd_r;
-            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // rounded, never fused into the next line's FMA
-            dnorm_mean += dnorm_i;
-            dnorm_norm_mean += dnorm_i * norm_i;
-        }
+        for (int i = lane; i < C; i += 32)
+            mt__ln_backward_row_sums(inp_r[i], dout_r[i], weight[i], mean_r, rstd_r, &dnorm_mean, &dnorm_norm_mean);
         dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
         dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
-        for (int i = lane; i < C; i += 32) {
-            float norm_i = (inp_r[i] - mean_r) * rstd_r;
-            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // so dnorm_i - dnorm_mean cancels exactly as on the CPU
-            db_acc[i] += dout_r[i];
-            dw_acc[i] += norm_i * dout_r[i];
-            dinp_r[i] += (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * rstd_r;
-        }
+        for (int i = lane; i < C; i += 32)
+            mt__ln_backward_apply(inp_r[i], dout_r[i], weight[i], mean_r, rstd_r, dnorm_mean, dnorm_norm_mean,
+                                  &dinp_r[i], &dw_acc[i], &db_acc[i]);
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < nwarps; w++)
-            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
-        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
-        partial_dbias[(size_t)blockIdx.x * C + i] = db;
-    }
+    mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
 // The same with each row in registers (C % 4 == 0, C <= 128 NV, 16-byte aligned rows): a lane holds
 // float4 j = lane + 32 v (v < NV) of the row's dout and inp, all loaded before the first sum, so a
@@ -792,12 +808,8 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
             float gv[4] = {g[v].x, g[v].y, g[v].z, g[v].w}, xv[4] = {x[v].x, x[v].y, x[v].z, x[v].w};
             float wv[4] = {w.x, w.y, w.z, w.w};
             #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float norm_k = (xv[k] - mean_r) * rstd_r;
-                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // rounded, never fused into the next line's FMA
-                dnorm_mean += dnorm_k;
-                dnorm_norm_mean += dnorm_k * norm_k;
-            }
+            for (int k = 0; k < 4; k++)
+                mt__ln_backward_row_sums(xv[k], gv[k], wv[k], mean_r, rstd_r, &dnorm_mean, &dnorm_norm_mean);
         }
         dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
         dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
@@ -810,26 +822,15 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
             float wv[4] = {w.x, w.y, w.z, w.w}, dv[4] = {d.x, d.y, d.z, d.w};
             float dwv[4] = {dw.x, dw.y, dw.z, dw.w}, dbv[4] = {db.x, db.y, db.z, db.w};
             #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float norm_k = (xv[k] - mean_r) * rstd_r;
-                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // so dnorm_k - dnorm_mean cancels exactly as on the CPU
-                dbv[k] += gv[k];
-                dwv[k] += norm_k * gv[k];
-                dv[k] += (dnorm_k - dnorm_mean - norm_k * dnorm_norm_mean) * rstd_r;
-            }
+            for (int k = 0; k < 4; k++)
+                mt__ln_backward_apply(xv[k], gv[k], wv[k], mean_r, rstd_r, dnorm_mean, dnorm_norm_mean, &dv[k], &dwv[k],
+                                      &dbv[k]);
             dinp4[j] = make_float4(dv[0], dv[1], dv[2], dv[3]);
             dw_acc[j] = make_float4(dwv[0], dwv[1], dwv[2], dwv[3]);
             db_acc[j] = make_float4(dbv[0], dbv[1], dbv[2], dbv[3]);
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < nwarps; w++)
-            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
-        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
-        partial_dbias[(size_t)blockIdx.x * C + i] = db;
-    }
+    mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
 // dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
 // 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
