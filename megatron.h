@@ -13627,9 +13627,13 @@ int mt_pretrain(mt_config *cfg) {
     fflush(stdout);
     mt_data data;
     mt_data_init(&data, cfg);
+    // --eval-iters 0 turns validation and test off (Megatron's do_valid, do_test), so those splits
+    // are not built though they have documents; "empty" is for a split with none under --split
     for (int s = 0; s < 3; s++)
         printf("%s split: %s\n", s == 0 ? "train" : s == 1 ? "valid" : "test",
-               data.has_split[s] ? "ready" : "empty (skipped)");
+               data.has_split[s]                       ? "ready"
+               : s > 0 && cfg->train.eval_iters == 0   ? "not evaluated (--eval-iters 0)"
+                                                       : "empty (skipped)");
     printf("data ready in %.2f s; training %d iterations of %d samples x %d tokens\n", mt_time_seconds() - t0,
            cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
     fflush(stdout);
