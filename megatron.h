@@ -2440,20 +2440,24 @@ static const mt__flag mt__flags[] = {
      "--optimizer-cpu-offload's copies and host update run one after another"},
 };
 // Megatron flags that this build knows but does not implement yet: an error that says so
-// (instead of "unknown flag"), so a tutorial's user knows what to drop.
-static const struct { const char *name, *what; } mt__unimplemented_flags[] = {
-    {"--train-samples", "sample-based training: use --train-iters = samples / global batch size"},
-    {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters"},
-    {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction"},
-    {"--rampup-batch-size", "batch-size ramp-up"},
-    {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward"},
-    {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)"},
-    {"--eod-mask-loss", "masking the loss at end-of-document tokens"},
-    {"--reset-position-ids", "resetting positions at document boundaries"},
-    {"--reset-attention-mask", "attention masks at document boundaries"},
-    {"--swiglu", "SwiGLU MLPs (GPT-2 uses GELU)"},
-    {"--normalization", "RMSNorm (GPT-2 uses LayerNorm)"},
-    {"--disable-bias-linear", "linear layers without biases"},
+// (instead of "unknown flag"), so a tutorial's user knows what to drop; `without` (or NULL) says
+// what the run does here instead, on the hint line.
+static const struct { const char *name, *what, *without; } mt__unimplemented_flags[] = {
+    {"--train-samples", "sample-based training: use --train-iters = samples / global batch size", NULL},
+    {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters", NULL},
+    {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction", NULL},
+    {"--rampup-batch-size", "batch-size ramp-up", NULL},
+    {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward",
+     "the gradients are reduced after the backward, not during it"},
+    {"--overlap-param-gather", "overlapping the distributed optimizer's parameter all-gather with the forward",
+     "the parameters are all-gathered after the optimizer step, not overlapped with the next forward"},
+    {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)", NULL},
+    {"--eod-mask-loss", "masking the loss at end-of-document tokens", NULL},
+    {"--reset-position-ids", "resetting positions at document boundaries", NULL},
+    {"--reset-attention-mask", "attention masks at document boundaries", NULL},
+    {"--swiglu", "SwiGLU MLPs (GPT-2 uses GELU)", NULL},
+    {"--normalization", "RMSNorm (GPT-2 uses LayerNorm)", NULL},
+    {"--disable-bias-linear", "linear layers without biases", NULL},
 };
 // Flags of older Megatron versions and of the tutorial itself: each is honoured through today's
 // equivalent, with a one-line note that names it (mt__old_flag), never refused: the tutorial's
@@ -2540,8 +2544,9 @@ static void mt__unknown_flag(const char *name) {
     for (size_t i = 0; i < sizeof mt__unimplemented_flags / sizeof mt__unimplemented_flags[0]; i++)
         if (strcmp(mt__unimplemented_flags[i].name, name) == 0)
             mt_fatal("%s (%s) is a Megatron flag that megatron.h does not implement yet\n"
-                     "hint: drop it; ./train_gpt --help lists what is here",
-                     name, mt__unimplemented_flags[i].what);
+                     "hint: drop it%s%s; ./train_gpt --help lists what is here",
+                     name, mt__unimplemented_flags[i].what, mt__unimplemented_flags[i].without ? ": " : "",
+                     mt__unimplemented_flags[i].without ? mt__unimplemented_flags[i].without : "");
     const char *best = NULL;
     int best_d = 1 << 30;
     for (size_t i = 0; i < sizeof mt__flags / sizeof mt__flags[0]; i++) {
@@ -13724,9 +13729,13 @@ int mt_pretrain(mt_config *cfg) {
     fflush(stdout);
     mt_data data;
     mt_data_init(&data, cfg);
+    // --eval-iters 0 turns validation and test off (Megatron's do_valid, do_test), so those splits
+    // are not built though they have documents; "empty" is for a split with none under --split
     for (int s = 0; s < 3; s++)
         printf("%s split: %s\n", s == 0 ? "train" : s == 1 ? "valid" : "test",
-               data.has_split[s] ? "ready" : "empty (skipped)");
+               data.has_split[s]                       ? "ready"
+               : s > 0 && cfg->train.eval_iters == 0   ? "not evaluated (--eval-iters 0)"
+                                                       : "empty (skipped)");
     printf("data ready in %.2f s; training %d iterations of %d samples x %d tokens\n", mt_time_seconds() - t0,
            cfg->train.train_iters, cfg->train.global_batch_size, cfg->model.seq_length);
     fflush(stdout);

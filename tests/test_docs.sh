@@ -14,7 +14,8 @@
 # Chinese tutorial repeats the English one's commands) is checked against the first run's output.
 #
 # Also checked: every relative link points at a file; every `mt_...` name is defined in
-# megatron.h or kernels.cuh; every "§N" is one of megatron.h's 12 sections.
+# megatron.h or kernels.cuh; every "§N" is one of megatron.h's 12 sections; every file the blocks
+# write, run or shown, is one git ignores (runs/, ...).
 # Prints "N passed, N failed"; run from the repository root after `make`.
 mode=cpu
 [ "$1" = "--gpu" ] && mode=gpu
@@ -106,5 +107,44 @@ for doc in $docs; do
     grep -q "^// $s\. " megatron.h && ok "$doc cites section $s" || bad "$doc cites section $s, which does not exist"
   done
 done
+
+# 4. outputs go where git ignores them (runs/, data/my_dataset*, build/): every file the runnable
+# blocks wrote, and every output path of a shown command (--save, --tensorboard-dir, --timeline,
+# --timeline-svg, --export-hf, --sample-output-file, --output-prefix, the shell's >), so a copied
+# command leaves `git status` clean
+stray=$( (cd "$dir/work" && find . -type f) | sed 's|^\./||' \
+  | git check-ignore --no-index --verbose --non-matching --stdin | awk -F '\t' '$1 == "::" { print $2 }')
+[ -z "$stray" ] && ok "the runnable blocks write only where git ignores" \
+  || bad "the runnable blocks wrote files git does not ignore (write under runs/): $(echo $stray)"
+awk '
+  FNR == 1 { inf = 0; shell = 0; cont = "" }
+  /^```/ { if (inf) { inf = 0; shell = 0; next }
+           inf = 1; info = substr($0, 4); shell = info ~ /^sh/ || info == ""; next }
+  inf && shell {
+    line = cont $0
+    if (line ~ /\\$/) { if (cont == "") start = FNR; cont = substr(line, 1, length(line) - 1) " "; next }
+    if (cont == "") start = FNR
+    cont = ""
+    if (line ~ /^[ \t]*\(gdb\)/) next
+    n = split(line, w, /[ \t]+/)
+    ours = line ~ /\.\/(train_gpt|train_gpt_cuda|preprocess)([ \t]|$)/
+    for (i = 1; i <= n; i++) {
+      t = w[i]; v = ""
+      if (ours && t ~ /^--(save|tensorboard-dir|timeline|timeline-svg|export-hf|sample-output-file|output-prefix)(=|$)/)
+        v = t ~ /=/ ? substr(t, index(t, "=") + 1) : w[i + 1]
+      else if (t ~ /^[0-9]*>>?/) {
+        v = t; sub(/^[0-9]*>>?/, "", v); if (v == "") v = w[i + 1]
+        if (v ~ /^&/) v = ""
+      }
+      if (v != "") print FILENAME ":" start " " v
+    }
+  }' $docs > "$dir/outputs"
+while read -r where path; do
+  case "$path" in
+    /dev/*|/tmp/*|*'$'*|*...*) continue ;;   # not in the repository, or a placeholder
+  esac
+  git check-ignore -q --no-index "$path" && ok "$where writes $path (ignored)" \
+    || bad "$where writes $path, which git does not ignore (write under runs/)"
+done < "$dir/outputs"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
