@@ -4,7 +4,8 @@
 # (the carve table only with --verbose); the CPU iteration line shows a real TFLOP/s figure;
 # --eval-iters 0 says validation is off (not that the valid split is empty);
 # --print-schedule keeps labels apart from micro-batch 10 on; --data-path accepts PREFIX.bin and
-# PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; a Megatron
+# PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; an output path
+# that cannot be written fails at start-up, not after the run; a Megatron
 # flag not implemented here fails by name; make debug never writes ./train_gpt. Run from the
 # repository root after `make`; prints "N passed, N failed".
 passed=0; failed=0
@@ -68,6 +69,24 @@ check "interleaved schedule: labels apart" \
 ./train_gpt $M --train-iters 4 --data-path "$P" --load "$tmp/ckpt_pp2" > "$tmp/load" 2>&1
 check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
   "grep '^hint: .*--convert-checkpoint' '$tmp/load' > /dev/null"
+
+# output files written at the end of a run (--timeline, --timeline-svg, --sample-output-file) get
+# their directory at start-up, as --save and --tensorboard-dir do; a path that cannot be written
+# (under a regular file here: fails as root too) fails at start-up, before the first iteration
+./train_gpt $M --train-iters 2 --data-path "$P" --profile-step-start 1 --profile-step-end 2 \
+  --timeline "$tmp/new/dir/trace.json" --timeline-svg "$tmp/new/svg/trace.svg" > "$tmp/tl" 2>&1
+check "--timeline, --timeline-svg: their directories are made" \
+  "[ -s '$tmp/new/dir/trace.json' ] && [ -s '$tmp/new/svg/trace.svg' ] && ! ls '$tmp/new/dir' | grep -q tmp"
+: > "$tmp/afile"
+for out in "--timeline $tmp/afile/trace.json" "--timeline-svg $tmp/afile/sub/t.svg" "--save $tmp/afile/ckpt"; do
+  ./train_gpt $M --train-iters 2 --data-path "$P" $out > "$tmp/badout" 2>&1; rc=$?
+  check "${out%% *} into a file's path: fails at start-up, naming the flag" \
+    "[ $rc -ne 0 ] && grep -q '^error: .*${out%% *}' '$tmp/badout' && ! grep -q 'iteration ' '$tmp/badout'"
+done
+./train_gpt --load "$tmp/ckpt_pp2" --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --prompt Hi \
+  --out-seq-length 2 --sample-output-file "$tmp/afile/out.jsonl" > "$tmp/badgen" 2>&1; rc=$?
+check "--sample-output-file into a file's path: fails before generating" \
+  "[ $rc -ne 0 ] && grep -q '^error: .*--sample-output-file' '$tmp/badgen' && ! grep -q '^generation:' '$tmp/badgen'"
 
 # a Megatron flag known but not implemented fails by name, never as "unknown flag ... did you mean"
 # (--overlap-param-gather, the companion of --use-distributed-optimizer, once suggested --overwrite);
