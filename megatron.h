@@ -2451,6 +2451,26 @@ static const mt__flag mt__flags[] = {
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
     {"--overlap-cpu-optimizer-d2h-h2d", MT__IGNORED, 0, 0, "ignored",
      "--optimizer-cpu-offload's copies and host update run one after another"},
+    // Megatron's gradient and pipeline flags that ask for what happens here anyway
+    {"--accumulate-allreduce-grads-in-fp32", MT__IGNORED, 0, 0, "ignored",
+     "gradients always accumulate in an fp32 buffer and are all-reduced in fp32"},
+    {"--ddp-average-in-collective", MT__IGNORED, 0, 0, "ignored",
+     "the DP all-reduce gives the mean either way (the loss gradient carries the 1/DP, the collective sums)"},
+    {"--no-overlap-p2p-communication", MT__IGNORED, 0, 0, "ignored",
+     "pipeline sends and receives never overlap the forward and backward"},
+    // these only time the overlapped communication of --overlap-grad-reduce and
+    // --overlap-param-gather: Megatron's training.py reads them only when those are on. The overlap
+    // itself is refused (mt__unimplemented_flags, below), so they change nothing, here as there
+    {"--no-delay-grad-reduce", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+    {"--no-align-grad-reduce", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+    {"--delay-param-gather", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-param-gather's all-gathers, not implemented (parameters are all-gathered after "
+     "the optimizer step)"},
+    {"--no-align-param-gather", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-param-gather's all-gathers, not implemented (parameters are all-gathered after "
+     "the optimizer step)"},
 };
 // Megatron flags that this build knows but does not implement yet: an error that says so
 // (instead of "unknown flag"), so a tutorial's user knows what to drop; `without` (or NULL) says
@@ -2464,6 +2484,15 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
      "the gradients are reduced after the backward, not during it"},
     {"--overlap-param-gather", "overlapping the distributed optimizer's parameter all-gather with the forward",
      "the parameters are all-gathered after the optimizer step, not overlapped with the next forward"},
+    {"--overlap-param-gather-with-optimizer-step",
+     "overlapping the first bucket's parameter all-gather with the optimizer step, for --overlap-param-gather",
+     "the parameters are all-gathered after the optimizer step"},
+    {"--tp-comm-overlap", "overlapping tensor-parallel communication with the GEMMs, Transformer Engine's userbuffers",
+     "each tensor-parallel all-reduce, all-gather or reduce-scatter runs between the GEMMs it connects"},
+    {"--overlap-p2p-communication", "overlapping pipeline sends and receives with the forward and backward",
+     "a stage waits for each message before the forward or backward that needs it"},
+    {"--defer-embedding-wgrad-compute", "deferring the LM head's weight-gradient GEMMs to the pipeline flush",
+     "the LM head's weight gradient is computed in each micro-batch's backward"},
     {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)", NULL},
     {"--eod-mask-loss", "masking the loss at end-of-document tokens", NULL},
     {"--reset-position-ids", "resetting positions at document boundaries", NULL},

@@ -97,6 +97,24 @@ check "--overlap-param-gather: exit non-zero, not implemented yet" \
    && ! grep 'unknown flag' '$tmp/opg' > /dev/null"
 check "--overlap-param-gather: the hint says the parameters are all-gathered after the optimizer step" \
   "grep '^hint: drop it: the parameters are all-gathered after the optimizer step' '$tmp/opg' > /dev/null"
+# more of the distributed flags common Megatron scripts pass: the overlaps fail by name, as above;
+# the flags whose request happens here anyway (or that only time an overlap) are accepted with a
+# note, and --help lists them with the other accepted ones
+for f in --overlap-param-gather-with-optimizer-step --tp-comm-overlap --overlap-p2p-communication \
+         --defer-embedding-wgrad-compute; do
+  ./train_gpt --print-layout $f > "$tmp/flag" 2>&1; rc=$?
+  check "$f: exit non-zero, not implemented yet, with a hint" \
+    "[ $rc -ne 0 ] && grep -q '^error: $f .*does not implement yet' '$tmp/flag' && grep -q '^hint: drop it: ' '$tmp/flag' \
+     && ! grep -q 'unknown flag' '$tmp/flag'"
+done
+./train_gpt --help > "$tmp/help" 2>&1
+for f in --accumulate-allreduce-grads-in-fp32 --ddp-average-in-collective --no-overlap-p2p-communication \
+         --no-delay-grad-reduce --no-align-grad-reduce --delay-param-gather --no-align-param-gather; do
+  ./train_gpt --print-layout $f > "$tmp/flag" 2>&1; rc=$?
+  check "$f: accepted with a one-line note, listed in --help" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^note: $f has no effect here: ' '$tmp/flag') -eq 1 ] \
+     && sed -n '/^ignored:/,\$p' '$tmp/help' | grep -q -- '^  $f '"
+done
 
 # make debug writes its own binaries; ./train_gpt stays the optimised one
 check "make debug never writes ./train_gpt" \
