@@ -15,7 +15,8 @@
 #
 # Also checked: every relative link points at a file; every `mt_...` name is defined in
 # megatron.h or kernels.cuh; every "§N" is one of megatron.h's 12 sections; every file the blocks
-# write, run or shown, is one git ignores (runs/, ...).
+# write, run or shown, is one git ignores (runs/, ...); every directory a shown --import-hf reads
+# is written by a command above it on the same page.
 # Prints "N passed, N failed"; run from the repository root after `make`.
 mode=cpu
 [ "$1" = "--gpu" ] && mode=gpu
@@ -146,5 +147,25 @@ while read -r where path; do
   git check-ignore -q --no-index "$path" && ok "$where writes $path (ignored)" \
     || bad "$where writes $path, which git does not ignore (write under runs/)"
 done < "$dir/outputs"
+
+# 5. every directory a command reads with --import-hf is one an earlier command of the same page
+# writes (--export-hf DIR, or a download's --local-dir DIR): a bare `huggingface-cli download
+# gpt2` leaves the files in Hugging Face's cache, where `--import-hf gpt2` finds nothing
+awk '
+  FNR == 1 { inf = 0; cont = ""; split("", made) }
+  /^```/ { inf = !inf; next }
+  inf {
+    line = cont $0
+    if (line ~ /\\$/) { if (cont == "") start = FNR; cont = substr(line, 1, length(line) - 1) " "; next }
+    if (cont == "") start = FNR
+    cont = ""
+    n = split(line, w, /[ \t]+/)
+    for (i = 1; i < n; i++) if (w[i] == "--import-hf") print FILENAME ":" start " " w[i + 1] " " (w[i + 1] in made)
+    for (i = 1; i < n; i++) if (w[i] == "--export-hf" || w[i] == "--local-dir") made[w[i + 1]] = 1
+  }' $docs > "$dir/imports"
+while read -r where path known; do
+  [ "$known" = 1 ] && ok "$where imports $path, written above" \
+    || bad "$where imports $path, which no command above writes (--export-hf, or a download's --local-dir)"
+done < "$dir/imports"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
