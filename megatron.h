@@ -1762,6 +1762,46 @@ void mt_remove_stale_temporaries(const char *dir, int depth) {
     closedir(d);
 }
 
+// an output's directory and every one above it, like mkdir -p; flag names the option that asked
+// (--save, --tensorboard-dir, --export-hf, --timeline, ...) for the message
+static void mt__mkdir_p(const char *dir, const char *flag) {
+    char buf[MT_PATH_MAX + 160];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) mt_fatal("%s %s: the path is too long", flag, dir);
+    for (char *p = buf + 1; ; p++) {
+        if (*p == '/' || *p == 0) {
+            char saved = *p;
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                mt_fatal("cannot create the directory %s for %s: %s\nhint: pick a directory you can write", buf,
+                         flag, strerror(errno));
+            *p = saved;
+            if (!saved) break;
+        }
+    }
+}
+
+// an output file that is written at the end of a run (--timeline, --timeline-svg,
+// --sample-output-file): its directory is made now, as --save, --tensorboard-dir and --export-hf
+// make theirs, and a trial temporary is created there and removed, so a path that cannot be
+// written fails at start-up in one line, not after the work whose record it was to hold.
+// The file itself is still written at the end (mt_atomic_open: temporary, fsync, rename).
+static void mt__claim_output_file(const char *path, const char *flag) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        mt_fatal("%s %s is a directory\nhint: give the path of a file (in that directory, say)", flag, path);
+    char dir[MT_PATH_MAX + 64], tmp[MT_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) { *slash = 0; mt__mkdir_p(dir, flag); }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        mt_fatal("%s %s: the path is too long\nhint: use a shorter directory", flag, path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) mt_fatal("%s %s cannot be written: cannot create %s: %s\nhint: pick a directory you can write", flag,
+                     path, tmp, strerror(errno));
+    fclose(f);
+    remove(tmp);
+}
+
 // ---------------------------------------------------------------------------------------------
 // JSON: one reader for every file we parse (config files, vocab.json, safetensors headers,
 // preprocess's loose-JSON lines, the tests' cases). Strict as Python's json module, which wrote
@@ -2438,6 +2478,26 @@ static const mt__flag mt__flags[] = {
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
     {"--overlap-cpu-optimizer-d2h-h2d", MT__IGNORED, 0, 0, "ignored",
      "--optimizer-cpu-offload's copies and host update run one after another"},
+    // Megatron's gradient and pipeline flags that ask for what happens here anyway
+    {"--accumulate-allreduce-grads-in-fp32", MT__IGNORED, 0, 0, "ignored",
+     "gradients always accumulate in an fp32 buffer and are all-reduced in fp32"},
+    {"--ddp-average-in-collective", MT__IGNORED, 0, 0, "ignored",
+     "the DP all-reduce gives the mean either way (the loss gradient carries the 1/DP, the collective sums)"},
+    {"--no-overlap-p2p-communication", MT__IGNORED, 0, 0, "ignored",
+     "pipeline sends and receives never overlap the forward and backward"},
+    // these only time the overlapped communication of --overlap-grad-reduce and
+    // --overlap-param-gather: Megatron's training.py reads them only when those are on. The overlap
+    // itself is refused (mt__unimplemented_flags, below), so they change nothing, here as there
+    {"--no-delay-grad-reduce", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+    {"--no-align-grad-reduce", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+    {"--delay-param-gather", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-param-gather's all-gathers, not implemented (parameters are all-gathered after "
+     "the optimizer step)"},
+    {"--no-align-param-gather", MT__IGNORED, 0, 0, "ignored",
+     "it only times --overlap-param-gather's all-gathers, not implemented (parameters are all-gathered after "
+     "the optimizer step)"},
 };
 // Megatron flags that this build knows but does not implement yet: an error that says so
 // (instead of "unknown flag"), so a tutorial's user knows what to drop; `without` (or NULL) says
@@ -2451,6 +2511,15 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
      "the gradients are reduced after the backward, not during it"},
     {"--overlap-param-gather", "overlapping the distributed optimizer's parameter all-gather with the forward",
      "the parameters are all-gathered after the optimizer step, not overlapped with the next forward"},
+    {"--overlap-param-gather-with-optimizer-step",
+     "overlapping the first bucket's parameter all-gather with the optimizer step, for --overlap-param-gather",
+     "the parameters are all-gathered after the optimizer step"},
+    {"--tp-comm-overlap", "overlapping tensor-parallel communication with the GEMMs, Transformer Engine's userbuffers",
+     "each tensor-parallel all-reduce, all-gather or reduce-scatter runs between the GEMMs it connects"},
+    {"--overlap-p2p-communication", "overlapping pipeline sends and receives with the forward and backward",
+     "a stage waits for each message before the forward or backward that needs it"},
+    {"--defer-embedding-wgrad-compute", "deferring the LM head's weight-gradient GEMMs to the pipeline flush",
+     "the LM head's weight gradient is computed in each micro-batch's backward"},
     {"--untie-embeddings-and-output-weights", "an untied LM head (GPT-2 ties it)", NULL},
     {"--eod-mask-loss", "masking the loss at end-of-document tokens", NULL},
     {"--reset-position-ids", "resetting positions at document boundaries", NULL},
@@ -11006,22 +11075,6 @@ void mt_checkpoint_path(char *out, size_t cap, const char *dir, int iteration, i
                   pp_rank);
 }
 
-static void mt__mkdir_p(const char *path) {   // every directory of path, like mkdir -p
-    char buf[MT_PATH_MAX + 160];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; ; p++) {
-        if (*p == '/' || *p == 0) {
-            char saved = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                mt_fatal("cannot create directory %s: %s\nhint: check --save and its permissions", buf,
-                         strerror(errno));
-            *p = saved;
-            if (!saved) break;
-        }
-    }
-}
-
 // the tensors of a checkpoint, in file order: parameters, then exp_avg, then exp_avg_sq
 typedef struct { char name[64]; const mt_param_spec *spec; int which; } mt__ckpt_tensor;   // which: 0 param, 1 m, 2 v
 // (groups: 3 = all of them; 1 = the parameters only, what generation reads)
@@ -11122,7 +11175,7 @@ static void mt__ckpt_write_file(const mt_rank *r, const char *path, float *const
     char dirpath[MT_PATH_MAX + 128], tmp[MT_PATH_MAX + 160];
     snprintf(dirpath, sizeof dirpath, "%s", path);
     char *slash = strrchr(dirpath, '/');
-    if (slash) { *slash = 0; mt__mkdir_p(dirpath); }
+    if (slash) { *slash = 0; mt__mkdir_p(dirpath, "--save"); }
     mt__ckpt_tensor tensors[3 * MT_NUM_PARAM_TENSORS];
     int nt = mt__ckpt_tensors(r, tensors);
     size_t cap = 4096 + (size_t)nt * 256, len = 0;
@@ -11255,6 +11308,7 @@ void mt_checkpoint_claim_dir(const char *dir, const char *src, int same_ok, int 
         mt_fatal("--save %s already holds the checkpoints of another run (%s exists)\n"
                  "hint: resume that run with --load %s, pick a new --save directory, or add --overwrite", dir,
                  tracker, dir);
+    mt__mkdir_p(dir, "--save");   // now: a directory that cannot be made fails before the first save
     mt_remove_stale_temporaries(dir, 2);   // DIR, DIR/iter_N, DIR/iter_N/mp_rank_TT
 }
 
@@ -11765,7 +11819,7 @@ int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
     const mt_config *cfg = &full.cfg;
     int L = cfg->model.num_layers, C = cfg->model.hidden_size, F = cfg->model.ffn_hidden_size;
     int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings;
-    mt__mkdir_p(out_dir);
+    mt__mkdir_p(out_dir, "--export-hf");
     hf_tensor *list = (hf_tensor *)mt_calloc((size_t)(4 + 12 * L), sizeof(hf_tensor), "export");
     int n = mt__hf_tensors(cfg, list);
     // header: transformers wants metadata {"format": "pt"}
@@ -12419,17 +12473,7 @@ size_t mt_model_num_parameters(const mt_config *cfg) {
 // pending: a file cut at any byte (a crash, a full disk) reads up to its last complete record.
 void mt_tb_open(mt_tb_writer *w, const char *dir, int rank, int queue_size) {
     memset(w, 0, sizeof *w);
-    char sub[MT_PATH_MAX];
-    size_t len = strlen(dir);
-    if (len + 1 > sizeof sub) mt_fatal("--tensorboard-dir is too long");
-    for (size_t i = 1; i <= len; i++) {   // mkdir -p
-        if (dir[i] != '/' && dir[i] != 0) continue;
-        memcpy(sub, dir, i);
-        sub[i] = 0;
-        if (mkdir(sub, 0777) != 0 && errno != EEXIST)
-            mt_fatal("cannot create --tensorboard-dir %s: %s\nhint: pick a directory you can write", sub,
-                     strerror(errno));
-    }
+    mt__mkdir_p(dir, "--tensorboard-dir");
     char host[64] = "localhost";
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
@@ -13602,6 +13646,8 @@ static int mt__generation_mode(const mt_config *cfg) {
 }
 
 static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double launch) {
+    // written after the last sequence: a path that cannot be written fails before the model loads
+    if (cfg->train.sample_output_file[0]) mt__claim_output_file(cfg->train.sample_output_file, "--sample-output-file");
     if (cfg->train.tokens_to_generate > 0) {   // the trainer's own flag says how many, too
         cfg->train.out_seq_length = cfg->train.tokens_to_generate;
         mt__note("--tokens-to-generate %d in generation mode: --out-seq-length %d", cfg->train.tokens_to_generate,
@@ -13719,6 +13765,15 @@ int mt_pretrain(mt_config *cfg) {
         fprintf(stderr, "WARNING: --save-interval %d without --save: no checkpoints will be written "
                         "(add --save DIR to write them)\n", cfg->train.save_interval);
     if (cfg->train.save[0]) mt_checkpoint_claim_dir(cfg->train.save, cfg->train.load, 1, cfg->train.overwrite);
+    // several processes: the timeline needs every rank's spans in one process, so it is not written
+    if (launch.nprocs > 1 && (cfg->train.timeline[0] || cfg->train.timeline_svg[0])) {
+        fprintf(stderr, "WARNING: --timeline and --timeline-svg need every rank in one process; not written in a "
+                        "job of %d processes\n", launch.nprocs);
+        cfg->train.timeline[0] = cfg->train.timeline_svg[0] = '\0';
+    }
+    // the timeline is written after the last iteration: a path that cannot be written fails now
+    if (cfg->train.timeline[0]) mt__claim_output_file(cfg->train.timeline, "--timeline");
+    if (cfg->train.timeline_svg[0]) mt__claim_output_file(cfg->train.timeline_svg, "--timeline-svg");
     mt_device_check_precision(cfg);
     mt_launch_print(&launch, cfg, stdout);
     mt_print_config(cfg, stdout);
@@ -13744,14 +13799,8 @@ int mt_pretrain(mt_config *cfg) {
     job.cfg = cfg;
     job.data = &data;
     job.tokenizer = have_tokenizer ? &tokenizer : NULL;
-    // several processes: the last rank's process writes TensorBoard's events; the timeline needs
-    // every rank's spans in one process, so it is one process's picture only
+    // several processes: the last rank's process writes TensorBoard's events
     int last_rank_here = launch.nprocs == 1 || launch.proc == launch.nprocs - 1;
-    if (launch.nprocs > 1 && (cfg->train.timeline[0] || cfg->train.timeline_svg[0])) {
-        fprintf(stderr, "WARNING: --timeline and --timeline-svg need every rank in one process; not written in a "
-                        "job of %d processes\n", launch.nprocs);
-        cfg->train.timeline[0] = cfg->train.timeline_svg[0] = '\0';
-    }
     if (cfg->train.tensorboard_dir[0] && last_rank_here) {   // the last rank's writer, as Megatron's
         mt_tb_open(&job.tb, cfg->train.tensorboard_dir, cfg->world_size - 1, cfg->train.tensorboard_queue_size);
         printf("TensorBoard events: %s (tensorboard --logdir %s)\n", job.tb.path, cfg->train.tensorboard_dir);

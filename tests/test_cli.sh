@@ -4,7 +4,8 @@
 # (the carve table only with --verbose); the CPU iteration line shows a real TFLOP/s figure;
 # --eval-iters 0 says validation is off (not that the valid split is empty);
 # --print-schedule keeps labels apart from micro-batch 10 on; --data-path accepts PREFIX.bin and
-# PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; a Megatron
+# PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; an output path
+# that cannot be written fails at start-up, not after the run; a Megatron
 # flag not implemented here fails by name; make debug never writes ./train_gpt. Run from the
 # repository root after `make`; prints "N passed, N failed".
 passed=0; failed=0
@@ -69,6 +70,24 @@ check "interleaved schedule: labels apart" \
 check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
   "grep '^hint: .*--convert-checkpoint' '$tmp/load' > /dev/null"
 
+# output files written at the end of a run (--timeline, --timeline-svg, --sample-output-file) get
+# their directory at start-up, as --save and --tensorboard-dir do; a path that cannot be written
+# (under a regular file here: fails as root too) fails at start-up, before the first iteration
+./train_gpt $M --train-iters 2 --data-path "$P" --profile-step-start 1 --profile-step-end 2 \
+  --timeline "$tmp/new/dir/trace.json" --timeline-svg "$tmp/new/svg/trace.svg" > "$tmp/tl" 2>&1
+check "--timeline, --timeline-svg: their directories are made" \
+  "[ -s '$tmp/new/dir/trace.json' ] && [ -s '$tmp/new/svg/trace.svg' ] && ! ls '$tmp/new/dir' | grep -q tmp"
+: > "$tmp/afile"
+for out in "--timeline $tmp/afile/trace.json" "--timeline-svg $tmp/afile/sub/t.svg" "--save $tmp/afile/ckpt"; do
+  ./train_gpt $M --train-iters 2 --data-path "$P" $out > "$tmp/badout" 2>&1; rc=$?
+  check "${out%% *} into a file's path: fails at start-up, naming the flag" \
+    "[ $rc -ne 0 ] && grep -q '^error: .*${out%% *}' '$tmp/badout' && ! grep -q 'iteration ' '$tmp/badout'"
+done
+./train_gpt --load "$tmp/ckpt_pp2" --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --prompt Hi \
+  --out-seq-length 2 --sample-output-file "$tmp/afile/out.jsonl" > "$tmp/badgen" 2>&1; rc=$?
+check "--sample-output-file into a file's path: fails before generating" \
+  "[ $rc -ne 0 ] && grep -q '^error: .*--sample-output-file' '$tmp/badgen' && ! grep -q '^generation:' '$tmp/badgen'"
+
 # a Megatron flag known but not implemented fails by name, never as "unknown flag ... did you mean"
 # (--overlap-param-gather, the companion of --use-distributed-optimizer, once suggested --overwrite);
 # the hint says what happens here without it
@@ -78,6 +97,24 @@ check "--overlap-param-gather: exit non-zero, not implemented yet" \
    && ! grep 'unknown flag' '$tmp/opg' > /dev/null"
 check "--overlap-param-gather: the hint says the parameters are all-gathered after the optimizer step" \
   "grep '^hint: drop it: the parameters are all-gathered after the optimizer step' '$tmp/opg' > /dev/null"
+# more of the distributed flags common Megatron scripts pass: the overlaps fail by name, as above;
+# the flags whose request happens here anyway (or that only time an overlap) are accepted with a
+# note, and --help lists them with the other accepted ones
+for f in --overlap-param-gather-with-optimizer-step --tp-comm-overlap --overlap-p2p-communication \
+         --defer-embedding-wgrad-compute; do
+  ./train_gpt --print-layout $f > "$tmp/flag" 2>&1; rc=$?
+  check "$f: exit non-zero, not implemented yet, with a hint" \
+    "[ $rc -ne 0 ] && grep -q '^error: $f .*does not implement yet' '$tmp/flag' && grep -q '^hint: drop it: ' '$tmp/flag' \
+     && ! grep -q 'unknown flag' '$tmp/flag'"
+done
+./train_gpt --help > "$tmp/help" 2>&1
+for f in --accumulate-allreduce-grads-in-fp32 --ddp-average-in-collective --no-overlap-p2p-communication \
+         --no-delay-grad-reduce --no-align-grad-reduce --delay-param-gather --no-align-param-gather; do
+  ./train_gpt --print-layout $f > "$tmp/flag" 2>&1; rc=$?
+  check "$f: accepted with a one-line note, listed in --help" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^note: $f has no effect here: ' '$tmp/flag') -eq 1 ] \
+     && sed -n '/^ignored:/,\$p' '$tmp/help' | grep -q -- '^  $f '"
+done
 
 # make debug writes its own binaries; ./train_gpt stays the optimised one
 check "make debug never writes ./train_gpt" \

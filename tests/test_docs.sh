@@ -15,7 +15,9 @@
 #
 # Also checked: every relative link points at a file; every `mt_...` name is defined in
 # megatron.h or kernels.cuh; every "§N" is one of megatron.h's 12 sections; every file the blocks
-# write, run or shown, is one git ignores (runs/, ...).
+# write, run or shown, is one git ignores (runs/, ...); every directory a shown --import-hf reads
+# is written by a command above it on the same page; docs/debugging.md's gdb sessions, run in
+# gdb's batch mode on the debug build (make train_gpt_debug), give the lines it quotes.
 # Prints "N passed, N failed"; run from the repository root after `make`.
 mode=cpu
 [ "$1" = "--gpu" ] && mode=gpu
@@ -146,5 +148,57 @@ while read -r where path; do
   git check-ignore -q --no-index "$path" && ok "$where writes $path (ignored)" \
     || bad "$where writes $path, which git does not ignore (write under runs/)"
 done < "$dir/outputs"
+
+# 5. every directory a command reads with --import-hf is one an earlier command of the same page
+# writes (--export-hf DIR, or a download's --local-dir DIR): a bare `huggingface-cli download
+# gpt2` leaves the files in Hugging Face's cache, where `--import-hf gpt2` finds nothing
+awk '
+  FNR == 1 { inf = 0; cont = ""; split("", made) }
+  /^```/ { inf = !inf; next }
+  inf {
+    line = cont $0
+    if (line ~ /\\$/) { if (cont == "") start = FNR; cont = substr(line, 1, length(line) - 1) " "; next }
+    if (cont == "") start = FNR
+    cont = ""
+    n = split(line, w, /[ \t]+/)
+    for (i = 1; i < n; i++) if (w[i] == "--import-hf") print FILENAME ":" start " " w[i + 1] " " (w[i + 1] in made)
+    for (i = 1; i < n; i++) if (w[i] == "--export-hf" || w[i] == "--local-dir") made[w[i + 1]] = 1
+  }' $docs > "$dir/imports"
+while read -r where path known; do
+  [ "$known" = 1 ] && ok "$where imports $path, written above" \
+    || bad "$where imports $path, which no command above writes (--export-hf, or a download's --local-dir)"
+done < "$dir/imports"
+
+# 6. docs/debugging.md's gdb sessions (its blocks quote gdb, so they are not shell blocks): the same
+# commands in gdb's batch mode on the debug build, and the lines the page's reasoning rests on
+if [ "$mode" = cpu ] && command -v gdb > /dev/null 2>&1 && make -s train_gpt_debug > "$dir/gdb_build.txt" 2>&1; then
+  G="--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+     --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr 1e-3 --data-path data/my_dataset_text_document
+     --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --split 949,50,1 --log-interval 1
+     --eval-interval 100 --eval-iters 1 --tensor-model-parallel-size 2 --nproc-per-node 4"
+  (cd "$dir/work" && timeout 120 gdb -q -batch -ex 'break mt_reduce_from_tp_region_forward if r->ps.rank == 3' \
+     -ex run -ex 'info threads' -ex 'bt 3' -ex 'print r->ps' -ex kill --args "$root/train_gpt_debug" $G) \
+     > "$dir/gdb1.txt" 2>&1
+  (cd "$dir/work" && timeout 120 gdb -q -batch -ex 'break mt_layernorm_forward if r->ps.rank == 2' -ex run \
+     -ex 'set scheduler-locking step' -ex next -ex next -ex kill --args "$root/train_gpt_debug" $G) > "$dir/gdb2.txt" 2>&1
+  if grep -q -e 'ptrace: Operation not permitted' -e 'Could not trace the inferior' "$dir/gdb1.txt"; then
+    echo "SKIPPED docs/debugging.md's gdb sessions: this machine does not let gdb trace a process ($dir/gdb1.txt)"
+  else
+  for want in 'Thread 5 "r3 tp1 dp1 pp0" hit Breakpoint 1, mt_reduce_from_tp_region_forward' \
+              '"train_gpt_debug" __futex_abstimed_wait' '"r0 tp0 dp0 pp0"' '"r1 tp1 dp0 pp0"' '"r2 tp0 dp1 pp0"' \
+              '#1 .* in mt_vocab_parallel_embedding_forward' '#2 .* in mt__embedding_forward' \
+              'rank = 3, world_size = 4, tp_rank = 1, tp_size = 2, pp_rank = 0, pp_size = 1, dp_rank = 1'; do
+    grep -q -- "$want" "$dir/gdb1.txt" && ok "docs/debugging.md gdb (a breakpoint on one rank): $want" \
+      || bad "docs/debugging.md gdb (a breakpoint on one rank): no line matches $want (see $dir/gdb1.txt)"
+  done
+  for want in 'Thread 4 "r2 tp0 dp1 pp0" hit Breakpoint 1, mt_layernorm_forward' '^mt__layer_forward (' \
+              'mt_column_parallel_qkv_forward(r, l_qkv, l_ln1'; do
+    grep -q -- "$want" "$dir/gdb2.txt" && ok "docs/debugging.md gdb (scheduler-locking step): $want" \
+      || bad "docs/debugging.md gdb (scheduler-locking step): no line matches $want (see $dir/gdb2.txt)"
+  done
+  fi
+elif [ "$mode" = cpu ]; then
+  echo "SKIPPED docs/debugging.md's gdb sessions (no gdb, or make train_gpt_debug failed: $dir/gdb_build.txt)"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
