@@ -99,6 +99,66 @@ static void mt__allow_smem(const void *kernel, size_t bytes) {
 static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
 // ---------------------------------------------------------------------------------------------
+// programmatic dependent launch (PDL, Hopper): a kernel that starts before the one ahead of it ends
+// ---------------------------------------------------------------------------------------------
+// A decode step is ~90 small kernels in a row, each a few microseconds, and between two of them
+// the GPU drains the first, makes its writes visible, then launches and ramps up the second: a
+// gap of about a microsecond per kernel, in which a GEMV has not even asked for its weights yet.
+// Launched with the attribute cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
+// start as soon as every block of the kernel ahead of it has executed `griddepcontrol.
+// launch_dependents` (mt__pdl_launch_next), and it must execute `griddepcontrol.wait`
+// (mt__pdl_wait) before it reads anything the kernel ahead wrote: the wait returns when that
+// kernel has completed and its memory is visible (PTX ISA, "griddepcontrol"). What a kernel does
+// before its wait must not depend on the kernel ahead: the GEMV loads its weights there.
+// The rule that keeps a chain of such kernels right: EVERY kernel launched so waits, in every
+// thread, before it reads or writes what another kernel of the step touches (a kernel that never
+// waited could end before the one ahead of it, and the one after it would then wait too little).
+// Without the attribute (training, and any launch outside a decode step's capture) both
+// instructions do nothing.
+// mt__pdl_on: set while a decode step is captured (mt_device_capture_begin): mt__launch then adds
+// the attribute. (Thread-local: each rank thread captures its own stream.)
+static MT_THREAD_LOCAL int mt__pdl_on;
+__device__ static inline void mt__pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ static inline void mt__pdl_launch_next(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// the two together: wait for the kernel ahead, then let the next one start
+__device__ static inline void mt__pdl_start(void) {
+    mt__pdl_wait();
+    mt__pdl_launch_next();
+}
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute while mt__pdl_on; then
+// mt__launch_check(name). The kernels launched so are the ones a decode step runs: each starts
+// with mt__pdl_start (after any loads that do not depend on the kernel ahead): the next kernel
+// launches only once this one has waited, so at most two are in flight, one computing and the
+// next loading its weights.
+template <typename... Params, typename... Args>
+static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = mt__pdl_on ? 1 : 0;
+    cudaError_t err = cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
+    if (err != cudaSuccess)
+        mt_fatal("launching %s failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the op that caused it",
+                 name, cudaGetErrorName(err), cudaGetErrorString(err));
+    mt__launch_check(name, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
 // warp and block reductions. The xor-shuffle tree and the fixed order over warps make them
 // deterministic: the same inputs give the same bits on every run.
 __device__ static inline float mt__warp_sum(float v) {
@@ -231,6 +291,11 @@ __device__ static inline void mt__store_rounded4(__half o[4], float4 v) {
     *(__half2 *)&o[0] = __floats2half2_rn(v.x, v.y);
     *(__half2 *)&o[2] = __floats2half2_rn(v.z, v.w);
 }
+// (and to fp32, as is: so a kernel templated on its output type T stores fp32 or 16 bits alike)
+__device__ static inline void mt__store_rounded4(float o[4], float4 v) { *(float4 *)o = v; }
+__device__ static inline void mt__store_rounded1(float *o, float v) { *o = v; }
+__device__ static inline void mt__store_rounded1(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
+__device__ static inline void mt__store_rounded1(__half *o, float v) { *o = __float2half_rn(v); }
 // the same to fp16 (--fp16): past 65504 to inf, subnormals below 2^-14 (as mt_fp16_from_float)
 // Two kernels, as the bf16 cast: 8 elements per thread over the 16-byte-aligned bulk, then one.
 __global__ void mt_cast_f32_to_f16_kernel(__half *out, const float *inp, size_t n) {
@@ -302,23 +367,36 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 // matches mt_embedding_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 // out[b,t,:] = wte[tokens[b,t] - vocab_start, :] if the token is one of this rank's V_local rows,
 // else 0. out (B,T,C), tokens (B,T), wte (V_local, C). One thread per element of out.
+// wpe not NULL (decoding, mt_embedding_positions_forward_cpu): plus wpe[positions[b,t], :].
 __global__ void mt_embedding_forward_kernel(float *__restrict__ out, const int *__restrict__ tokens,
-                                            const float *__restrict__ wte, size_t BTC, int C, int vocab_start,
+                                            const float *__restrict__ wte, const int *__restrict__ positions,
+                                            const float *__restrict__ wpe, size_t BTC, int C, int vocab_start,
                                             int V_local) {
+    mt__pdl_start();   // (a decode step's kernels: see "programmatic dependent launch", section 1)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BTC) return;
     size_t bt = i / C;
     int c = (int)(i % C);
     int local = tokens[bt] - vocab_start;
-    out[i] = (local >= 0 && local < V_local) ? wte[(size_t)local * C + c] : 0.0f;
+    float v = (local >= 0 && local < V_local) ? wte[(size_t)local * C + c] : 0.0f;
+    if (wpe) v += wpe[(size_t)positions[bt] * C + c];
+    out[i] = v;
 }
 void mt_embedding_forward_gpu(float *out, const int *tokens, const float *wte, int B, int T, int C, int vocab_start,
                               int V_local, cudaStream_t stream) {
     size_t BTC = (size_t)B * T * C;
     if (BTC == 0) return;
-    mt_embedding_forward_kernel<<<mt__blocks(BTC, 256), 256, 0, stream>>>(out, tokens, wte, BTC, C, vocab_start,
-                                                                          V_local);
-    mt__launch_check("mt_embedding_forward_kernel", stream);
+    mt__launch("mt_embedding_forward_kernel", mt_embedding_forward_kernel, mt__blocks(BTC, 256), 256, 0, stream, out,
+               tokens, wte, (const int *)NULL, (const float *)NULL, BTC, C, vocab_start, V_local);
+}
+// matches mt_embedding_positions_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
+void mt_embedding_positions_forward_gpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local,
+                                        cudaStream_t stream) {
+    size_t BTC = (size_t)B * T * C;
+    if (BTC == 0) return;
+    mt__launch("mt_embedding_forward_kernel", mt_embedding_forward_kernel, mt__blocks(BTC, 256), 256, 0, stream, out,
+               tokens, wte, positions, wpe, BTC, C, vocab_start, V_local);
 }
 
 // matches mt_embedding_backward_cpu (megatron.h, 3. OPS).
@@ -483,10 +561,14 @@ void mt_position_embedding_backward_gpu(float *dwpe, const float *dout, int B, i
 // inp/out (N,C) with N = B*T, mean/rstd (N), weight/bias (C).
 // One warp per row (8 rows per block of 256): each lane sums every 32nd channel, then the warp
 // adds the 32 partial sums; the row is read three times (mean, variance, output), from L1/L2.
-__global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__restrict__ mean,
+// OUT: out's type, float, or __nv_bfloat16 / __half (a training layer's ln1 and ln2 on the wgmma
+// rung, mt_ln_storage_dtype: the value rounded to nearest even, as the GEMM's own cast would)
+template <typename OUT>
+__global__ void mt_layernorm_forward_kernel(OUT *__restrict__ out, float *__restrict__ mean,
                                             float *__restrict__ rstd, const float *__restrict__ inp,
                                             const float *__restrict__ weight, const float *__restrict__ bias, int N,
                                             int C) {
+    mt__pdl_start();
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -498,8 +580,8 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
     for (int i = lane; i < C; i += 32) { float d = x[i] - m; var += d * d; }
     var = mt__warp_sum(var) / (float)C;
     float s = 1.0f / sqrtf(var + 1e-5f);
-    float *o = out + (size_t)row * C;
-    for (int i = lane; i < C; i += 32) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    OUT *o = out + (size_t)row * C;
+    for (int i = lane; i < C; i += 32) mt__store_rounded1(&o[i], (s * (x[i] - m)) * weight[i] + bias[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 // The same with the row in registers: a lane holds float4 j = lane + 32 v (v < NV) of its row, all
@@ -507,13 +589,14 @@ __global__ void mt_layernorm_forward_kernel(float *__restrict__ out, float *__re
 // decoding normalises a row or a few per launch, and waits for each), and the three passes
 // read registers. For C % 4 == 0, C <= 128 NV, 16-byte aligned rows. With a (the residual stream)
 // not NULL it also does the residual add first: res = a + inp, written out, and normalises res
-// (mt_residual_layernorm_forward: one pass over the row instead of two kernels).
-template <int NV>
-__global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *__restrict__ mean,
+// (mt_residual_layernorm_forward: one pass over the row instead of two kernels). OUT as above.
+template <int NV, typename OUT>
+__global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__restrict__ mean,
                                                 float *__restrict__ rstd, float *__restrict__ res,
                                                 const float *__restrict__ a, const float *__restrict__ inp,
                                                 const float *__restrict__ weight, const float *__restrict__ bias,
                                                 int N, int C) {
+    mt__pdl_start();
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -551,48 +634,61 @@ __global__ void mt_layernorm_forward_vec_kernel(float *__restrict__ out, float *
         }
     var = mt__warp_sum(var) / (float)C;
     float s = 1.0f / sqrtf(var + 1e-5f);
-    float4 *o4 = (float4 *)(out + (size_t)row * C);
+    OUT *o = out + (size_t)row * C;
     const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
     #pragma unroll
     for (int v = 0; v < NV; v++) {
         int j = lane + 32 * v;
         if (j < C4) {
             float4 w = w4[j], b = b4[j];
-            o4[j] = make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
-                                (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w);
+            mt__store_rounded4(o + 4 * j, make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
+                                                      (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w));
         }
     }
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
 void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream);   // below
-// res (N rows) = a + inp first when a is not NULL (then res is what is normalised)
-static void mt__layernorm_forward_launch(float *out, float *mean, float *rstd, float *res, const float *a,
+// res (N rows) = a + inp first when a is not NULL (then res is what is normalised); out in OUT
+template <typename OUT>
+static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, float *res, const float *a,
                                          const float *inp, const float *weight, const float *bias, int N, int C,
                                          cudaStream_t stream) {
     int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
               (!a || (mt__aligned16(a) && mt__aligned16(res)));
     if (vec && C <= 32 * 4 * 8) {
-        mt_layernorm_forward_vec_kernel<8><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
-                                                                                bias, N, C);
-        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT>, mt__blocks(N, 8), 256, 0,
+                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
-        mt_layernorm_forward_vec_kernel<16><<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, res, a, inp, weight,
-                                                                                 bias, N, C);
-        mt__launch_check("mt_layernorm_forward_vec_kernel", stream);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16, OUT>, mt__blocks(N, 8), 256, 0,
+                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else {
         if (a) {
             mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
             inp = res;
         }
-        mt_layernorm_forward_kernel<<<mt__blocks(N, 8), 256, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
-        mt__launch_check("mt_layernorm_forward_kernel", stream);
+        mt__launch("mt_layernorm_forward_kernel", mt_layernorm_forward_kernel<OUT>, mt__blocks(N, 8), 256, 0, stream,
+                   out, mean, rstd, inp, weight, bias, N, C);
     }
 }
 void mt_layernorm_forward_gpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C, cudaStream_t stream) {
     int N = B * T;
     if (N == 0) return;
-    mt__layernorm_forward_launch(out, mean, rstd, NULL, NULL, inp, weight, bias, N, C, stream);
+    mt__layernorm_forward_launch(out, mean, rstd, (float *)NULL, (const float *)NULL, inp, weight, bias, N, C, stream);
+}
+// the same with out stored in dtype's 16 bits (MT_DTYPE_BF16 / FP16; out16 16-byte aligned, or
+// the scalar kernel): a training layer's ln1 (mt_ln_storage_dtype). res (optional) as
+// mt_residual_layernorm_forward_gpu's: then res = a + inp first, and res is normalised.
+void mt_layernorm_forward16_gpu(void *out16, float *mean, float *rstd, float *res, const float *a, const float *inp,
+                                const float *weight, const float *bias, int B, int T, int C, int dtype,
+                                cudaStream_t stream) {
+    int N = B * T;
+    if (N == 0) return;
+    if (dtype == MT_DTYPE_FP16)
+        mt__layernorm_forward_launch((__half *)out16, mean, rstd, res, a, inp, weight, bias, N, C, stream);
+    else if (dtype == MT_DTYPE_BF16)
+        mt__layernorm_forward_launch((__nv_bfloat16 *)out16, mean, rstd, res, a, inp, weight, bias, N, C, stream);
+    else mt_fatal("internal: a 16-bit layernorm output in dtype %d", dtype);
 }
 // matches mt_residual_layernorm_forward_cpu (megatron.h, 3. OPS): res = a + b (N = B*T rows of C),
 // then out, mean, rstd = layernorm(res)
@@ -615,6 +711,37 @@ void mt_residual_layernorm_forward_gpu(float *res, float *out, float *mean, floa
 // mt_layernorm_backward_reduce_kernel adds the blocks' partials in order. Deterministic.
 // dynamic shared memory: 2 * nwarps * C floats. partial_* are (blocks, C) each.
 // (MT__LN_ROWS_PER_BLOCK = 32 rows per block: megatron.h's, section 3, which sizes the partials)
+// One channel's terms, the same operations in both kernels below (so the same bits):
+//   norm = (x - mean) rstd; dnorm = weight * dout, rounded: never fused into the FMA that follows,
+//   so dnorm - mean_c(dnorm) cancels exactly as on the CPU
+__device__ static inline void mt__ln_backward_row_sums(float x, float g, float w, float mean_r, float rstd_r,
+                                                       float *dnorm_sum, float *dnorm_norm_sum) {
+    float norm = (x - mean_r) * rstd_r;
+    float dnorm = __fmul_rn(w, g);
+    *dnorm_sum += dnorm;
+    *dnorm_norm_sum += dnorm * norm;
+}
+__device__ static inline void mt__ln_backward_apply(float x, float g, float w, float mean_r, float rstd_r,
+                                                    float dnorm_mean, float dnorm_norm_mean, float *dinp, float *dw,
+                                                    float *db) {
+    float norm = (x - mean_r) * rstd_r;
+    float dnorm = __fmul_rn(w, g);
+    *db += g;
+    *dw += norm * g;
+    *dinp += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd_r;
+}
+// the block's end: its warps' dweight and dbias slices (smem: nwarps slices of C, then nwarps more)
+// added in warp order into the block's row of the partials
+__device__ static inline void mt__ln_backward_block_partials(const float *smem, float *partial_dweight,
+                                                             float *partial_dbias, int nwarps, int C) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float dw = 0.0f, db = 0.0f;
+        for (int w = 0; w < nwarps; w++) { dw += smem[(size_t)w * C + i]; db += smem[(size_t)(nwarps + w) * C + i]; }
+        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
+        partial_dbias[(size_t)blockIdx.x * C + i] = db;
+    }
+}
 __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__restrict__ partial_dweight,
                                              float *__restrict__ partial_dbias, const float *__restrict__ dout,
                                              const float *__restrict__ inp, const float *__restrict__ weight,
@@ -631,30 +758,15 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
         float *dinp_r = dinp + (size_t)row * C;
         float mean_r = mean[row], rstd_r = rstd[row];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int i = lane; i < C; i += 32) {
-            float norm_i = (inp_r[i] - mean_r) * rstd_r;
-            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // rounded, never fused into the next line's FMA
-            dnorm_mean += dnorm_i;
-            dnorm_norm_mean += dnorm_i * norm_i;
-        }
+        for (int i = lane; i < C; i += 32)
+            mt__ln_backward_row_sums(inp_r[i], dout_r[i], weight[i], mean_r, rstd_r, &dnorm_mean, &dnorm_norm_mean);
         dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
         dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
-        for (int i = lane; i < C; i += 32) {
-            float norm_i = (inp_r[i] - mean_r) * rstd_r;
-            float dnorm_i = __fmul_rn(weight[i], dout_r[i]);   // so dnorm_i - dnorm_mean cancels exactly as on the CPU
-            db_acc[i] += dout_r[i];
-            dw_acc[i] += norm_i * dout_r[i];
-            dinp_r[i] += (dnorm_i - dnorm_mean - norm_i * dnorm_norm_mean) * rstd_r;
-        }
+        for (int i = lane; i < C; i += 32)
+            mt__ln_backward_apply(inp_r[i], dout_r[i], weight[i], mean_r, rstd_r, dnorm_mean, dnorm_norm_mean,
+                                  &dinp_r[i], &dw_acc[i], &db_acc[i]);
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < nwarps; w++)
-            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
-        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
-        partial_dbias[(size_t)blockIdx.x * C + i] = db;
-    }
+    mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
 // The same with each row in registers (C % 4 == 0, C <= 128 NV, 16-byte aligned rows): a lane holds
 // float4 j = lane + 32 v (v < NV) of the row's dout and inp, all loaded before the first sum, so a
@@ -696,12 +808,8 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
             float gv[4] = {g[v].x, g[v].y, g[v].z, g[v].w}, xv[4] = {x[v].x, x[v].y, x[v].z, x[v].w};
             float wv[4] = {w.x, w.y, w.z, w.w};
             #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float norm_k = (xv[k] - mean_r) * rstd_r;
-                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // rounded, never fused into the next line's FMA
-                dnorm_mean += dnorm_k;
-                dnorm_norm_mean += dnorm_k * norm_k;
-            }
+            for (int k = 0; k < 4; k++)
+                mt__ln_backward_row_sums(xv[k], gv[k], wv[k], mean_r, rstd_r, &dnorm_mean, &dnorm_norm_mean);
         }
         dnorm_mean = mt__warp_sum(dnorm_mean) / (float)C;
         dnorm_norm_mean = mt__warp_sum(dnorm_norm_mean) / (float)C;
@@ -714,26 +822,15 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
             float wv[4] = {w.x, w.y, w.z, w.w}, dv[4] = {d.x, d.y, d.z, d.w};
             float dwv[4] = {dw.x, dw.y, dw.z, dw.w}, dbv[4] = {db.x, db.y, db.z, db.w};
             #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float norm_k = (xv[k] - mean_r) * rstd_r;
-                float dnorm_k = __fmul_rn(wv[k], gv[k]);   // so dnorm_k - dnorm_mean cancels exactly as on the CPU
-                dbv[k] += gv[k];
-                dwv[k] += norm_k * gv[k];
-                dv[k] += (dnorm_k - dnorm_mean - norm_k * dnorm_norm_mean) * rstd_r;
-            }
+            for (int k = 0; k < 4; k++)
+                mt__ln_backward_apply(xv[k], gv[k], wv[k], mean_r, rstd_r, dnorm_mean, dnorm_norm_mean, &dv[k], &dwv[k],
+                                      &dbv[k]);
             dinp4[j] = make_float4(dv[0], dv[1], dv[2], dv[3]);
             dw_acc[j] = make_float4(dwv[0], dwv[1], dwv[2], dwv[3]);
             db_acc[j] = make_float4(dbv[0], dbv[1], dbv[2], dbv[3]);
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float dw = 0.0f, db = 0.0f;
-        for (int w = 0; w < nwarps; w++)
-            { dw += mt__ln_smem[(size_t)w * C + i]; db += mt__ln_smem[(size_t)(nwarps + w) * C + i]; }
-        partial_dweight[(size_t)blockIdx.x * C + i] = dw;
-        partial_dbias[(size_t)blockIdx.x * C + i] = db;
-    }
+    mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
 // dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
 // 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
@@ -2029,16 +2126,23 @@ static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
 // (epi: NULL, or a fused epilogue: the MLP's GELU, mt_matmul_forward_gelu_gpu)
 static int mt__f16_flag(const __half *) { return 1; }
 static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
+// the same with A already in T (a layer's ln1 / ln2 as the layernorm stored it): only B is rounded
+template <typename T>
+static void mt__gemm_wgmma_a16(float *c, const T *a16, const float *b, const float *bias, int M, int N, int K, int lda,
+                               int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate, const mt__epilogue *epi,
+                               cudaStream_t stream) {
+    T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
+    mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(b16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
+                       epi, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
+}
 template <typename T>
 static void mt__gemm_wgmma_rounded(float *c, const float *a, const float *b, const float *bias, int M, int N, int K,
                                    int lda, int ldb, int ldc, int a_k_inner, int b_k_inner, int accumulate,
                                    const mt__epilogue *epi, cudaStream_t stream) {
     T *a16 = mt__rounded_copy<T>(a, M, K, lda, a_k_inner, stream);
-    T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
-    mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(a16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
-                       epi, stream);
+    mt__gemm_wgmma_a16<T>(c, a16, b, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, epi, stream);
     MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
 }
 // C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]) with the layouts described above. dtype (an
 // mt_dtype): the operand type of the tensor-core rungs (mma, wgmma): MT_DTYPE_FP16 fp16, else
@@ -2168,6 +2272,8 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
 #pragma unroll
                 for (int p = 0; p < 4; p++)   // the loads first (independent: all in flight together)
                     if (kb + 256 * p < k1) mt__gemv_load8(wv[p], w + kb + 256 * p);
+                // first pass: wait for the kernel ahead (it wrote inp) with these weights on their way
+                if (kb == k0 + 8 * lane) mt__pdl_start();
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
                     int k = kb + 256 * p;
@@ -2187,6 +2293,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                 }
             }
         } else {
+            mt__pdl_start();
             for (int k = k0 + lane; k < k1; k += 32)
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
@@ -2195,6 +2302,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                                   mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
         }
     }
+    mt__pdl_start();   // the threads that did not wait above (no row, or no piece in the first pass); else nothing
 #pragma unroll
     for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = mt__warp_sum(acc[r]);
     if (lane == 0)
@@ -2213,12 +2321,11 @@ template <int ROUND, typename WT>
 static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const WT *weight, const float *bias, int BT,
                             int C, int OC, int vec, cudaStream_t stream) {
     if (OC < 2048)
-        mt_matmul_kernel5_gemv<4, ROUND, WT><<<(unsigned)((OC + 1) / 2), 256, 0, stream>>>(out, gelu_out, inp, weight,
-                                                                                          bias, BT, C, OC, vec);
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<4, ROUND, WT>, (OC + 1) / 2, 256, 0, stream, out,
+                   gelu_out, inp, weight, bias, BT, C, OC, vec);
     else
-        mt_matmul_kernel5_gemv<1, ROUND, WT><<<(unsigned)((OC + 7) / 8), 256, 0, stream>>>(out, gelu_out, inp, weight,
-                                                                                          bias, BT, C, OC, vec);
-    mt__launch_check("mt_matmul_kernel5_gemv", stream);
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, (OC + 7) / 8, 256, 0, stream, out,
+                   gelu_out, inp, weight, bias, BT, C, OC, vec);
 }
 // round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
 // weight already rounded to `round` and stored in 16 bits (read instead of weight). gelu_out: NULL,
@@ -2276,14 +2383,18 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
 // the two products from dout16, dout already rounded to T (row stride ld_dout >= OC: the LM
 // head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel).
-// inp NULL: inp is gelu(gelu_inp), remade here rounded (the training MLP keeps only the GELU's input)
+// The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
+// inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
+// keeps only the GELU's input)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
-                                              const float *inp, const float *weight, const float *gelu_inp, int BT,
-                                              int C, int OC, cudaStream_t stream) {
+                                              const float *inp, const T *inp_t, const float *weight,
+                                              const float *gelu_inp, int BT, int C, int OC, cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16;
-    if (inp) {
+    if (inp_t) {
+        inp16 = (T *)inp_t;   // (not borrowed: not freed below)
+    } else if (inp) {
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
     } else {
         MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
@@ -2296,12 +2407,12 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
     }
     mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
     if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+    if (!inp_t) MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                      const float *weight, const float *gelu_inp, int BT, int C, int OC,
-                                      cudaStream_t stream) {
+                                      const T *inp_t, const float *weight, const float *gelu_inp, int BT, int C,
+                                      int OC, cudaStream_t stream) {
     T *dout16;
     if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
         MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
@@ -2310,7 +2421,7 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
         if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
     }
-    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, weight, gelu_inp, BT, C, OC, stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, BT, C, OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
 }
 // the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu packed
@@ -2321,19 +2432,20 @@ void mt_matmul_backward_packed16_gpu(float *dinp, float *dweight, const float *d
                                      const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (grad_dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, weight, NULL, BT, C,
-                                                  OC, stream);
+        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, NULL, weight, NULL,
+                                                  BT, C, OC, stream);
     else
         mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout, 2 * OC, inp,
-                                                         weight, NULL, BT, C, OC, stream);
+                                                         NULL, weight, NULL, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
                             cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
-        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, NULL, BT, C, OC, stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC, stream);
+        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC,
+                                                      stream);
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
@@ -2341,6 +2453,23 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
     mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
+}
+// the same with inp already in dtype's 16 bits (MT_DTYPE_BF16 / FP16): a layer's ln1 or ln2 as the
+// layernorm stored it (mt_ln_storage_dtype), read as is, where the wgmma rung runs both products
+// (megatron.h's mt_ln_gemm_dtype says when; anywhere else is an internal error)
+void mt_matmul_backward_inp16_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const void *inp16,
+                                  const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
+                                  cudaStream_t stream) {
+    if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (impl != MT_GEMM_WGMMA || C % 8 != 0 || OC % 8 != 0 || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16))
+        mt_fatal("internal: a matmul backward from a 16-bit input off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
+                 dtype);
+    if (dtype == MT_DTYPE_FP16)
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, BT, C,
+                                          OC, stream);
+    else
+        mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp16, weight,
+                                                 NULL, BT, C, OC, stream);
 }
 
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
@@ -2386,9 +2515,9 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC, stream);
         else
-            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC,
+            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC,
                                                      stream);
         return;
     }
@@ -2412,29 +2541,36 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
 // into scratch, which fc-proj's GEMM reads as its A operand as is (the values its own cast would
 // have made); the backward remakes it from fch (mt_matmul_backward_gelu_gpu with inp = NULL).
 // Other rungs: gelu(fch) in fp32 scratch between the two products.
-void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
+// inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln2, mt_ln_storage_dtype:
+// the wgmma rung only), which the fc GEMM reads as is.
+template <typename T>
+static void mt__mlp_forward_wgmma(float *fch, float *out, const float *inp, int inp16, const float *fcw,
+                                  const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
+                                  int OC, cudaStream_t stream) {
+    T *h16;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
+    mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
+    if (inp16) mt__gemm_wgmma_a16<T>(fch, (const T *)inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+    else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
+    T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
+    mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
+    MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+}
+void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, int inp_dtype, const float *fcw, const float *fcb,
                         const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_gemm_impl impl,
                         int dtype, cudaStream_t stream) {
     if (BT <= 0 || F <= 0 || OC <= 0) return;
+    int inp16 = inp_dtype != MT_DTYPE_FP32;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
-        int f16 = dtype == MT_DTYPE_FP16;
-        void *h16;
-        MT_CUDA_CHECK(cudaMallocAsync(&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
-        mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
-        if (f16) {
-            mt__gemm_wgmma_rounded<__half>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
-            __half *w16 = mt__rounded_copy<__half>(fcprojw, OC, F, F, 1, stream);
-            mt__gemm_wgmma_any(out, h16, w16, 1, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-        } else {
-            mt__gemm_wgmma_rounded<__nv_bfloat16>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
-            __nv_bfloat16 *w16 = mt__rounded_copy<__nv_bfloat16>(fcprojw, OC, F, F, 1, stream);
-            mt__gemm_wgmma_any(out, h16, w16, 0, fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
-            MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-        }
-        MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+        if (inp16 && inp_dtype != dtype) mt_fatal("internal: the MLP's input in dtype %d, its GEMMs in %d", inp_dtype, dtype);
+        if (dtype == MT_DTYPE_FP16)
+            mt__mlp_forward_wgmma<__half>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
+        else
+            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
         return;
     }
+    if (inp16) mt_fatal("internal: a 16-bit MLP input off the wgmma rung");
     float *h;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&h, (size_t)BT * F * sizeof(float), stream));
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
@@ -2448,17 +2584,27 @@ void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, const float *f
 // backward's twin), instead of rounding an fp32 qkv into a copy in the forward and again in the
 // backward. The same values: the wgmma GEMM's STORE16 epilogue rounds what it would have stored
 // in fp32 (round(sum + bias)); other rungs: fp32 scratch, then the cast.
-void mt_qkv_forward16_gpu(void *qkv16, const float *inp, const float *weight, const float *bias, int BT, int C, int OC,
-                          mt_gemm_impl impl, int dtype, cudaStream_t stream) {
+// inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln1, mt_ln_storage_dtype:
+// the wgmma rung only), read as is.
+template <typename T>
+static void mt__qkv_forward_wgmma(void *qkv16, const float *inp, int inp16, const float *weight, const float *bias,
+                                  int BT, int C, int OC, cudaStream_t stream) {
+    mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
+    if (inp16) mt__gemm_wgmma_a16<T>(NULL, (const T *)inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+    else mt__gemm_wgmma_rounded<T>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+}
+void mt_qkv_forward16_gpu(void *qkv16, const float *inp, int inp_dtype, const float *weight, const float *bias, int BT,
+                          int C, int OC, mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || OC <= 0) return;
     if (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) mt_fatal("internal: a 16-bit qkv in dtype %d", dtype);
+    int inp16 = inp_dtype != MT_DTYPE_FP32;
+    if (inp16 && inp_dtype != dtype) mt_fatal("internal: the qkv projection's input in dtype %d, qkv in %d", inp_dtype, dtype);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
-        mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
-        if (dtype == MT_DTYPE_FP16)
-            mt__gemm_wgmma_rounded<__half>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
-        else mt__gemm_wgmma_rounded<__nv_bfloat16>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
+        if (dtype == MT_DTYPE_FP16) mt__qkv_forward_wgmma<__half>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
+        else mt__qkv_forward_wgmma<__nv_bfloat16>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
         return;
     }
+    if (inp16) mt_fatal("internal: a 16-bit qkv projection input off the wgmma rung");
     float *y;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&y, (size_t)BT * OC * sizeof(float), stream));
     mt_matmul_forward_gpu(y, inp, weight, bias, BT, C, OC, impl, dtype, stream);
@@ -3524,10 +3670,12 @@ void mt_gelu_backward_gpu(float *dinp, const float *inp, const float *dout, size
 // matches mt_residual_forward_cpu (megatron.h, 3. OPS). Writes out with '='. out = a + b.
 // A float4 kernel over the aligned bulk, the one-element kernel for the rest (as GELU).
 __global__ void mt_residual_forward_kernel(float *out, const float *a, const float *b, size_t N) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) out[i] = a[i] + b[i];
 }
 __global__ void mt_residual_forward_vec4_kernel(float4 *out, const float4 *a, const float4 *b, size_t N4) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N4) return;
     float4 x = a[i], y = b[i];
@@ -3537,14 +3685,13 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
     if (N == 0) return;
     size_t N4 = mt__aligned16(out) && mt__aligned16(a) && mt__aligned16(b) ? N / 4 : 0;
     if (N4) {
-        mt_residual_forward_vec4_kernel<<<mt__blocks(N4, 256), 256, 0, stream>>>((float4 *)out, (const float4 *)a,
-                                                                                (const float4 *)b, N4);
-        mt__launch_check("mt_residual_forward_vec4_kernel", stream);
+        mt__launch("mt_residual_forward_vec4_kernel", mt_residual_forward_vec4_kernel, mt__blocks(N4, 256), 256, 0,
+                   stream, (float4 *)out, (const float4 *)a, (const float4 *)b, N4);
     }
     if (N4 * 4 == N) return;
     size_t d = N4 * 4;
-    mt_residual_forward_kernel<<<mt__blocks(N - d, 256), 256, 0, stream>>>(out + d, a + d, b + d, N - d);
-    mt__launch_check("mt_residual_forward_kernel", stream);
+    mt__launch("mt_residual_forward_kernel", mt_residual_forward_kernel, mt__blocks(N - d, 256), 256, 0, stream, out + d,
+               a + d, b + d, N - d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3558,6 +3705,7 @@ void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t 
 // matches mt_attention_cached_forward_cpu (megatron.h, 3. OPS). Writes out with '='.
 __global__ void mt_kv_cache_store_kernel(float *kcache, float *vcache, const float *qkv, const int *start, int B,
                                          int Tq, int C_local, int cap) {
+    mt__pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * Tq * C_local;
     if (i >= n) return;
     int c = (int)(i % C_local);
@@ -3600,6 +3748,7 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
                                                                           const float *qkv, const int *start, int Tq,
                                                                           int C_local, int NH_local, int cap) {
     extern __shared__ float smem[];   // scores (cap) | partial outputs (128 float4) | reduction (32)
+    mt__pdl_start();
     const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
     const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
     int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
@@ -3668,17 +3817,16 @@ static void mt__attention_cached_launch(float *out, float *kcache, float *vcache
     unsigned blocks = (unsigned)(B * NH_local * Tq);
     if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
-        mt_attention_cached_forward_kernel<HS, 1><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
-                                                                                 C_local, NH_local, cap);
+        mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 1>, blocks, 128, smem,
+                   stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
     } else {
         size_t n = (size_t)B * Tq * C_local;
-        mt_kv_cache_store_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(kcache, vcache, qkv, start, B, Tq, C_local, cap);
-        mt__launch_check("mt_kv_cache_store_kernel", stream);
+        mt__launch("mt_kv_cache_store_kernel", mt_kv_cache_store_kernel, mt__blocks(n, 256), 256, 0, stream, kcache,
+                   vcache, qkv, start, B, Tq, C_local, cap);
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 0>, smem);
-        mt_attention_cached_forward_kernel<HS, 0><<<blocks, 128, smem, stream>>>(out, kcache, vcache, qkv, start, Tq,
-                                                                                 C_local, NH_local, cap);
+        mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 0>, blocks, 128, smem,
+                   stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
     }
-    mt__launch_check("mt_attention_cached_forward_kernel", stream);
 }
 void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
@@ -3709,6 +3857,7 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
     __shared__ float best_v[MT__ARGMAX_THREADS];
     __shared__ int best_i[MT__ARGMAX_THREADS];
+    mt__pdl_start();
     const float *row = x + (size_t)blockIdx.x * ld;
     float bv = -INFINITY;
     int bi = n;   // "none yet": any real index is smaller
@@ -3744,8 +3893,8 @@ __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int 
 }
 void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
     if (rows == 0) return;
-    mt_argmax_rows_kernel<<<(unsigned)rows, MT__ARGMAX_THREADS, 0, stream>>>(out, x, n, ld);
-    mt__launch_check("mt_argmax_rows_kernel", stream);
+    mt__launch("mt_argmax_rows_kernel", mt_argmax_rows_kernel, (unsigned)rows, MT__ARGMAX_THREADS, 0, stream, out, x, n,
+               ld);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3808,6 +3957,58 @@ void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const f
                                                               vocab_start, mt__real_columns(vocab_start, V_local, V),
                                                               V_local % 4 == 0 && mt__aligned16(logits));
     mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
+}
+// the two kernels above in one pass over the logits (a rank with the whole vocabulary, TP = 1:
+// nothing to all-reduce between them), an online softmax (Milakov and Gimelshein, 2018): each
+// thread keeps its running max m and the sum s of exp(x - m) so far, and when a float4 brings a
+// larger max mx, s becomes s exp(m - mx) before the new terms join; then the block's max M and
+// the sum of every thread's s exp(m - M). The same max; the sum differs from the CPU's in rounding
+// only (its terms are computed against another max first), which the loss and gradient tolerances
+// of tests/gpu/test_kernels (1e-5 against the sum in double) hold it to.
+// matches mt_cross_entropy_local_max_cpu, then mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS).
+// Writes maxv, sumexp, target_logit with '='.
+__global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(float *maxv, float *sumexp,
+                                                                              float *target_logit, const float *logits,
+                                                                              const int *targets, int V_local,
+                                                                              int vocab_start, int n, int vec4) {
+    int i = blockIdx.x;
+    const float *l = logits + (size_t)i * V_local;
+    float m = -INFINITY, s = 0.0f;
+    int v0 = vec4 ? n / 4 * 4 : 0;
+    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
+        float4 x = *(const float4 *)(l + v);
+        float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+        if (mx > m) {   // (the first time s is 0: 0 x exp(-inf) = 0)
+            s *= expf(m - mx);
+            m = mx;
+        }
+        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) {
+        float x = l[v];
+        if (x > m) {
+            s *= expf(m - x);
+            m = x;
+        }
+        s += expf(x - m);
+    }
+    float M = mt__block_max(m);
+    float S = mt__block_sum(m == -INFINITY ? 0.0f : s * expf(m - M));   // a thread with no columns adds 0
+    if (threadIdx.x == 0) {
+        maxv[i] = M;
+        sumexp[i] = S;
+        int local = targets[i] - vocab_start;
+        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+    }
+}
+void mt_cross_entropy_local_max_sums_gpu(float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                         const int *targets, int BT, int V_local, int vocab_start, int V,
+                                         cudaStream_t stream) {
+    if (BT == 0) return;
+    mt_cross_entropy_local_max_sums_kernel<<<BT, 256, 0, stream>>>(maxv, sumexp, target_logit, logits, targets, V_local,
+                                                                  vocab_start, mt__real_columns(vocab_start, V_local, V),
+                                                                  V_local % 4 == 0 && mt__aligned16(logits));
+    mt__launch_check("mt_cross_entropy_local_max_sums_kernel", stream);
 }
 // matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
 // losses[i] = log S + m - l_y; if dlogits != NULL, in place of the logits:
@@ -4128,10 +4329,18 @@ void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, 
     mt_position_embedding_backward_gpu(dwpe, dout, B, T, C, mt__stream(r));
     mt__profile_end(r, "position embedding backward", t0);
 }
-void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                          const float *bias, int B, int T, int C) {
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
     double t0 = mt__profile_begin(r);
-    mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
+    mt_embedding_positions_forward_gpu(out, tokens, wte, positions, wpe, B, T, C, vocab_start, V_local, mt__stream(r));
+    mt__profile_end(r, "embedding + positions forward", t0);
+}
+void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                          const float *bias, int B, int T, int C, mt_dtype out_dtype) {
+    double t0 = mt__profile_begin(r);
+    if (out_dtype != MT_DTYPE_FP32)
+        mt_layernorm_forward16_gpu(out, mean, rstd, NULL, NULL, inp, weight, bias, B, T, C, out_dtype, mt__stream(r));
+    else mt_layernorm_forward_gpu(out, mean, rstd, inp, weight, bias, B, T, C, mt__stream(r));
     mt__profile_end(r, "layernorm forward", t0);
 }
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -4160,10 +4369,13 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     mt__profile_end(r, label, t0);
 }
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, int BT, int C, int OC) {
+                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
-                           r->dev.dtype, mt__stream(r));
+    if (inp_dtype != MT_DTYPE_FP32)
+        mt_matmul_backward_inp16_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                                     inp_dtype, mt__stream(r));
+    else mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
+                                r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul backward", C, OC);
     mt__profile_end(r, label, t0);
@@ -4178,11 +4390,11 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_mlp_forward_gpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl,
-                       r->dev.dtype, mt__stream(r));
+    mt_mlp_forward_gpu(fch, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
+                       (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "mlp forward %dx%dx%d", C, F, OC);
     mt__profile_end(r, label, t0);
@@ -4213,14 +4425,26 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 }
 // the GPU keeps a training layer's qkv in the attention's operand type (16 bits) unless in fp32
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { return cfg->compute_dtype; }
-void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
-                    int OC) {
+// and its ln1, ln2 as the GEMMs that read them want them (megatron.h's mt_ln_gemm_dtype), for the
+// rung this build will run: the device's (mt_device_init sets it), or before there is one the
+// rung mt_device_scratch_bytes plans with
+static mt_gemm_impl mt__planned_rung(const mt_config *cfg);   // (below: the memory plan's device terms)
+mt_dtype mt_ln_storage_dtype(const mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    const mt_dims *d = &r->dims;
+    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(cfg);
+    return mt_ln_gemm_dtype(impl, cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp, d->F_tp,
+                            cfg->parallel.sequence_parallel);
+}
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                    const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
+        if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit qkv projection input with fp32 qkv");
         mt_matmul_forward(r, qkv, inp, weight, bias, BT, C, OC);
         return;
     }
     double t0 = mt__profile_begin(r);
-    mt_qkv_forward16_gpu(qkv, inp, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
+    mt_qkv_forward16_gpu(qkv, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
                          mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "qkv forward %dx%d", C, OC);
@@ -4274,9 +4498,12 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
     mt__profile_end(r, "residual forward", t0);
 }
 void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *weight, const float *bias, int B, int T, int C) {
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C,
+                                   mt_dtype out_dtype) {
     double t0 = mt__profile_begin(r);
-    mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
+    if (out_dtype != MT_DTYPE_FP32)
+        mt_layernorm_forward16_gpu(out, mean, rstd, res, a, b, weight, bias, B, T, C, out_dtype, mt__stream(r));
+    else mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
     mt__profile_end(r, "residual + layernorm forward", t0);
 }
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
@@ -4291,6 +4518,13 @@ void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit,
     mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V,
                                     mt__stream(r));
     mt__profile_end(r, "cross entropy local sums", t0);
+}
+void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+    double t0 = mt__profile_begin(r);
+    mt_cross_entropy_local_max_sums_gpu(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, V,
+                                        mt__stream(r));
+    mt__profile_end(r, "cross entropy local max+sums", t0);
 }
 // how mt_cross_entropy_finish leaves the logits gradient and mt_lm_head_backward reads it: packed
 // 16-bit where mt_logits_grad_dtype (megatron.h, section 3) says so for the LM head's shape (C =
@@ -4312,7 +4546,7 @@ void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *d
     int grad_dtype = mt__logits_grad_dtype(r, dlogits, V_local);
     if (C != r->dims.C) mt_fatal("internal: mt_lm_head_backward with C = %d, not the hidden size %d", C, r->dims.C);
     if (grad_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
-        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local);
+        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
         return;
     }
     double t0 = mt__profile_begin(r);
@@ -4599,16 +4833,16 @@ int mt_device_memory_in_use(mt_rank *r, double *used_gib, double *total_gib) {
 // the memory plan's device terms (megatron.h section 3 says what they are). The rung is the one
 // mt_device_init takes, from the flags and this GPU: the plan can ask before any rank has a device
 // (--dry-run on a machine without one plans for an H100/H200, as the CPU build counts)
-size_t mt_device_scratch_bytes(const mt_rank *r) {
-    const mt_config *cfg = r->cfg;
+static mt_gemm_impl mt__planned_rung(const mt_config *cfg) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         (void)cudaGetLastError();
-        return mt_gpu_scratch_peak(r, mt__gpu_rung(cfg), cfg->compute_dtype);
+        return mt__gpu_rung(cfg);
     }
-    mt_gemm_impl impl = cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm)
-                                           : mt_gemm_impl_for_precision(cfg->compute_dtype);
-    return mt_gpu_scratch_peak(r, impl, cfg->compute_dtype);
+    return cfg->train.gemm[0] ? mt_gemm_impl_parse(cfg->train.gemm) : mt_gemm_impl_for_precision(cfg->compute_dtype);
+}
+size_t mt_device_scratch_bytes(const mt_rank *r) {
+    return mt_gpu_scratch_peak(r, mt__planned_rung(r->cfg), r->cfg->compute_dtype);
 }
 // NCCL's own device memory per communicator: its channels' receive buffers for each peer and
 // protocol (by default 4 MiB for Simple, about 4.7 MiB for LL128 and 0.5 MiB for LL, per channel
@@ -4656,10 +4890,13 @@ void mt_device_capture_begin(mt_rank *r) {
     const char *env = getenv("MT_CUDA_GRAPH");
     mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
     if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
+    const char *pdl = getenv("MT_PDL");   // MT_PDL=0: the step's kernels one after another, as outside a graph
+    mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
 }
 void *mt_device_capture_end(mt_rank *r) {
     if (!mt__capturing) return NULL;
     mt__capturing = 0;
+    mt__pdl_on = 0;
     cudaGraph_t graph;
     MT_CUDA_CHECK(cudaStreamEndCapture(mt__stream(r), &graph));
     cudaGraphExec_t exec;

@@ -69,7 +69,8 @@
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
-     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph.
+     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph;
+     MT_PDL=0 (GPU build) keeps the graph but without programmatic dependent launch (kernels.cuh, 1.).
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
@@ -608,6 +609,10 @@ void mt_embedding_forward_cpu(float *out, const int *tokens, const float *wte, i
 void mt_embedding_backward_cpu(float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                                int vocab_start, int V_local);
 void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int T, int C);
+/* decoding's embedding: out[b,t,:] = (wte row of tokens[b,t] if it is one of my V_local rows, else 0)
+   + (wpe row positions[b,t] when wpe is not NULL), (B,T,C); writes out ('=') */
+void mt_embedding_positions_forward_cpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local);
 void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C);
 void mt_layernorm_forward_cpu(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                               const float *bias, int B, int T, int C);
@@ -699,18 +704,22 @@ size_t mt_gpu_rounded_copy_bytes(size_t n);                           /* n eleme
 size_t mt_gpu_gemm_scratch(mt_gemm_impl impl, int M, int N, int K, int lda, int ldb, int a_k_inner, int b_k_inner,
                            mt_dtype dtype);
 size_t mt_gpu_matmul_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
+/* inp16: the input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype): no rounded copy of it */
 size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
-                                      mt_dtype dtype);
+                                      mt_dtype dtype, int inp16);
 size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
-size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype);
+size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
-size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
+size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
 /* the LM head's gradient (mt_lm_head_backward): 16 bits (bf16 / fp16), packed in place by the
    cross-entropy, where the wgmma rung multiplies in 16 bits and C, V_local % 8 == 0; else fp32 */
 mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_local);
+/* a layer's ln1 and ln2 as the GPU stores them: the wgmma rung's 16-bit operand type where its
+   GEMMs (qkv: OC = 3 C_tp; fc: F_tp wide) read them as they are, else fp32 (see the definition) */
+mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC, int F, int sequence_parallel);
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
@@ -738,15 +747,20 @@ void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float
 void mt_embedding_backward(mt_rank *r, float *dwte, const float *dout, const int *tokens, int B, int T, int C,
                            int vocab_start, int V_local);
 void mt_position_embedding_forward(mt_rank *r, float *out, const float *wpe, int B, int T, int C);
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local);
 void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, int B, int T, int C);
+/* out_dtype: how out is stored: MT_DTYPE_FP32, or (a training layer's ln1 / ln2 on the GPU,
+   mt_ln_storage_dtype) 16 bits in half the floats; mean and rstd are fp32 */
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                          const float *bias, int B, int T, int C);
+                          const float *bias, int B, int T, int C, mt_dtype out_dtype);
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C);
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC);
+/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a layer's ln1 / ln2 in mt_ln_storage_dtype) */
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, int BT, int C, int OC);
+                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC);
 void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
                             int BT, int C, int OC);
 /* the MLP's fc-proj backward through the GELU: dinp = (dout @ weight) * gelu'(gelu_inp) ('='), dweight +=
@@ -755,8 +769,8 @@ void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbi
                              const float *weight, const float *gelu_inp, int BT, int C, int OC);
 /* the MLP's two products in a training forward: fch = inp @ fcw^T + fcb (BT,F), kept; out = gelu(fch)
    @ fcprojw^T (+ fcprojb unless NULL) (BT,OC); gelu(fch) lives only inside the op */
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC);
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC);
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
@@ -765,8 +779,14 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
    fp16) unless --fp32, in half the floats, which only mt_qkv_forward writes and mt_attention_*
    read. mt_qkv_forward: qkv = inp @ weight^T + bias (as mt_matmul_forward) so stored. */
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg);
-void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
-                    int OC);
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                    const float *bias, int BT, int C, int OC);
+/* a training layer's ln1 and ln2 (B,T,C), read by the qkv and fc GEMMs only (forward and weight
+   gradient; the layernorm's backward reads its input): fp32 on the CPU; on the GPU
+   mt_ln_gemm_dtype for the rung this build runs (16 bits in half the floats, which only
+   mt_layernorm_forward / mt_residual_layernorm_forward write and those GEMMs read). Like
+   mt_device_scratch_bytes it answers before mt_device_init, for --dry-run too. */
+mt_dtype mt_ln_storage_dtype(const mt_rank *r);
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -779,11 +799,16 @@ void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
 void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *weight, const float *bias, int B, int T, int C);
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C,
+                                   mt_dtype out_dtype);
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
                                 int V);
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
                                  const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V);
+/* the two above in one (what a rank that holds the whole vocabulary, TP = 1, needs: no all-reduce
+   between them): the CPU runs them in turn; the GPU reads the logits once (an online softmax) */
+void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V);
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
                              const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                              int V, float dloss);
@@ -882,11 +907,14 @@ void mt_reduce_scatter_to_sequence_parallel_region_forward(mt_rank *r, float *sh
 void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *dfull, const float *dshard, int K);
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp);
+/* inp_dtype: how inp is stored (fp32, or a layer's ln1 / ln2 in mt_ln_storage_dtype: never with
+   --sequence-parallel, whose all-gather moves fp32) */
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                        const float *inp, const float *weight, int BT, int K, int OC_tp);
+                                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
+                                        int OC_tp);
 /* the attention's q, k, v projection: the forward above, qkv stored as the attention reads it (mt_qkv_forward) */
-void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias,
-                                    int BT, int K, int OC_tp);
+void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                    const float *bias, int BT, int K, int OC_tp);
 /* the LM head's (column-parallel over the vocabulary, no bias), from the logits gradient as
    mt_vocab_parallel_cross_entropy_forward left it (mt_lm_head_backward, section 3) */
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
@@ -903,8 +931,8 @@ void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweigh
                                           const float *weight, const float *gelu_inp, int BT, int K_tp, int OC);
 /* a training forward's whole MLP: fch = X A_r + a_r (column-parallel, kept for the backward),
    out = gelu(fch) B_r summed over TP (+ b), as the two calls above with gelu(fch) never stored */
-void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, const float *fcw, const float *fcb,
-                             const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp);
+void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                             const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp);
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe);
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens);
 void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
@@ -1455,7 +1483,6 @@ typedef struct {
     float *kcache, *vcache;                    // (L_local, max_batch, cap, C_tp) each
     float *x, *res2, *ln, *ln_mean, *ln_rstd;  // (B,Tq,C), (B,Tq,C), (B,Tq,C), (B,Tq), (B,Tq)
     float *qkv, *atty, *fch, *fch_gelu, *out_c;// (B,Tq,3*C_tp), (B,Tq,C_tp), (B,Tq,F_tp) x2, (B,Tq,C)
-    float *pos_emb;                            // (B,Tq,C) wpe rows (first stage)
     float *last, *lnf, *lnf_mean, *lnf_rstd;   // (B,C) each sequence's last token, its ln_f (last stage)
     float *logits, *gathered;                  // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's (last stage)
     float *memory;                             // the buffer all of the above are carved from
@@ -6259,6 +6286,21 @@ void mt_position_embedding_forward_cpu(float *out, const float *wpe, int B, int 
         }
 }
 
+// decoding: each token's row and its own position's row (positions differ per sequence), one op
+// (the GPU: one kernel in place of a lookup, a second lookup and an add). The same sum, wte + wpe,
+// as mt_embedding_forward then adding wpe's row: at TP > 1 rank 0 alone passes wpe, the others 0
+// rows, and the all-reduce after it adds zeros, which are exact
+void mt_embedding_positions_forward_cpu(float *out, const int *tokens, const float *wte, const int *positions,
+                                        const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
+    mt_embedding_forward_cpu(out, tokens, wte, B, T, C, vocab_start, V_local);
+    if (!wpe) return;
+    for (int bt = 0; bt < B * T; bt++) {
+        float *out_bt = out + (size_t)bt * C;
+        const float *wpe_p = wpe + (size_t)positions[bt] * C;
+        for (int i = 0; i < C; i++) out_bt[i] += wpe_p[i];
+    }
+}
+
 void mt_position_embedding_backward_cpu(float *dwpe, const float *dout, int B, int T, int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -7116,14 +7158,15 @@ size_t mt_gpu_column_sum_scratch(int M, int N) {
 // mt_matmul_backward_gpu: dinp (BT,C) = dout (BT,OC) @ weight (OC,C), dweight (OC,C) += dout^T inp,
 // dbias (OC) += column sums of dout
 size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
-                                      mt_dtype dtype) {
+                                      mt_dtype dtype, int inp16) {
     size_t colsum = has_dbias ? mt_gpu_column_sum_scratch(BT, OC) : 0, most = colsum;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         mt_wgmma_plan pd, pw;   // the dinp product (BT x C, OC long), the dweight product (OC x C, BT long)
         mt_wgmma_plan_make(&pd, BT, C, OC, 0);
         mt_wgmma_plan_make(&pw, OC, C, BT, 0);
         size_t slots = pw.slots > (has_dinp ? pd.slots : 0) ? pw.slots : (has_dinp ? pd.slots : 0);
-        size_t copies = mt_gpu_rounded_copy_bytes((size_t)BT * OC) + mt_gpu_rounded_copy_bytes((size_t)BT * C) +
+        size_t copies = mt_gpu_rounded_copy_bytes((size_t)BT * OC) +
+                        (inp16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * C)) +
                         (has_dinp ? mt_gpu_rounded_copy_bytes((size_t)OC * C) : 0);
         size_t both = copies + slots * MT__WG_BM * MT__WG_BN * sizeof(float);
         // with a bias, dout's rounded copy is written by the column-sum pass: both alive first
@@ -7141,17 +7184,19 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
 // (gelu's output is remade from its input: on the wgmma rung straight into the rounded copy the
 // plain backward would make; on the others as fp32 scratch next to dL/d gelu(x))
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype) {
-    size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype);
+    size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype, 0);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) return own;
     return 2 * (size_t)BT * C * sizeof(float) + own;
 }
 // mt_mlp_forward_gpu: gelu(fch) (BT,F) alive through both products, 16-bit on the wgmma rung (the
 // fc GEMM's epilogue writes it; the fc-proj GEMM reads it as is: only its weight is rounded), else
 // fp32 between two plain matmul forwards
-size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype) {
+// (inp16: inp already 16-bit, a layer's ln2: the fc GEMM rounds only its weight)
+size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16) {
     if (BT <= 0 || F <= 0 || OC <= 0) return 0;
     size_t fc = mt_gpu_matmul_forward_scratch(BT, C, F, impl, dtype), proj;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+        if (inp16) fc -= mt_gpu_rounded_copy_bytes((size_t)BT * C);
         proj = mt_gpu_gemm_scratch(impl, BT, OC, F, F, F, 1, 1, dtype) - mt_gpu_rounded_copy_bytes((size_t)BT * F);
         return mt_gpu_rounded_copy_bytes((size_t)BT * F) + (fc > proj ? fc : proj);
     }
@@ -7170,9 +7215,22 @@ mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_lo
 }
 // mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, less dout's copy when packed
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype) {
-    size_t all = mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype);
+    size_t all = mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype, 0);
     if (mt_logits_grad_dtype(impl, dtype, C, V_local) == MT_DTYPE_FP32 || BT <= 0 || C <= 0) return all;
     return all - mt_gpu_rounded_copy_bytes((size_t)BT * V_local);
+}
+// A layer's ln1 and ln2 (BT, C) are read by nothing but the GEMMs after them: qkv and fc, in the
+// forward and for the weight gradient (the layernorm's backward reads its input, not its output).
+// On the wgmma rung those GEMMs round them to their 16-bit operand type as they load them, so the
+// GPU stores them so: the layernorm writes 16 bits, no cast before each GEMM (two per tensor and
+// layer, forward and backward), half the bytes kept. The same values the GEMMs multiply. Only
+// where every product that reads them runs on the wgmma rung: bf16/fp16, rows of 8-element
+// multiples (C, the qkv GEMM's OC = 3 C_tp and the fc GEMM's F for the weight gradients), more
+// rows than a GEMV takes, and no sequence parallelism (its all-gather in front of the GEMMs moves
+// fp32 rows). Else fp32. The CPU build stores fp32 whatever this says (its GEMMs round too).
+mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC, int F, int sequence_parallel) {
+    int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && qkv_OC % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
+    return wgmma && !sequence_parallel && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
 }
 // (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
 // 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
@@ -7185,10 +7243,12 @@ size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local
 }
 // mt_qkv_forward16_gpu: the plain forward GEMM (its epilogue stores 16 bits) on the wgmma rung;
 // on the others an fp32 result, then its cast (fp32 storage: the plain matmul forward)
-size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype) {
+// (inp16: inp already 16-bit, a layer's ln1: only the weight is rounded)
+size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16) {
     size_t plain = mt_gpu_matmul_forward_scratch(BT, C, OC, impl, dtype);
     if (dtype == MT_DTYPE_FP32 || BT <= 0 || OC <= 0) return plain;
-    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) return plain;
+    if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS)
+        return plain - (inp16 ? mt_gpu_rounded_copy_bytes((size_t)BT * C) : 0);
     return (size_t)BT * OC * sizeof(float) + plain;
 }
 // mt_layernorm_backward_gpu over N rows of C: two (blocks, C) partial sums
@@ -7221,15 +7281,16 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     int B = d->B, T = d->T, BT = B * T, C = d->C, C_tp = d->C_tp, F_tp = d->F_tp, NH_tp = d->NH_tp;
     size_t op[16];
     int n = 0;
-    op[n++] = mt_gpu_qkv_forward_scratch(BT, C, 3 * C_tp, impl, dt);                // qkv = ln1 @ qkvw^T
+    int ln16 = mt_ln_storage_dtype(r) != MT_DTYPE_FP32;   // ln1, ln2 stored in 16 bits: no copies of them
+    op[n++] = mt_gpu_qkv_forward_scratch(BT, C, 3 * C_tp, impl, dt, ln16);          // qkv = ln1 @ qkvw^T
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
-    op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt);                 // fc, GELU, fc projection
+    op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt, ln16);           // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt);          // fc
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt, ln16);    // fc
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
     op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt);
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt);          // attention projection
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt);      // qkv
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0);       // attention projection
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16);   // qkv
     if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
         op[n++] = mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt);
         op[n++] = mt_gpu_lm_head_backward_scratch(BT, C, d->Vp_tp, impl, dt);
@@ -7285,9 +7346,21 @@ void mt_position_embedding_backward(mt_rank *r, float *dwpe, const float *dout, 
     (void)r; mt_position_embedding_backward_cpu(dwpe, dout, B, T, C);
 }
 
+void mt_embedding_positions_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const int *positions,
+                                    const float *wpe, int B, int T, int C, int vocab_start, int V_local) {
+    (void)r; mt_embedding_positions_forward_cpu(out, tokens, wte, positions, wpe, B, T, C, vocab_start, V_local);
+}
+
+// the CPU stores every activation in fp32 (mt_ln_storage_dtype): out_dtype is always that
+static void mt__cpu_fp32_storage(mt_dtype dtype, const char *what) {
+    if (dtype != MT_DTYPE_FP32) mt_fatal("internal: %s in dtype %d on the CPU build, which stores fp32", what, (int)dtype);
+}
+
 void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                          const float *bias, int B, int T, int C) {
-    (void)r; mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
+                          const float *bias, int B, int T, int C, mt_dtype out_dtype) {
+    (void)r;
+    mt__cpu_fp32_storage(out_dtype, "a layernorm's output");
+    mt_layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, B, T, C);
 }
 
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -7303,9 +7376,10 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
 }
 
 void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *weight, int BT, int C, int OC) {
+                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
+    mt__cpu_fp32_storage(inp_dtype, "a matmul's input");
     mt__count_gpu_scratch(r, mt_gpu_matmul_backward_scratch(BT, C, OC, dinp != NULL, dbias != NULL,
-                                                            (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
+                                                            (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
     mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, r->dev.dtype);
 }
 
@@ -7315,9 +7389,10 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     mt_matmul_forward_gelu_cpu(pre, out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                    const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
-    mt__count_gpu_scratch(r, mt_gpu_mlp_forward_scratch(BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
+void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+    mt__cpu_fp32_storage(inp_dtype, "the MLP's input");
+    mt__count_gpu_scratch(r, mt_gpu_mlp_forward_scratch(BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
     mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, r->dev.dtype);
 }
 
@@ -7343,11 +7418,13 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
     (void)r; mt_dropout_backward_cpu(dx, d, B);
 }
 
-// the CPU keeps qkv in fp32 (its emulation rounds it where the GPU's kernels read it)
+// the CPU keeps qkv, ln1 and ln2 in fp32 (its emulation rounds them where the GPU's kernels read them)
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { (void)cfg; return MT_DTYPE_FP32; }
-void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias, int BT, int C,
-                    int OC) {
-    mt__count_gpu_scratch(r, mt_gpu_qkv_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype));
+mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                    const float *bias, int BT, int C, int OC) {
+    mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
+    mt__count_gpu_scratch(r, mt_gpu_qkv_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
     mt_matmul_forward_rounded_cpu(qkv, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
@@ -7387,8 +7464,11 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
 }
 
 void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *weight, const float *bias, int B, int T, int C) {
-    (void)r; mt_residual_layernorm_forward_cpu(res, out, mean, rstd, a, b, weight, bias, B, T, C);
+                                   const float *b, const float *weight, const float *bias, int B, int T, int C,
+                                   mt_dtype out_dtype) {
+    (void)r;
+    mt__cpu_fp32_storage(out_dtype, "a layernorm's output");
+    mt_residual_layernorm_forward_cpu(res, out, mean, rstd, a, b, weight, bias, B, T, C);
 }
 
 void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
@@ -7399,6 +7479,13 @@ void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, in
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
                                  const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
     (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
+}
+
+void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
+                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+    (void)r;
+    mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
+    mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
 }
 
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
@@ -7647,8 +7734,9 @@ static int mt__sequence_parallel(const mt_rank *r) {
 }
 // the whole sequence (B, T, K) that a TP layer's GEMM reads: with --sequence-parallel my shard
 // (B, T_sp, K) all-gathered (g) into the scratch's sp_full, else x itself
-static const float *mt__whole_sequence(mt_rank *r, const float *x, int K) {
+static const float *mt__whole_sequence(mt_rank *r, const float *x, mt_dtype dtype, int K) {
     if (!mt__sequence_parallel(r)) return x;
+    if (dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit tensor (dtype %d) to all-gather over the sequence", (int)dtype);
     mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, x, K);
     return r->scratch.sp_full;
 }
@@ -7668,19 +7756,19 @@ static const float *mt__whole_sequence_grad(mt_rank *r, const float *dout, int O
 // --sequence-parallel: inp is my shard (B, T_sp, K) of the (B, T, K) input (BT = B*T still counts
 // the output's rows), all-gathered first (g) into the scratch.
 // (qkv: the attention's q, k, v projection, out stored as the attention reads it: mt_qkv_forward)
-static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight,
-                                        const float *bias, int BT, int K, int OC_tp, int qkv) {
-    inp = mt__whole_sequence(r, inp, K);
-    if (qkv) mt_qkv_forward(r, out, inp, weight, bias, BT, K, OC_tp);
+static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype,
+                                        const float *weight, const float *bias, int BT, int K, int OC_tp, int qkv) {
+    inp = mt__whole_sequence(r, inp, inp_dtype, K);
+    if (qkv) mt_qkv_forward(r, out, inp, inp_dtype, weight, bias, BT, K, OC_tp);
     else mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
-    mt__column_parallel_forward(r, out, inp, weight, bias, BT, K, OC_tp, 0);
+    mt__column_parallel_forward(r, out, inp, MT_DTYPE_FP32, weight, bias, BT, K, OC_tp, 0);
 }
-void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, const float *weight, const float *bias,
-                                    int BT, int K, int OC_tp) {
-    mt__column_parallel_forward(r, qkv, inp, weight, bias, BT, K, OC_tp, 1);
+void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                    const float *bias, int BT, int K, int OC_tp) {
+    mt__column_parallel_forward(r, qkv, inp, inp_dtype, weight, bias, BT, K, OC_tp, 1);
 }
 
 // backward: dA_r, db_r locally; dX = sum_r dY_r A_r^T needs f's backward (all-reduce).
@@ -7692,22 +7780,24 @@ void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, co
 // (lm_head: the LM head's, whose dout is the logits gradient as the cross-entropy left it and whose
 // matmul is mt_lm_head_backward's, section 3)
 static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                         const float *inp, const float *weight, int BT, int K, int OC_tp, int lm_head) {
+                                         const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
+                                         int OC_tp, int lm_head) {
     int sp = mt__sequence_parallel(r);
     float *d = sp ? r->scratch.sp_partial : dinp;
-    const float *x = mt__whole_sequence(r, inp, K);
+    const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
     if (lm_head) mt_lm_head_backward(r, d, dweight, dout, x, weight, BT, K, OC_tp);
-    else mt_matmul_backward(r, d, dweight, dbias, dout, x, weight, BT, K, OC_tp);
+    else mt_matmul_backward(r, d, dweight, dbias, dout, x, inp_dtype, weight, BT, K, OC_tp);
     if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
     else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                        const float *inp, const float *weight, int BT, int K, int OC_tp) {
-    mt__column_parallel_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K, OC_tp, 0);
+                                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
+                                        int OC_tp) {
+    mt__column_parallel_backward(r, dinp, dweight, dbias, dout, inp, inp_dtype, weight, BT, K, OC_tp, 0);
 }
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
                                   const float *weight, int BT, int K, int V_tp) {
-    mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, inp, weight, BT, K, V_tp, 1);
+    mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, K, V_tp, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7718,11 +7808,11 @@ void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const
 // --sequence-parallel: out is my shard (B, T_sp, OC): the partial sums go to the scratch and are
 // reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
 // (mlp: NULL, or the MLP's fc layer in front, whose gelu(fc(x)) is X_r: mt_parallel_mlp_forward)
-typedef struct { float *fch; const float *x, *fcw, *fcb; int K; } mt__mlp_front;
+typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; } mt__mlp_front;
 // the local product X_r W_r (+ b when bias is not NULL) into y
 static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, const float *weight, const float *bias,
                                      int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
-    if (mlp) mt_mlp_forward(r, mlp->fch, y, mlp->x, mlp->fcw, mlp->fcb, weight, bias, BT, mlp->K, K_tp, OC);
+    if (mlp) mt_mlp_forward(r, mlp->fch, y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias, BT, mlp->K, K_tp, OC);
     else mt_matmul_forward(r, y, inp, weight, bias, BT, K_tp, OC);
 }
 static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias,
@@ -7756,7 +7846,7 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
     dout = mt__whole_sequence_grad(r, dout, OC);
-    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, weight, BT, K_tp, OC);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, MT_DTYPE_FP32, weight, BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7767,16 +7857,16 @@ void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, fl
 // forward: pre (BT, OC_tp) = fc(inp) as mt_column_parallel_linear_forward; out = gelu(pre)
 void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
                                             const float *bias, int BT, int K, int OC_tp) {
-    mt_matmul_forward_gelu(r, pre, out, mt__whole_sequence(r, inp, K), weight, bias, BT, K, OC_tp);
+    mt_matmul_forward_gelu(r, pre, out, mt__whole_sequence(r, inp, MT_DTYPE_FP32, K), weight, bias, BT, K, OC_tp);
 }
 // a training forward's MLP, fc and fc-proj in one op (mt_mlp_forward, section 3), so that gelu(fch),
 // (BT, F_tp) and only ever fc-proj's input, is never stored (the GPU hands it from one GEMM's
 // epilogue to the next GEMM in 16 bits): the column-parallel fc's input gathered as there, the
 // row-parallel fc-proj's sum and bias as there. out (B, T_sp, K) as mt_row_parallel_linear_forward's.
-void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, const float *fcw, const float *fcb,
-                             const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
+void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, mt_dtype inp_dtype, const float *fcw,
+                             const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
     // (the gathered input is in sp_full; the row-parallel half's partial sums go to sp_partial)
-    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, K), fcw, fcb, K};
+    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype};
     mt__row_parallel_forward(r, out, NULL, fcprojw, fcprojb, BT, F_tp, K, &mlp);
 }
 
@@ -7827,6 +7917,8 @@ void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, 
 //   S   = all-reduce SUM of each rank's sum exp(l - m)
 //   l_y = all-reduce SUM of the target's logit (only its owner contributes, the others add 0)
 // loss = log S + m - l_y. The gradient softmax - onehot is local to each rank's columns.
+// At TP = 1 nothing crosses ranks, and the max and the sum come from one op (the GPU reads the
+// logits once for both: 3.3 GB at GPT-2 small's batch).
 // Padding columns (>= V) are left out of the softmax, so the loss does not depend on how
 // much padding TP adds. (Megatron keeps them in; their logits just learn to be very small.)
 // dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
@@ -7834,11 +7926,14 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
                                              int want_grad) {
     int BT = r->dims.B * r->dims.T, V = r->cfg->model.vocab_size;
     mt_scratch *s = &r->scratch;
-    mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
-    if (r->ps.tp_size > 1) mt_all_reduce(&r->groups.tp, s->ce_max, (size_t)BT, MT_MAX);
-    mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp,
-                                r->dims.vocab_start, V);
-    if (r->ps.tp_size > 1) {
+    if (r->ps.tp_size == 1) {
+        mt_cross_entropy_local_max_sums(r, s->ce_max, s->ce_sum, s->ce_target, logits, targets, BT, r->dims.Vp_tp,
+                                        r->dims.vocab_start, V);
+    } else {
+        mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
+        mt_all_reduce(&r->groups.tp, s->ce_max, (size_t)BT, MT_MAX);
+        mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp,
+                                    r->dims.vocab_start, V);
         mt_all_reduce(&r->groups.tp, s->ce_sum, (size_t)BT, MT_SUM);
         mt_all_reduce(&r->groups.tp, s->ce_target, (size_t)BT, MT_SUM);
     }
@@ -8052,6 +8147,9 @@ static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
     case MT_LT_QKV:   // in mt_qkv_storage_dtype: 16-bit values take half the floats (whole 16-byte pieces)
         if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) return BT * 3 * (size_t)r->dims.C_tp;
         return (BT * 3 * (size_t)r->dims.C_tp + 7) / 8 * 4;
+    case MT_LT_LN1: case MT_LT_LN2:   // in mt_ln_storage_dtype, as qkv
+        if (mt_ln_storage_dtype(r) == MT_DTYPE_FP32) return BT_sp * C;
+        return (BT_sp * C + 7) / 8 * 4;
     case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
     case MT_LT_FCH: return BT * (size_t)r->dims.F_tp;
@@ -8307,17 +8405,20 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     hid_drop.t_offset = r->dims.t_offset;
     hid_drop.T_local = T_sp;
 
-    // attention block
-    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T_sp, C);
-    mt_column_parallel_qkv_forward(r, l_qkv, l_ln1, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
+    // attention block (ln1 and ln2 stored as the GEMMs that read them want: mt_ln_storage_dtype)
+    mt_dtype ln_dtype = mt_ln_storage_dtype(r);
+    mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T_sp, C, ln_dtype);
+    mt_column_parallel_qkv_forward(r, l_qkv, l_ln1, ln_dtype, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp,
                              cfg->model.num_attention_heads);
     mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_forward(r, out_c, &hid_drop, B);
     // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
-    mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C);
-    mt_parallel_mlp_forward(r, out_c, l_fch, l_ln2, l_fcw, l_fcb, l_fcprojw, l_fcprojb, BT, C, F_tp);   // fc, GELU, proj
+    mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C,
+                                  ln_dtype);
+    mt_parallel_mlp_forward(r, out_c, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, BT, C,
+                            F_tp);   // fc, GELU, proj
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_forward(r, out_c, &hid_drop, B);
     mt_residual_forward(r, l_residual3, l_residual2, out_c, BTC_sp);
@@ -8365,7 +8466,8 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     // fc-proj's backward on through the GELU: dfch = dL/d fch
     mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fcprojw, l_fch, BT, F_tp, C);
-    mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, l_fcw, BT, C, F_tp);
+    mt_dtype ln_dtype = mt_ln_storage_dtype(r);   // (how the forward stored ln1 and ln2)
+    mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, ln_dtype, l_fcw, BT, C, F_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
                           T_sp, C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
@@ -8378,7 +8480,7 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
     mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                           r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
-    mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, l_qkvw, BT, C, 3 * C_tp);
+    mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, ln_dtype, l_qkvw, BT, C, 3 * C_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T_sp, C);
 }
 
@@ -8412,7 +8514,7 @@ static void mt__embedding_backward(mt_rank *r, mt_activations *a) {
 static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int want_grad) {
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
     mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->model.params.lnfw, r->model.params.lnfb, B,
-                         r->dims.T_sp, C);
+                         r->dims.T_sp, C, MT_DTYPE_FP32);
     mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->model.params.wte, NULL, BT, C, r->dims.Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     if (want_grad) dloss *= r->state.loss_scale;
@@ -12082,12 +12184,12 @@ static size_t mt__carve_generator(const mt_rank *r, mt_generator *g, float *base
     size_t BTq = (size_t)g->max_tokens, B = (size_t)g->max_batch, C = (size_t)r->dims.C;
     size_t C_tp = (size_t)r->dims.C_tp, F_tp = (size_t)r->dims.F_tp, Vp_tp = (size_t)r->dims.Vp_tp;
     size_t cache = (size_t)r->dims.L_local * B * (size_t)g->cap * C_tp;
-    int last = r->ps.is_last_stage, first = r->ps.is_first_stage;
+    int last = r->ps.is_last_stage;
     struct { float **ptr; size_t n; } carve[] = {
         {&g->kcache, cache}, {&g->vcache, cache},
         {&g->x, BTq * C}, {&g->res2, BTq * C}, {&g->ln, BTq * C}, {&g->ln_mean, BTq}, {&g->ln_rstd, BTq},
         {&g->qkv, BTq * 3 * C_tp}, {&g->atty, BTq * C_tp}, {&g->fch, BTq * F_tp}, {&g->fch_gelu, BTq * F_tp},
-        {&g->out_c, BTq * C}, {&g->pos_emb, first ? BTq * C : 0},
+        {&g->out_c, BTq * C},
         {&g->last, last ? B * C : 0}, {&g->lnf, last ? B * C : 0}, {&g->lnf_mean, last ? B : 0},
         {&g->lnf_rstd, last ? B : 0}, {&g->logits, last ? B * Vp_tp : 0},
         {&g->gathered, last && r->ps.tp_size > 1 ? B * Vp_tp * (size_t)r->ps.tp_size : 0},
@@ -12171,13 +12273,14 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int
     // attention block: x = res2 + out_c (the layer before's residual add) where pending, ln = layernorm(x)
     if (x_pending)
         mt_residual_layernorm_forward(r, g->x, g->ln, g->ln_mean, g->ln_rstd, g->res2, g->out_c, l_ln1w, l_ln1b, B, Tq,
-                                      C);
-    else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C);
+                                      C, MT_DTYPE_FP32);
+    else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C, MT_DTYPE_FP32);
     mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
     mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
     // MLP block: res2 = x + out_c, ln = layernorm(res2)
-    mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C);
+    mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C,
+                                  MT_DTYPE_FP32);
     mt_column_parallel_linear_gelu_forward(r, g->fch, g->fch_gelu, g->ln, l_fcw, l_fcb, BT, C, F_tp);
     mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
     if (x_last) mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);   // else the next layer's first op
@@ -12213,13 +12316,12 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         if (graphable) mt_device_capture_begin(r);
         for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
             if (mt__is_first_virtual(r, chunk)) {
-                // x = wte[token] (vocab-parallel: g's all-reduce) + wpe[position]
-                mt_embedding_forward(r, g->x, g->tokens, r->model.params.wte, B, Tq, C, r->dims.vocab_start,
-                                     r->dims.Vp_tp);
+                // x = wte[token] + wpe[position]; vocab-parallel, g's all-reduce sums the TP ranks'
+                // rows: wpe's comes from TP rank 0 only
+                mt_embedding_positions_forward(r, g->x, g->tokens, r->model.params.wte, g->positions,
+                                               r->ps.tp_rank == 0 ? r->model.params.wpe : NULL, B, Tq, C,
+                                               r->dims.vocab_start, r->dims.Vp_tp);
                 mt_reduce_from_tp_region_forward(r, g->x, BTC);
-                mt_embedding_forward(r, g->pos_emb, g->positions, r->model.params.wpe, B, Tq, C, 0,
-                                     r->cfg->model.max_position_embeddings);
-                mt_residual_forward(r, g->x, g->x, g->pos_emb, BTC);
             } else {
                 mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
             }
@@ -12238,7 +12340,7 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
                 x_last = g->last;
             }
             mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
-                                 r->model.params.lnfb, B, 1, C);
+                                 r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
             // greedy: the token itself, on the device (B ids cross to the host instead of B x Vp logits)
             if (greedy) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);

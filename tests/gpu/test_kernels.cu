@@ -274,6 +274,21 @@ MT_TEST(embedding) {
         snprintf(label, sizeof label, "embedding forward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
         check_close(label, got, out_ref, BTC, 0.0);   // a copy
         free(got);
+        {   // decoding's form: plus each token's own position's row of wpe (positions drawn at random)
+            int P = 1024;
+            int *positions = host_tokens((size_t)B * T, P);
+            float *wpe = host_random((size_t)P * C, -1, 1);
+            mt_embedding_positions_forward_cpu(out_ref, tokens, wte, positions, wpe, B, T, C, vs, VL);
+            int *d_positions = dev_upload_int(positions, (size_t)B * T);
+            float *d_wpe = dev_upload(wpe, (size_t)P * C);
+            dev_poison(d_out, BTC);
+            mt_embedding_positions_forward_gpu(d_out, d_tokens, d_wte, d_positions, d_wpe, B, T, C, vs, VL, 0);
+            got = dev_download(d_out, BTC);
+            snprintf(label, sizeof label, "embedding + positions forward B=%d T=%d C=%d", B, T, C);
+            check_close(label, got, out_ref, BTC, 0.0);   // one addition, the same
+            free(got); free(positions); free(wpe);
+            dev_free(d_positions); dev_free(d_wpe);
+        }
         got = dev_download(d_dwte, VC);
         snprintf(label, sizeof label, "embedding backward B=%d T=%d C=%d rows [%d,%d)", B, T, C, vs, vs + VL);
         check_close(label, got, dwte_ref, VC, 0.0);   // the same additions in the same (bt) order
@@ -348,6 +363,31 @@ MT_TEST(layernorm) {
         got = dev_download(d_out, NC);
         snprintf(label, sizeof label, "residual + layernorm: out B=%d T=%d C=%d", B, T, C);
         check_close(label, got, out_ref, NC, 1e-5); free(got);
+        // out stored in 16 bits (a training layer's ln1 / ln2 on the wgmma rung): the same kernel's
+        // fp32 values, each rounded to nearest even, bit for bit; mean, rstd and res as in fp32.
+        // Plain and with the residual in front; vector (C % 4 == 0, C <= 2048) and scalar kernels.
+        for (int dt = MT_DTYPE_BF16; dt <= MT_DTYPE_FP16; dt++)
+            for (int with_res = 0; with_res <= 1; with_res++) {
+                float *out32, *want = (float *)mt_malloc(NC * sizeof(float) + 4, "rounded");
+                dev_poison(d_out, NC);
+                if (with_res) mt_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_a, d_inp, d_w, d_b, B, T, C, 0);
+                else mt_layernorm_forward_gpu(d_out, d_mean, d_rstd, d_inp, d_w, d_b, B, T, C, 0);
+                out32 = dev_download(d_out, NC);
+                for (size_t i = 0; i < NC; i++) want[i] = mt_round_to_dtype(out32[i], (mt_dtype)dt);
+                void *o16 = dev_alloc(NC * 2 + 16);
+                MT_CUDA_CHECK(cudaMemset(o16, 0xff, NC * 2));
+                mt_layernorm_forward16_gpu(o16, d_mean, d_rstd, with_res ? d_res : NULL, with_res ? d_a : NULL, d_inp, d_w,
+                                           d_b, B, T, C, dt, 0);
+                uint16_t *h16 = (uint16_t *)mt_malloc(NC * 2 + 2, "got");
+                MT_CUDA_CHECK(cudaMemcpy(h16, o16, NC * 2, cudaMemcpyDeviceToHost));
+                float *as32 = (float *)mt_malloc(NC * sizeof(float) + 4, "got");
+                for (size_t i = 0; i < NC; i++)
+                    as32[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(h16[i]) : mt_fp16_to_float(h16[i]);
+                snprintf(label, sizeof label, "%slayernorm out in %s B=%d T=%d C=%d", with_res ? "residual + " : "",
+                         dt == MT_DTYPE_BF16 ? "bf16" : "fp16", B, T, C);
+                check_close(label, as32, want, NC, 0.0);
+                free(out32); free(want); free(h16); free(as32); dev_free(o16);
+            }
         got = dev_download(d_rstd, N); check_close("residual + layernorm: rstd", got, rstd_ref, N, 1e-5); free(got);
         free(a); free(res_ref); dev_free(d_a); dev_free(d_res);
         free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(mean_ref);
@@ -441,6 +481,24 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
             snprintf(label, sizeof label, "matmul %s dbias BT=%d C=%d OC=%d", name, BT, C, OC);
             // fp32 column sums in any rung, in another order than the CPU's
             check_added_scale(label, got, db_ref, db0, OC, 1e-5, column_sum_term_scale(dout, BT, OC)); free(got);
+        }
+        // the backward from an input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype: the
+        // wgmma rung only): the same bits as from the fp32 input, which the rung rounds to the same
+        if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && !misalign) {
+            float *dinp32 = with_dinp ? dev_download(d_dinp, nin) : NULL, *dw32 = dev_download(d_dw, nw);
+            float *db32 = with_bias ? dev_download(d_db, OC) : NULL;
+            void *in16 = dev_alloc(nin * 2 + 16);
+            if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
+            else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
+            dev_set(d_dinp, dinp0, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
+            mt_matmul_backward_inp16_gpu(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, d_dout, in16, d_w, BT, C,
+                                         OC, impl, dt, 0);
+            snprintf(label, sizeof label, "matmul %s backward from a 16-bit input BT=%d C=%d OC=%d", name, BT, C, OC);
+            if (with_dinp) { got = dev_download(d_dinp, nin); check_close(label, got, dinp32, nin, 0.0); free(got); }
+            got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
+            if (with_bias) { got = dev_download(d_db, OC); check_close(label, got, db32, OC, 0.0); free(got); }
+            free(dinp32); free(dw32); free(db32);
+            dev_free(in16);
         }
         }
     }
@@ -551,7 +609,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_matmul_forward_gpu(d_y_u, d_out, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
             float *pre_u = dev_download(d_pre, nout), *y_u = dev_download(d_y_u, nin);
             dev_poison(d_pre, nout);
-            mt_mlp_forward_gpu(d_pre, d_y, d_inp, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
+            mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
             snprintf(label, sizeof label, "mlp %s %s forward: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_pre, nout); check_close(label, got, pre_u, nout, 0.0); free(got);
             snprintf(label, sizeof label, "mlp %s %s forward: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
@@ -569,13 +627,42 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_pre, nout, 0);
                 MT_CUDA_CHECK(cudaMemcpy(want16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
-                mt_qkv_forward16_gpu(q16, d_inp, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                mt_qkv_forward16_gpu(q16, d_inp, MT_DTYPE_FP32, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
                 got16 = (unsigned short *)mt_malloc(nout * 2 + 2, "got");
                 MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 size_t differ = 0;
                 for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
                 snprintf(label, sizeof label, "qkv forward in 16 bits %s %s BT=%d C=%d OC=%d", rung, type, BT, C, OC);
                 mt_expect(differ == 0, "%s: %zu of %zu values differ from the fp32 forward rounded", label, differ, nout);
+                // from an input already in 16 bits (a layer's ln1 as the layernorm stores it on the
+                // wgmma rung, mt_ln_gemm_dtype): the GEMM's own rounding of it skipped, the same bits
+                if (impls[k] == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
+                    void *in16 = dev_alloc(nin * 2 + 16);
+                    if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
+                    else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
+                    MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
+                    mt_qkv_forward16_gpu(q16, (const float *)in16, dt, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                    MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
+                    differ = 0;
+                    for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
+                    mt_expect(differ == 0, "%s from a 16-bit input: %zu of %zu values differ", label, differ, nout);
+                    if (OC % 8 == 0) {   // the MLP's fc from a 16-bit ln2 (F = OC here), against its fp32-input run
+                        float *fch32, *y32;
+                        dev_poison(d_pre, nout); dev_poison(d_y, nin);
+                        mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                                           impls[k], dt, 0);
+                        fch32 = dev_download(d_pre, nout); y32 = dev_download(d_y, nin);
+                        dev_poison(d_pre, nout); dev_poison(d_y, nin);
+                        mt_mlp_forward_gpu(d_pre, d_y, (const float *)in16, dt, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                                           impls[k], dt, 0);
+                        snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: fch BT=%d", rung, type, BT);
+                        float *g2 = dev_download(d_pre, nout); check_close(label, g2, fch32, nout, 0.0); free(g2);
+                        snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: out BT=%d", rung, type, BT);
+                        g2 = dev_download(d_y, nin); check_close(label, g2, y32, nin, 0.0); free(g2);
+                        free(fch32); free(y32);
+                    }
+                    dev_free(in16);
+                }
                 free(want16); free(got16); dev_free(q16);
             }
             free(gx); free(pre_u); free(y_u); free(w2); free(bias2); free(fch_r); free(y_r);
@@ -641,6 +728,146 @@ MT_TEST(decode) {
     free(x);
     dev_free(d_x);
     dev_free(d_i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// a decode step's chain of kernels (GPT-2 small's shapes, 16-bit weights, 3 layers, the head and
+// the argmax), captured in a CUDA graph with programmatic dependent launch (mt__pdl_on, kernels.cuh
+// section 1) and replayed 200 times: every replay equal bit for bit to the same chain run op by op
+// on a plain stream. A kernel that read what the kernel ahead writes before its mt__pdl_wait
+// would see stale values in some replay.
+struct decode_chain {
+    int B, C, NH, F, V, cap, L;
+    float *x0, *x, *res2, *ln, *mean, *rstd, *qkv, *atty, *outc, *fch, *fchg, *kc, *vc, *logits;
+    float *ln1w[3], *ln1b[3], *ln2w[3], *ln2b[3], *bqkv[3], *bproj[3], *bfc[3], *bfcproj[3], *lnfw, *lnfb;
+    __nv_bfloat16 *wqkv[3], *wproj[3], *wfc[3], *wfcproj[3], *wte;
+    int *start, *next;
+};
+template <typename F>
+static float time_ms(F f, int reps);   // (below, with the timings)
+static float *dev_random_f(size_t n, float lo, float hi) {
+    float *h = host_random(n, lo, hi), *d = dev_upload(h, n);
+    free(h);
+    return d;
+}
+static __nv_bfloat16 *dev_random_bf16(size_t n, float lo, float hi) {
+    float *h = host_random(n, lo, hi), *d = dev_upload(h, n);
+    __nv_bfloat16 *w = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
+    mt_cast_f32_to_bf16_gpu(w, d, n, 0);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    free(h);
+    dev_free(d);
+    return w;
+}
+static void decode_chain_run(const decode_chain &d, cudaStream_t s) {
+    int B = d.B, C = d.C;
+    for (int l = 0; l < d.L; l++) {
+        if (l == 0) mt_layernorm_forward_gpu(d.ln, d.mean, d.rstd, d.x0, d.ln1w[l], d.ln1b[l], B, 1, C, s);
+        else mt_residual_layernorm_forward_gpu(d.x, d.ln, d.mean, d.rstd, d.res2, d.outc, d.ln1w[l], d.ln1b[l], B, 1, C, s);
+        mt_matmul_forward_rounded_weight_gpu(d.qkv, d.ln, d.wqkv[l], d.bqkv[l], B, C, 3 * C, MT_DTYPE_BF16, s);
+        mt_attention_cached_forward_gpu(d.atty, d.kc + (size_t)l * B * d.cap * C, d.vc + (size_t)l * B * d.cap * C, d.qkv,
+                                        d.start, B, 1, C, d.NH, d.cap, s);
+        mt_matmul_forward_rounded_weight_gpu(d.outc, d.atty, d.wproj[l], d.bproj[l], B, C, C, MT_DTYPE_BF16, s);
+        mt_residual_layernorm_forward_gpu(d.res2, d.ln, d.mean, d.rstd, l == 0 ? d.x0 : d.x, d.outc, d.ln2w[l], d.ln2b[l],
+                                          B, 1, C, s);
+        mt_matmul_forward_gelu_gpu(d.fch, d.fchg, d.ln, NULL, d.wfc[l], d.bfc[l], B, C, d.F, MT_GEMM_WGMMA, MT_DTYPE_BF16, s);
+        mt_matmul_forward_rounded_weight_gpu(d.outc, d.fchg, d.wfcproj[l], d.bfcproj[l], B, d.F, C, MT_DTYPE_BF16, s);
+    }
+    mt_residual_forward_gpu(d.x, d.res2, d.outc, (size_t)B * C, s);
+    mt_layernorm_forward_gpu(d.ln, d.mean, d.rstd, d.x, d.lnfw, d.lnfb, B, 1, C, s);
+    mt_matmul_forward_rounded_weight_gpu(d.logits, d.ln, d.wte, NULL, B, C, d.V, MT_DTYPE_BF16, s);
+    mt_argmax_rows_gpu(d.next, d.logits, B, d.V - 40, d.V, s);
+}
+static void decode_chain_case(int B) {
+    decode_chain d;
+    d.B = B; d.C = 768; d.NH = 12; d.F = 3072; d.V = 50304; d.cap = 64; d.L = 3;
+    int C = d.C, F = d.F;
+    d.x0 = dev_random_f((size_t)B * C, -1, 1);
+    d.x = dev_alloc_f((size_t)B * C); d.res2 = dev_alloc_f((size_t)B * C); d.ln = dev_alloc_f((size_t)B * C);
+    d.mean = dev_alloc_f(B); d.rstd = dev_alloc_f(B); d.qkv = dev_alloc_f((size_t)B * 3 * C);
+    d.atty = dev_alloc_f((size_t)B * C); d.outc = dev_alloc_f((size_t)B * C); d.fch = dev_alloc_f((size_t)B * F);
+    d.fchg = dev_alloc_f((size_t)B * F); d.logits = dev_alloc_f((size_t)B * d.V);
+    size_t ncache = (size_t)d.L * B * d.cap * C;
+    float *k0 = host_random(ncache, -1, 1), *v0 = host_random(ncache, -1, 1);
+    d.kc = dev_upload(k0, ncache); d.vc = dev_upload(v0, ncache);
+    for (int l = 0; l < d.L; l++) {
+        d.ln1w[l] = dev_random_f(C, 0.5f, 1.5f); d.ln1b[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.ln2w[l] = dev_random_f(C, 0.5f, 1.5f); d.ln2b[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.bqkv[l] = dev_random_f(3 * C, -0.1f, 0.1f); d.bproj[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.bfc[l] = dev_random_f(F, -0.1f, 0.1f); d.bfcproj[l] = dev_random_f(C, -0.1f, 0.1f);
+        d.wqkv[l] = dev_random_bf16((size_t)3 * C * C, -0.05f, 0.05f); d.wproj[l] = dev_random_bf16((size_t)C * C, -0.05f, 0.05f);
+        d.wfc[l] = dev_random_bf16((size_t)F * C, -0.05f, 0.05f); d.wfcproj[l] = dev_random_bf16((size_t)C * F, -0.05f, 0.05f);
+    }
+    d.lnfw = dev_random_f(C, 0.5f, 1.5f); d.lnfb = dev_random_f(C, -0.1f, 0.1f);
+    d.wte = dev_random_bf16((size_t)d.V * C, -0.05f, 0.05f);
+    int start[8];
+    for (int b = 0; b < B; b++) start[b] = rand_int(d.cap);
+    d.start = dev_upload_int(start, (size_t)B);
+    d.next = (int *)dev_alloc(sizeof(int) * (size_t)B);
+    cudaStream_t s;
+    MT_CUDA_CHECK(cudaStreamCreate(&s));   // blocking: time_ms's events on stream 0 wait for it
+    // op by op (each kernel's position in the caches is rewritten with the same values every run)
+    decode_chain_run(d, s);
+    MT_CUDA_CHECK(cudaStreamSynchronize(s));
+    float *want_x = dev_download(d.x, (size_t)B * C), *want_logits = dev_download(d.logits, (size_t)B * d.V);
+    float *want_k = dev_download(d.kc, ncache), *want_v = dev_download(d.vc, ncache);
+    int want_next[8], got_next[8];
+    MT_CUDA_CHECK(cudaMemcpy(want_next, d.next, sizeof(int) * (size_t)B, cudaMemcpyDeviceToHost));
+    // the same chain as a graph of programmatic launches
+    MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    mt__pdl_on = 1;
+    decode_chain_run(d, s);
+    mt__pdl_on = 0;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    int bad = 0;
+    for (int rep = 0; rep < 200 && !bad; rep++) {
+        dev_poison(d.x, (size_t)B * C); dev_poison(d.logits, (size_t)B * d.V); dev_poison(d.ln, (size_t)B * C);
+        dev_poison(d.outc, (size_t)B * C); dev_poison(d.qkv, (size_t)B * 3 * C);
+        MT_CUDA_CHECK(cudaDeviceSynchronize());
+        MT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        MT_CUDA_CHECK(cudaStreamSynchronize(s));
+        float *got_x = dev_download(d.x, (size_t)B * C), *got_logits = dev_download(d.logits, (size_t)B * d.V);
+        MT_CUDA_CHECK(cudaMemcpy(got_next, d.next, sizeof(int) * (size_t)B, cudaMemcpyDeviceToHost));
+        bad = memcmp(got_x, want_x, sizeof(float) * (size_t)B * C) != 0 ||
+              memcmp(got_logits, want_logits, sizeof(float) * (size_t)B * d.V) != 0 ||
+              memcmp(got_next, want_next, sizeof(int) * (size_t)B) != 0;
+        if (bad) printf("    replay %d of the PDL graph differs from the op-by-op chain (B=%d)\n", rep, B);
+        free(got_x); free(got_logits);
+    }
+    mt_expect(!bad, "the decode chain with programmatic dependent launch differs from op by op (B=%d)", B);
+    float *got_k = dev_download(d.kc, ncache), *got_v = dev_download(d.vc, ncache);
+    check_equal_bits("decode chain: the KV caches after the replays", got_k, want_k, ncache * sizeof(float));
+    check_equal_bits("decode chain: values", got_v, want_v, ncache * sizeof(float));
+    // and the time of one replay, with and without PDL (the gap it closes, reported, not checked)
+    float ms_pdl = time_ms([&] { MT_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 50);
+    MT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    decode_chain_run(d, s);
+    MT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    float ms_plain = time_ms([&] { MT_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 50);
+    printf("    decode chain B=%d (3 layers + head, %d kernels): graph %.1f us, with PDL %.1f us\n", B, 3 * 7 + 5,
+           ms_plain * 1e3, ms_pdl * 1e3);
+    MT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    MT_CUDA_CHECK(cudaStreamDestroy(s));
+    free(k0); free(v0); free(want_x); free(want_logits); free(want_k); free(want_v); free(got_k); free(got_v);
+    void *buffers[] = {d.x0, d.x, d.res2, d.ln, d.mean, d.rstd, d.qkv, d.atty, d.outc, d.fch, d.fchg, d.kc, d.vc, d.logits,
+                       d.lnfw, d.lnfb, d.wte, d.start, d.next};
+    for (void *p : buffers) dev_free(p);
+    for (int l = 0; l < d.L; l++) {
+        void *layer[] = {d.ln1w[l], d.ln1b[l], d.ln2w[l], d.ln2b[l], d.bqkv[l], d.bproj[l], d.bfc[l], d.bfcproj[l],
+                         d.wqkv[l], d.wproj[l], d.wfc[l], d.wfcproj[l]};
+        for (void *p : layer) dev_free(p);
+    }
+}
+MT_TEST(decode_chain_pdl) {
+    decode_chain_case(1);
+    decode_chain_case(8);
 }
 
 MT_TEST(dropout) {
@@ -964,9 +1191,19 @@ MT_TEST(cross_entropy) {
             sum_double[i] = (float)acc;
         }
         check_close("cross-entropy local sums vs double", got, sum_double, BT, 1e-5);
-        free(got); free(sum_double);
+        free(got);
         got = dev_download(d_tl, BT);
         check_close("cross-entropy target logit", got, tl, BT, 0.0); free(got);
+        // the two in one pass (TP = 1): the same max and target, the sum against the double one
+        dev_poison(d_max, BT); dev_poison(d_sum, BT); dev_poison(d_tl, BT);
+        mt_cross_entropy_local_max_sums_gpu(d_max, d_sum, d_tl, d_logits, d_targets, BT, VL, vs, V, 0);
+        got = dev_download(d_max, BT);
+        check_close("cross-entropy one pass: max", got, maxv, BT, 0.0); free(got);
+        got = dev_download(d_tl, BT);
+        check_close("cross-entropy one pass: target logit", got, tl, BT, 0.0); free(got);
+        got = dev_download(d_sum, BT);
+        check_close("cross-entropy one pass: sums vs double", got, sum_double, BT, 1e-5);
+        free(got); free(sum_double);
         if (nreal > 0) {
             float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
             mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_FP32, 0);
@@ -1345,6 +1582,7 @@ int main(int argc, char **argv) {
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
         run("decode", test_decode);
+        run("decode_chain_pdl", test_decode_chain_pdl);
         run("gelu_residual", test_gelu_residual);
         run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);
