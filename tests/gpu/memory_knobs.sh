@@ -87,7 +87,13 @@ if [ "$what" = largest ] || [ "$what" = all ]; then
         timeout 900 $BIN $G > $log 2>&1; rc=$?
         last=$(grep "^ iteration" $log | tail -n 1)
         if [ $rc -eq 0 ] && echo "$last" | grep -q "iteration *2/"; then result=trained
-        else result="failed: $(grep -m 1 -i 'error' $log | cut -c 1-80)"; fi
+        else
+          why=$(grep -m 1 -i 'error' $log | cut -c 1-80)
+          # no error line: killed from outside (137: SIGKILL, the host's out-of-memory killer;
+          # 124: the timeout), so say how it ended and what it printed last
+          [ -n "$why" ] || why="exit $rc, no error line; last: $(tail -n 1 $log | cut -c 1-60)"
+          result="failed: $why"
+        fi
         peak=$(field 'measured peak' "$(grep 'memory plan vs measured' $log | head -n 1)")
         ms=$(field 'elapsed time per iteration (ms):' "$last")
       fi
