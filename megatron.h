@@ -1262,6 +1262,11 @@ void mt_rank_free(mt_rank *r);
 void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out);
 size_t mt_memory_total(const mt_memory_report *m);   /* every term: what the rank holds at its peak */
 void mt_print_memory_plan(const mt_config *cfg, FILE *f);   /* --dry-run: every rank's plan */
+/* --optimizer-cpu-offload: fails at start-up, with the sizes, when the pinned host memory the
+   ranks on this node would take (nranks of this process from first_rank, times procs_on_node
+   processes like it) exceeds the host's available memory; does nothing without offload or where
+   /proc/meminfo cannot be read */
+void mt_check_host_memory(const mt_config *cfg, int first_rank, int nranks, int procs_on_node);
 /* records this rank's work (forward / backward per micro-batch and chunk, optimizer) and every call
    on its groups into log while log->enabled; NULL detaches */
 void mt_rank_set_timeline(mt_rank *r, mt_span_log *log);
@@ -4458,6 +4463,108 @@ int mt_world_run(mt_world *w, mt_rank_fn fn, void *arg) {
     fflush(stdout);
     fprintf(stderr, "error: %s\n", error);   // exactly as mt_fatal prints it
     return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// helper threads: a rank's host work shared over the host's cores
+// ---------------------------------------------------------------------------------------------
+// Some of a rank's work runs on the host and is too big for one core: the parameters' initial
+// draws (section 5) and the offloaded optimizer's update (section 6). The rank shares it with
+// helper threads: job(arg, index, count) runs once on each of the pool's count threads, index 0
+// on the rank's own thread, and each does the index-th of count pieces. Between jobs the helpers
+// wait on a condition variable, so a pool can live for a whole run (the optimizer's) or for one
+// job (the initialisation's). gdb names them after their rank and job: "r0 adamw1", "r0 init3".
+typedef void (*mt__host_job)(void *arg, int index, int count);
+typedef struct mt__host_pool mt__host_pool;
+typedef struct { mt__host_pool *pool; int index; } mt__host_pool_arg;
+struct mt__host_pool {
+    int count;                    // threads of a job, the rank's own thread (index 0) included
+    pthread_t *threads;           // (count - 1) the helpers, indices 1 .. count-1
+    mt__host_pool_arg *args;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned long generation;     // one more per job: a helper starts when it changes
+    int busy;                     // helpers not done with the current job
+    int stop;
+    mt__host_job job;             // the current job and its argument
+    void *job_arg;
+    int rank;                     // for the helpers' names
+    char what[8];                 // ... "adamw", "init"
+};
+
+static void *mt__host_pool_main(void *p) {
+    mt__host_pool_arg *arg = (mt__host_pool_arg *)p;
+    mt__host_pool *pool = arg->pool;
+    char name[32];
+    snprintf(name, sizeof name, "r%d %s%d", pool->rank, pool->what, arg->index);
+    mt_thread_set_name(name);
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->go, &pool->mu);
+        if (pool->stop) { pthread_mutex_unlock(&pool->mu); return NULL; }
+        seen = pool->generation;
+        mt__host_job job = pool->job;
+        void *job_arg = pool->job_arg;
+        pthread_mutex_unlock(&pool->mu);
+        job(job_arg, arg->index, pool->count);
+        pthread_mutex_lock(&pool->mu);
+        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->mu);
+    }
+}
+
+// count threads in all (count - 1 helpers); a helper that cannot start is fatal, with `hint`
+static mt__host_pool *mt__host_pool_create(int count, const char *what, int rank, const char *hint) {
+    mt__host_pool *pool = (mt__host_pool *)mt_calloc(1, sizeof *pool, "host threads");
+    pool->count = count;
+    pool->rank = rank;
+    snprintf(pool->what, sizeof pool->what, "%s", what);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->go, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = (pthread_t *)mt_calloc((size_t)count, sizeof(pthread_t), "host threads");
+    pool->args = (mt__host_pool_arg *)mt_calloc((size_t)count, sizeof(mt__host_pool_arg), "host threads");
+    for (int i = 1; i < count; i++) {
+        pool->args[i].pool = pool;
+        pool->args[i].index = i;
+        int err = pthread_create(&pool->threads[i - 1], NULL, mt__host_pool_main, &pool->args[i]);
+        if (err != 0)
+            mt_fatal("cannot start host thread %d (%s) of rank %d: %s\nhint: %s", i, what, rank, strerror(err), hint);
+    }
+    return pool;
+}
+
+// stops and joins the helpers (they are idle: a job runs inside mt__host_pool_run only)
+static void mt__host_pool_free(void *p) {
+    mt__host_pool *pool = (mt__host_pool *)p;
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->go);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 1; i < pool->count; i++) pthread_join(pool->threads[i - 1], NULL);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->go);
+    pthread_cond_destroy(&pool->done);
+    free(pool->threads);
+    free(pool->args);
+    free(pool);
+}
+
+// runs job on every thread of the pool, piece 0 on the caller's thread; returns when all are done
+static void mt__host_pool_run(mt__host_pool *pool, mt__host_job job, void *arg) {
+    pthread_mutex_lock(&pool->mu);
+    pool->job = job;
+    pool->job_arg = arg;
+    pool->busy = pool->count - 1;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->go);
+    pthread_mutex_unlock(&pool->mu);
+    job(arg, 0, pool->count);
+    pthread_mutex_lock(&pool->mu);
+    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8056,23 +8163,13 @@ void mt_shard_copy(const mt_rank *r, const mt_param_spec *s, float *local_buffer
 // Each value is drawn from the counter-based generator keyed on (seed, tensor, global layer,
 // global element index): like Megatron's _initialize_affine_weight_cpu (init the whole master
 // weight, keep my slice) but without materialising the whole tensor.
-// A value depends only on which element it is, so host threads can share the work in any split:
-// thread `index` of `count` takes rows [rows*index/count, rows*(index+1)/count) of every tensor
-// and layer. (A draw costs ~60 ns: GPT-2 small's 124M values are ~8 s on one core.)
-typedef struct {
-    mt_rank *r;
-    int index, count;
-} mt__init_part;
-
-static void *mt__init_params_part(void *arg) {
-    const mt__init_part *job = (const mt__init_part *)arg;
-    mt_rank *r = job->r;
+// A value depends only on which element it is, so host threads can share the work in any split
+// (section 2's helper threads): thread `index` of `count` takes rows [rows*index/count,
+// rows*(index+1)/count) of every tensor and layer. (A draw costs ~60 ns: GPT-2 small's 124M
+// values are ~8 s on one core.)
+static void mt__init_params_piece(void *arg, int index, int count) {   // an mt__host_job
+    mt_rank *r = (mt_rank *)arg;
     const mt_config *cfg = r->cfg;
-    if (job->index > 0) {
-        char name[32];   // (a debugger shows 15 characters)
-        snprintf(name, sizeof name, "r%d init%d", r->ps.rank, job->index);
-        mt_thread_set_name(name);   // gdb: "r0 init1" beside the rank's own "r0"
-    }
     float std = cfg->model.init_method_std;
     float out_std = std / sqrtf(2.0f * (float)cfg->model.num_layers);
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -8081,8 +8178,8 @@ static void *mt__init_params_part(void *arg) {
         float *base = r->model.params_memory + s->offset;
         float tensor_std = s->init == MT_INIT_SCALED_NORMAL ? out_std : std;
         int nl = s->layers ? s->layers : 1;
-        int row0 = (int)((int64_t)s->rows * job->index / job->count);
-        int row1 = (int)((int64_t)s->rows * (job->index + 1) / job->count);
+        int row0 = (int)((int64_t)s->rows * index / count);
+        int row1 = (int)((int64_t)s->rows * (index + 1) / count);
         for (int l = 0; l < nl; l++) {
             int gl = s->layers ? mt_local_to_global_layer(r, l) : 0;
             for (int row = row0; row < row1; row++)
@@ -8097,7 +8194,6 @@ static void *mt__init_params_part(void *arg) {
                 }
         }
     }
-    return NULL;
 }
 
 // the host's cores shared by the ranks on this node, 1 to 16 (1 below 4M parameters: not worth a thread)
@@ -8109,19 +8205,11 @@ static int mt__init_threads(const mt_rank *r) {
 }
 
 static void mt__init_params(mt_rank *r) {
-    enum { MAX_THREADS = 16 };
     int count = mt__init_threads(r);
-    pthread_t threads[MAX_THREADS];
-    mt__init_part parts[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int t = 0; t < count; t++) parts[t] = (mt__init_part){r, t, count};
-    for (int t = 1; t < count; t++)   // a thread that does not start: its part runs here instead
-        started[t] = pthread_create(&threads[t], NULL, mt__init_params_part, &parts[t]) == 0;
-    mt__init_params_part(&parts[0]);
-    for (int t = 1; t < count; t++) {
-        if (started[t]) pthread_join(threads[t], NULL);
-        else mt__init_params_part(&parts[t]);
-    }
+    if (count == 1) { mt__init_params_piece(r, 0, 1); return; }
+    mt__host_pool *pool = mt__host_pool_create(count, "init", r->ps.rank, "raise the thread limit (ulimit -u)");
+    mt__host_pool_run(pool, mt__init_params_piece, r);
+    mt__host_pool_free(pool);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8730,24 +8818,10 @@ typedef struct {                  // one host update: AdamW over the tensors' pa
     int step;
 } mt__host_adamw;
 
-typedef struct mt__host_threads mt__host_threads;
-typedef struct { mt__host_threads *pool; int index; } mt__host_thread_arg;
-struct mt__host_threads {         // helpers that wait for an update, do their piece, and wait again
-    int count;                    // threads of an update, the rank's own thread (index 0) included
-    pthread_t *threads;           // (count - 1) the helpers, indices 1 .. count-1
-    mt__host_thread_arg *args;
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    unsigned long generation;     // one more per update: a helper starts when it changes
-    int busy;                     // helpers not done with the current update
-    int stop;
-    const mt__host_adamw *job;
-    int rank;                     // for the helpers' names
-};
-
 // thread `index` of `count`: the elements [n*index/count, n*(index+1)/count) of the shard, tensor
 // part by tensor part (each with its own weight decay)
-static void mt__host_adamw_piece(const mt__host_adamw *job, int index, int count) {
+static void mt__host_adamw_piece(void *arg, int index, int count) {   // an mt__host_job
+    const mt__host_adamw *job = (const mt__host_adamw *)arg;
     size_t lo = job->n * (size_t)index / (size_t)count, hi = job->n * (size_t)(index + 1) / (size_t)count;
     for (int k = 0; k < job->num_parts; k++) {
         size_t a = job->part[k][0] > lo ? job->part[k][0] : lo;
@@ -8755,77 +8829,6 @@ static void mt__host_adamw_piece(const mt__host_adamw *job, int index, int count
         if (a < b) mt_adamw_cpu(job->param + a, job->m + a, job->v + a, job->grad + a, b - a, job->lr, job->beta1,
                                 job->beta2, job->eps, job->weight_decay[k], job->step);
     }
-}
-
-static void *mt__host_thread_main(void *p) {
-    mt__host_thread_arg *arg = (mt__host_thread_arg *)p;
-    mt__host_threads *pool = arg->pool;
-    char name[16];
-    snprintf(name, sizeof name, "r%d adamw%d", pool->rank, arg->index);
-    mt_thread_set_name(name);   // gdb: "r3 adamw1" beside the rank's own "r3"
-    unsigned long seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&pool->mu);
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->go, &pool->mu);
-        if (pool->stop) { pthread_mutex_unlock(&pool->mu); return NULL; }
-        seen = pool->generation;
-        const mt__host_adamw *job = pool->job;
-        pthread_mutex_unlock(&pool->mu);
-        mt__host_adamw_piece(job, arg->index, pool->count);
-        pthread_mutex_lock(&pool->mu);
-        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
-        pthread_mutex_unlock(&pool->mu);
-    }
-}
-
-static mt__host_threads *mt__host_threads_create(int count, int rank) {
-    mt__host_threads *pool = (mt__host_threads *)mt_calloc(1, sizeof *pool, "host threads");
-    pool->count = count;
-    pool->rank = rank;
-    pthread_mutex_init(&pool->mu, NULL);
-    pthread_cond_init(&pool->go, NULL);
-    pthread_cond_init(&pool->done, NULL);
-    pool->threads = (pthread_t *)mt_calloc((size_t)count, sizeof(pthread_t), "host threads");
-    pool->args = (mt__host_thread_arg *)mt_calloc((size_t)count, sizeof(mt__host_thread_arg), "host threads");
-    for (int i = 1; i < count; i++) {
-        pool->args[i].pool = pool;
-        pool->args[i].index = i;
-        if (pthread_create(&pool->threads[i - 1], NULL, mt__host_thread_main, &pool->args[i]) != 0)
-            mt_fatal("cannot start host thread %d of the offloaded optimizer on rank %d\nhint: "
-                     "--optimizer-offload-threads 1 runs the update on the rank's own thread", i, rank);
-    }
-    return pool;
-}
-
-// stops and joins the helpers (they are idle: an update runs inside mt__host_threads_run only)
-static void mt__host_threads_free(void *p) {
-    mt__host_threads *pool = (mt__host_threads *)p;
-    if (!pool) return;
-    pthread_mutex_lock(&pool->mu);
-    pool->stop = 1;
-    pthread_cond_broadcast(&pool->go);
-    pthread_mutex_unlock(&pool->mu);
-    for (int i = 1; i < pool->count; i++) pthread_join(pool->threads[i - 1], NULL);
-    pthread_mutex_destroy(&pool->mu);
-    pthread_cond_destroy(&pool->go);
-    pthread_cond_destroy(&pool->done);
-    free(pool->threads);
-    free(pool->args);
-    free(pool);
-}
-
-// runs job on every thread of the pool, the caller's piece on the caller's thread; returns when all are done
-static void mt__host_threads_run(mt__host_threads *pool, const mt__host_adamw *job) {
-    pthread_mutex_lock(&pool->mu);
-    pool->job = job;
-    pool->busy = pool->count - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->go);
-    pthread_mutex_unlock(&pool->mu);
-    mt__host_adamw_piece(job, 0, pool->count);
-    pthread_mutex_lock(&pool->mu);
-    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->mu);
-    pthread_mutex_unlock(&pool->mu);
 }
 
 // how many threads: --optimizer-offload-threads, or the host's cores shared by the ranks on this
@@ -8867,7 +8870,8 @@ void mt_optimizer_init(mt_rank *r) {
         mt_buffer_download(r, o->master_params, r->model.params_memory + o->shard_start,
                            o->shard_size * sizeof(float));
         o->num_host_threads = mt__host_threads_count(r);
-        o->host_threads = mt__host_threads_create(o->num_host_threads, r->ps.rank);
+        o->host_threads = mt__host_pool_create(o->num_host_threads, "adamw", r->ps.rank,
+                                               "--optimizer-offload-threads 1 runs the update on the rank's own thread");
     } else {
         o->m_memory = mt_buffer_alloc(r, o->shard_size, "AdamW m");
         o->v_memory = mt_buffer_alloc(r, o->shard_size, "AdamW v");
@@ -8879,7 +8883,7 @@ void mt_optimizer_init(mt_rank *r) {
 void mt_optimizer_free(mt_rank *r) {
     mt_optimizer *o = &r->optim;
     if (o->offload) {
-        mt__host_threads_free(o->host_threads);
+        mt__host_pool_free(o->host_threads);
         mt_buffer_free_host(o->m_memory);
         mt_buffer_free_host(o->v_memory);
         mt_buffer_free_host(o->host_grads);
@@ -8920,7 +8924,7 @@ static void mt__optimizer_step_offloaded(mt_rank *r, float lr) {
         job.weight_decay[job.num_parts++] = s->no_decay ? 0.0f : cfg->train.weight_decay;
     }
     mt_buffer_download(r, o->host_grads, r->model.grads_memory + lo, o->shard_size * sizeof(float));
-    mt__host_threads_run((mt__host_threads *)o->host_threads, &job);
+    mt__host_pool_run((mt__host_pool *)o->host_threads, mt__host_adamw_piece, &job);
     mt_buffer_upload(r, r->model.params_memory + lo, o->master_params, o->shard_size * sizeof(float));
 }
 
@@ -9510,7 +9514,7 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
         if (pinned[i] && own) mt__own(mt_buffer_free_host, pinned[i]);
         else if (pinned[i]) mt__disown(pinned[i]);
     }
-    if (o->host_threads && own) mt__own(mt__host_threads_free, o->host_threads);
+    if (o->host_threads && own) mt__own(mt__host_pool_free, o->host_threads);
     else if (o->host_threads) mt__disown(o->host_threads);
 }
 
@@ -9579,6 +9583,43 @@ void mt_memory_plan(const mt_config *cfg, int rank, mt_memory_report *out) {
 
 size_t mt_memory_total(const mt_memory_report *m) {
     return m->params + m->grads + m->optimizer + m->activations + m->scratch + m->kernel_scratch + m->comm;
+}
+
+// --optimizer-cpu-offload pins the optimizer's state in host memory (16 bytes per parameter of
+// the shard). Pinned pages cannot be swapped, so a host that runs short does not fail the
+// allocation: the kernel's out-of-memory killer ends the process, with no message, maybe after
+// minutes of set-up. So the plan is held to the host before anything is allocated: the sum over
+// this process's ranks, times the processes on the node (a launcher starts them alike), against
+// MemAvailable (what the kernel says can be had without swapping). Not counted: the rest of the
+// process (the CUDA context's host side, the data set's pages, the staging buffers), so a plan
+// close to the limit can still fail (an 8.6B GPT's 132.2 GB against 134.3 GB did, on a 128 GiB host).
+static size_t mt__host_memory_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+void mt_check_host_memory(const mt_config *cfg, int first_rank, int nranks, int procs_on_node) {
+    if (!cfg->train.optimizer_cpu_offload) return;
+    size_t need = 0, available = mt__host_memory_available();
+    for (int rank = first_rank; rank < first_rank + nranks && rank < cfg->world_size; rank++) {
+        mt_memory_report m;
+        mt_memory_plan(cfg, rank, &m);
+        need += m.host_optimizer;
+    }
+    need *= (size_t)(procs_on_node > 0 ? procs_on_node : 1);
+    if (available == 0 || need <= available) return;
+    mt_fatal("--optimizer-cpu-offload would pin %.1f GB of host memory on this node (the optimizer's master "
+             "weights, moments and gradients, %d rank%s), and the host has %.1f GB available (MemAvailable)\n"
+             "hint: share the state among more ranks (--use-distributed-optimizer with more data-parallel ranks, "
+             "or more tensor / pipeline parallel ranks on more nodes), train a smaller model, or keep the optimizer "
+             "on the GPU (no --optimizer-cpu-offload)",
+             need / 1e9, nranks * (procs_on_node > 0 ? procs_on_node : 1),
+             nranks * (procs_on_node > 0 ? procs_on_node : 1) == 1 ? "" : "s", available / 1e9);
 }
 
 // --dry-run: one line per rank, in Megatron's rank order; the device's bytes, then (with
@@ -13775,6 +13816,8 @@ int mt_pretrain(mt_config *cfg) {
     if (cfg->train.timeline[0]) mt__claim_output_file(cfg->train.timeline, "--timeline");
     if (cfg->train.timeline_svg[0]) mt__claim_output_file(cfg->train.timeline_svg, "--timeline-svg");
     mt_device_check_precision(cfg);
+    if (launch.kind == MT_LAUNCH_THREADS) mt_check_host_memory(cfg, 0, cfg->world_size, 1);
+    else mt_check_host_memory(cfg, launch.first_rank, launch.ranks_per_proc, launch.local_nprocs);
     mt_launch_print(&launch, cfg, stdout);
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);

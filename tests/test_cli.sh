@@ -6,7 +6,8 @@
 # --print-schedule keeps labels apart from micro-batch 10 on; --data-path accepts PREFIX.bin and
 # PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; an output path
 # that cannot be written fails at start-up, not after the run; a Megatron
-# flag not implemented here fails by name; make debug never writes ./train_gpt. Run from the
+# flag not implemented here fails by name; --optimizer-cpu-offload that cannot fit the host fails
+# at start-up; make debug never writes ./train_gpt. Run from the
 # repository root after `make`; prints "N passed, N failed".
 passed=0; failed=0
 ok() { passed=$((passed + 1)); echo "PASS $1"; }
@@ -69,6 +70,23 @@ check "interleaved schedule: labels apart" \
 ./train_gpt $M --train-iters 4 --data-path "$P" --load "$tmp/ckpt_pp2" > "$tmp/load" 2>&1
 check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
   "grep '^hint: .*--convert-checkpoint' '$tmp/load' > /dev/null"
+
+# --optimizer-cpu-offload whose pinned state cannot fit the host (a 175B GPT on one rank: 2.8 TB)
+# fails at start-up, naming both sizes, before anything is allocated (else the kernel's OOM
+# killer ends it without a word)
+./train_gpt --num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 16 \
+  --max-position-embeddings 16 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --optimizer-cpu-offload \
+  --data-path "$P" --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt > "$tmp/offload_big" 2>&1
+rc=$?
+if [ -r /proc/meminfo ]; then
+  check "offload too big for the host: exit non-zero, both sizes, a hint" \
+    "[ $rc -ne 0 ] && grep -E '^error: --optimizer-cpu-offload would pin 2793\.[0-9] GB .*1 rank\), and the host has [0-9.]+ GB available' '$tmp/offload_big' > /dev/null && grep '^hint: share the state' '$tmp/offload_big' > /dev/null && ! grep 'out of memory' '$tmp/offload_big' > /dev/null"
+else
+  echo "SKIPPED offload too big for the host: no /proc/meminfo"
+fi
+# a small model with offload still trains (the check passes)
+./train_gpt $M --train-iters 2 --data-path "$P" --optimizer-cpu-offload > "$tmp/offload_small" 2>&1
+check "offload that fits: trains" "grep -E 'iteration +2/' '$tmp/offload_small' > /dev/null"
 
 # output files written at the end of a run (--timeline, --timeline-svg, --sample-output-file) get
 # their directory at start-up, as --save and --tensorboard-dir do; a path that cannot be written

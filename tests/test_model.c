@@ -181,13 +181,11 @@ static void init_split_fn(mt_world *w, int rank, void *arg) {
     float *made = r.model.params_memory;   // as mt_model_init made it (the CPU build: host memory)
     float *one = (float *)mt_calloc(n, sizeof(float), "test"), *three = (float *)mt_calloc(n, sizeof(float), "test");
     r.model.params_memory = one;
-    mt__init_part whole = {&r, 0, 1};
-    mt__init_params_part(&whole);
-    r.model.params_memory = three;
-    for (int t = 0; t < 3; t++) {
-        mt__init_part part = {&r, t, 3};
-        mt__init_params_part(&part);
-    }
+    mt__init_params_piece(&r, 0, 1);   // all of it on this thread
+    r.model.params_memory = three;      // in three pieces, on a pool of three threads (section 2)
+    mt__host_pool *pool = mt__host_pool_create(3, "init", rank, "test");
+    mt__host_pool_run(pool, mt__init_params_piece, &r);
+    mt__host_pool_free(pool);
     r.model.params_memory = made;
     // wte (the first tensor of the carve) is normal(0, 0.02): its rows are real draws
     size_t wte_n = (size_t)r.model.specs[0].rows * r.model.specs[0].cols;

@@ -1570,6 +1570,14 @@ int main(int argc, char **argv) {
     MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, compute capability %d.%d; seed %llu (--seed repeats this run)\n", prop.name,
            prop.multiProcessorCount, prop.major, prop.minor, (unsigned long long)seed);
+    // as a training rank's pool (mt_device_init): keep what the launchers give back. Without it the
+    // pool returns its memory to the driver at every synchronisation (the timings below wait for
+    // each call), and an op that borrows scratch (the attention backward's copies, split-K partial
+    // products) would pay for mapping it again in every timed call, which training never does
+    cudaMemPool_t pool;
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     if (do_tests) {
         run("rng_matches_cpu", test_rng_matches_cpu);
         run("fill_zero_scale_cast", test_fill_zero_scale_cast);
