@@ -11855,12 +11855,17 @@ static int mt__hf_tensors(const mt_config *cfg, hf_tensor *list) {
 // linear weight is transposed on the way out. The vocabulary is the real V rows (no padding);
 // the LM head is tied to wte, so it has no tensor of its own.
 int mt_checkpoint_export_hf(const char *src, const char *out_dir) {
+    // the cheap checks first: a source without a tracker, or an output directory that cannot be
+    // made, fail before the (long) read, and a missing source leaves no empty output behind
+    if (mt__ckpt_latest(src) == 0)
+        mt_fatal("%s has no latest_checkpointed_iteration.txt\nhint: --load must be a checkpoint directory written "
+                 "by --save", src);
+    mt__mkdir_p(out_dir, "--export-hf");
     mt__full_checkpoint full;
     mt__ckpt_read_full(src, &full);
     const mt_config *cfg = &full.cfg;
     int L = cfg->model.num_layers, C = cfg->model.hidden_size, F = cfg->model.ffn_hidden_size;
     int V = cfg->model.vocab_size, maxT = cfg->model.max_position_embeddings;
-    mt__mkdir_p(out_dir, "--export-hf");
     hf_tensor *list = (hf_tensor *)mt_calloc((size_t)(4 + 12 * L), sizeof(hf_tensor), "export");
     int n = mt__hf_tensors(cfg, list);
     // header: transformers wants metadata {"format": "pt"}

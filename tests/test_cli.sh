@@ -88,6 +88,19 @@ fi
 ./train_gpt $M --train-iters 2 --data-path "$P" --optimizer-cpu-offload > "$tmp/offload_small" 2>&1
 check "offload that fits: trains" "grep -E 'iteration +2/' '$tmp/offload_small' > /dev/null"
 
+# --export-hf checks the cheap things before the long read: an output directory that cannot be
+# made (under a regular file) fails naming the flag, and a source that is no checkpoint fails
+# without leaving an empty output directory behind
+touch "$tmp/a_file"
+./train_gpt --load "$tmp/ckpt_pp2" --export-hf "$tmp/a_file/hf" > "$tmp/exp_bad" 2>&1
+rc=$?
+check "--export-hf into a path that cannot be made: exit non-zero, names the flag" \
+  "[ $rc -ne 0 ] && grep '^error: cannot create the directory .* for --export-hf' '$tmp/exp_bad' > /dev/null"
+./train_gpt --load "$tmp/no_such_ckpt" --export-hf "$tmp/hf_none" > "$tmp/exp_none" 2>&1
+rc=$?
+check "--export-hf from a missing checkpoint: exit non-zero, no output directory left" \
+  "[ $rc -ne 0 ] && grep 'has no latest_checkpointed_iteration.txt' '$tmp/exp_none' > /dev/null && [ ! -e '$tmp/hf_none' ]"
+
 # output files written at the end of a run (--timeline, --timeline-svg, --sample-output-file) get
 # their directory at start-up, as --save and --tensorboard-dir do; a path that cannot be written
 # (under a regular file here: fails as root too) fails at start-up, before the first iteration
