@@ -9611,15 +9611,15 @@ void mt_check_host_memory(const mt_config *cfg, int first_rank, int nranks, int 
         mt_memory_plan(cfg, rank, &m);
         need += m.host_optimizer;
     }
-    need *= (size_t)(procs_on_node > 0 ? procs_on_node : 1);
+    int procs = procs_on_node > 0 ? procs_on_node : 1, node_ranks = nranks * procs;
+    need *= (size_t)procs;
     if (available == 0 || need <= available) return;
     mt_fatal("--optimizer-cpu-offload would pin %.1f GB of host memory on this node (the optimizer's master "
              "weights, moments and gradients, %d rank%s), and the host has %.1f GB available (MemAvailable)\n"
              "hint: share the state among more ranks (--use-distributed-optimizer with more data-parallel ranks, "
              "or more tensor / pipeline parallel ranks on more nodes), train a smaller model, or keep the optimizer "
              "on the GPU (no --optimizer-cpu-offload)",
-             need / 1e9, nranks * (procs_on_node > 0 ? procs_on_node : 1),
-             nranks * (procs_on_node > 0 ? procs_on_node : 1) == 1 ? "" : "s", available / 1e9);
+             need / 1e9, node_ranks, node_ranks == 1 ? "" : "s", available / 1e9);
 }
 
 // --dry-run: one line per rank, in Megatron's rank order; the device's bytes, then (with
