@@ -1,6 +1,7 @@
 #!/bin/sh
 # Where one training step goes, kernel by kernel (on the GPU machine; ncu is there).
-#   sh tests/gpu/profile_step.sh [extra train_gpt_cuda flags]      (BIN=other/train_gpt_cuda: another build)
+#   sh tests/gpu/profile_step.sh [extra train_gpt_cuda flags]      (BIN=other/train_gpt_cuda: another build;
+#                                                                   DETAIL=REGEX: see the end)
 # Runs GPT-2 small (bf16, B=16, T=1024) for 2 iterations under Nsight Compute, collecting only each
 # kernel's duration and DRAM bytes, then tests/gpu/profile_summary.py keeps the second iteration
 # (the kernels after the first optimizer step) and prints, per kernel name: launches, total ms,
@@ -21,3 +22,14 @@ ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum 
 # --log-file puts the CSV among ncu's own lines: keep the lines that start with a quote
 grep '^"' "$out/ncu.log" > "$out/ncu.csv"
 python3 tests/gpu/profile_summary.py "$out/ncu.csv" | tee "$out/profile.txt"
+# DETAIL=REGEX: then the kernels whose names match REGEX, 6 launches of each from iteration 2
+# (one iteration's worth of launches skipped), under ncu's speed-of-light, occupancy, warp-state
+# and launch sections: why a kernel takes its time (the limiter, registers, stalls).
+if [ -n "${DETAIL:-}" ]; then
+  ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    -k "regex:$DETAIL" --launch-skip ${DETAIL_SKIP:-40} --launch-count ${DETAIL_COUNT:-6} \
+    ${BIN:-./train_gpt_cuda} $G "$@" > "$out/ncu_detail.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|L1/TEX Hit|Shared Memory Configuration|Dynamic Shared|Stall|One or More" \
+    "$out/ncu_detail.txt" | tee "$out/profile_detail.txt"
+fi
