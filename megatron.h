@@ -651,6 +651,8 @@ void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n,
                   float eps, float weight_decay, int step);
 void mt_scale_cpu(float *x, float s, size_t n);
 double mt_sum_squares_cpu(const float *x, size_t n);
+/* *acc += (the BT losses summed in double) / BT: a micro-batch's mean loss (section 5's head) */
+void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT);
 /* loss scaling's check (section 6 uses it): x *= inv_scale; returns 1 if any x was inf or NaN */
 int mt_unscale_check_cpu(float *x, float inv_scale, size_t n);
 // reduced precision: the bits of fp16 and bf16, and the ops whose operands the GPU build multiplies
@@ -6909,6 +6911,14 @@ double mt_sum_squares_cpu(const float *x, size_t n) {
     return s;
 }
 
+// the step's loss: each micro-batch's mean over its B*T positions, added into a double that the
+// step reads once at its end (on the GPU it stays on the device until then: no wait per micro-batch)
+void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT) {
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += losses[i];
+    *acc += sum / BT;
+}
+
 // ---------------------------------------------------------------------------------------------
 // loss scaling's check: x *= inv_scale, and whether any x was inf or NaN (Megatron's
 // torch._amp_foreach_non_finite_check_and_unscale_: one pass over the gradients). Section 6 calls
@@ -7640,10 +7650,7 @@ int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
     (void)r; return mt_unscale_check_cpu(x, inv_scale, n);
 }
 void mt_loss_mean_add(mt_rank *r, double *acc, const float *losses, int BT) {
-    (void)r;
-    double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += losses[i];
-    *acc += sum / BT;
+    (void)r; mt_loss_mean_add_cpu(acc, losses, BT);
 }
 
 // buffers: host memory, zeroed
