@@ -4586,6 +4586,32 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
     size_t start = 0;
     return mt_sum_squares_parts(r, x, &start, &n, 1);
 }
+// matches mt_loss_mean_add_cpu (megatron.h, 3. OPS): *acc += (sum of the BT losses) / BT in
+// double, on the device, so the step does not wait for each micro-batch's losses (mt__batch_loss
+// reads the sum once, at the step's end). One block: each thread sums every 256th loss, then a
+// tree over the block in a fixed order (the same bits every run; the CPU sums in a loop, so the
+// two builds differ in the double's last bits, far below the printed digits).
+__global__ void mt_loss_mean_add_kernel(double *acc, const float *losses, int BT) {
+    __shared__ double part[256];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < BT; i += blockDim.x) sum += losses[i];
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k /= 2) {
+        if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *acc += part[0] / BT;
+}
+void mt_loss_mean_add_gpu(double *acc, const float *losses, int BT, cudaStream_t stream) {
+    mt_loss_mean_add_kernel<<<1, 256, 0, stream>>>(acc, losses, BT);
+    mt__launch_check("mt_loss_mean_add_kernel", stream);
+}
+void mt_loss_mean_add(mt_rank *r, double *acc, const float *losses, int BT) {
+    double t0 = mt__profile_begin(r);
+    mt_loss_mean_add_gpu(acc, losses, BT, mt__stream(r));
+    mt__profile_end(r, "loss mean", t0);
+}
 // loss scaling's check: the flag lands in device memory; one synchronisation brings it to the host
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
     double t0 = mt__profile_begin(r);

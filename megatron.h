@@ -651,6 +651,8 @@ void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n,
                   float eps, float weight_decay, int step);
 void mt_scale_cpu(float *x, float s, size_t n);
 double mt_sum_squares_cpu(const float *x, size_t n);
+/* *acc += (the BT losses summed in double) / BT: a micro-batch's mean loss (section 5's head) */
+void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT);
 /* loss scaling's check (section 6 uses it): x *= inv_scale; returns 1 if any x was inf or NaN */
 int mt_unscale_check_cpu(float *x, float inv_scale, size_t n);
 // reduced precision: the bits of fp16 and bf16, and the ops whose operands the GPU build multiplies
@@ -827,6 +829,9 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the
    synchronisation for them all (the gradient norm's tensors) */
 double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts);
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n);   /* one pass; the flag on the host */
+/* a micro-batch's mean loss added where the losses are (no wait): *acc (a double in the rank's
+   buffers, 8-byte aligned) += (the BT losses summed in double) / BT; read once per step */
+void mt_loss_mean_add(mt_rank *r, double *acc, const float *losses, int BT);
 /* buffers: host memory (CPU build) or the rank's device memory (GPU build), zeroed */
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what);
 int *mt_buffer_alloc_ints(mt_rank *r, size_t n, const char *what);
@@ -1048,6 +1053,10 @@ typedef struct {
 } mt_layer_acts;
 
 typedef struct {
+    float *loss_acc;  // (64) a double: the step's sum of micro-batch mean losses (last stage), where
+                      //      the losses are (mt_loss_mean_add); 256 bytes, so that every tensor after it
+                      //      keeps the 256-byte alignment of the buffer's start, which the
+                      //      GEMMs that read and write them are fastest with
     // T_sp = T/TP with --sequence-parallel (my positions of the residual stream), else T
     float *out_c;     // (B,T_sp,C)  output of a row-parallel layer, after its all-reduce / reduce-scatter
     float *dresidual; // (B,T_sp,C)  gradient flowing down the residual stream
@@ -1113,7 +1122,6 @@ typedef struct {
 
 typedef struct {
     int *tokens, *targets;      // (B,T) a micro-batch's ids as the data loader made them
-    float *losses;              // (B,T) per-position losses of the last micro-batch
     float *p2p;                 // (B,T,C) pipeline messages pass through here (a host mailbox)
 } mt_host_staging;
 
@@ -1224,7 +1232,6 @@ typedef struct {
 typedef struct {
     int iteration;              // current iteration (1-based during a step)
     int training;               // 1 in a training step (dropout on, gradients), 0 in eval
-    double loss_sum;            // sum of micro-batch mean losses (last stage)
     float loss_scale;           // the loss is multiplied by it before the backward (fp16, section 6)
     double idle_seconds;        // time spent waiting for pipeline messages
     int decoding;               // 1 while the KV-cache generator runs its layers (section 11): the
@@ -6904,6 +6911,14 @@ double mt_sum_squares_cpu(const float *x, size_t n) {
     return s;
 }
 
+// the step's loss: each micro-batch's mean over its B*T positions, added into a double that the
+// step reads once at its end (on the GPU it stays on the device until then: no wait per micro-batch)
+void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT) {
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += losses[i];
+    *acc += sum / BT;
+}
+
 // ---------------------------------------------------------------------------------------------
 // loss scaling's check: x *= inv_scale, and whether any x was inf or NaN (Megatron's
 // torch._amp_foreach_non_finite_check_and_unscale_: one pass over the gradients). Section 6 calls
@@ -7634,6 +7649,9 @@ double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, con
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
     (void)r; return mt_unscale_check_cpu(x, inv_scale, n);
 }
+void mt_loss_mean_add(mt_rank *r, double *acc, const float *losses, int BT) {
+    (void)r; mt_loss_mean_add_cpu(acc, losses, BT);
+}
 
 // buffers: host memory, zeroed
 float *mt_buffer_alloc(mt_rank *r, size_t n, const char *what) {
@@ -8325,6 +8343,7 @@ static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
     size_t BT = (size_t)r->dims.B * r->dims.T, BT_sp = (size_t)r->dims.B * r->dims.T_sp, C = r->dims.C;
     int sp = r->cfg->parallel.sequence_parallel;
     struct { float **ptr; size_t n; } carve[] = {
+        {&s->loss_acc, 64},   // first: the double at the buffer's (aligned) start
         {&s->out_c, BT_sp * C}, {&s->dresidual, BT_sp * C}, {&s->dln, BT_sp * C},
         {&s->dqkv, BT * 3 * r->dims.C_tp}, {&s->datty, BT * r->dims.C_tp},
         {&s->dfch, BT * r->dims.F_tp},
@@ -8446,7 +8465,6 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     mt__carve_scratch(r, &r->scratch, r->scratch.memory);
     r->host.tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
     r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
-    r->host.losses = (float *)mt_calloc(BT, sizeof(float), "losses");
     r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
     mt__activation_report(r, per_slot, recompute_n, scratch_n);
 }
@@ -8457,7 +8475,7 @@ void mt_activations_free(mt_rank *r) {
     free(r->acts.where);
     free(r->acts.slots);
     mt_buffer_free(r->scratch.memory);
-    free(r->host.tokens); free(r->host.targets); free(r->host.losses); free(r->host.p2p);
+    free(r->host.tokens); free(r->host.targets); free(r->host.p2p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8607,10 +8625,7 @@ static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int 
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     if (want_grad) dloss *= r->state.loss_scale;
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
-    mt_buffer_download(r, r->host.losses, a->losses, (size_t)BT * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += r->host.losses[i];
-    r->state.loss_sum += sum / BT;
+    mt_loss_mean_add(r, (double *)r->scratch.loss_acc, a->losses, BT);   // read at the step's end: no wait here
 }
 
 static void mt__head_backward(mt_rank *r, mt_activations *a, const float *x) {
@@ -9405,7 +9420,9 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
 // the mean loss of the global batch, known on every rank: the last stage's sum over its
 // micro-batches, averaged over DP, then shared along the pipeline
 static float mt__batch_loss(mt_rank *r) {
-    double loss = r->ps.is_last_stage ? r->state.loss_sum / (double)r->cfg->num_microbatches : 0.0;
+    double sum = 0.0;   // the micro-batches' mean losses, added on the device (mt_loss_mean_add): one read
+    if (r->ps.is_last_stage) mt_buffer_download(r, &sum, r->scratch.loss_acc, sizeof(double));
+    double loss = r->ps.is_last_stage ? sum / (double)r->cfg->num_microbatches : 0.0;
     if (r->ps.dp_size > 1) mt_all_reduce_double(&r->groups.dp, &loss, 1, MT_SUM);
     loss /= (double)r->ps.dp_size;
     if (r->ps.pp_size > 1) mt_all_reduce_double(&r->groups.pp, &loss, 1, MT_SUM);
@@ -9418,7 +9435,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     memset(&res, 0, sizeof res);
     r->state.iteration = iteration;
     r->state.training = 1;
-    r->state.loss_sum = 0.0;
+    mt_buffer_zero(r, r->scratch.loss_acc, 2);   // the double (section 3's mt_loss_mean_add adds into it)
     r->state.idle_seconds = 0.0;
     r->state.loss_scale = r->optim.scaler.scale;   // fp16: the backward starts from scale x loss
     mt_buffer_zero(r, r->model.grads_memory, r->model.buffer_floats);
@@ -9458,7 +9475,7 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     const mt_config *cfg = r->cfg;
     r->state.iteration = iteration;
     r->state.training = 0;
-    r->state.loss_sum = 0.0;
+    mt_buffer_zero(r, r->scratch.loss_acc, 2);
     size_t max_steps = (size_t)cfg->num_microbatches * (size_t)r->ps.vp_size;
     mt_sched_step *list = (mt_sched_step *)mt_malloc(sizeof(mt_sched_step) * max_steps, "schedule");
     mt__own(free, list);
@@ -9496,7 +9513,7 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
     void *device[7] = {r->model.params_memory, r->model.grads_memory, o->offload ? NULL : o->m_memory,
                        o->offload ? NULL : o->v_memory, r->acts.memory, r->scratch.memory, r->acts.recompute_memory};
     void *device_ints = r->acts.ids_memory;
-    void *host[6] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.losses, r->host.p2p, r->acts.where};
+    void *host[5] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.p2p, r->acts.where};
     // --optimizer-cpu-offload: the pinned host state, and the threads of its update
     void *pinned[4] = {o->offload ? o->m_memory : NULL, o->offload ? o->v_memory : NULL, o->host_grads,
                        o->master_params};
@@ -9506,7 +9523,7 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
     }
     if (device_ints && own) mt__own(mt_buffer_free, device_ints);
     else if (device_ints) mt__disown(device_ints);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 5; i++) {
         if (host[i] && own) mt__own(free, host[i]);
         else if (host[i]) mt__disown(host[i]);
     }

@@ -1291,6 +1291,25 @@ MT_TEST(sum_squares) {
     }
 }
 
+// the step's loss kept on the device: *acc += mean of BT losses, against the CPU twin. Both add in
+// double (the GPU in another order): a sum of BT terms of size ~10 carries ~BT eps relative: 1e-12
+MT_TEST(loss_mean_add) {
+    int sizes[] = {1, 7, 255, 256, 16384, 100003};
+    for (int s = 0; s < 6; s++) {
+        int BT = sizes[s];
+        float *losses = host_random((size_t)BT, 0, 11);
+        double start = rand_uniform(0, 20), want = start, got;
+        mt_loss_mean_add_cpu(&want, losses, BT);
+        float *d_l = dev_upload(losses, (size_t)BT);
+        double *d_acc = (double *)dev_alloc(sizeof(double));
+        MT_CUDA_CHECK(cudaMemcpy(d_acc, &start, sizeof start, cudaMemcpyHostToDevice));
+        mt_loss_mean_add_gpu(d_acc, d_l, BT, 0);
+        MT_CUDA_CHECK(cudaMemcpy(&got, d_acc, sizeof got, cudaMemcpyDeviceToHost));
+        mt_expect(fabs(got - want) <= 1e-12 * fabs(want) && got == got, "loss mean BT=%d: got %.17g want %.17g", BT, got, want);
+        free(losses); dev_free(d_l); dev_free(d_acc);
+    }
+}
+
 // every reduction twice on the same inputs: the same bits (no float atomics anywhere)
 MT_TEST(determinism) {
     int B = 4, T = 256, C = 768, OC = 2304, V = 50304, NH = 12;
@@ -1596,6 +1615,7 @@ int main(int argc, char **argv) {
         run("cross_entropy", test_cross_entropy);
         run("adamw", test_adamw);
         run("sum_squares", test_sum_squares);
+        run("loss_mean_add", test_loss_mean_add);
         run("determinism", test_determinism);
     }
     if (do_bench) bench();
