@@ -11,9 +11,9 @@
  * THE RULE is the CPU's: every backward ADDS (+=) into its d-buffers and the caller zeroes them;
  * a kernel that writes with '=' says so. Storage is fp32 (parameters, gradients, activations),
  * but for the tensors that only ever enter the tensor cores, born in 16 bits with --bf16/--fp16:
- * a layer's q, k, v (mt_qkv_forward16_gpu, megatron.h's mt_qkv_storage_dtype), the MLP's GELU
- * output (never stored: mt_mlp_forward_gpu) and the LM head's gradient (packed in place of the
- * logits: mt_cross_entropy_finish16_kernel, mt_logits_grad_dtype). bf16 and fp16 are otherwise
+ * a layer's q, k, v (mt_matmul_forward16_gpu, megatron.h's mt_qkv_storage_dtype), the MLP's GELU
+ * output (never stored: mt_mlp_forward_gpu) and the LM head's logits and their gradient (in their
+ * place: mt_cross_entropy_finish16_kernel, mt_logits_grad_dtype). bf16 and fp16 are otherwise
  * only compute types (--bf16, --fp16; mt_dtype): the GEMM and attention tensor-core paths round
  * their fp32 operands to bf16 or fp16 as they load them (a template parameter F16 picks the
  * instruction's form) and accumulate in fp32. The CPU build emulates the same roundings
@@ -2381,8 +2381,8 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
 // dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
 static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
-// the two products from dout16, dout already rounded to T (row stride ld_dout >= OC: the LM
-// head's gradient comes packed in the logits' rows, mt_cross_entropy_finish16_kernel).
+// the two products from dout16, dout already rounded to T (row stride ld_dout >= OC; the LM
+// head's gradient comes in place of its 16-bit logits, mt_cross_entropy_finish16_kernel).
 // The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
 // inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
 // keeps only the GELU's input)
@@ -2424,19 +2424,19 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
     mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, BT, C, OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
 }
-// the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu packed
-// in place (grad_dtype MT_DTYPE_BF16 or FP16: row i's OC values at (16-bit *)(dout + i * OC)); the
-// wgmma rung only (mt__logits_grad_dtype, the seam below, says when). The same products as mt_matmul_backward_gpu
-// on the fp32 gradient, whose rounded copy holds the same 16-bit values.
-void mt_matmul_backward_packed16_gpu(float *dinp, float *dweight, const float *dout, const float *inp,
-                                     const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
+// the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu wrote in
+// place of the 16-bit logits (grad_dtype MT_DTYPE_BF16 or FP16: (BT, OC) values, row stride OC);
+// the wgmma rung only (megatron.h's mt_logits_grad_dtype says when). The same products as
+// mt_matmul_backward_gpu on the fp32 gradient, whose rounded copy would hold the same 16-bit values.
+void mt_matmul_backward_dout16_gpu(float *dinp, float *dweight, const void *dout16, const float *inp,
+                                   const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (grad_dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout, 2 * OC, inp, NULL, weight, NULL,
+        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout16, OC, inp, NULL, weight, NULL,
                                                   BT, C, OC, stream);
     else
-        mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout, 2 * OC, inp,
-                                                         NULL, weight, NULL, BT, C, OC, stream);
+        mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout16, OC, inp, NULL,
+                                                         weight, NULL, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
@@ -2578,38 +2578,40 @@ void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, int inp_dtype,
     MT_CUDA_CHECK(cudaFreeAsync(h, stream));
 }
 
-// the attention's q, k, v projection in a training forward: qkv (BT, OC) = inp (BT, C) @ weight^T
-// + bias, stored as the tensor-core attention reads it, in dtype's 16 bits (BF16 or FP16; qkv16
-// 16-byte aligned): the attention kernels take it as is (mt_attention_forward16_gpu and the
-// backward's twin), instead of rounding an fp32 qkv into a copy in the forward and again in the
-// backward. The same values: the wgmma GEMM's STORE16 epilogue rounds what it would have stored
-// in fp32 (round(sum + bias)); other rungs: fp32 scratch, then the cast.
+// a forward product stored in 16 bits: out16 (BT, OC) = inp (BT, C) @ weight^T + bias (bias may be
+// NULL), in dtype's 16 bits (BF16 or FP16; out16 16-byte aligned). Two users: the attention's q, k,
+// v projection in a training forward, stored as the tensor-core attention reads it (the attention
+// kernels take it as is, mt_attention_forward16_gpu and the backward's twin, instead of rounding an
+// fp32 qkv into a copy in the forward and again in the backward); and the LM head's logits, which the
+// cross-entropy reads in 16 bits (megatron.h's mt_logits_storage_dtype). The same values: the wgmma
+// GEMM's STORE16 epilogue rounds what it would have stored in fp32 (round(sum + bias)); other rungs:
+// fp32 scratch, then the cast.
 // inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln1, mt_ln_storage_dtype:
 // the wgmma rung only), read as is.
 template <typename T>
-static void mt__qkv_forward_wgmma(void *qkv16, const float *inp, int inp16, const float *weight, const float *bias,
-                                  int BT, int C, int OC, cudaStream_t stream) {
-    mt__epilogue epi = {MT__EPI_STORE16, NULL, qkv16};
+static void mt__matmul_forward16_wgmma(void *out16, const float *inp, int inp16, const float *weight, const float *bias,
+                                       int BT, int C, int OC, cudaStream_t stream) {
+    mt__epilogue epi = {MT__EPI_STORE16, NULL, out16};
     if (inp16) mt__gemm_wgmma_a16<T>(NULL, (const T *)inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
     else mt__gemm_wgmma_rounded<T>(NULL, inp, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, &epi, stream);
 }
-void mt_qkv_forward16_gpu(void *qkv16, const float *inp, int inp_dtype, const float *weight, const float *bias, int BT,
-                          int C, int OC, mt_gemm_impl impl, int dtype, cudaStream_t stream) {
+void mt_matmul_forward16_gpu(void *out16, const float *inp, int inp_dtype, const float *weight, const float *bias,
+                             int BT, int C, int OC, mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || OC <= 0) return;
-    if (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) mt_fatal("internal: a 16-bit qkv in dtype %d", dtype);
+    if (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) mt_fatal("internal: a 16-bit product in dtype %d", dtype);
     int inp16 = inp_dtype != MT_DTYPE_FP32;
-    if (inp16 && inp_dtype != dtype) mt_fatal("internal: the qkv projection's input in dtype %d, qkv in %d", inp_dtype, dtype);
+    if (inp16 && inp_dtype != dtype) mt_fatal("internal: a 16-bit product's input in dtype %d, its output in %d", inp_dtype, dtype);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
-        if (dtype == MT_DTYPE_FP16) mt__qkv_forward_wgmma<__half>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
-        else mt__qkv_forward_wgmma<__nv_bfloat16>(qkv16, inp, inp16, weight, bias, BT, C, OC, stream);
+        if (dtype == MT_DTYPE_FP16) mt__matmul_forward16_wgmma<__half>(out16, inp, inp16, weight, bias, BT, C, OC, stream);
+        else mt__matmul_forward16_wgmma<__nv_bfloat16>(out16, inp, inp16, weight, bias, BT, C, OC, stream);
         return;
     }
-    if (inp16) mt_fatal("internal: a 16-bit qkv projection input off the wgmma rung");
+    if (inp16) mt_fatal("internal: a 16-bit product's 16-bit input off the wgmma rung");
     float *y;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&y, (size_t)BT * OC * sizeof(float), stream));
     mt_matmul_forward_gpu(y, inp, weight, bias, BT, C, OC, impl, dtype, stream);
-    if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)qkv16, y, (size_t)BT * OC, stream);
-    else mt__cast_to((__nv_bfloat16 *)qkv16, y, (size_t)BT * OC, stream);
+    if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)out16, y, (size_t)BT * OC, stream);
+    else mt__cast_to((__nv_bfloat16 *)out16, y, (size_t)BT * OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(y, stream));
 }
 
@@ -3747,14 +3749,15 @@ template <int HS, int STORE>
 __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, float *kcache, float *vcache,
                                                                           const float *qkv, const int *start, int Tq,
                                                                           int C_local, int NH_local, int cap) {
-    extern __shared__ float smem[];   // scores (cap) | partial outputs (128 float4) | reduction (32)
+    extern __shared__ float smem[];   // scores (cap, rounded up to 4) | partial outputs (128 float4) | reduction (32)
     mt__pdl_start();
     const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
     const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
     int t = blockIdx.x % Tq, h = (blockIdx.x / Tq) % NH_local, b = blockIdx.x / (Tq * NH_local);
     int p = start[b] + t;
-    float *score = smem, *red = smem + cap + 4 * 128;
-    float4 *partial = (float4 *)(smem + cap);
+    int cap4 = (cap + 3) / 4 * 4;   // the float4s after the scores start on a 16-byte boundary
+    float *score = smem, *red = smem + cap4 + 4 * 128;
+    float4 *partial = (float4 *)(smem + cap4);
     const float *row = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;   // q | k | v of this head at C_local apart
     float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
     if (STORE) {
@@ -3813,7 +3816,7 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
 template <int HS>
 static void mt__attention_cached_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                         int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
-    size_t smem = sizeof(float) * ((size_t)cap + 4 * 128 + 32);
+    size_t smem = sizeof(float) * ((size_t)(cap + 3) / 4 * 4 + 4 * 128 + 32);   // (the kernel's layout)
     unsigned blocks = (unsigned)(B * NH_local * Tq);
     if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
@@ -3903,89 +3906,112 @@ void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaS
 // rank's columns [vocab_start, vocab_start + V_local); only the first
 // n = mt__real_columns(vocab_start, V_local, V) of them are real (the rest is padding).
 // One block of 256 threads per row; the block reductions have a fixed order (deterministic).
-// The logits are 3.3 GB at GPT-2 small's batch and each kernel reads them once: when rows start on
-// 16-byte boundaries (V_local % 4 == 0, the padded vocabulary), threads read float4s over the
-// first n / 4 * 4 columns and single floats over the rest (vec4 = 1).
-// matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
-__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const float *logits, int V_local, int n, int vec4) {
-    const float *l = logits + (size_t)blockIdx.x * V_local;
-    float m = -INFINITY;
-    int v0 = vec4 ? n / 4 * 4 : 0;
-    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
-        float4 x = *(const float4 *)(l + v);
-        m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+// The logits come as the LM head stored them (megatron.h's mt_logits_storage_dtype): fp32, or bf16 /
+// fp16 on the wgmma rung (T = __nv_bfloat16 / __half: 1.6 GB at GPT-2 small's batch instead of
+// 3.3), and each kernel reads them once. When rows start on 16-byte boundaries threads read 16
+// bytes at a time (4 fp32 or 8 16-bit logits) over the first whole pieces of the n columns, and
+// single values over the rest (vec = 1).
+// a logit as a float: fp32 as is, bf16 / fp16 widened (exactly)
+__device__ static inline float mt__logit(float x) { return x; }
+__device__ static inline float mt__logit(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ static inline float mt__logit(__half x) { return __half2float(x); }
+// 16 bytes of logits as 16 / sizeof(T) floats
+__device__ static inline void mt__logits16B(const float *p, float e[4]) {
+    float4 x = *(const float4 *)p;
+    e[0] = x.x; e[1] = x.y; e[2] = x.z; e[3] = x.w;
+}
+template <typename T>   // bf16 / fp16: 8 values, as 4 pairs
+__device__ static inline void mt__logits16B(const T *p, float e[8]) {
+    uint4 u = *(const uint4 *)p;
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        T lo, hi;
+        uint16_t b0 = (uint16_t)(w[k] & 0xffffu), b1 = (uint16_t)(w[k] >> 16);
+        memcpy(&lo, &b0, 2);
+        memcpy(&hi, &b1, 2);
+        e[2 * k] = mt__logit(lo);
+        e[2 * k + 1] = mt__logit(hi);
     }
-    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, l[v]);
+}
+// matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
+template <typename T>
+__global__ void mt_cross_entropy_local_max_kernel(float *maxv, const T *logits, int V_local, int n, int vec) {
+    const int N = 16 / sizeof(T);
+    const T *l = logits + (size_t)blockIdx.x * V_local;
+    float m = -INFINITY;
+    int v0 = vec ? n / N * N : 0;
+    for (int v = N * threadIdx.x; v < v0; v += N * blockDim.x) {
+        float e[N];
+        mt__logits16B(l + v, e);
+        #pragma unroll
+        for (int k = 0; k < N; k++) m = fmaxf(m, e[k]);
+    }
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, mt__logit(l[v]));
     m = mt__block_max(m);
     if (threadIdx.x == 0) maxv[blockIdx.x] = m;
-}
-void mt_cross_entropy_local_max_gpu(float *maxv, const float *logits, int BT, int V_local, int vocab_start, int V,
-                                    cudaStream_t stream) {
-    if (BT == 0) return;
-    mt_cross_entropy_local_max_kernel<<<BT, 256, 0, stream>>>(maxv, logits, V_local,
-                                                             mt__real_columns(vocab_start, V_local, V),
-                                                             V_local % 4 == 0 && mt__aligned16(logits));
-    mt__launch_check("mt_cross_entropy_local_max_kernel", stream);
 }
 // matches mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS). Writes sumexp, target_logit with '='.
 // sumexp[i] = sum_v exp(l[i,v] - maxv[i]) over the real columns; target_logit[i] = l[i, y_i] if
 // the target is one of my real columns, else 0.
-__global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_logit, const float *logits,
+template <typename T>
+__global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_logit, const T *logits,
                                                    const float *maxv, const int *targets, int V_local,
-                                                   int vocab_start, int n, int vec4) {
+                                                   int vocab_start, int n, int vec) {
+    const int N = 16 / sizeof(T);
     int i = blockIdx.x;
-    const float *l = logits + (size_t)i * V_local;
+    const T *l = logits + (size_t)i * V_local;
     float m = maxv[i], s = 0.0f;
-    int v0 = vec4 ? n / 4 * 4 : 0;
-    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
-        float4 x = *(const float4 *)(l + v);
-        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+    int v0 = vec ? n / N * N : 0;
+    for (int v = N * threadIdx.x; v < v0; v += N * blockDim.x) {
+        float e[N], piece = 0.0f;   // the piece's terms summed first, then added (as 4 floats always were)
+        mt__logits16B(l + v, e);
+        #pragma unroll
+        for (int k = 0; k < N; k++) piece += expf(e[k] - m);
+        s += piece;
     }
-    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(l[v] - m);
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(mt__logit(l[v]) - m);
     s = mt__block_sum(s);
     if (threadIdx.x == 0) {
         sumexp[i] = s;
         int local = targets[i] - vocab_start;
-        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+        target_logit[i] = (local >= 0 && local < n) ? mt__logit(l[local]) : 0.0f;
     }
-}
-void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const float *logits, const float *maxv,
-                                     const int *targets, int BT, int V_local, int vocab_start, int V,
-                                     cudaStream_t stream) {
-    if (BT == 0) return;
-    mt_cross_entropy_local_sums_kernel<<<BT, 256, 0, stream>>>(sumexp, target_logit, logits, maxv, targets, V_local,
-                                                              vocab_start, mt__real_columns(vocab_start, V_local, V),
-                                                              V_local % 4 == 0 && mt__aligned16(logits));
-    mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
 }
 // the two kernels above in one pass over the logits (a rank with the whole vocabulary, TP = 1:
 // nothing to all-reduce between them), an online softmax (Milakov and Gimelshein, 2018): each
-// thread keeps its running max m and the sum s of exp(x - m) so far, and when a float4 brings a
-// larger max mx, s becomes s exp(m - mx) before the new terms join; then the block's max M and
-// the sum of every thread's s exp(m - M). The same max; the sum differs from the CPU's in rounding
-// only (its terms are computed against another max first), which the loss and gradient tolerances
-// of tests/gpu/test_kernels (1e-5 against the sum in double) hold it to.
+// thread keeps its running max m and the sum s of exp(x - m) so far, and when a 16-byte piece
+// brings a larger max mx, s becomes s exp(m - mx) before the new terms join; then the block's max M
+// and the sum of every thread's s exp(m - M). The same max; the sum differs from the CPU's in
+// rounding only (its terms are computed against another max first), which the loss and gradient
+// tolerances of tests/gpu/test_kernels (1e-5 against the sum in double) hold it to.
 // matches mt_cross_entropy_local_max_cpu, then mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS).
 // Writes maxv, sumexp, target_logit with '='.
+template <typename T>
 __global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(float *maxv, float *sumexp,
-                                                                              float *target_logit, const float *logits,
+                                                                              float *target_logit, const T *logits,
                                                                               const int *targets, int V_local,
-                                                                              int vocab_start, int n, int vec4) {
+                                                                              int vocab_start, int n, int vec) {
+    const int N = 16 / sizeof(T);
     int i = blockIdx.x;
-    const float *l = logits + (size_t)i * V_local;
+    const T *l = logits + (size_t)i * V_local;
     float m = -INFINITY, s = 0.0f;
-    int v0 = vec4 ? n / 4 * 4 : 0;
-    for (int v = 4 * threadIdx.x; v < v0; v += 4 * blockDim.x) {
-        float4 x = *(const float4 *)(l + v);
-        float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+    int v0 = vec ? n / N * N : 0;
+    for (int v = N * threadIdx.x; v < v0; v += N * blockDim.x) {
+        float e[N], mx = -INFINITY, piece = 0.0f;
+        mt__logits16B(l + v, e);
+        #pragma unroll
+        for (int k = 0; k < N; k++) mx = fmaxf(mx, e[k]);
         if (mx > m) {   // (the first time s is 0: 0 x exp(-inf) = 0)
             s *= expf(m - mx);
             m = mx;
         }
-        s += expf(x.x - m) + expf(x.y - m) + expf(x.z - m) + expf(x.w - m);
+        #pragma unroll
+        for (int k = 0; k < N; k++) piece += expf(e[k] - m);
+        s += piece;
     }
     for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) {
-        float x = l[v];
+        float x = mt__logit(l[v]);
         if (x > m) {
             s *= expf(m - x);
             m = x;
@@ -3998,20 +4024,69 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(fl
         maxv[i] = M;
         sumexp[i] = S;
         int local = targets[i] - vocab_start;
-        target_logit[i] = (local >= 0 && local < n) ? l[local] : 0.0f;
+        target_logit[i] = (local >= 0 && local < n) ? mt__logit(l[local]) : 0.0f;
     }
 }
-void mt_cross_entropy_local_max_sums_gpu(float *maxv, float *sumexp, float *target_logit, const float *logits,
-                                         const int *targets, int BT, int V_local, int vocab_start, int V,
-                                         cudaStream_t stream) {
+// the launchers: logits_dtype (an mt_dtype) says which T the kernels read
+template <typename T>
+static int mt__logits_vec(const void *logits, int V_local) {
+    return V_local % (16 / (int)sizeof(T)) == 0 && mt__aligned16(logits);
+}
+template <typename T>
+static void mt__ce_local_max(float *maxv, const void *logits, int BT, int V_local, int n, cudaStream_t stream) {
+    mt_cross_entropy_local_max_kernel<T><<<BT, 256, 0, stream>>>(maxv, (const T *)logits, V_local, n,
+                                                                mt__logits_vec<T>(logits, V_local));
+    mt__launch_check("mt_cross_entropy_local_max_kernel", stream);
+}
+void mt_cross_entropy_local_max_gpu(float *maxv, const void *logits, int logits_dtype, int BT, int V_local,
+                                    int vocab_start, int V, cudaStream_t stream) {
     if (BT == 0) return;
-    mt_cross_entropy_local_max_sums_kernel<<<BT, 256, 0, stream>>>(maxv, sumexp, target_logit, logits, targets, V_local,
-                                                                  vocab_start, mt__real_columns(vocab_start, V_local, V),
-                                                                  V_local % 4 == 0 && mt__aligned16(logits));
+    int n = mt__real_columns(vocab_start, V_local, V);
+    if (logits_dtype == MT_DTYPE_BF16) mt__ce_local_max<__nv_bfloat16>(maxv, logits, BT, V_local, n, stream);
+    else if (logits_dtype == MT_DTYPE_FP16) mt__ce_local_max<__half>(maxv, logits, BT, V_local, n, stream);
+    else mt__ce_local_max<float>(maxv, logits, BT, V_local, n, stream);
+}
+template <typename T>
+static void mt__ce_local_sums(float *sumexp, float *target_logit, const void *logits, const float *maxv,
+                              const int *targets, int BT, int V_local, int vocab_start, int n, cudaStream_t stream) {
+    mt_cross_entropy_local_sums_kernel<T><<<BT, 256, 0, stream>>>(sumexp, target_logit, (const T *)logits, maxv, targets,
+                                                                 V_local, vocab_start, n,
+                                                                 mt__logits_vec<T>(logits, V_local));
+    mt__launch_check("mt_cross_entropy_local_sums_kernel", stream);
+}
+void mt_cross_entropy_local_sums_gpu(float *sumexp, float *target_logit, const void *logits, int logits_dtype,
+                                     const float *maxv, const int *targets, int BT, int V_local, int vocab_start,
+                                     int V, cudaStream_t stream) {
+    if (BT == 0) return;
+    int n = mt__real_columns(vocab_start, V_local, V);
+    if (logits_dtype == MT_DTYPE_BF16)
+        mt__ce_local_sums<__nv_bfloat16>(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, n, stream);
+    else if (logits_dtype == MT_DTYPE_FP16)
+        mt__ce_local_sums<__half>(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, n, stream);
+    else mt__ce_local_sums<float>(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, n, stream);
+}
+template <typename T>
+static void mt__ce_local_max_sums(float *maxv, float *sumexp, float *target_logit, const void *logits,
+                                  const int *targets, int BT, int V_local, int vocab_start, int n, cudaStream_t stream) {
+    mt_cross_entropy_local_max_sums_kernel<T><<<BT, 256, 0, stream>>>(maxv, sumexp, target_logit, (const T *)logits,
+                                                                     targets, V_local, vocab_start, n,
+                                                                     mt__logits_vec<T>(logits, V_local));
     mt__launch_check("mt_cross_entropy_local_max_sums_kernel", stream);
 }
+void mt_cross_entropy_local_max_sums_gpu(float *maxv, float *sumexp, float *target_logit, const void *logits,
+                                         int logits_dtype, const int *targets, int BT, int V_local, int vocab_start,
+                                         int V, cudaStream_t stream) {
+    if (BT == 0) return;
+    int n = mt__real_columns(vocab_start, V_local, V);
+    if (logits_dtype == MT_DTYPE_BF16)
+        mt__ce_local_max_sums<__nv_bfloat16>(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n,
+                                             stream);
+    else if (logits_dtype == MT_DTYPE_FP16)
+        mt__ce_local_max_sums<__half>(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n, stream);
+    else mt__ce_local_max_sums<float>(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n, stream);
+}
 // matches mt_cross_entropy_finish_cpu (megatron.h, 3. OPS). Writes losses (and dlogits) with '='.
-// losses[i] = log S + m - l_y; if dlogits != NULL, in place of the logits:
+// losses[i] = log S + m - l_y; if dlogits != NULL, in place of the fp32 logits:
 // dlogits[i,v] = (softmax[i,v] - [v == y_i]) * dloss, 0 on padded columns.
 __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, const float *maxv, const float *sumexp,
                                                const float *target_logit, const int *targets, int V_local,
@@ -4037,71 +4112,60 @@ __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, co
         l[v] = (p - (v == local ? 1.0f : 0.0f)) * dloss;
     }
 }
-// The same gradient written as 16-bit values (bf16, or fp16 with F16 = 1), the rounding the LM head's
-// backward GEMMs would apply to it anyway, packed in place: row i's V_local values at
-// (T16 *)(dlogits + i * V_local), the first half of the row's own bytes, so the row stride stays
-// V_local floats = 2 V_local 16-bit values (mt_lm_head_backward reads it so; one pass that writes
-// half the bytes, and no separate cast pass over the (BT, V_local) logits: 824M values at GPT-2
-// small's batch). In place needs care: the block walks the row in chunks of 8 x 256 values; every
-// thread loads its 8 floats, the block meets at a barrier, then writes its 8 16-bit values.
-// Chunk c's 16-bit values land in bytes [2 x start, 2 x end) of the row, which only chunks <= c
-// ever read, and chunk c's readers are past the barrier. V_local % 8 == 0, 16-byte aligned rows.
+// The same over 16-bit logits (bf16, or fp16 with F16 = 1, as the LM head stored them), the gradient
+// written in their place in the same type: the rounding the LM head's backward GEMMs would apply to
+// it anyway, which read it as it is (mt_lm_head_backward). Each thread reads 8 logits (16 bytes)
+// and writes their 8 gradients over them: nothing else reads those bytes. V_local % 8 == 0 and
+// 16-byte aligned rows (the wgmma rung's condition, megatron.h's mt_logits_grad_dtype).
 template <int F16>
-__global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *losses, float *dlogits, const float *maxv,
+__global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *losses, void *dlogits, const float *maxv,
                                                                         const float *sumexp, const float *target_logit,
                                                                         const int *targets, int V_local, int vocab_start,
                                                                         int n, float dloss) {
     int i = blockIdx.x;
     if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
-    float *l = dlogits + (size_t)i * V_local;
-    unsigned short *g = (unsigned short *)l;   // 16-bit values: bf16 (F16 = 0) or fp16 (F16 = 1) bits
+    unsigned short *l = (unsigned short *)dlogits + (size_t)i * V_local;   // bf16 (F16 = 0) or fp16 bits
     float m = maxv[i], inv = 1.0f / sumexp[i];
     int local = targets[i] - vocab_start;
-    for (int c0 = 0; c0 < V_local; c0 += 8 * 256) {
-        int v = c0 + 8 * threadIdx.x;
+    for (int v = 8 * threadIdx.x; v < V_local; v += 8 * blockDim.x) {
         float e[8];
-        if (v < V_local) {
-            float4 x0 = *(const float4 *)(l + v), x1 = *(const float4 *)(l + v + 4);
-            e[0] = x0.x; e[1] = x0.y; e[2] = x0.z; e[3] = x0.w; e[4] = x1.x; e[5] = x1.y; e[6] = x1.z; e[7] = x1.w;
+        if (F16) mt__logits16B((const __half *)(l + v), e);
+        else mt__logits16B((const __nv_bfloat16 *)(l + v), e);
+        uint32_t packed[4];
+        #pragma unroll
+        for (int k = 0; k < 8; k += 2) {   // as mt_cross_entropy_finish_kernel, then rounded
+            float p0 = v + k < n ? expf(e[k] - m) * inv : 0.0f, p1 = v + k + 1 < n ? expf(e[k + 1] - m) * inv : 0.0f;
+            float d0 = (p0 - (v + k == local ? 1.0f : 0.0f)) * dloss;
+            float d1 = (p1 - (v + k + 1 == local ? 1.0f : 0.0f)) * dloss;
+            packed[k / 2] = mt__pack16x2<F16>(d0, d1);
         }
-        __syncthreads();   // every float of this chunk is read: its 16-bit values may overwrite it
-        if (v < V_local) {
-            uint32_t packed[4];
-            #pragma unroll
-            for (int k = 0; k < 8; k += 2) {   // as mt_cross_entropy_finish_kernel, then rounded
-                float p0 = v + k < n ? expf(e[k] - m) * inv : 0.0f, p1 = v + k + 1 < n ? expf(e[k + 1] - m) * inv : 0.0f;
-                float d0 = (p0 - (v + k == local ? 1.0f : 0.0f)) * dloss;
-                float d1 = (p1 - (v + k + 1 == local ? 1.0f : 0.0f)) * dloss;
-                packed[k / 2] = mt__pack16x2<F16>(d0, d1);
-            }
-            *(uint4 *)(g + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        }
+        *(uint4 *)(l + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
-// grad_dtype (an mt_dtype): MT_DTYPE_FP32 writes dlogits in fp32 in place of the logits;
-// MT_DTYPE_BF16 / FP16 packs it as 16-bit values (mt_cross_entropy_finish16_kernel: V_local % 8
-// == 0 and dlogits 16-byte aligned, else a fatal error: the seam asks mt__logits_grad_dtype).
-void mt_cross_entropy_finish_gpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
-                                 const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
-                                 int V, float dloss, int grad_dtype, cudaStream_t stream) {
+// logits_dtype (an mt_dtype): how the logits, and so dlogits in their place, are stored. MT_DTYPE_FP32:
+// the fp32 kernel; BF16 / FP16: mt_cross_entropy_finish16_kernel (V_local % 8 == 0 and 16-byte
+// aligned rows, else a fatal error). dlogits NULL: the losses only, whatever the storage.
+void mt_cross_entropy_finish_gpu(float *losses, void *dlogits, int logits_dtype, const float *maxv,
+                                 const float *sumexp, const float *target_logit, const int *targets, int BT,
+                                 int V_local, int vocab_start, int V, float dloss, cudaStream_t stream) {
     if (BT == 0) return;
-    if (dlogits && grad_dtype != MT_DTYPE_FP32) {
+    int n = mt__real_columns(vocab_start, V_local, V);
+    if (dlogits && logits_dtype != MT_DTYPE_FP32) {
         if (V_local % 8 != 0 || !mt__aligned16(dlogits))
-            mt_fatal("internal: a packed 16-bit logits gradient needs V_local %% 8 == 0 and aligned rows (V_local = %d)",
-                     V_local);
-        int n = mt__real_columns(vocab_start, V_local, V);
-        if (grad_dtype == MT_DTYPE_FP16)
+            mt_fatal("internal: 16-bit logits need V_local %% 8 == 0 and aligned rows (V_local = %d)", V_local);
+        if (logits_dtype == MT_DTYPE_FP16)
             mt_cross_entropy_finish16_kernel<1><<<BT, 256, 0, stream>>>(losses, dlogits, maxv, sumexp, target_logit,
                                                                            targets, V_local, vocab_start, n, dloss);
         else
-            mt_cross_entropy_finish16_kernel<0><<<BT, 256, 0, stream>>>(
-                losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start, n, dloss);
+            mt_cross_entropy_finish16_kernel<0><<<BT, 256, 0, stream>>>(losses, dlogits, maxv, sumexp, target_logit,
+                                                                           targets, V_local, vocab_start, n, dloss);
         mt__launch_check("mt_cross_entropy_finish16_kernel", stream);
         return;
     }
-    mt_cross_entropy_finish_kernel<<<BT, dlogits ? 256 : 32, 0, stream>>>(
-        losses, dlogits, maxv, sumexp, target_logit, targets, V_local, vocab_start,
-        mt__real_columns(vocab_start, V_local, V), dloss, dlogits && V_local % 4 == 0 && mt__aligned16(dlogits));
+    float *d32 = (float *)dlogits;
+    mt_cross_entropy_finish_kernel<<<BT, d32 ? 256 : 32, 0, stream>>>(losses, d32, maxv, sumexp, target_logit, targets,
+                                                                      V_local, vocab_start, n, dloss,
+                                                                      d32 && V_local % 4 == 0 && mt__aligned16(d32));
     mt__launch_check("mt_cross_entropy_finish_kernel", stream);
 }
 
@@ -4444,7 +4508,7 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype
         return;
     }
     double t0 = mt__profile_begin(r);
-    mt_qkv_forward16_gpu(qkv, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
+    mt_matmul_forward16_gpu(qkv, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
                          mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "qkv forward %dx%d", C, OC);
@@ -4506,51 +4570,66 @@ void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *me
     else mt_residual_layernorm_forward_gpu(res, out, mean, rstd, a, b, weight, bias, B, T, C, mt__stream(r));
     mt__profile_end(r, "residual + layernorm forward", t0);
 }
-void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
-                                int V) {
+// the LM head's logits in 16 bits where mt_logits_grad_dtype (megatron.h, section 3) says so for
+// the rung this build will run (the device's, or before there is one the planned rung, as
+// mt_ln_storage_dtype): the cross-entropy reads them so and writes their gradient in their place,
+// which the head's backward GEMMs read as it is
+mt_dtype mt_logits_storage_dtype(const mt_rank *r) {
+    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
+    return mt_logits_grad_dtype(impl, r->cfg->compute_dtype, r->dims.C, r->dims.Vp_tp);
+}
+void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
+                        int C, int V_local) {
+    if (logits_dtype == MT_DTYPE_FP32) {
+        mt_matmul_forward(r, logits, inp, weight, NULL, BT, C, V_local);
+        return;
+    }
+    if (logits_dtype != r->dev.dtype) mt_fatal("internal: logits in dtype %d, the GEMMs in %d", (int)logits_dtype, r->dev.dtype);
     double t0 = mt__profile_begin(r);
-    mt_cross_entropy_local_max_gpu(maxv, logits, BT, V_local, vocab_start, V, mt__stream(r));
+    mt_matmul_forward16_gpu(logits, inp, MT_DTYPE_FP32, weight, NULL, BT, C, V_local, (mt_gemm_impl)r->dev.gemm_impl,
+                            r->dev.dtype, mt__stream(r));
+    char label[48];
+    snprintf(label, sizeof label, "lm head forward %dx%d", C, V_local);
+    mt__profile_end(r, label, t0);
+}
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, mt_dtype logits_dtype, int BT, int V_local,
+                                int vocab_start, int V) {
+    double t0 = mt__profile_begin(r);
+    mt_cross_entropy_local_max_gpu(maxv, logits, logits_dtype, BT, V_local, vocab_start, V, mt__stream(r));
     mt__profile_end(r, "cross entropy local max", t0);
 }
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
-                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
+                                 mt_dtype logits_dtype, const float *maxv, const int *targets, int BT, int V_local,
+                                 int vocab_start, int V) {
     double t0 = mt__profile_begin(r);
-    mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V,
-                                    mt__stream(r));
+    mt_cross_entropy_local_sums_gpu(sumexp, target_logit, logits, logits_dtype, maxv, targets, BT, V_local, vocab_start,
+                                    V, mt__stream(r));
     mt__profile_end(r, "cross entropy local sums", t0);
 }
 void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
-                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+                                     mt_dtype logits_dtype, const int *targets, int BT, int V_local, int vocab_start,
+                                     int V) {
     double t0 = mt__profile_begin(r);
-    mt_cross_entropy_local_max_sums_gpu(maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, V,
-                                        mt__stream(r));
+    mt_cross_entropy_local_max_sums_gpu(maxv, sumexp, target_logit, logits, logits_dtype, targets, BT, V_local,
+                                        vocab_start, V, mt__stream(r));
     mt__profile_end(r, "cross entropy local max+sums", t0);
 }
-// how mt_cross_entropy_finish leaves the logits gradient and mt_lm_head_backward reads it: packed
-// 16-bit where mt_logits_grad_dtype (megatron.h, section 3) says so for the LM head's shape (C =
-// the hidden size) and the rows are 16-byte aligned; both ops ask this, so they always agree
-static int mt__logits_grad_dtype(const mt_rank *r, const float *dlogits, int V_local) {
-    if (!dlogits || !mt__aligned16(dlogits)) return MT_DTYPE_FP32;
-    return mt_logits_grad_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, r->dims.C, V_local);
-}
-void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
-                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
-                             int V, float dloss) {
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype logits_dtype, const float *maxv,
+                             const float *sumexp, const float *target_logit, const int *targets, int BT, int V_local,
+                             int vocab_start, int V, float dloss) {
     double t0 = mt__profile_begin(r);
-    mt_cross_entropy_finish_gpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
-                                dloss, mt__logits_grad_dtype(r, dlogits, V_local), mt__stream(r));
+    mt_cross_entropy_finish_gpu(losses, dlogits, logits_dtype, maxv, sumexp, target_logit, targets, BT, V_local,
+                                vocab_start, V, dloss, mt__stream(r));
     mt__profile_end(r, "cross entropy finish", t0);
 }
-void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
-                         const float *weight, int BT, int C, int V_local) {
-    int grad_dtype = mt__logits_grad_dtype(r, dlogits, V_local);
-    if (C != r->dims.C) mt_fatal("internal: mt_lm_head_backward with C = %d, not the hidden size %d", C, r->dims.C);
-    if (grad_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
+                         const float *inp, const float *weight, int BT, int C, int V_local) {
+    if (logits_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
         mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
         return;
     }
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_packed16_gpu(dinp, dweight, dlogits, inp, weight, BT, C, V_local, grad_dtype, mt__stream(r));
+    mt_matmul_backward_dout16_gpu(dinp, dweight, dlogits, inp, weight, BT, C, V_local, logits_dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "lm head backward %dx%d", C, V_local);
     mt__profile_end(r, label, t0);

@@ -663,6 +663,8 @@ uint16_t mt_bf16_from_float(float x);   /* round to nearest even; NaN kept NaN *
 float mt_bf16_to_float(uint16_t h);
 float mt_round_to_dtype(float x, mt_dtype dt);   /* x as dt holds it, back in fp32 (MT_DTYPE_FP32: x) */
 void mt_round_cpu(float *out, const float *inp, size_t n, mt_dtype dt);   /* out may be inp */
+/* buf's first 2n bytes hold n bf16 / fp16 values (dt): widened into n floats in place */
+void mt_widen_16bit(float *buf, size_t n, mt_dtype dt);
 void mt_matmul_forward_rounded_cpu(float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                                    int OC, mt_dtype dt);
 void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -713,11 +715,11 @@ size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
-size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
+size_t mt_gpu_matmul_forward16_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
-/* the LM head's gradient (mt_lm_head_backward): 16 bits (bf16 / fp16), packed in place by the
-   cross-entropy, where the wgmma rung multiplies in 16 bits and C, V_local % 8 == 0; else fp32 */
+/* the LM head's logits and their gradient (mt_lm_head_forward, mt_lm_head_backward): 16 bits (bf16 /
+   fp16) where the wgmma rung multiplies in 16 bits and C, V_local % 8 == 0; else fp32 */
 mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_local);
 /* a layer's ln1 and ln2 as the GPU stores them: the wgmma rung's 16-bit operand type where its
    GEMMs (qkv: OC = 3 C_tp; fc: F_tp wide) read them as they are, else fp32 (see the definition) */
@@ -803,23 +805,33 @@ void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b,
 void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *mean, float *rstd, const float *a,
                                    const float *b, const float *weight, const float *bias, int B, int T, int C,
                                    mt_dtype out_dtype);
-void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
-                                int V);
+/* the LM head's logits (BT, V_local) = inp @ weight^T (no bias), stored in logits_dtype: fp32, or
+   (the GPU, mt_logits_storage_dtype) 16 bits, V_local values a row in half the floats: the values the
+   CPU build's fp32 logits are rounded to (Megatron's --bf16 keeps its logits in bf16 too) */
+mt_dtype mt_logits_storage_dtype(const mt_rank *r);
+void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
+                        int C, int V_local);
+/* the cross-entropy's steps read the logits as mt_lm_head_forward stored them (logits_dtype) */
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, mt_dtype logits_dtype, int BT, int V_local,
+                                int vocab_start, int V);
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
-                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V);
+                                 mt_dtype logits_dtype, const float *maxv, const int *targets, int BT, int V_local,
+                                 int vocab_start, int V);
 /* the two above in one (what a rank that holds the whole vocabulary, TP = 1, needs: no all-reduce
    between them): the CPU runs them in turn; the GPU reads the logits once (an online softmax) */
 void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
-                                     const int *targets, int BT, int V_local, int vocab_start, int V);
-void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
-                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
-                             int V, float dloss);
+                                     mt_dtype logits_dtype, const int *targets, int BT, int V_local, int vocab_start,
+                                     int V);
+/* dlogits: NULL (the losses only), or the logits, overwritten with their gradient in the same
+   storage (logits_dtype: fp32, or 16 bits in place, each value where its logit was) */
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype logits_dtype, const float *maxv,
+                             const float *sumexp, const float *target_logit, const int *targets, int BT, int V_local,
+                             int vocab_start, int V, float dloss);
 /* the LM head's matmul backward (no bias): dinp = dlogits @ weight, dweight += dlogits^T inp, with
-   dlogits as mt_cross_entropy_finish left it in place of the logits: fp32, or (the GPU, where
-   mt_logits_grad_dtype says 16 bits) already rounded to the GEMMs' 16-bit type and packed in the
-   first half of each row's bytes, which the GEMMs read as is */
-void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
-                         const float *weight, int BT, int C, int V_local);
+   dlogits as mt_cross_entropy_finish left it in place of the logits (logits_dtype: 16 bits on the
+   GPU are the GEMMs' operand type already, read as they are) */
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
+                         const float *inp, const float *weight, int BT, int C, int V_local);
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
               float beta2, float eps, float weight_decay, int step);
 void mt_scale(mt_rank *r, float *x, float s, size_t n);
@@ -921,9 +933,12 @@ void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight,
 void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                                     const float *bias, int BT, int K, int OC_tp);
 /* the LM head's (column-parallel over the vocabulary, no bias), from the logits gradient as
-   mt_vocab_parallel_cross_entropy_forward left it (mt_lm_head_backward, section 3) */
+   mt_vocab_parallel_cross_entropy_forward left it (mt_lm_head_backward, section 3); and its
+   forward, the logits stored in mt_logits_storage_dtype (mt_lm_head_forward, section 3) */
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
                                   const float *weight, int BT, int K, int V_tp);
+void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, const float *weight, int BT, int K,
+                                 int V_tp);
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC);
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -1034,8 +1049,9 @@ typedef struct {
     float *lnf;       // (B,T,C)       last stage
     float *lnf_mean;  // (B,T)
     float *lnf_rstd;  // (B,T)
-    float *logits;    // (B,T,Vp_tp)   last stage; after a training forward, holds dloss/dlogits (on the
-                      //               GPU in 16 bits where mt_logits_grad_dtype says: mt_lm_head_backward)
+    float *logits;    // (B,T,Vp_tp)   last stage, in mt_logits_storage_dtype (the GPU: 16 bits where
+                      //               mt_logits_grad_dtype says); after a training forward it holds
+                      //               dloss/dlogits in the same storage (mt_lm_head_backward reads it)
     float *losses;    // (B,T)         last stage
     int mb;           // micro-batch held, -1 if free
     int sample_offset;// global sample index of its first sample within the iteration
@@ -7026,6 +7042,17 @@ void mt_round_cpu(float *out, const float *inp, size_t n, mt_dtype dt) {
     for (size_t k = 0; k < n; k++) out[k] = mt_round_to_dtype(inp[k], dt);
 }
 
+// n 16-bit values packed at the start of buf become n floats, from the last down: float k covers
+// the bytes of 16-bit values 2k and 2k + 1, which steps 2k and 2k + 1 (no later than step k) have
+// already read. (The 16 bits are copied out as bytes: the buffer is floats to C's aliasing rules.)
+void mt_widen_16bit(float *buf, size_t n, mt_dtype dt) {
+    for (size_t k = n; k-- > 0;) {
+        uint16_t bits;
+        memcpy(&bits, (const char *)buf + 2 * k, sizeof bits);
+        buf[k] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits) : mt_bf16_to_float(bits);
+    }
+}
+
 // a copy of x (n floats) rounded to dt: the operand as the tensor cores receive it
 static float *mt__rounded_copy(const float *x, size_t n, mt_dtype dt) {
     float *copy = (float *)mt_malloc(sizeof(float) * (n ? n : 1), "rounded operand");
@@ -7325,17 +7352,19 @@ size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl imp
     proj = mt_gpu_matmul_forward_scratch(BT, F, OC, impl, dtype);
     return (size_t)BT * F * sizeof(float) + (fc > proj ? fc : proj);
 }
-// The LM head's gradient (BT, V_local) is the largest tensor of a GPT-2 step (824M values at
-// B = 16): rounding it into a copy for the backward's GEMMs would take a pass over 3.3 GB and
-// borrow 1.6 GB. Where the wgmma rung multiplies in 16 bits, the cross-entropy writes it already
-// rounded, packed in place (kernels.cuh, mt_cross_entropy_finish16_kernel: 16-byte pieces of 8
-// values, so V_local % 8 == 0), and mt_lm_head_backward hands it to the GEMMs as it is. (The
-// logits are always the LM head's: C is the hidden size; the GPU also wants the rows 16-byte aligned.)
+// The LM head's logits (BT, V_local) are the largest tensor of a GPT-2 step (824M values at B = 16:
+// 3.3 GB in fp32). Where the wgmma rung multiplies in 16 bits, the GPU keeps them in 16 bits, as
+// Megatron's --bf16 does: the head's GEMM stores them so (mt_lm_head_forward), the cross-entropy
+// reads them so and writes their gradient in their place, rounded as the head's backward GEMMs
+// would round it anyway (kernels.cuh, mt_cross_entropy_finish16_kernel: 16-byte pieces of 8 values,
+// so V_local % 8 == 0), and mt_lm_head_backward hands it to the GEMMs as it is: 1.6 GB less kept,
+// half the bytes written and read, no rounded copy borrowed. The CPU build keeps fp32 logits
+// rounded to the same values. (The logits are always the LM head's: C is the hidden size.)
 mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_local) {
     int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && V_local % 8 == 0;   // (the wgmma backward's condition too)
     return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
 }
-// mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, less dout's copy when packed
+// mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, less dout's copy in 16 bits
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype) {
     size_t all = mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype, 0);
     if (mt_logits_grad_dtype(impl, dtype, C, V_local) == MT_DTYPE_FP32 || BT <= 0 || C <= 0) return all;
@@ -7363,10 +7392,11 @@ size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local
     if (dtype == MT_DTYPE_FP32) return dsum;
     return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
 }
-// mt_qkv_forward16_gpu: the plain forward GEMM (its epilogue stores 16 bits) on the wgmma rung;
-// on the others an fp32 result, then its cast (fp32 storage: the plain matmul forward)
+// mt_matmul_forward16_gpu (qkv; the LM head's logits): the plain forward GEMM (its epilogue stores
+// 16 bits) on the wgmma rung; on the others an fp32 result, then its cast (fp32 storage: the plain
+// matmul forward)
 // (inp16: inp already 16-bit, a layer's ln1: only the weight is rounded)
-size_t mt_gpu_qkv_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16) {
+size_t mt_gpu_matmul_forward16_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16) {
     size_t plain = mt_gpu_matmul_forward_scratch(BT, C, OC, impl, dtype);
     if (dtype == MT_DTYPE_FP32 || BT <= 0 || OC <= 0) return plain;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && BT > MT_GEMV_MAX_ROWS)
@@ -7404,7 +7434,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     size_t op[16];
     int n = 0;
     int ln16 = mt_ln_storage_dtype(r) != MT_DTYPE_FP32;   // ln1, ln2 stored in 16 bits: no copies of them
-    op[n++] = mt_gpu_qkv_forward_scratch(BT, C, 3 * C_tp, impl, dt, ln16);          // qkv = ln1 @ qkvw^T
+    op[n++] = mt_gpu_matmul_forward16_scratch(BT, C, 3 * C_tp, impl, dt, ln16);          // qkv = ln1 @ qkvw^T
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
     op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt, ln16);           // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
@@ -7414,7 +7444,9 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0);       // attention projection
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16);   // qkv
     if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
-        op[n++] = mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt);
+        op[n++] = mt_logits_grad_dtype(impl, dt, C, d->Vp_tp) == MT_DTYPE_FP32   // (16 bits: mt_lm_head_forward)
+                      ? mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt)
+                      : mt_gpu_matmul_forward16_scratch(BT, C, d->Vp_tp, impl, dt, 0);
         op[n++] = mt_gpu_lm_head_backward_scratch(BT, C, d->Vp_tp, impl, dt);
     }
     if (r->ps.is_first_stage) op[n++] = mt_gpu_embedding_backward_scratch(BT, d->Vp_tp);
@@ -7546,7 +7578,7 @@ mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; 
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
-    mt__count_gpu_scratch(r, mt_gpu_qkv_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
+    mt__count_gpu_scratch(r, mt_gpu_matmul_forward16_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
     mt_matmul_forward_rounded_cpu(qkv, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
@@ -7593,34 +7625,57 @@ void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *me
     mt_residual_layernorm_forward_cpu(res, out, mean, rstd, a, b, weight, bias, B, T, C);
 }
 
-void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, int BT, int V_local, int vocab_start,
-                                int V) {
-    (void)r; mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
+// the CPU keeps the logits in fp32 (mt_logits_storage_dtype), rounded to the 16 bits the GPU stores
+// them in (mt_logits_grad_dtype, for the rung and precision the GPU build would run): the same values
+mt_dtype mt_logits_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
+                        int C, int V_local) {
+    mt__cpu_fp32_storage(logits_dtype, "the logits");
+    mt_gemm_impl impl = (mt_gemm_impl)r->dev.gemm_impl;
+    mt_dtype gpu = mt_logits_grad_dtype(impl, r->dev.dtype, C, V_local);
+    mt__count_gpu_scratch(r, gpu == MT_DTYPE_FP32 ? mt_gpu_matmul_forward_scratch(BT, C, V_local, impl, r->dev.dtype)
+                                                  : mt_gpu_matmul_forward16_scratch(BT, C, V_local, impl, r->dev.dtype, 0));
+    mt_matmul_forward_rounded_cpu(logits, inp, weight, NULL, BT, C, V_local, r->dev.dtype);
+    if (gpu != MT_DTYPE_FP32) mt_round_cpu(logits, logits, (size_t)BT * V_local, gpu);
+}
+
+void mt_cross_entropy_local_max(mt_rank *r, float *maxv, const float *logits, mt_dtype logits_dtype, int BT, int V_local,
+                                int vocab_start, int V) {
+    (void)r;
+    mt__cpu_fp32_storage(logits_dtype, "the logits");
+    mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
 }
 
 void mt_cross_entropy_local_sums(mt_rank *r, float *sumexp, float *target_logit, const float *logits,
-                                 const float *maxv, const int *targets, int BT, int V_local, int vocab_start, int V) {
-    (void)r; mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
+                                 mt_dtype logits_dtype, const float *maxv, const int *targets, int BT, int V_local,
+                                 int vocab_start, int V) {
+    (void)r;
+    mt__cpu_fp32_storage(logits_dtype, "the logits");
+    mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
 }
 
 void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, float *target_logit, const float *logits,
-                                     const int *targets, int BT, int V_local, int vocab_start, int V) {
+                                     mt_dtype logits_dtype, const int *targets, int BT, int V_local, int vocab_start,
+                                     int V) {
     (void)r;
+    mt__cpu_fp32_storage(logits_dtype, "the logits");
     mt_cross_entropy_local_max_cpu(maxv, logits, BT, V_local, vocab_start, V);
     mt_cross_entropy_local_sums_cpu(sumexp, target_logit, logits, maxv, targets, BT, V_local, vocab_start, V);
 }
 
-void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, const float *maxv, const float *sumexp,
-                             const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
-                             int V, float dloss) {
+void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype logits_dtype, const float *maxv,
+                             const float *sumexp, const float *target_logit, const int *targets, int BT, int V_local,
+                             int vocab_start, int V, float dloss) {
     (void)r;
+    mt__cpu_fp32_storage(logits_dtype, "the logits");
     mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, target_logit, targets, BT, V_local, vocab_start, V,
                                 dloss);
 }
 
 // the CPU keeps dlogits in fp32: the matmul backward (rounding its operands as r->dev.dtype says)
-void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
-                         const float *weight, int BT, int C, int V_local) {
+void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
+                         const float *inp, const float *weight, int BT, int C, int V_local) {
+    mt__cpu_fp32_storage(logits_dtype, "the logits' gradient");
     mt__count_gpu_scratch(r, mt_gpu_lm_head_backward_scratch(BT, C, V_local, (mt_gemm_impl)r->dev.gemm_impl,
                                                              r->dev.dtype));
     mt_matmul_backward_rounded_cpu(dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local, r->dev.dtype);
@@ -7910,7 +7965,7 @@ static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight
     int sp = mt__sequence_parallel(r);
     float *d = sp ? r->scratch.sp_partial : dinp;
     const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
-    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, x, weight, BT, K, OC_tp);
+    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, mt_logits_storage_dtype(r), x, weight, BT, K, OC_tp);
     else mt_matmul_backward(r, d, dweight, dbias, dout, x, inp_dtype, weight, BT, K, OC_tp);
     if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
     else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
@@ -7923,6 +7978,13 @@ void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight,
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
                                   const float *weight, int BT, int K, int V_tp) {
     mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, K, V_tp, 1);
+}
+// the LM head's forward: the column-parallel forward above (no bias), the logits stored as
+// mt_logits_storage_dtype says (16 bits on the GPU's wgmma rung)
+void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, const float *weight, int BT, int K,
+                                 int V_tp) {
+    const float *x = mt__whole_sequence(r, inp, MT_DTYPE_FP32, K);
+    mt_lm_head_forward(r, logits, mt_logits_storage_dtype(r), x, weight, BT, K, V_tp);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8043,7 +8105,7 @@ void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, 
 //   l_y = all-reduce SUM of the target's logit (only its owner contributes, the others add 0)
 // loss = log S + m - l_y. The gradient softmax - onehot is local to each rank's columns.
 // At TP = 1 nothing crosses ranks, and the max and the sum come from one op (the GPU reads the
-// logits once for both: 3.3 GB at GPT-2 small's batch).
+// logits once for both: 1.6 GB in bf16 at GPT-2 small's batch).
 // Padding columns (>= V) are left out of the softmax, so the loss does not depend on how
 // much padding TP adds. (Megatron keeps them in; their logits just learn to be very small.)
 // dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
@@ -8051,18 +8113,19 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
                                              int want_grad) {
     int BT = r->dims.B * r->dims.T, V = r->cfg->model.vocab_size;
     mt_scratch *s = &r->scratch;
+    mt_dtype dt = mt_logits_storage_dtype(r);   // as mt_lm_head_parallel_forward stored them
     if (r->ps.tp_size == 1) {
-        mt_cross_entropy_local_max_sums(r, s->ce_max, s->ce_sum, s->ce_target, logits, targets, BT, r->dims.Vp_tp,
+        mt_cross_entropy_local_max_sums(r, s->ce_max, s->ce_sum, s->ce_target, logits, dt, targets, BT, r->dims.Vp_tp,
                                         r->dims.vocab_start, V);
     } else {
-        mt_cross_entropy_local_max(r, s->ce_max, logits, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
+        mt_cross_entropy_local_max(r, s->ce_max, logits, dt, BT, r->dims.Vp_tp, r->dims.vocab_start, V);
         mt_all_reduce(&r->groups.tp, s->ce_max, (size_t)BT, MT_MAX);
-        mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, s->ce_max, targets, BT, r->dims.Vp_tp,
+        mt_cross_entropy_local_sums(r, s->ce_sum, s->ce_target, logits, dt, s->ce_max, targets, BT, r->dims.Vp_tp,
                                     r->dims.vocab_start, V);
         mt_all_reduce(&r->groups.tp, s->ce_sum, (size_t)BT, MT_SUM);
         mt_all_reduce(&r->groups.tp, s->ce_target, (size_t)BT, MT_SUM);
     }
-    mt_cross_entropy_finish(r, losses, want_grad ? logits : NULL, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
+    mt_cross_entropy_finish(r, losses, want_grad ? logits : NULL, dt, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
                             r->dims.Vp_tp, r->dims.vocab_start, V, dloss);
 }
 
@@ -8318,6 +8381,8 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
     size_t B = r->dims.B, T = r->dims.T, C = r->dims.C, vp = r->ps.vp_size;
     size_t BT = B * T, BT_sp = B * (size_t)r->dims.T_sp;   // the residual stream's rows (section 4)
     int last = r->ps.is_last_stage && with_io;
+    size_t logits_n = BT * (size_t)r->dims.Vp_tp;   // 16-bit logits (mt_logits_storage_dtype): half the floats
+    if (mt_logits_storage_dtype(r) != MT_DTYPE_FP32) logits_n = (logits_n + 1) / 2;
     size_t n[MT_LT_COUNT];
     for (int k = 0; k < MT_LT_COUNT; k++) n[k] = layers[k] * mt__layer_tensor_floats(r, k);
     struct { float **ptr; size_t n; } carve[] = {
@@ -8329,7 +8394,7 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
         {&a->fch, n[MT_LT_FCH]},
         {&a->residual3, n[MT_LT_RESIDUAL3]},
         {&a->lnf, last ? BT_sp * C : 0}, {&a->lnf_mean, last ? BT_sp : 0}, {&a->lnf_rstd, last ? BT_sp : 0},
-        {&a->logits, last ? BT * (size_t)r->dims.Vp_tp : 0}, {&a->losses, last ? BT : 0},
+        {&a->logits, last ? logits_n : 0}, {&a->losses, last ? BT : 0},
     };
     size_t offset = 0;   // each tensor starts on a 16-byte boundary (the GPU's 16-byte loads)
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
@@ -8621,7 +8686,7 @@ static void mt__head_forward(mt_rank *r, mt_activations *a, const float *x, int 
     int B = r->dims.B, T = r->dims.T, C = r->dims.C, BT = B * T;
     mt_layernorm_forward(r, a->lnf, a->lnf_mean, a->lnf_rstd, x, r->model.params.lnfw, r->model.params.lnfb, B,
                          r->dims.T_sp, C, MT_DTYPE_FP32);
-    mt_column_parallel_linear_forward(r, a->logits, a->lnf, r->model.params.wte, NULL, BT, C, r->dims.Vp_tp);
+    mt_lm_head_parallel_forward(r, a->logits, a->lnf, r->model.params.wte, BT, C, r->dims.Vp_tp);
     float dloss = 1.0f / ((float)BT * (float)r->cfg->num_microbatches * (float)r->ps.dp_size);
     if (want_grad) dloss *= r->state.loss_scale;
     mt_vocab_parallel_cross_entropy_forward(r, a->losses, a->logits, a->targets, dloss, want_grad);
@@ -12209,6 +12274,7 @@ int mt_generate_uncached(mt_rank *r, int32_t *ids, int n, int cap, int count, co
     const mt_config *cfg = r->cfg;
     int V = cfg->model.vocab_size, Vp = cfg->padded_vocab_size, T = r->dims.T;
     float *row = (float *)mt_malloc(sizeof(float) * (size_t)Vp, "logits row");
+    mt_dtype dt = mt_logits_storage_dtype(r);   // how the head stored the logits
     float *gathered = NULL;   // the TP ranks' slices side by side, in the buffers' memory
     if (r->ps.is_last_stage && r->ps.tp_size > 1) gathered = mt_buffer_alloc(r, (size_t)Vp, "logits row");
     mt_sched_step list[64];
@@ -12221,13 +12287,16 @@ int mt_generate_uncached(mt_rank *r, int32_t *ids, int n, int cap, int count, co
         mt_activations *a = mt__slot_for(r, 0, 0);
         float next = 0.0f;
         if (r->ps.is_last_stage) {
-            const float *mine = a->logits + (size_t)(w.n - 1) * r->dims.Vp_tp;   // sample 0, position n-1
+            // sample 0, position n-1: its Vp_tp logits, as they are stored (16 bits: half the floats)
+            size_t row_floats = dt == MT_DTYPE_FP32 ? (size_t)r->dims.Vp_tp : (size_t)r->dims.Vp_tp / 2;
+            const float *mine = a->logits + (size_t)(w.n - 1) * row_floats;
             if (gathered) {
-                mt_all_gather(&r->groups.tp, mine, gathered, (size_t)r->dims.Vp_tp);
-                mt_buffer_download(r, row, gathered, sizeof(float) * (size_t)Vp);
+                mt_all_gather(&r->groups.tp, mine, gathered, row_floats);
+                mt_buffer_download(r, row, gathered, sizeof(float) * row_floats * (size_t)r->ps.tp_size);
             } else {
-                mt_buffer_download(r, row, mine, sizeof(float) * (size_t)Vp);
+                mt_buffer_download(r, row, mine, sizeof(float) * row_floats);
             }
+            if (dt != MT_DTYPE_FP32) mt_widen_16bit(row, (size_t)Vp, dt);   // 16-bit values, widened in place
             if (logits_out) memcpy(logits_out + (size_t)k * V, row, sizeof(float) * (size_t)V);
             next = (float)mt_sample_token(row, V, s, sequence, (uint64_t)n);
         }

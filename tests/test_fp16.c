@@ -86,6 +86,32 @@ MT_TEST(bf16_known_bit_patterns) {
     mt_expect(mt_round_to_dtype(0.1f, MT_DTYPE_FP32) == 0.1f, "fp32 rounding is the identity");
 }
 
+// mt_widen_16bit: n 16-bit values packed at the start of a float buffer (the GPU's 16-bit logits, as
+// mt_generate_uncached downloads a row) widen in place to the floats they stand for, exactly;
+// n odd and even, both types
+MT_TEST(widen_16bit_in_place) {
+    int sizes[] = {1, 2, 7, 128, 1001};
+    for (int t = 0; t < 2; t++) {
+        mt_dtype dt = t ? MT_DTYPE_FP16 : MT_DTYPE_BF16;
+        for (int k = 0; k < 5; k++) {
+            int n = sizes[k];
+            float *buf = (float *)calloc((size_t)n, sizeof(float)), *want = (float *)calloc((size_t)n, sizeof(float));
+            uint16_t *packed = (uint16_t *)calloc((size_t)n, sizeof(uint16_t));
+            for (int i = 0; i < n; i++) {
+                float x = (float)((i * 37 % 101) - 50) / 7.0f;
+                packed[i] = dt == MT_DTYPE_FP16 ? mt_fp16_from_float(x) : mt_bf16_from_float(x);
+                want[i] = mt_round_to_dtype(x, dt);
+            }
+            memcpy(buf, packed, (size_t)n * sizeof(uint16_t));
+            mt_widen_16bit(buf, (size_t)n, dt);
+            int bad = 0;
+            for (int i = 0; i < n; i++) bad += buf[i] != want[i];
+            mt_expect(bad == 0, "%s n=%d: %d values differ after widening", t ? "fp16" : "bf16", n, bad);
+            free(buf); free(want); free(packed);
+        }
+    }
+}
+
 // every finite fp16 value converts back to itself; random floats go to a nearest fp16 value,
 // and on a tie to the even one (the property that defines round to nearest even)
 MT_TEST(fp16_round_trip_and_nearest) {
@@ -383,6 +409,7 @@ int main(void) {
     alarm(900);
     mt_run_test(fp16_known_bit_patterns);
     mt_run_test(bf16_known_bit_patterns);
+    mt_run_test(widen_16bit_in_place);
     mt_run_test(fp16_round_trip_and_nearest);
     mt_run_test(dynamic_scaler_state_machine);
     mt_run_test(huge_initial_scale_skips_then_trains);

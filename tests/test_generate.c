@@ -22,9 +22,12 @@
 #include "harness.h"
 #include <sys/wait.h>
 
-// a small model; dropout off (generation never drops, the uncached forward must not either)
+// a small model; dropout off (generation never drops, the uncached forward must not either).
+// small_bf16: with --bf16 (section 1's last test)
+static int small_bf16 = 0;
 static void small_config(mt_config *cfg, int tp, int pp, int V, int maxT) {
     mt_config_defaults(cfg);
+    cfg->train.bf16 = small_bf16;
     cfg->model.num_layers = 4;
     cfg->model.hidden_size = 32;
     cfg->model.num_attention_heads = 4;
@@ -183,6 +186,26 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
                    layouts[k][0], layouts[k][1], m ? "sampled" : "greedy", j.max_rel, j.logits_checked);
         }
     }
+}
+
+// --bf16: the uncached forward's logits are the LM head's as training keeps them, rounded to bf16
+// (on the GPU stored in 16 bits and widened on the host, mt_generate_uncached; on the CPU rounded in
+// fp32), against cached decoding's fp32 head output from the same bf16 operands: bf16 rounding of
+// values up to the row's max, 2^-8 of it, and the two paths' other roundings: 3e-2, as
+// tests/gpu/test_generate.sh holds bf16 decoding against the CPU
+MT_TEST(bf16_uncached_forward_matches_cached_decoding) {
+    const int layouts[2][2] = {{1, 1}, {2, 1}};
+    mt_sampling greedy = {0.0f, 0, 0.0f, 11};
+    small_bf16 = 1;
+    for (int k = 0; k < 2; k++) {
+        cache_job j;
+        mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &greedy) == 0, "the world failed");
+        mt_expect(j.max_rel <= 3e-2, "bf16, TP=%d: logits differ from the uncached forward by %.2e", layouts[k][0],
+                  j.max_rel);
+        mt_expect(j.logits_checked >= NSEQ, "compared %d rows of logits", j.logits_checked);
+        printf("  bf16 TP=%d: logits max rel diff %.2e over %d rows\n", layouts[k][0], j.max_rel, j.logits_checked);
+    }
+    small_bf16 = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -489,6 +512,7 @@ int main(int argc, char **argv) {
     if (argc >= 5 && strcmp(argv[1], "--hf-logits") == 0)   // [TP, default 2] [bf16]
         return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
     mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);
+    mt_run_test(bf16_uncached_forward_matches_cached_decoding);
     mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
     mt_run_test(input_and_output_files_round_trip);
     mt_run_test(hugging_face_export_import_round_trip_is_bit_exact);

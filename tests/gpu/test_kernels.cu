@@ -618,7 +618,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt);
             snprintf(label, sizeof label, "mlp %s %s forward: out against the CPU BT=%d C=%d F=%d", rung, type, BT, C, OC);
             check_close(label, got, y_r, nin, 1e-2); free(got);
-            // the qkv projection stored in 16 bits (mt_qkv_forward16_gpu): the fp32 forward, rounded
+            // the qkv projection stored in 16 bits (mt_matmul_forward16_gpu): the fp32 forward, rounded
             {
                 void *q16 = dev_alloc(nout * 2 + 16);
                 unsigned short *want16 = (unsigned short *)mt_malloc(nout * 2 + 2, "rounded"), *got16;
@@ -627,7 +627,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_pre, nout, 0);
                 MT_CUDA_CHECK(cudaMemcpy(want16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
-                mt_qkv_forward16_gpu(q16, d_inp, MT_DTYPE_FP32, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                mt_matmul_forward16_gpu(q16, d_inp, MT_DTYPE_FP32, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
                 got16 = (unsigned short *)mt_malloc(nout * 2 + 2, "got");
                 MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
                 size_t differ = 0;
@@ -641,7 +641,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                     if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
                     else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
                     MT_CUDA_CHECK(cudaMemset(q16, 0xff, nout * 2));
-                    mt_qkv_forward16_gpu(q16, (const float *)in16, dt, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
+                    mt_matmul_forward16_gpu(q16, (const float *)in16, dt, d_w, d_bias, BT, C, OC, impls[k], dt, 0);
                     MT_CUDA_CHECK(cudaMemcpy(got16, q16, nout * 2, cudaMemcpyDeviceToHost));
                     differ = 0;
                     for (size_t i = 0; i < nout; i++) differ += got16[i] != want16[i];
@@ -682,7 +682,10 @@ MT_TEST(matmul_gelu) {
 // generation (megatron.h §11): attention over the KV cache and the greedy argmax
 MT_TEST(decode) {
     // B, Tq (new tokens per sequence), C_local, NH_local, cap; sequence b starts at start[b]
-    int shapes[][5] = {{1, 1, 64, 1, 16}, {3, 1, 768, 12, 1024}, {3, 5, 128, 2, 40}, {2, 16, 96, 1, 300}};
+    // (the last two: head sizes 8 and 12, the kernel's generic path, and caps that are not multiples of 4:
+    // the float4s after the scores in shared memory must still be 16-byte aligned)
+    int shapes[][5] = {{1, 1, 64, 1, 16}, {3, 1, 768, 12, 1024}, {3, 5, 128, 2, 40}, {2, 16, 96, 1, 300},
+                       {2, 1, 32, 4, 19}, {3, 3, 24, 2, 21}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], Tq = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], cap = shapes[s][4];
         int start[3];
@@ -1155,6 +1158,85 @@ MT_TEST(vector_and_scalar_paths) {
     }
 }
 
+// the logits as the GPU keeps them with --bf16 / --fp16 on the wgmma rung (mt_logits_storage_dtype):
+// 16 bits. The CPU twins run on the same values (the logits rounded, in fp32); every step reads the
+// 16-bit logits: the max and the target's logit exactly, the sums to 1e-5 against double; the
+// gradient, written in the logits' place, is exactly the fp32 kernel's gradient of the same values,
+// rounded (the same arithmetic, then the rounding the head's backward GEMMs would apply)
+static void cross_entropy16_case(const float *logits, const int *targets, int BT, int VL, int vs, int V, float dloss) {
+    size_t n = (size_t)BT * VL;
+    int nreal = mt__real_columns(vs, VL, V);
+    for (int dt = MT_DTYPE_BF16; dt <= MT_DTYPE_FP16; dt++) {
+        const char *name = dt == MT_DTYPE_BF16 ? "bf16" : "fp16";
+        float *rounded = (float *)mt_malloc(n * sizeof(float), "rounded logits");
+        uint16_t *bits = (uint16_t *)mt_malloc(n * sizeof(uint16_t), "16-bit logits");
+        for (size_t i = 0; i < n; i++) {
+            bits[i] = dt == MT_DTYPE_BF16 ? mt_bf16_from_float(logits[i]) : mt_fp16_from_float(logits[i]);
+            rounded[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(bits[i]) : mt_fp16_to_float(bits[i]);
+        }
+        float *maxv = (float *)mt_malloc(BT * sizeof(float), "ref"), *sumexp = (float *)mt_malloc(BT * sizeof(float), "ref");
+        float *tl = (float *)mt_malloc(BT * sizeof(float), "ref"), *losses = (float *)mt_malloc(BT * sizeof(float), "ref");
+        float *sum_double = (float *)mt_malloc(BT * sizeof(float), "ref");
+        mt_cross_entropy_local_max_cpu(maxv, rounded, BT, VL, vs, V);
+        mt_cross_entropy_local_sums_cpu(sumexp, tl, rounded, maxv, targets, BT, VL, vs, V);
+        mt_cross_entropy_finish_cpu(losses, NULL, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
+        for (int i = 0; i < BT; i++) {
+            double acc = 0.0;
+            for (int v = 0; v < nreal; v++) acc += exp((double)rounded[(size_t)i * VL + v] - maxv[i]);
+            sum_double[i] = (float)acc;
+        }
+        void *d16 = dev_alloc(n * sizeof(uint16_t));
+        MT_CUDA_CHECK(cudaMemcpy(d16, bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        float *d_max = dev_nan(BT), *d_sum = dev_nan(BT), *d_tl = dev_nan(BT), *d_loss = dev_nan(BT);
+        int *d_targets = dev_upload_int(targets, BT);
+        char label[96];
+        mt_cross_entropy_local_max_gpu(d_max, d16, dt, BT, VL, vs, V, 0);
+        float *got = dev_download(d_max, BT);
+        snprintf(label, sizeof label, "cross-entropy %s local max", name);
+        check_close(label, got, maxv, BT, 0.0); free(got);
+        float *d_max_ref = dev_upload(maxv, BT);
+        mt_cross_entropy_local_sums_gpu(d_sum, d_tl, d16, dt, d_max_ref, d_targets, BT, VL, vs, V, 0);
+        got = dev_download(d_sum, BT);
+        snprintf(label, sizeof label, "cross-entropy %s local sums vs double", name);
+        check_close(label, got, sum_double, BT, 1e-5); free(got);
+        got = dev_download(d_tl, BT);
+        snprintf(label, sizeof label, "cross-entropy %s target logit", name);
+        check_close(label, got, tl, BT, 0.0); free(got);
+        dev_poison(d_max, BT); dev_poison(d_sum, BT); dev_poison(d_tl, BT);
+        mt_cross_entropy_local_max_sums_gpu(d_max, d_sum, d_tl, d16, dt, d_targets, BT, VL, vs, V, 0);
+        got = dev_download(d_max, BT);
+        snprintf(label, sizeof label, "cross-entropy %s one pass: max", name);
+        check_close(label, got, maxv, BT, 0.0); free(got);
+        got = dev_download(d_sum, BT);
+        snprintf(label, sizeof label, "cross-entropy %s one pass: sums vs double", name);
+        check_close(label, got, sum_double, BT, 1e-5); free(got);
+        // the gradient: the fp32 kernel on the rounded values, then rounded, against the 16-bit kernel
+        float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT), *d32 = dev_upload(rounded, n);
+        mt_cross_entropy_finish_gpu(d_loss, d32, MT_DTYPE_FP32, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V,
+                                    dloss, 0);
+        float *grad32 = dev_download(d32, n);
+        dev_poison(d_loss, BT);
+        mt_cross_entropy_finish_gpu(d_loss, d16, dt, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
+        double loss_terms = 0.0;
+        for (int i = 0; i < BT; i++) loss_terms = fmax(loss_terms, fabs(log((double)sumexp[i])) + fabs((double)maxv[i]) + fabs((double)tl[i]));
+        got = dev_download(d_loss, BT);
+        snprintf(label, sizeof label, "cross-entropy %s losses", name);
+        check_close_scale(label, got, losses, BT, 1e-5, loss_terms); free(got);
+        MT_CUDA_CHECK(cudaMemcpy(bits, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+        float *as_f32 = (float *)mt_malloc(n * sizeof(float), "widened"), *want = (float *)mt_malloc(n * sizeof(float), "rounded");
+        for (size_t i = 0; i < n; i++) {
+            as_f32[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(bits[i]) : mt_fp16_to_float(bits[i]);
+            want[i] = mt_round_to_dtype(grad32[i], (mt_dtype)dt);
+        }
+        snprintf(label, sizeof label, "cross-entropy %s dlogits in place BT=%d V_local=%d", name, BT, VL);
+        check_close(label, as_f32, want, n, 0.0);
+        free(rounded); free(bits); free(maxv); free(sumexp); free(tl); free(losses); free(sum_double); free(grad32);
+        free(as_f32); free(want);
+        dev_free(d16); dev_free(d_max); dev_free(d_sum); dev_free(d_tl); dev_free(d_loss); dev_free(d_targets);
+        dev_free(d_max_ref); dev_free(d_sum_ref); dev_free(d_tl_ref); dev_free(d32);
+    }
+}
+
 MT_TEST(cross_entropy) {
     // BT, V_local, vocab_start, V (real vocabulary; columns >= V are padding)
     int shapes[][4] = {{1, 5, 0, 5}, {7, 130, 0, 128}, {100, 1000, 1000, 1900}, {50, 64, 128, 100}, {64, 50304, 0, 50257}};
@@ -1172,12 +1254,12 @@ MT_TEST(cross_entropy) {
         if (mt__real_columns(vs, VL, V) > 0) mt_cross_entropy_finish_cpu(losses, dlogits, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
         float *d_logits = dev_upload(logits, n), *d_max = dev_nan(BT), *d_sum = dev_nan(BT), *d_tl = dev_nan(BT), *d_loss = dev_nan(BT);
         int *d_targets = dev_upload_int(targets, BT);
-        mt_cross_entropy_local_max_gpu(d_max, d_logits, BT, VL, vs, V, 0);
+        mt_cross_entropy_local_max_gpu(d_max, d_logits, MT_DTYPE_FP32, BT, VL, vs, V, 0);
         float *got = dev_download(d_max, BT);
         check_close("cross-entropy local max", got, maxv, BT, 0.0); free(got);   // max is exact
         // each step gets the CPU's inputs, so that it is tested alone
         float *d_max_ref = dev_upload(maxv, BT);
-        mt_cross_entropy_local_sums_gpu(d_sum, d_tl, d_logits, d_max_ref, d_targets, BT, VL, vs, V, 0);
+        mt_cross_entropy_local_sums_gpu(d_sum, d_tl, d_logits, MT_DTYPE_FP32, d_max_ref, d_targets, BT, VL, vs, V, 0);
         got = dev_download(d_sum, BT);
         // the CPU adds the n exponentials one after another in float; its own rounding error
         // grows like sqrt(n) eps (~1.3e-5 at n = 50257), so large n gets 1e-4 against it, and the
@@ -1196,7 +1278,7 @@ MT_TEST(cross_entropy) {
         check_close("cross-entropy target logit", got, tl, BT, 0.0); free(got);
         // the two in one pass (TP = 1): the same max and target, the sum against the double one
         dev_poison(d_max, BT); dev_poison(d_sum, BT); dev_poison(d_tl, BT);
-        mt_cross_entropy_local_max_sums_gpu(d_max, d_sum, d_tl, d_logits, d_targets, BT, VL, vs, V, 0);
+        mt_cross_entropy_local_max_sums_gpu(d_max, d_sum, d_tl, d_logits, MT_DTYPE_FP32, d_targets, BT, VL, vs, V, 0);
         got = dev_download(d_max, BT);
         check_close("cross-entropy one pass: max", got, maxv, BT, 0.0); free(got);
         got = dev_download(d_tl, BT);
@@ -1206,7 +1288,7 @@ MT_TEST(cross_entropy) {
         free(got); free(sum_double);
         if (nreal > 0) {
             float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
-            mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_FP32, 0);
+            mt_cross_entropy_finish_gpu(d_loss, d_logits, MT_DTYPE_FP32, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
             got = dev_download(d_loss, BT);
             // loss = log S + m - l_y cancels when the target dominates: the device's logf rounds at
             // the scale of the terms |log S| + |m| + |l_y|, not of the (maybe tiny) loss
@@ -1217,30 +1299,14 @@ MT_TEST(cross_entropy) {
             // dlogits = (p - [v == y]) dloss: p - 1 cancels when the target's p is near 1, so the
             // device's expf rounds at the scale of dloss
             check_close_scale("cross-entropy dlogits", got, dlogits, n, 1e-5, dloss);
-            if (VL % 8 == 0) {   // packed 16-bit in place: exactly the fp32 gradient above, rounded (bf16, fp16)
-                for (int dt = MT_DTYPE_BF16; dt <= MT_DTYPE_FP16; dt++) {
-                    dev_set(d_logits, logits, n);
-                    mt_cross_entropy_finish_gpu(d_loss, d_logits, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V,
-                                                dloss, dt, 0);
-                    float *packed = dev_download(d_logits, n), *as_f32 = (float *)mt_malloc(n * sizeof(float), "unpacked"),
-                          *want16 = (float *)mt_malloc(n * sizeof(float), "rounded");
-                    for (int i = 0; i < BT; i++)
-                        for (int v = 0; v < VL; v++) {
-                            const uint16_t *row = (const uint16_t *)(packed + (size_t)i * VL);
-                            uint32_t bits = row[v];
-                            if (dt == MT_DTYPE_BF16) { bits <<= 16; memcpy(&as_f32[(size_t)i * VL + v], &bits, 4); }
-                            else { __half_raw hr; hr.x = row[v]; as_f32[(size_t)i * VL + v] = __half2float(__half(hr)); }
-                            want16[(size_t)i * VL + v] = mt_round_to_dtype(got[(size_t)i * VL + v], (mt_dtype)dt);
-                        }
-                    char label[96];
-                    snprintf(label, sizeof label, "cross-entropy dlogits packed %s BT=%d V_local=%d", dt == MT_DTYPE_BF16 ? "bf16" : "fp16", BT, VL);
-                    check_close(label, as_f32, want16, n, 0.0);
-                    free(packed); free(as_f32); free(want16);
-                }
-            }
             free(got);
+            dev_free(d_sum_ref); dev_free(d_tl_ref);
+        }
+        if (nreal > 0 && VL % 8 == 0) cross_entropy16_case(logits, targets, BT, VL, vs, V, dloss);
+        if (nreal > 0) {
+            float *d_sum_ref = dev_upload(sumexp, BT), *d_tl_ref = dev_upload(tl, BT);
             dev_poison(d_loss, BT);
-            mt_cross_entropy_finish_gpu(d_loss, NULL, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, MT_DTYPE_BF16, 0);
+            mt_cross_entropy_finish_gpu(d_loss, NULL, MT_DTYPE_BF16, d_max_ref, d_sum_ref, d_tl_ref, d_targets, BT, VL, vs, V, dloss, 0);
             got = dev_download(d_loss, BT);
             check_close("cross-entropy losses (no grad)", got, losses, BT, 1e-5); free(got);
             dev_free(d_sum_ref); dev_free(d_tl_ref);
@@ -1530,12 +1596,20 @@ static void bench(void) {
         // cross-entropy over the (BT, V) logits
         float *mx = dev_alloc_f(BT), *se = dev_alloc_f(BT), *tl = dev_alloc_f(BT), *loss = dev_alloc_f(BT);
         snprintf(shape, sizeof shape, "BT=%zu V=%d", BT, V);
-        ms = time_ms([&] { mt_cross_entropy_local_max_gpu(mx, out, (int)BT, V, 0, 50257, 0); }, 10);
+        ms = time_ms([&] { mt_cross_entropy_local_max_gpu(mx, out, MT_DTYPE_FP32, (int)BT, V, 0, 50257, 0); }, 10);
         report("cross-entropy local max", shape, ms, 0, (double)BT * V * 4);
-        ms = time_ms([&] { mt_cross_entropy_local_sums_gpu(se, tl, out, mx, tok, (int)BT, V, 0, 50257, 0); }, 10);
+        ms = time_ms([&] { mt_cross_entropy_local_sums_gpu(se, tl, out, MT_DTYPE_FP32, mx, tok, (int)BT, V, 0, 50257, 0); }, 10);
         report("cross-entropy local sums", shape, ms, 0, (double)BT * V * 4);
-        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, dout, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, MT_DTYPE_FP32, 0); }, 10);
+        ms = time_ms([&] { mt_cross_entropy_local_max_sums_gpu(mx, se, tl, out, MT_DTYPE_FP32, tok, (int)BT, V, 0, 50257, 0); }, 10);
+        report("cross-entropy one pass", shape, ms, 0, (double)BT * V * 4);
+        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, dout, MT_DTYPE_FP32, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, 0); }, 10);
         report("cross-entropy finish (+dlogits)", shape, ms, 0, 2.0 * BT * V * 4);
+        // the same over bf16 logits (what training keeps on the wgmma rung): half the bytes
+        // (the fp32 buffer's first half holds them; the values are whatever its bits make)
+        ms = time_ms([&] { mt_cross_entropy_local_max_sums_gpu(mx, se, tl, out, MT_DTYPE_BF16, tok, (int)BT, V, 0, 50257, 0); }, 10);
+        report("cross-entropy one pass, bf16 logits", shape, ms, 0, (double)BT * V * 2);
+        ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, out, MT_DTYPE_BF16, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, 0); }, 10);
+        report("cross-entropy finish (+dlogits), bf16 logits", shape, ms, 0, 2.0 * BT * V * 2);
         dev_free(x); dev_free(y); dev_free(z); dev_free(w); dev_free(bb); dev_free(mean); dev_free(rstd); dev_free(dw); dev_free(db);
         dev_free(tok); dev_free(wte); dev_free(wpe); dev_free(mx); dev_free(se); dev_free(tl); dev_free(loss);
     }
