@@ -29,7 +29,7 @@ static void small_config(mt_config *cfg, int tp, int pp, int V, int maxT) {
     mt_config_defaults(cfg);
     cfg->train.bf16 = small_bf16;
     cfg->model.num_layers = 4;
-    cfg->model.hidden_size = 32;
+    cfg->model.hidden_size = 64;          // head size 16: the smallest the GPU's training attention runs
     cfg->model.num_attention_heads = 4;
     cfg->model.seq_length = maxT;
     cfg->model.vocab_size = V;
