@@ -1099,6 +1099,18 @@ template <int F16>
 __device__ static inline uint32_t mt__pack16x2(float lo, float hi) {
     return F16 ? mt__pack_f16x2(lo, hi) : mt__pack_bf16x2(lo, hi);
 }
+// and back: two 16-bit values (bf16, or fp16 with F16 = 1) in one 32-bit word, as two floats (exactly)
+template <int F16>
+__device__ static inline float2 mt__unpack16x2(uint32_t w) {
+    if (F16) {
+        __half2 h;
+        memcpy(&h, &w, sizeof w);
+        return __half22float2(h);
+    }
+    __nv_bfloat162 b;
+    memcpy(&b, &w, sizeof w);
+    return __bfloat1622float2(b);
+}
 // 4 consecutive floats from p, of which n (0..4) exist; the rest read as 0
 __device__ static inline float4 mt__load4(const float *p, int n, int vec_ok) {
     if (n >= 4 && vec_ok) return __ldg((const float4 *)p);
@@ -1469,7 +1481,7 @@ typedef struct {
     long long sk_total;      // stream-K: tiles * steps_tile
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
     int epilogue;            // MT__EPI_*: what the epilogue does with v = sum + bias besides storing it
-    const float *aux;        // MT__EPI_GELU_GRAD: the GELU's input, (M, N) with row stride ldc
+    const void *aux;         // MT__EPI_GELU_GRAD(16): the GELU's input, (M, N) with row stride ldc
     void *c2;                // MT__EPI_GELU(16): gelu(v) also goes here, (M, N) with row stride ldc: fp32
                              // (GELU), or 16 bits (GELU16: bf16, or fp16 where c2_f16 = 1)
     int c2_f16;
@@ -1480,12 +1492,18 @@ typedef struct {
 // C = v, C2 = gelu(v) rounded to the GEMM's 16-bit operand type (GELU16: the training MLP, whose
 // GELU output only ever enters the next GEMM, mt_mlp_forward_gpu: half the bytes, no cast pass)
 // STORE16: C itself in 16 bits, at c2 (the attention's q, k, v as it reads them: mt_qkv_forward_gpu)
-enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4 };
+// STORE16_GELU16: C rounded to 16 bits, at c (the training MLP's fc output, kept so for the backward:
+// megatron.h's mt_fch_storage_dtype), and gelu of those 16-bit values rounded to 16 bits at c2 (what
+// fc-proj's GEMM reads; the backward remakes exactly these bits from the kept fc output)
+// GELU_GRAD16: GELU_GRAD with aux, the GELU's input, in 16 bits (the fc output kept so)
+enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4,
+       MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6 };
 typedef struct {
     int op;             // MT__EPI_*
-    const float *aux;   // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc
+    const void *aux;    // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc (GELU_GRAD16: in 16 bits)
     void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits;
-                        // MT__EPI_STORE16: C in 16 bits (then c is not written)
+                        // MT__EPI_STORE16: C in 16 bits (then c is not written); STORE16_GELU16: gelu in 16
+                        // bits (and c holds C in 16 bits)
 } mt__epilogue;
 
 // ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
@@ -1695,11 +1713,26 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
         else ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(v);
         return;
     }
+    if (EPI == MT__EPI_STORE16_GELU16) {   // C rounded at c, gelu of the rounded value at c2 (no accumulate)
+        if (g.c2_f16) {
+            __half h = __float2half_rn(v);
+            ((__half *)g.c)[at] = h;
+            ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(__half2float(h)));
+        } else {
+            __nv_bfloat16 h = __float2bfloat16_rn(v);
+            ((__nv_bfloat16 *)g.c)[at] = h;
+            ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(__bfloat162float(h)));
+        }
+        return;
+    }
     float *c = g.c + at;
     if (EPI == MT__EPI_GELU) ((float *)g.c2)[at] = mt__gelu(v);
     if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
-    if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(g.aux[at]);
+    if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(((const float *)g.aux)[at]);
+    if (EPI == MT__EPI_GELU_GRAD16)
+        v *= mt__gelu_grad(g.c2_f16 ? __half2float(((const __half *)g.aux)[at])
+                                    : __bfloat162float(((const __nv_bfloat16 *)g.aux)[at]));
     *c = g.accumulate ? *c + v : v;
 }
 
@@ -1812,8 +1845,11 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             for (int n0 = 0; n0 < 32; n0 += 8) {
                 // old: what each output reads besides the sum: C itself (accumulate) or the GELU's
                 // input (the GELU_GRAD epilogue, never with accumulate), loaded together as well
-                const float *r0 = EPI == MT__EPI_GELU_GRAD ? g.aux + (size_t)i0 * g.ldc : c0;
+                const float *r0 = EPI == MT__EPI_GELU_GRAD ? (const float *)g.aux + (size_t)i0 * g.ldc : c0;
                 const float *r1 = r0 + (size_t)8 * g.ldc;
+                // (GELU_GRAD16: the GELU's input as pairs of 16-bit values, widened)
+                const uint32_t *h0 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)i0 * g.ldc);
+                const uint32_t *h1 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)(i0 + 8) * g.ldc);
                 int reads = g.accumulate || EPI == MT__EPI_GELU_GRAD;
                 float2 old0[8], old1[8], bias[8];
                 #pragma unroll
@@ -1821,6 +1857,11 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     int j = j0 + 8 * (n0 + n), in_n = j < g.N;
                     float2 zero = make_float2(0.0f, 0.0f);
                     bias[n] = g.bias && in_n ? *(const float2 *)(g.bias + j) : zero;
+                    if (EPI == MT__EPI_GELU_GRAD16) {
+                        old0[n] = in_n && in0 ? mt__unpack16x2<F16>(h0[j / 2]) : zero;
+                        old1[n] = in_n && in1 ? mt__unpack16x2<F16>(h1[j / 2]) : zero;
+                        continue;
+                    }
                     old0[n] = reads && in_n && in0 ? *(const float2 *)(r0 + j) : zero;
                     old1[n] = reads && in_n && in1 ? *(const float2 *)(r1 + j) : zero;
                 }
@@ -1830,7 +1871,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     if (j >= g.N) continue;
                     float2 v0 = make_float2(d[e] + bias[n].x, d[e + 1] + bias[n].y);
                     float2 v1 = make_float2(d[e + 2] + bias[n].x, d[e + 3] + bias[n].y);
-                    if (EPI == MT__EPI_GELU_GRAD) {   // C = v gelu'(x)
+                    if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_GELU_GRAD16) {   // C = v gelu'(x)
                         v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));
                         v1 = make_float2(v1.x * mt__gelu_grad(old1[n].x), v1.y * mt__gelu_grad(old1[n].y));
                     } else if (g.accumulate) {
@@ -1842,6 +1883,21 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                         unsigned short *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(v0.x, v0.y);
                         if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(v1.x, v1.y);
+                        continue;
+                    }
+                    if (EPI == MT__EPI_STORE16_GELU16) {   // C in 16 bits at c, gelu of those values at c2
+                        unsigned short *p0 = (unsigned short *)g.c + (size_t)i0 * g.ldc + j, *p1 = p0 + (size_t)8 * g.ldc;
+                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *q1 = q0 + (size_t)8 * g.ldc;
+                        uint32_t f0 = mt__pack16x2<F16>(v0.x, v0.y), f1 = mt__pack16x2<F16>(v1.x, v1.y);
+                        float2 r0 = mt__unpack16x2<F16>(f0), r1 = mt__unpack16x2<F16>(f1);
+                        if (in0) {
+                            *(uint32_t *)p0 = f0;
+                            *(uint32_t *)q0 = mt__pack16x2<F16>(mt__gelu(r0.x), mt__gelu(r0.y));
+                        }
+                        if (in1) {
+                            *(uint32_t *)p1 = f1;
+                            *(uint32_t *)q1 = mt__pack16x2<F16>(mt__gelu(r1.x), mt__gelu(r1.y));
+                        }
                         continue;
                     }
                     if (in0) *(float2 *)(c0 + j) = v0;
@@ -1920,6 +1976,8 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
         else if (g.epilogue == MT__EPI_GELU16) mt__wgmma_store1<MT__EPI_GELU16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_STORE16) mt__wgmma_store1<MT__EPI_STORE16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD) mt__wgmma_store1<MT__EPI_GELU_GRAD>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_STORE16_GELU16) mt__wgmma_store1<MT__EPI_STORE16_GELU16>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_GELU_GRAD16) mt__wgmma_store1<MT__EPI_GELU_GRAD16>(g, ie, je, v[e]);
         else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
     }
 }
@@ -1999,15 +2057,19 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
-    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16) {
+    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16 ||
+        g.epilogue == MT__EPI_STORE16_GELU16) {
         if (!a_k_inner || !b_k_inner) mt_fatal("internal: the forward's epilogues are built for its layout only");
         if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
         else if (g.epilogue == MT__EPI_GELU16)
             mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
+        else if (g.epilogue == MT__EPI_STORE16_GELU16)
+            mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16_GELU16>(map_a, map_b, g, grid, stream);
         else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
-    } else if (g.epilogue == MT__EPI_GELU_GRAD) {
+    } else if (g.epilogue == MT__EPI_GELU_GRAD || g.epilogue == MT__EPI_GELU_GRAD16) {
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
-        mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
+        if (g.epilogue == MT__EPI_GELU_GRAD) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
+        else mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD16>(map_a, map_b, g, grid, stream);
     } else if (a_k_inner && b_k_inner) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
     else if (a_k_inner) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
     else if (b_k_inner) mt__gemm_wgmma_launch<0, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
@@ -2037,9 +2099,15 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     if (epi && epi->op != MT__EPI_NONE) {
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
         g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
-        const void *other = epi->op == MT__EPI_GELU_GRAD ? (const void *)epi->aux : (const void *)epi->c2;
-        int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16;
+        int grad = epi->op == MT__EPI_GELU_GRAD || epi->op == MT__EPI_GELU_GRAD16;
+        const void *other = grad ? epi->aux : (const void *)epi->c2;
+        int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16 || epi->op == MT__EPI_STORE16_GELU16 ||
+                      epi->op == MT__EPI_GELU_GRAD16;
         if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
+        // STORE16_GELU16: c holds 16-bit values too, stored in pairs (4 bytes)
+        if (epi->op == MT__EPI_STORE16_GELU16) g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 &&
+                                                             (uintptr_t)other % 4 == 0 &&
+                                                             (bias == NULL || (uintptr_t)bias % 8 == 0);
     }
     mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
     mt_wgmma_plan_make(&plan, M, N, K, want_splits);
@@ -2380,16 +2448,17 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // (mt__column_sum_add_copy), one read of dout instead of two.
 // gelu_inp: NULL, or dinp is the input gradient of a GELU's output and becomes the GELU input's,
 // dinp = (dout @ weight) * gelu'(gelu_inp), in the dinp GEMM's epilogue (mt_matmul_backward_gelu_gpu)
-static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
+static void mt__gelu_rounded(void *out, const void *inp, int inp16, size_t n, int f16, cudaStream_t stream);   // (GELU, below)
 // the two products from dout16, dout already rounded to T (row stride ld_dout >= OC; the LM
 // head's gradient comes in place of its 16-bit logits, mt_cross_entropy_finish16_kernel).
 // The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
 // inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
-// keeps only the GELU's input)
+// keeps only the GELU's input). gelu16: gelu_inp holds T values (the fc output kept in 16 bits)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
                                               const float *inp, const T *inp_t, const float *weight,
-                                              const float *gelu_inp, int BT, int C, int OC, cudaStream_t stream) {
+                                              const void *gelu_inp, int gelu16, int BT, int C, int OC,
+                                              cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16;
     if (inp_t) {
@@ -2398,10 +2467,11 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
     } else {
         MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
-        mt__gelu_rounded(inp16, gelu_inp, (size_t)BT * C, mt__f16_flag(inp16), stream);
+        mt__gelu_rounded(inp16, gelu_inp, gelu16, (size_t)BT * C, mt__f16_flag(inp16), stream);
     }
     if (dinp) {   // '='
-        mt__epilogue epi = {gelu_inp ? MT__EPI_GELU_GRAD : MT__EPI_NONE, gelu_inp, NULL};
+        int op = !gelu_inp ? MT__EPI_NONE : gelu16 ? MT__EPI_GELU_GRAD16 : MT__EPI_GELU_GRAD;
+        mt__epilogue epi = {op, gelu_inp, NULL};
         mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
                            stream);
     }
@@ -2411,8 +2481,8 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                      const T *inp_t, const float *weight, const float *gelu_inp, int BT, int C,
-                                      int OC, cudaStream_t stream) {
+                                      const T *inp_t, const float *weight, const void *gelu_inp, int gelu16, int BT,
+                                      int C, int OC, cudaStream_t stream) {
     T *dout16;
     if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
         MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
@@ -2421,7 +2491,8 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
         if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
     }
-    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, BT, C, OC, stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, gelu16, BT, C, OC,
+                                         stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
 }
 // the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu wrote in
@@ -2432,19 +2503,19 @@ void mt_matmul_backward_dout16_gpu(float *dinp, float *dweight, const void *dout
                                    const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
     if (grad_dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout16, OC, inp, NULL, weight, NULL,
+        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout16, OC, inp, NULL, weight, NULL, 0,
                                                   BT, C, OC, stream);
     else
         mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout16, OC, inp, NULL,
-                                                         weight, NULL, BT, C, OC, stream);
+                                                         weight, NULL, 0, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
                             cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC, stream);
-        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, BT, C, OC,
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, BT, C, OC, stream);
+        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, BT, C, OC,
                                                       stream);
         return;
     }
@@ -2465,11 +2536,11 @@ void mt_matmul_backward_inp16_gpu(float *dinp, float *dweight, float *dbias, con
         mt_fatal("internal: a matmul backward from a 16-bit input off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
                  dtype);
     if (dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, BT, C,
-                                          OC, stream);
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, 0, BT,
+                                          C, OC, stream);
     else
         mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp16, weight,
-                                                 NULL, BT, C, OC, stream);
+                                                 NULL, 0, BT, C, OC, stream);
 }
 
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
@@ -2508,28 +2579,34 @@ void mt_matmul_forward_gelu_gpu(float *pre, float *out, const float *inp, const 
 //   dweight += dout^T @ inp, dbias += column sums of dout, as mt_matmul_backward_gpu.
 // gelu_inp = x (BT, C). The wgmma rung multiplies by gelu'(x) in the dinp GEMM's epilogue; other
 // rungs: the GEMM into scratch, then the GELU backward kernel. inp may be NULL: then it is remade
-// from gelu_inp (the training MLP does not keep gelu(x): mt_mlp_forward_gpu)
+// from gelu_inp (the training MLP does not keep gelu(x): mt_mlp_forward_gpu). gelu_dtype: how x is
+// stored: MT_DTYPE_FP32, or dtype's 16 bits (the training MLP's fc output on the wgmma rung,
+// megatron.h's mt_fch_storage_dtype), read as is
 void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                 const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_gemm_impl impl,
-                                 int dtype, cudaStream_t stream) {
+                                 const float *weight, const void *gelu_inp, int gelu_dtype, int BT, int C, int OC,
+                                 mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
+    int gelu16 = gelu_dtype != MT_DTYPE_FP32;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) {
+        if (gelu16 && gelu_dtype != dtype) mt_fatal("internal: the GELU's input in dtype %d, the GEMMs in %d", gelu_dtype, dtype);
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC, stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, BT, C, OC,
+                                              stream);
         else
-            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, BT, C, OC,
-                                                     stream);
+            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, BT,
+                                                     C, OC, stream);
         return;
     }
+    if (gelu16) mt_fatal("internal: a 16-bit GELU input off the wgmma rung");
     float *d_gelu_out, *remade = NULL;   // dL/d gelu(x), then through the GELU; gelu(x) itself if inp is NULL
     MT_CUDA_CHECK(cudaMallocAsync((void **)&d_gelu_out, (size_t)BT * C * sizeof(float), stream));
     if (!inp) {
         MT_CUDA_CHECK(cudaMallocAsync((void **)&remade, (size_t)BT * C * sizeof(float), stream));
-        mt_gelu_forward_gpu(remade, gelu_inp, (size_t)BT * C, stream);
+        mt_gelu_forward_gpu(remade, (const float *)gelu_inp, (size_t)BT * C, stream);
         inp = remade;
     }
     mt_matmul_backward_gpu(d_gelu_out, dweight, dbias, dout, inp, weight, BT, C, OC, impl, dtype, stream);
-    mt_gelu_backward_gpu(dinp, gelu_inp, d_gelu_out, (size_t)BT * C, stream);
+    mt_gelu_backward_gpu(dinp, (const float *)gelu_inp, d_gelu_out, (size_t)BT * C, stream);
     MT_CUDA_CHECK(cudaFreeAsync(d_gelu_out, stream));
     if (remade) MT_CUDA_CHECK(cudaFreeAsync(remade, stream));
 }
@@ -2542,14 +2619,17 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
 // have made); the backward remakes it from fch (mt_matmul_backward_gelu_gpu with inp = NULL).
 // Other rungs: gelu(fch) in fp32 scratch between the two products.
 // inp_dtype: MT_DTYPE_FP32, or inp already in dtype's 16 bits (a layer's ln2, mt_ln_storage_dtype:
-// the wgmma rung only), which the fc GEMM reads as is.
+// the wgmma rung only), which the fc GEMM reads as is. fch_dtype: how fch is kept, MT_DTYPE_FP32
+// or (the wgmma rung, megatron.h's mt_fch_storage_dtype) dtype's 16 bits: then the epilogue rounds
+// fch and takes the GELU of the rounded values (STORE16_GELU16), so the backward's gelu'(fch) and
+// remade gelu(fch) see exactly what the forward used.
 template <typename T>
-static void mt__mlp_forward_wgmma(float *fch, float *out, const float *inp, int inp16, const float *fcw,
+static void mt__mlp_forward_wgmma(float *fch, int fch16, float *out, const float *inp, int inp16, const float *fcw,
                                   const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
                                   int OC, cudaStream_t stream) {
     T *h16;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
-    mt__epilogue epi = {MT__EPI_GELU16, NULL, h16};
+    mt__epilogue epi = {fch16 ? MT__EPI_STORE16_GELU16 : MT__EPI_GELU16, NULL, h16};
     if (inp16) mt__gemm_wgmma_a16<T>(fch, (const T *)inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
@@ -2557,20 +2637,22 @@ static void mt__mlp_forward_wgmma(float *fch, float *out, const float *inp, int 
     MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
     MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
 }
-void mt_mlp_forward_gpu(float *fch, float *out, const float *inp, int inp_dtype, const float *fcw, const float *fcb,
-                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_gemm_impl impl,
-                        int dtype, cudaStream_t stream) {
+void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp, int inp_dtype, const float *fcw,
+                        const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC,
+                        mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || F <= 0 || OC <= 0) return;
-    int inp16 = inp_dtype != MT_DTYPE_FP32;
+    int inp16 = inp_dtype != MT_DTYPE_FP32, fch16 = fch_dtype != MT_DTYPE_FP32;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
         if (inp16 && inp_dtype != dtype) mt_fatal("internal: the MLP's input in dtype %d, its GEMMs in %d", inp_dtype, dtype);
+        if (fch16 && fch_dtype != dtype) mt_fatal("internal: the MLP's fc output in dtype %d, its GEMMs in %d", fch_dtype, dtype);
         if (dtype == MT_DTYPE_FP16)
-            mt__mlp_forward_wgmma<__half>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
+            mt__mlp_forward_wgmma<__half>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
         else
-            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
+            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
+                                                 stream);
         return;
     }
-    if (inp16) mt_fatal("internal: a 16-bit MLP input off the wgmma rung");
+    if (inp16 || fch16) mt_fatal("internal: a 16-bit MLP input or fc output off the wgmma rung");
     float *h;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&h, (size_t)BT * F * sizeof(float), stream));
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
@@ -3606,33 +3688,48 @@ void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t st
     mt__launch_check("mt_gelu_forward_kernel", stream);
 }
 // gelu(x) rounded to 16 bits (F16 = 0: bf16, 1: fp16), written as such: out[i] = round(gelu(inp[i])),
-// the value the fc GEMM's GELU16 epilogue stored in the forward (the same mt__gelu of the same
-// fp32 input, the same rounding): the training backward remakes the fc-proj input this way from
-// the saved fc output instead of keeping gelu's output from the forward (mt_matmul_backward_gelu_gpu).
-// 8 elements a thread (two float4 in, one 16-byte store) over the aligned bulk, one a thread after.
-template <int F16>
-__global__ void mt_gelu_rounded_kernel(unsigned short *__restrict__ out, const float *__restrict__ inp, size_t n,
+// the value the fc GEMM's GELU16 / STORE16_GELU16 epilogue stored in the forward (the same mt__gelu
+// of the same input, the same rounding): the training backward remakes the fc-proj input this way
+// from the saved fc output instead of keeping gelu's output from the forward (mt_matmul_backward_gelu_gpu).
+// IN16: the input is 16-bit values of the same type (the fc output kept in 16 bits), else fp32.
+// 8 elements a thread (16 or 32 bytes in, one 16-byte store) over the aligned bulk, one a thread after.
+template <int F16, int IN16>
+__global__ void mt_gelu_rounded_kernel(unsigned short *__restrict__ out, const void *__restrict__ inp, size_t n,
                                        size_t n8) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n8) {
-        float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
-        uint4 o = make_uint4(mt__pack16x2<F16>(mt__gelu(a.x), mt__gelu(a.y)),
-                             mt__pack16x2<F16>(mt__gelu(a.z), mt__gelu(a.w)),
-                             mt__pack16x2<F16>(mt__gelu(b.x), mt__gelu(b.y)),
-                             mt__pack16x2<F16>(mt__gelu(b.z), mt__gelu(b.w)));
+        float x[8];
+        if (IN16) {
+            uint4 u = ((const uint4 *)inp)[i];
+            float2 p0 = mt__unpack16x2<F16>(u.x), p1 = mt__unpack16x2<F16>(u.y), p2 = mt__unpack16x2<F16>(u.z),
+                   p3 = mt__unpack16x2<F16>(u.w);
+            x[0] = p0.x; x[1] = p0.y; x[2] = p1.x; x[3] = p1.y; x[4] = p2.x; x[5] = p2.y; x[6] = p3.x; x[7] = p3.y;
+        } else {
+            float4 a = ((const float4 *)inp)[2 * i], b = ((const float4 *)inp)[2 * i + 1];
+            x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+        }
+        uint4 o = make_uint4(mt__pack16x2<F16>(mt__gelu(x[0]), mt__gelu(x[1])),
+                             mt__pack16x2<F16>(mt__gelu(x[2]), mt__gelu(x[3])),
+                             mt__pack16x2<F16>(mt__gelu(x[4]), mt__gelu(x[5])),
+                             mt__pack16x2<F16>(mt__gelu(x[6]), mt__gelu(x[7])));
         ((uint4 *)out)[i] = o;
         return;
     }
     size_t e = 8 * n8 + (i - n8);   // the tail, one element a thread
     if (e >= n) return;
-    uint32_t two = mt__pack16x2<F16>(mt__gelu(inp[e]), 0.0f);
+    float x = IN16 ? mt__unpack16x2<F16>(((const unsigned short *)inp)[e]).x : ((const float *)inp)[e];
+    uint32_t two = mt__pack16x2<F16>(mt__gelu(x), 0.0f);
     out[e] = (unsigned short)(two & 0xffffu);
 }
-static void mt__gelu_rounded(void *out, const float *inp, size_t n, int f16, cudaStream_t stream) {
+static void mt__gelu_rounded(void *out, const void *inp, int inp16, size_t n, int f16, cudaStream_t stream) {
     if (n == 0) return;
     size_t n8 = mt__aligned16(out) && mt__aligned16(inp) ? n / 8 : 0, threads = n8 + (n - 8 * n8);
-    if (f16) mt_gelu_rounded_kernel<1><<<mt__blocks(threads, 256), 256, 0, stream>>>((unsigned short *)out, inp, n, n8);
-    else mt_gelu_rounded_kernel<0><<<mt__blocks(threads, 256), 256, 0, stream>>>((unsigned short *)out, inp, n, n8);
+    unsigned blocks = mt__blocks(threads, 256);
+    unsigned short *o = (unsigned short *)out;
+    if (f16 && inp16) mt_gelu_rounded_kernel<1, 1><<<blocks, 256, 0, stream>>>(o, inp, n, n8);
+    else if (f16) mt_gelu_rounded_kernel<1, 0><<<blocks, 256, 0, stream>>>(o, inp, n, n8);
+    else if (inp16) mt_gelu_rounded_kernel<0, 1><<<blocks, 256, 0, stream>>>(o, inp, n, n8);
+    else mt_gelu_rounded_kernel<0, 0><<<blocks, 256, 0, stream>>>(o, inp, n, n8);
     mt__launch_check("mt_gelu_rounded_kernel", stream);
 }
 // matches mt_gelu_backward_cpu (megatron.h, 3. OPS). Writes dinp with '='.
@@ -4454,19 +4551,21 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
-                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
+                    int OC) {
     double t0 = mt__profile_begin(r);
-    mt_mlp_forward_gpu(fch, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
+    mt_mlp_forward_gpu(fch, fch_dtype, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
                        (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "mlp forward %dx%dx%d", C, F, OC);
     mt__profile_end(r, label, t0);
 }
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *weight, const float *gelu_inp, int BT, int C, int OC) {
+                             const float *weight, const float *gelu_inp, mt_dtype gelu_inp_dtype, int BT, int C,
+                             int OC) {
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_gelu_gpu(dinp, dweight, dbias, dout, NULL, weight, gelu_inp, BT, C, OC,
+    mt_matmul_backward_gelu_gpu(dinp, dweight, dbias, dout, NULL, weight, gelu_inp, gelu_inp_dtype, BT, C, OC,
                                 (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul + gelu backward", C, OC);
@@ -4499,6 +4598,12 @@ mt_dtype mt_ln_storage_dtype(const mt_rank *r) {
     mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(cfg);
     return mt_ln_gemm_dtype(impl, cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp, d->F_tp,
                             cfg->parallel.sequence_parallel);
+}
+// and its fc output as the MLP's GEMMs want it (megatron.h's mt_fch_gemm_dtype), the same way
+mt_dtype mt_fch_storage_dtype(const mt_rank *r) {
+    const mt_dims *d = &r->dims;
+    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
+    return mt_fch_gemm_dtype(impl, r->cfg->compute_dtype, d->B * d->T, d->C, d->F_tp);
 }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {

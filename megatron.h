@@ -676,8 +676,10 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
                                 int C, int OC, mt_dtype dt);
 void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_dtype dt);
+/* fch_dt: MT_DTYPE_FP32, or the 16-bit type the GPU keeps fch in: fch rounded to it before the GELU */
 void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt);
+                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt,
+                        mt_dtype fch_dt);
 void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
                                       int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
                                       mt_dtype dt);
@@ -724,6 +726,9 @@ mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_lo
 /* a layer's ln1 and ln2 as the GPU stores them: the wgmma rung's 16-bit operand type where its
    GEMMs (qkv: OC = 3 C_tp; fc: F_tp wide) read them as they are, else fp32 (see the definition) */
 mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC, int F, int sequence_parallel);
+/* a training layer's fc output (B,T,F) as the GPU keeps it: 16 bits where the wgmma rung runs the
+   MLP's GEMMs (C, F multiples of 8, more rows than a GEMV takes, bf16 / fp16), else fp32 */
+mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int F);
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
@@ -770,11 +775,14 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
 /* the MLP's fc-proj backward through the GELU: dinp = (dout @ weight) * gelu'(gelu_inp) ('='), dweight +=
    dout^T gelu(gelu_inp), dbias += column sums of dout; gelu(gelu_inp) is remade, not read */
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *weight, const float *gelu_inp, int BT, int C, int OC);
-/* the MLP's two products in a training forward: fch = inp @ fcw^T + fcb (BT,F), kept; out = gelu(fch)
-   @ fcprojw^T (+ fcprojb unless NULL) (BT,OC); gelu(fch) lives only inside the op */
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
-                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC);
+                             const float *weight, const float *gelu_inp, mt_dtype gelu_inp_dtype, int BT, int C,
+                             int OC);
+/* the MLP's two products in a training forward: fch = inp @ fcw^T + fcb (BT,F), kept in fch_dtype
+   (mt_fch_storage_dtype); out = gelu(fch) @ fcprojw^T (+ fcprojb unless NULL) (BT,OC); gelu(fch)
+   lives only inside the op */
+void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
+                    int OC);
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
@@ -791,6 +799,11 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype
    mt_layernorm_forward / mt_residual_layernorm_forward write and those GEMMs read). Like
    mt_device_scratch_bytes it answers before mt_device_init, for --dry-run too. */
 mt_dtype mt_ln_storage_dtype(const mt_rank *r);
+/* a training layer's fc output (B,T,F_tp), kept for the MLP's backward: fp32 on the CPU; on the GPU
+   mt_fch_gemm_dtype for the rung this build runs (16 bits in half the floats, which only
+   mt_mlp_forward writes and mt_matmul_backward_gelu reads); like mt_ln_storage_dtype, before
+   mt_device_init too */
+mt_dtype mt_fch_storage_dtype(const mt_rank *r);
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -1043,8 +1056,9 @@ typedef struct {
     float *ln2;       // (kept layers, B,T,C)
     float *ln2_mean;  // (kept layers, B,T)
     float *ln2_rstd;  // (kept layers, B,T)
-    float *fch;       // (kept layers, B,T,F_tp)   the MLP's fc output (its GELU's output is never kept:
-                      //               the backward remakes it, mt_matmul_backward_gelu)
+    float *fch;       // (kept layers, B,T,F_tp)   the MLP's fc output, in mt_fch_storage_dtype (the
+                      //               GPU: 16 bits); its GELU's output is never kept: the backward
+                      //               remakes it, mt_matmul_backward_gelu
     float *residual3; // (kept layers, B,T,C)   the layer's output; kept at every recompute group's end
     float *lnf;       // (B,T,C)       last stage
     float *lnf_mean;  // (B,T)
@@ -7104,13 +7118,17 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
 }
 
 // the MLP's two products of a training forward: fch = round(inp) @ round(fcw)^T + fcb, then
-// out = round(gelu(fch)) @ round(fcprojw)^T (+ fcprojb): mt_matmul_forward_gelu_cpu, then the
-// second matmul, gelu(fch) in a temporary (the GPU writes it rounded, in 16 bits, from the first
-// GEMM's epilogue straight into the second's operand: the same values)
+// out = round(gelu(fch)) @ round(fcprojw)^T (+ fcprojb): the first matmul, fch rounded to fch_dt
+// (where the GPU keeps it in 16 bits: mt_fch_gemm_dtype), its GELU, then the second matmul, gelu(fch)
+// in a temporary (the GPU writes it rounded, in 16 bits, from the first GEMM's epilogue straight
+// into the second's operand: the same values)
 void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt) {
+                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt,
+                        mt_dtype fch_dt) {
     float *h = (float *)mt_malloc((size_t)BT * F * sizeof(float) + 1, "gelu(fch)");
-    mt_matmul_forward_gelu_cpu(fch, h, inp, fcw, fcb, BT, C, F, dt);
+    mt_matmul_forward_rounded_cpu(fch, inp, fcw, fcb, BT, C, F, dt);
+    if (fch_dt != MT_DTYPE_FP32) mt_round_cpu(fch, fch, (size_t)BT * F, fch_dt);
+    mt_gelu_forward_cpu(h, fch, (size_t)BT * F);
     mt_matmul_forward_rounded_cpu(out, h, fcprojw, fcprojb, BT, F, OC, dt);
     free(h);
 }
@@ -7383,6 +7401,18 @@ mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int 
     int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && qkv_OC % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
     return wgmma && !sequence_parallel && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
 }
+// A layer's fc output fch (BT, F) is kept from the forward for the backward, which reads it twice:
+// gelu'(fch) in the fc-proj input gradient's epilogue, and gelu(fch) remade in 16 bits for the
+// fc-proj weight gradient. Both already work in the GEMMs' 16-bit type on the wgmma rung, so the
+// GPU keeps fch there in 16 bits (half of the largest activation of a layer: 100 MB of GPT-2
+// small's 200 at B = 16), as Megatron's --bf16 and PyTorch's autocast do: the fc GEMM's epilogue
+// rounds it and takes the GELU of the rounded values (kernels.cuh, MT__EPI_STORE16_GELU16), so the
+// forward and both backward reads see the same numbers. The CPU build keeps fp32 fch rounded the
+// same way (mt_mlp_forward_cpu's fch_dt).
+mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int F) {
+    int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
+    return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
+}
 // (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
 // 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
 // mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
@@ -7543,15 +7573,21 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     mt_matmul_forward_gelu_cpu(pre, out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_mlp_forward(mt_rank *r, float *fch, float *out, const float *inp, mt_dtype inp_dtype, const float *fcw,
-                    const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC) {
+void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
+                    int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the MLP's input");
+    mt__cpu_fp32_storage(fch_dtype, "the MLP's fc output");
+    // the values the GPU keeps: fch in 16 bits where mt_fch_gemm_dtype says so for its rung
+    mt_dtype gpu_fch = mt_fch_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, BT, C, F);
     mt__count_gpu_scratch(r, mt_gpu_mlp_forward_scratch(BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
-    mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, r->dev.dtype);
+    mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, r->dev.dtype, gpu_fch);
 }
 
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *weight, const float *gelu_inp, int BT, int C, int OC) {
+                             const float *weight, const float *gelu_inp, mt_dtype gelu_inp_dtype, int BT, int C,
+                             int OC) {
+    mt__cpu_fp32_storage(gelu_inp_dtype, "the MLP's fc output");
     mt__count_gpu_scratch(r, mt_gpu_matmul_backward_gelu_scratch(BT, C, OC, dbias != NULL, (mt_gemm_impl)r->dev.gemm_impl,
                                                                  r->dev.dtype));
     float *inp = (float *)mt_malloc((size_t)BT * C * sizeof(float) + 1, "gelu(gelu_inp)");   // remade, as the GPU
@@ -7575,6 +7611,7 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 // the CPU keeps qkv, ln1 and ln2 in fp32 (its emulation rounds them where the GPU's kernels read them)
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { (void)cfg; return MT_DTYPE_FP32; }
 mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+mt_dtype mt_fch_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
@@ -7999,7 +8036,9 @@ typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype
 // the local product X_r W_r (+ b when bias is not NULL) into y
 static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, const float *weight, const float *bias,
                                      int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
-    if (mlp) mt_mlp_forward(r, mlp->fch, y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias, BT, mlp->K, K_tp, OC);
+    if (mlp)
+        mt_mlp_forward(r, mlp->fch, mt_fch_storage_dtype(r), y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias, BT,
+                       mlp->K, K_tp, OC);
     else mt_matmul_forward(r, y, inp, weight, bias, BT, K_tp, OC);
 }
 static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias,
@@ -8059,11 +8098,12 @@ void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *in
 
 // backward of fc-proj (row-parallel, its input gelu(gelu_inp), my K_tp columns) on through the GELU:
 // dinp = (dY W_r^T) * gelu'(gelu_inp), all local as in mt_row_parallel_linear_backward; '='.
-// gelu(gelu_inp) is remade inside the op (the training forward does not keep it: mt_parallel_mlp_forward)
+// gelu(gelu_inp) is remade inside the op (the training forward does not keep it: mt_parallel_mlp_forward);
+// gelu_inp is a layer's fc output as mt_parallel_mlp_forward kept it (mt_fch_storage_dtype)
 void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                           const float *weight, const float *gelu_inp, int BT, int K_tp, int OC) {
     dout = mt__whole_sequence_grad(r, dout, OC);
-    mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, weight, gelu_inp, BT, K_tp, OC);
+    mt_matmul_backward_gelu(r, dinp, dweight, dbias, dout, weight, gelu_inp, mt_fch_storage_dtype(r), BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8321,7 +8361,9 @@ static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
         return (BT_sp * C + 7) / 8 * 4;
     case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
-    case MT_LT_FCH: return BT * (size_t)r->dims.F_tp;
+    case MT_LT_FCH:   // in mt_fch_storage_dtype, as qkv
+        if (mt_fch_storage_dtype(r) == MT_DTYPE_FP32) return BT * (size_t)r->dims.F_tp;
+        return (BT * (size_t)r->dims.F_tp + 7) / 8 * 4;
     case MT_LT_LN1_MEAN: case MT_LT_LN1_RSTD: case MT_LT_LN2_MEAN: case MT_LT_LN2_RSTD: return BT_sp;
     default: return BT_sp * C;   // ln1, residual2, ln2, residual3
     }

@@ -576,7 +576,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             }
             dev_poison(d_dx, nout);
             dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
-            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_x, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_x, d_w, d_x, MT_DTYPE_FP32, BT, OC, C, impls[k], dt, 0);
             char label[160];
             snprintf(label, sizeof label, "matmul + gelu %s %s backward: dx BT=%d C=%d OC=%d", rung, type, BT, OC, C);
             float *got = dev_download(d_dx, nout); check_close(label, got, dx_r, nout, 1e-4); free(got);
@@ -593,10 +593,10 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_gelu_forward_gpu(d_gx, d_x, nout, 0);
             float *dx_u, *dw_u;   // the unfused: inp = gelu(x) from the GELU kernel
             dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
-            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_gx, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, d_gx, d_w, d_x, MT_DTYPE_FP32, BT, OC, C, impls[k], dt, 0);
             dx_u = dev_download(d_dx, nout); dw_u = dev_download(d_dw, nw);
             dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
-            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, d_x, BT, OC, C, impls[k], dt, 0);
+            mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, d_x, MT_DTYPE_FP32, BT, OC, C, impls[k], dt, 0);
             snprintf(label, sizeof label, "matmul + gelu %s %s backward, gelu(x) remade: dx BT=%d", rung, type, BT);
             got = dev_download(d_dx, nout); check_close(label, got, dx_u, nout, 0.0); free(got);
             snprintf(label, sizeof label, "matmul + gelu %s %s backward, gelu(x) remade: dweight BT=%d", rung, type, BT);
@@ -609,15 +609,59 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_matmul_forward_gpu(d_y_u, d_out, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
             float *pre_u = dev_download(d_pre, nout), *y_u = dev_download(d_y_u, nin);
             dev_poison(d_pre, nout);
-            mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C, impls[k], dt, 0);
+            mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                               impls[k], dt, 0);
             snprintf(label, sizeof label, "mlp %s %s forward: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_pre, nout); check_close(label, got, pre_u, nout, 0.0); free(got);
             snprintf(label, sizeof label, "mlp %s %s forward: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_y, nin); check_close(label, got, y_u, nin, 0.0);
             float *fch_r = (float *)mt_malloc(nout * sizeof(float), "ref"), *y_r = (float *)mt_malloc(nin * sizeof(float), "ref");
-            mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt);
+            mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt, MT_DTYPE_FP32);
             snprintf(label, sizeof label, "mlp %s %s forward: out against the CPU BT=%d C=%d F=%d", rung, type, BT, C, OC);
             check_close(label, got, y_r, nin, 1e-2); free(got);
+            // the training MLP with its fc output kept in 16 bits (mt_fch_gemm_dtype: the wgmma rung):
+            // fch is the fp32 one rounded, and out, dx, dweight are exactly what the fp32-fch path gives
+            // when its fch is those rounded values (the GELU, its remake and its derivative all read
+            // the same numbers): tolerance 0. And out against the CPU's op with fch_dt at bf16's 1e-2.
+            if (mt_fch_gemm_dtype(impls[k], (mt_dtype)dt, BT, C, OC) != MT_DTYPE_FP32) {
+                void *f16 = dev_alloc(nout * 2 + 16);
+                unsigned short *bits = (unsigned short *)mt_malloc(nout * 2 + 2, "fch bits");
+                float *pre_rounded = (float *)mt_malloc(nout * sizeof(float), "fch rounded");
+                for (size_t i = 0; i < nout; i++) pre_rounded[i] = mt_round_to_dtype(pre_u[i], (mt_dtype)dt);
+                dev_poison(d_y, nin);
+                mt_mlp_forward_gpu((float *)f16, dt, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                                   impls[k], dt, 0);
+                MT_CUDA_CHECK(cudaMemcpy(bits, f16, nout * 2, cudaMemcpyDeviceToHost));
+                float *widened = (float *)mt_malloc(nout * sizeof(float), "fch widened");
+                for (size_t i = 0; i < nout; i++)
+                    widened[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits[i]) : mt_bf16_to_float(bits[i]);
+                snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
+                check_close(label, widened, pre_rounded, nout, 0.0);
+                float *d_fr = dev_upload(pre_rounded, nout), *d_g = dev_nan(nout), *d_y2 = dev_nan(nin);
+                mt_gelu_forward_gpu(d_g, d_fr, nout, 0);
+                mt_matmul_forward_gpu(d_y2, d_g, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
+                float *y16 = dev_download(d_y, nin), *y2 = dev_download(d_y2, nin);
+                snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
+                check_close(label, y16, y2, nin, 0.0);
+                float *fch_c = (float *)mt_malloc(nout * sizeof(float), "ref"), *y_c = (float *)mt_malloc(nin * sizeof(float), "ref");
+                mt_mlp_forward_cpu(fch_c, y_c, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt, (mt_dtype)dt);
+                snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: out against the CPU BT=%d", rung, type, BT);
+                check_close(label, y16, y_c, nin, 1e-2);
+                // the backward from the 16-bit fch against the fp32 path on the same values
+                float *dx32, *dw32;
+                dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
+                mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, d_fr, MT_DTYPE_FP32, BT, OC, C, impls[k], dt, 0);
+                dx32 = dev_download(d_dx, nout); dw32 = dev_download(d_dw, nw);
+                dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
+                mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, f16, dt, BT, OC, C, impls[k], dt, 0);
+                snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dx BT=%d", rung, type, BT);
+                got = dev_download(d_dx, nout); check_close(label, got, dx32, nout, 0.0); free(got);
+                snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dweight BT=%d", rung, type, BT);
+                got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
+                free(dx32); free(dw32); free(y16); free(y2); free(fch_c); free(y_c); free(widened); free(bits);
+                free(pre_rounded);
+                dev_free(f16); dev_free(d_fr); dev_free(d_g); dev_free(d_y2);
+            }
             // the qkv projection stored in 16 bits (mt_matmul_forward16_gpu): the fp32 forward, rounded
             {
                 void *q16 = dev_alloc(nout * 2 + 16);
@@ -649,12 +693,12 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                     if (OC % 8 == 0) {   // the MLP's fc from a 16-bit ln2 (F = OC here), against its fp32-input run
                         float *fch32, *y32;
                         dev_poison(d_pre, nout); dev_poison(d_y, nin);
-                        mt_mlp_forward_gpu(d_pre, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
-                                           impls[k], dt, 0);
+                        mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2,
+                                           BT, C, OC, C, impls[k], dt, 0);
                         fch32 = dev_download(d_pre, nout); y32 = dev_download(d_y, nin);
                         dev_poison(d_pre, nout); dev_poison(d_y, nin);
-                        mt_mlp_forward_gpu(d_pre, d_y, (const float *)in16, dt, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
-                                           impls[k], dt, 0);
+                        mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, (const float *)in16, dt, d_w, d_bias, d_w2,
+                                           d_bias2, BT, C, OC, C, impls[k], dt, 0);
                         snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: fch BT=%d", rung, type, BT);
                         float *g2 = dev_download(d_pre, nout); check_close(label, g2, fch32, nout, 0.0); free(g2);
                         snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: out BT=%d", rung, type, BT);
