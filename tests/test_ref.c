@@ -48,14 +48,15 @@ int main(int argc, char **argv) {
     }
     // pass 1: forward only, to read the logits (a training forward overwrites them with dlogits)
     r->state.training = 0;
-    r->state.loss_sum = 0;
+    double *loss_acc = (double *)r->scratch.loss_acc;   // the head adds each micro-batch's mean loss here
+    *loss_acc = 0;                                      // (the CPU build's scratch is host memory)
     mt__forward_chunk(r, a, 0);
     float *logits = (float *)mt_malloc(sizeof(float) * (size_t)BT * V, "logits");
     for (int i = 0; i < BT; i++) memcpy(logits + (size_t)i * V, a->logits + (size_t)i * Vp, sizeof(float) * (size_t)V);
-    float loss = (float)r->state.loss_sum;
+    float loss = (float)*loss_acc;
     // pass 2: forward and backward
     r->state.training = 1;
-    r->state.loss_sum = 0;
+    *loss_acc = 0;
     memset(r->model.grads_memory, 0, sizeof(float) * r->model.num_params);
     mt__forward_chunk(r, a, 0);
     mt__backward_chunk(r, a, 0);
