@@ -43,6 +43,12 @@ L = 12
 first = cached[L] if len(cached) > L else 0   # skip the prefill's 12 launches
 step = list(range(first, len(data)))
 tokens = (len(cached) - L) / L
+# a run that died (or has no decode steps) has nothing to divide by: say so, and where to look
+bad = [r for r in data if "nan" in (r[ti], r[ri], r[wi])]
+if tokens < 1 or bad:
+    why = f"{len(bad)} kernel(s) with no measurement (a failed launch)" if bad else f"{len(cached)} attention launches"
+    print(f"decode profile: no complete decode step under ncu ({why}); see decode_ncu_run.log beside the CSV")
+    sys.exit(1)
 tot = {}
 for i in step:
     r = data[i]
