@@ -2296,27 +2296,28 @@ __device__ static inline float mt__gemv_operand(float x) {
     if (ROUND == MT_DTYPE_FP16) return __half2float(__float2half_rn(x));
     return x;
 }
-// 8 consecutive weights from w (16-byte aligned) as floats: two float4, or one 16-byte load of 8
-// 16-bit values
-__device__ static inline void mt__gemv_load8(float v[8], const float *w) {
+// 8 consecutive values from w (16-byte aligned) as floats: two float4, or one 16-byte load of 8
+// 16-bit values (the GEMV's weights; the cross-entropy's 16-bit logits)
+__device__ static inline void mt__load8(float v[8], const float *w) {
     float4 a = *(const float4 *)w, b = *(const float4 *)(w + 4);
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
-__device__ static inline void mt__gemv_load8(float v[8], const __nv_bfloat16 *w) {
+__device__ static inline void mt__load8(float v[8], const __nv_bfloat16 *w) {
     uint4 u = *(const uint4 *)w;
     const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
     #pragma unroll
     for (int e = 0; e < 8; e++) v[e] = __bfloat162float(h[e]);
 }
-__device__ static inline void mt__gemv_load8(float v[8], const __half *w) {
+__device__ static inline void mt__load8(float v[8], const __half *w) {
     uint4 u = *(const uint4 *)w;
     const __half *h = (const __half *)&u;
     #pragma unroll
     for (int e = 0; e < 8; e++) v[e] = __half2float(h[e]);
 }
-__device__ static inline float mt__gemv_weight(float w) { return w; }
-__device__ static inline float mt__gemv_weight(__nv_bfloat16 w) { return __bfloat162float(w); }
-__device__ static inline float mt__gemv_weight(__half w) { return __half2float(w); }
+// one value as a float: fp32 as is, bf16 / fp16 widened (exactly)
+__device__ static inline float mt__to_float(float w) { return w; }
+__device__ static inline float mt__to_float(__nv_bfloat16 w) { return __bfloat162float(w); }
+__device__ static inline float mt__to_float(__half w) { return __half2float(w); }
 // gelu_out: NULL, or also gelu(out) there (the MLP's fc layer, as the GEMM's GELU epilogue)
 template <int SPLIT, int ROUND, typename WT>
 __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, float *__restrict__ gelu_out,
@@ -2339,7 +2340,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                 float wv[4][8];
 #pragma unroll
                 for (int p = 0; p < 4; p++)   // the loads first (independent: all in flight together)
-                    if (kb + 256 * p < k1) mt__gemv_load8(wv[p], w + kb + 256 * p);
+                    if (kb + 256 * p < k1) mt__load8(wv[p], w + kb + 256 * p);
                 // first pass: wait for the kernel ahead (it wrote inp) with these weights on their way
                 if (kb == k0 + 8 * lane) mt__pdl_start();
 #pragma unroll
@@ -2352,7 +2353,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
                     for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
                         if (r < BT) {
                             float x[8];
-                            mt__gemv_load8(x, inp + (size_t)r * C + k);
+                            mt__load8(x, inp + (size_t)r * C + k);
                             float sum = 0.0f;
 #pragma unroll
                             for (int e = 0; e < 8; e++) sum += wv[p][e] * mt__gemv_operand<ROUND>(x[e]);
@@ -2366,7 +2367,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
 #pragma unroll
                 for (int r = 0; r < MT_GEMV_MAX_ROWS; r++)
                     if (r < BT)
-                        acc[r] += mt__gemv_operand<ROUND>(mt__gemv_weight(w[k])) *
+                        acc[r] += mt__gemv_operand<ROUND>(mt__to_float(w[k])) *
                                   mt__gemv_operand<ROUND>(inp[(size_t)r * C + k]);
         }
     }
@@ -4008,29 +4009,13 @@ void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaS
 // 3.3), and each kernel reads them once. When rows start on 16-byte boundaries threads read 16
 // bytes at a time (4 fp32 or 8 16-bit logits) over the first whole pieces of the n columns, and
 // single values over the rest (vec = 1).
-// a logit as a float: fp32 as is, bf16 / fp16 widened (exactly)
-__device__ static inline float mt__logit(float x) { return x; }
-__device__ static inline float mt__logit(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ static inline float mt__logit(__half x) { return __half2float(x); }
-// 16 bytes of logits as 16 / sizeof(T) floats
+// 16 bytes of logits as floats: 4 fp32 values (one float4), or 8 bf16 / fp16 ones (mt__load8)
 __device__ static inline void mt__logits16B(const float *p, float e[4]) {
     float4 x = *(const float4 *)p;
     e[0] = x.x; e[1] = x.y; e[2] = x.z; e[3] = x.w;
 }
-template <typename T>   // bf16 / fp16: 8 values, as 4 pairs
-__device__ static inline void mt__logits16B(const T *p, float e[8]) {
-    uint4 u = *(const uint4 *)p;
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-    #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        T lo, hi;
-        uint16_t b0 = (uint16_t)(w[k] & 0xffffu), b1 = (uint16_t)(w[k] >> 16);
-        memcpy(&lo, &b0, 2);
-        memcpy(&hi, &b1, 2);
-        e[2 * k] = mt__logit(lo);
-        e[2 * k + 1] = mt__logit(hi);
-    }
-}
+__device__ static inline void mt__logits16B(const __nv_bfloat16 *p, float e[8]) { mt__load8(e, p); }
+__device__ static inline void mt__logits16B(const __half *p, float e[8]) { mt__load8(e, p); }
 // matches mt_cross_entropy_local_max_cpu (megatron.h, 3. OPS). Writes maxv with '='.
 template <typename T>
 __global__ void mt_cross_entropy_local_max_kernel(float *maxv, const T *logits, int V_local, int n, int vec) {
@@ -4044,7 +4029,7 @@ __global__ void mt_cross_entropy_local_max_kernel(float *maxv, const T *logits, 
         #pragma unroll
         for (int k = 0; k < N; k++) m = fmaxf(m, e[k]);
     }
-    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, mt__logit(l[v]));
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) m = fmaxf(m, mt__to_float(l[v]));
     m = mt__block_max(m);
     if (threadIdx.x == 0) maxv[blockIdx.x] = m;
 }
@@ -4067,12 +4052,12 @@ __global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_
         for (int k = 0; k < N; k++) piece += expf(e[k] - m);
         s += piece;
     }
-    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(mt__logit(l[v]) - m);
+    for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) s += expf(mt__to_float(l[v]) - m);
     s = mt__block_sum(s);
     if (threadIdx.x == 0) {
         sumexp[i] = s;
         int local = targets[i] - vocab_start;
-        target_logit[i] = (local >= 0 && local < n) ? mt__logit(l[local]) : 0.0f;
+        target_logit[i] = (local >= 0 && local < n) ? mt__to_float(l[local]) : 0.0f;
     }
 }
 // the two kernels above in one pass over the logits (a rank with the whole vocabulary, TP = 1:
@@ -4108,7 +4093,7 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(fl
         s += piece;
     }
     for (int v = v0 + threadIdx.x; v < n; v += blockDim.x) {
-        float x = mt__logit(l[v]);
+        float x = mt__to_float(l[v]);
         if (x > m) {
             s *= expf(m - x);
             m = x;
@@ -4121,7 +4106,7 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(fl
         maxv[i] = M;
         sumexp[i] = S;
         int local = targets[i] - vocab_start;
-        target_logit[i] = (local >= 0 && local < n) ? mt__logit(l[local]) : 0.0f;
+        target_logit[i] = (local >= 0 && local < n) ? mt__to_float(l[local]) : 0.0f;
     }
 }
 // the launchers: logits_dtype (an mt_dtype) says which T the kernels read

@@ -38,12 +38,11 @@ static int layout_skipped(int tp, int pp) {
     return 1;
 }
 
-// a small model; dropout off (generation never drops, the uncached forward must not either).
-// small_bf16: with --bf16 (section 1's last test)
-static int small_bf16 = 0;
-static void small_config(mt_config *cfg, int tp, int pp, int V, int maxT) {
+// a small model; dropout off (generation never drops, the uncached forward must not either);
+// bf16: with --bf16 (section 1's last test)
+static void small_config(mt_config *cfg, int tp, int pp, int V, int maxT, int bf16) {
     mt_config_defaults(cfg);
-    cfg->train.bf16 = small_bf16;
+    cfg->train.bf16 = bf16;
     cfg->model.num_layers = 4;
     cfg->model.hidden_size = 64;          // head size 16: the smallest the GPU's training attention runs
     cfg->model.num_attention_heads = 4;
@@ -162,9 +161,9 @@ static void cache_rank(mt_world *w, int rank, void *arg) {
     mt_rank_free(&r);
 }
 
-static int run_cache_job(cache_job *j, int tp, int pp, const mt_sampling *s) {
+static int run_cache_job(cache_job *j, int tp, int pp, const mt_sampling *s, int bf16) {
     static mt_config cfg;
-    small_config(&cfg, tp, pp, 101, 32);
+    small_config(&cfg, tp, pp, 101, 32, bf16);
     memset(j, 0, sizeof *j);
     j->cfg = &cfg;
     j->sampling = *s;
@@ -182,7 +181,7 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
         for (int k = 0; k < 4; k++) {
             if (layout_skipped(layouts[k][0], layouts[k][1])) continue;
             cache_job j;
-            mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &modes[m]) == 0, "the world failed");
+            mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &modes[m], 0) == 0, "the world failed");
             // cached and uncached: fp32 with the same summation order for every row; 1e-5 allows the
             // TP all-reduces' different grouping of the partial sums of the projections
             mt_expect(j.max_rel <= 1e-5, "TP=%d PP=%d mode %d: logits differ from the uncached forward by %.2e",
@@ -213,17 +212,15 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
 MT_TEST(bf16_uncached_forward_matches_cached_decoding) {
     const int layouts[2][2] = {{1, 1}, {2, 1}};
     mt_sampling greedy = {0.0f, 0, 0.0f, 11};
-    small_bf16 = 1;
     for (int k = 0; k < 2; k++) {
         if (layout_skipped(layouts[k][0], layouts[k][1])) continue;
         cache_job j;
-        mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &greedy) == 0, "the world failed");
+        mt_expect(run_cache_job(&j, layouts[k][0], layouts[k][1], &greedy, 1) == 0, "the world failed");
         mt_expect(j.max_rel <= 3e-2, "bf16, TP=%d: logits differ from the uncached forward by %.2e", layouts[k][0],
                   j.max_rel);
         mt_expect(j.logits_checked >= NSEQ, "compared %d rows of logits", j.logits_checked);
         printf("  bf16 TP=%d: logits max rel diff %.2e over %d rows\n", layouts[k][0], j.max_rel, j.logits_checked);
     }
-    small_bf16 = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
