@@ -1111,6 +1111,28 @@ __device__ static inline float2 mt__unpack16x2(uint32_t w) {
     memcpy(&b, &w, sizeof w);
     return __bfloat1622float2(b);
 }
+// 8 consecutive values from w (16-byte aligned) as floats: two float4, or one 16-byte load of 8
+// 16-bit values (the GEMV's weights; the cross-entropy's 16-bit logits; a 16-bit gradient's column sums)
+__device__ static inline void mt__load8(float v[8], const float *w) {
+    float4 a = *(const float4 *)w, b = *(const float4 *)(w + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ static inline void mt__load8(float v[8], const __nv_bfloat16 *w) {
+    uint4 u = *(const uint4 *)w;
+    const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = __bfloat162float(h[e]);
+}
+__device__ static inline void mt__load8(float v[8], const __half *w) {
+    uint4 u = *(const uint4 *)w;
+    const __half *h = (const __half *)&u;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = __half2float(h[e]);
+}
+// one value as a float: fp32 as is, bf16 / fp16 widened (exactly)
+__device__ static inline float mt__to_float(float w) { return w; }
+__device__ static inline float mt__to_float(__nv_bfloat16 w) { return __bfloat162float(w); }
+__device__ static inline float mt__to_float(__half w) { return __half2float(w); }
 // 4 consecutive floats from p, of which n (0..4) exist; the rest read as 0
 __device__ static inline float4 mt__load4(const float *p, int n, int vec_ok) {
     if (n >= 4 && vec_ok) return __ldg((const float4 *)p);
@@ -1317,6 +1339,54 @@ __global__ void mt_column_sum_partial_vec4_kernel(float *__restrict__ partial, c
         *(float4 *)(partial + (size_t)blockIdx.y * N + n) = t;
     }
 }
+// Pass 1 over a gradient stored in 16 bits (T = __nv_bfloat16 or __half: the fc output's, as
+// fc-proj's backward wrote it, megatron.h's mt_fch_storage_dtype): a thread sums 8 columns, read as
+// one 16-byte load a row (N % 8 == 0, src 16-byte aligned), so block (32,8) covers 256 columns. The
+// same chunks and the same order per column as the fp32 kernels, the sums in fp32.
+template <typename T>
+__global__ void mt_column_sum16_partial_kernel(float *__restrict__ partial, const T *__restrict__ src, int M, int N) {
+    __shared__ float4 sums[8][2][32];
+    int n = 8 * (blockIdx.x * 32 + threadIdx.x);
+    int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (n < N)
+        for (int m = m_begin + threadIdx.y; m < m_end; m += 8) {
+            float v[8];
+            mt__load8(v, src + (size_t)m * N + n);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) s[e] += v[e];
+        }
+    sums[threadIdx.y][0][threadIdx.x] = make_float4(s[0], s[1], s[2], s[3]);
+    sums[threadIdx.y][1][threadIdx.x] = make_float4(s[4], s[5], s[6], s[7]);
+    __syncthreads();
+    if (threadIdx.y == 0 && n < N) {
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            #pragma unroll
+            for (int y = 0; y < 8; y++) {
+                float4 u = sums[y][half][threadIdx.x];
+                t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+            }
+            *(float4 *)(partial + (size_t)blockIdx.y * N + n + 4 * half) = t;
+        }
+    }
+}
+// dst[n] += sum_m src[m*N + n] for a 16-bit src (N % 8 == 0, 16-byte aligned: the callers' wgmma
+// condition), into the same partials and finish as mt__column_sum_add
+template <typename T>
+static void mt__column_sum16_add(float *dst, const T *src, int M, int N, cudaStream_t stream) {
+    if (N % 8 != 0 || !mt__aligned16(src)) mt_fatal("internal: a 16-bit column sum needs N %% 8 == 0 and aligned rows");
+    int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
+    float *partial;
+    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream));   // (chunks, N)
+    dim3 grid((N / 8 + 31) / 32, chunks);
+    mt_column_sum16_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
+    mt__launch_check("mt_column_sum16_partial_kernel", stream);
+    mt_column_sum_finish_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dst, partial, chunks, N);
+    mt__launch_check("mt_column_sum_finish_kernel", stream);
+    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
 // copy16: NULL, or also write src rounded to T there (same layout; needs the float4 path)
 template <typename T>
 static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int M, int N, cudaStream_t stream) {
@@ -1495,7 +1565,9 @@ typedef struct {
 // STORE16_GELU16: C rounded to 16 bits, at c (the training MLP's fc output, kept so for the backward:
 // megatron.h's mt_fch_storage_dtype), and gelu of those 16-bit values rounded to 16 bits at c2 (what
 // fc-proj's GEMM reads; the backward remakes exactly these bits from the kept fc output)
-// GELU_GRAD16: GELU_GRAD with aux, the GELU's input, in 16 bits (the fc output kept so)
+// GELU_GRAD16: GELU_GRAD with aux, the GELU's input, in 16 bits (the fc output kept so), and C
+// rounded to 16 bits at c (the fc output's gradient, kept so for the fc backward's GEMMs and bias
+// gradient, which read it as is: megatron.h's mt_fch_storage_dtype)
 enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4,
        MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6 };
 typedef struct {
@@ -1730,9 +1802,12 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
     if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(((const float *)g.aux)[at]);
-    if (EPI == MT__EPI_GELU_GRAD16)
-        v *= mt__gelu_grad(g.c2_f16 ? __half2float(((const __half *)g.aux)[at])
-                                    : __bfloat162float(((const __nv_bfloat16 *)g.aux)[at]));
+    if (EPI == MT__EPI_GELU_GRAD16) {   // 16 bits in, 16 bits out (no accumulate)
+        if (g.c2_f16) ((__half *)g.c)[at] = __float2half_rn(v * mt__gelu_grad(__half2float(((const __half *)g.aux)[at])));
+        else ((__nv_bfloat16 *)g.c)[at] =
+                 __float2bfloat16_rn(v * mt__gelu_grad(__bfloat162float(((const __nv_bfloat16 *)g.aux)[at])));
+        return;
+    }
     *c = g.accumulate ? *c + v : v;
 }
 
@@ -1878,8 +1953,10 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                         v0 = make_float2(old0[n].x + v0.x, old0[n].y + v0.y);
                         v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
                     }
-                    if (EPI == MT__EPI_STORE16) {   // C in 16 bits, two in one 4-byte store
-                        unsigned short *q0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j;
+                    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16) {   // C in 16 bits, two in one 4-byte store
+                        // (STORE16 at c2; GELU_GRAD16 at c, which holds 16-bit values then)
+                        unsigned short *q0 = (unsigned short *)(EPI == MT__EPI_STORE16 ? g.c2 : (void *)g.c) +
+                                             (size_t)i0 * g.ldc + j;
                         unsigned short *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(v0.x, v0.y);
                         if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(v1.x, v1.y);
@@ -2104,8 +2181,8 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16 || epi->op == MT__EPI_STORE16_GELU16 ||
                       epi->op == MT__EPI_GELU_GRAD16;
         if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
-        // STORE16_GELU16: c holds 16-bit values too, stored in pairs (4 bytes)
-        if (epi->op == MT__EPI_STORE16_GELU16) g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 &&
+        // STORE16_GELU16, GELU_GRAD16: c holds 16-bit values too, stored in pairs (4 bytes)
+        if (epi->op == MT__EPI_STORE16_GELU16 || epi->op == MT__EPI_GELU_GRAD16) g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 &&
                                                              (uintptr_t)other % 4 == 0 &&
                                                              (bias == NULL || (uintptr_t)bias % 8 == 0);
     }
@@ -2296,28 +2373,6 @@ __device__ static inline float mt__gemv_operand(float x) {
     if (ROUND == MT_DTYPE_FP16) return __half2float(__float2half_rn(x));
     return x;
 }
-// 8 consecutive values from w (16-byte aligned) as floats: two float4, or one 16-byte load of 8
-// 16-bit values (the GEMV's weights; the cross-entropy's 16-bit logits)
-__device__ static inline void mt__load8(float v[8], const float *w) {
-    float4 a = *(const float4 *)w, b = *(const float4 *)(w + 4);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ static inline void mt__load8(float v[8], const __nv_bfloat16 *w) {
-    uint4 u = *(const uint4 *)w;
-    const __nv_bfloat16 *h = (const __nv_bfloat16 *)&u;
-    #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = __bfloat162float(h[e]);
-}
-__device__ static inline void mt__load8(float v[8], const __half *w) {
-    uint4 u = *(const uint4 *)w;
-    const __half *h = (const __half *)&u;
-    #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = __half2float(h[e]);
-}
-// one value as a float: fp32 as is, bf16 / fp16 widened (exactly)
-__device__ static inline float mt__to_float(float w) { return w; }
-__device__ static inline float mt__to_float(__nv_bfloat16 w) { return __bfloat162float(w); }
-__device__ static inline float mt__to_float(__half w) { return __half2float(w); }
 // gelu_out: NULL, or also gelu(out) there (the MLP's fc layer, as the GEMM's GELU epilogue)
 template <int SPLIT, int ROUND, typename WT>
 __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, float *__restrict__ gelu_out,
@@ -2454,7 +2509,8 @@ static void mt__gelu_rounded(void *out, const void *inp, int inp16, size_t n, in
 // head's gradient comes in place of its 16-bit logits, mt_cross_entropy_finish16_kernel).
 // The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
 // inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
-// keeps only the GELU's input). gelu16: gelu_inp holds T values (the fc output kept in 16 bits)
+// keeps only the GELU's input). gelu16: gelu_inp holds T values (the fc output kept in 16 bits), and
+// dinp receives T values too (the GELU_GRAD16 epilogue)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
                                               const float *inp, const T *inp_t, const float *weight,
@@ -2496,19 +2552,34 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
                                          stream);
     MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
 }
-// the LM head's backward (no bias) from the 16-bit gradient mt_cross_entropy_finish_gpu wrote in
-// place of the 16-bit logits (grad_dtype MT_DTYPE_BF16 or FP16: (BT, OC) values, row stride OC);
-// the wgmma rung only (megatron.h's mt_logits_grad_dtype says when). The same products as
-// mt_matmul_backward_gpu on the fp32 gradient, whose rounded copy would hold the same 16-bit values.
-void mt_matmul_backward_dout16_gpu(float *dinp, float *dweight, const void *dout16, const float *inp,
-                                   const float *weight, int BT, int C, int OC, int grad_dtype, cudaStream_t stream) {
+// the backward from a gradient already in 16 bits (grad_dtype MT_DTYPE_BF16 or FP16: (BT, OC)
+// values, row stride OC), the wgmma rung only: the LM head's, which mt_cross_entropy_finish_gpu
+// wrote in place of the 16-bit logits (no bias; megatron.h's mt_logits_grad_dtype says when), and
+// the MLP's fc, whose output gradient fc-proj's backward wrote in 16 bits (mt_fch_storage_dtype).
+// The same products as mt_matmul_backward_gpu on an fp32 gradient, whose rounded copy would hold
+// these 16-bit values; dbias (NULL: none) sums the 16-bit values (mt__column_sum16_add). The input:
+// inp16, already in grad_dtype's 16 bits (a layer's ln2), or else inp, rounded into a copy.
+template <typename T>
+static void mt__matmul_backward_dout16(float *dinp, float *dweight, float *dbias, const T *dout16, const float *inp,
+                                       const void *inp16, const float *weight, int BT, int C, int OC,
+                                       cudaStream_t stream) {
+    if (dbias) mt__column_sum16_add<T>(dbias, dout16, BT, OC, stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp16 ? NULL : inp, (const T *)inp16, weight, NULL,
+                                         0, BT, C, OC, stream);
+}
+void mt_matmul_backward_dout16_gpu(float *dinp, float *dweight, float *dbias, const void *dout16, const float *inp,
+                                   const void *inp16, const float *weight, int BT, int C, int OC, int grad_dtype,
+                                   cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (C % 8 != 0 || OC % 8 != 0 || (grad_dtype != MT_DTYPE_BF16 && grad_dtype != MT_DTYPE_FP16))
+        mt_fatal("internal: a matmul backward from a 16-bit gradient off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
+                 grad_dtype);
     if (grad_dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma_rounded<__half>(dinp, dweight, (const __half *)dout16, OC, inp, NULL, weight, NULL, 0,
-                                                  BT, C, OC, stream);
+        mt__matmul_backward_dout16<__half>(dinp, dweight, dbias, (const __half *)dout16, inp, inp16, weight, BT, C, OC,
+                                           stream);
     else
-        mt__matmul_backward_wgmma_rounded<__nv_bfloat16>(dinp, dweight, (const __nv_bfloat16 *)dout16, OC, inp, NULL,
-                                                         weight, NULL, 0, BT, C, OC, stream);
+        mt__matmul_backward_dout16<__nv_bfloat16>(dinp, dweight, dbias, (const __nv_bfloat16 *)dout16, inp, inp16,
+                                                  weight, BT, C, OC, stream);
 }
 void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC, mt_gemm_impl impl, int dtype,
@@ -2582,7 +2653,9 @@ void mt_matmul_forward_gelu_gpu(float *pre, float *out, const float *inp, const 
 // rungs: the GEMM into scratch, then the GELU backward kernel. inp may be NULL: then it is remade
 // from gelu_inp (the training MLP does not keep gelu(x): mt_mlp_forward_gpu). gelu_dtype: how x is
 // stored: MT_DTYPE_FP32, or dtype's 16 bits (the training MLP's fc output on the wgmma rung,
-// megatron.h's mt_fch_storage_dtype), read as is
+// megatron.h's mt_fch_storage_dtype), read as is; then dx is written in the same 16 bits (the
+// GELU_GRAD16 epilogue rounds it: what the fc backward's GEMMs would round it to), half the floats
+// of dinp used
 void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const void *gelu_inp, int gelu_dtype, int BT, int C, int OC,
                                  mt_gemm_impl impl, int dtype, cudaStream_t stream) {
@@ -2772,6 +2845,8 @@ typedef struct {
     const float *dout;         // (B, T, C_local)
     float *dsum;               // (B, NH_local, T): D = rowsum(dout * out), backward scratch
     float *dqkv;               // (B, T, 3*C_local), written with '='
+    unsigned short *dqkv16;    // or, when not NULL (tensor-core kernels only), dqkv in their 16 bits
+                               // (bf16, or fp16 with --fp16): the qkv GEMM's backward reads it so
     int B, T, C_local, NH_local;
     float scale;               // 1/sqrt(hs)
     float p_drop, keep_scale;  // dropout probability and 1/(1-p_drop)
@@ -3333,7 +3408,18 @@ __global__ void __launch_bounds__(128, mt__att_dkdv_min_blocks(HS))
     for (int half = 0; half < 2; half++) {
         int key = key_row[half];
         if (key >= T) continue;
-        float *dk_dst = a.dqkv + ((size_t)b * T + key) * C3 + a.C_local + h * HS, *dv_dst = dk_dst + a.C_local;
+        size_t at = ((size_t)b * T + key) * C3 + a.C_local + h * HS;   // dK's row; dV's C_local after it
+        if (a.dqkv16) {   // 16 bits, two values in one 4-byte store
+            unsigned short *dk_dst = a.dqkv16 + at, *dv_dst = dk_dst + a.C_local;
+            #pragma unroll
+            for (int i = 0; i < HS / 8; i++) {
+                *(uint32_t *)(dk_dst + i * 8 + 2 * tq) =
+                    mt__pack16x2<F16>(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
+                *(uint32_t *)(dv_dst + i * 8 + 2 * tq) = mt__pack16x2<F16>(dv[i][2 * half], dv[i][2 * half + 1]);
+            }
+            continue;
+        }
+        float *dk_dst = a.dqkv + at, *dv_dst = dk_dst + a.C_local;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
             *(float2 *)(dk_dst + i * 8 + 2 * tq) = make_float2(dk[i][2 * half] * a.scale, dk[i][2 * half + 1] * a.scale);
@@ -3443,7 +3529,15 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
     for (int half = 0; half < 2; half++) {
         int t = t_row[half];
         if (t >= T) continue;
-        float *dq_dst = a.dqkv + ((size_t)b * T + t) * C3 + h * HS;
+        size_t at = ((size_t)b * T + t) * C3 + h * HS;
+        if (a.dqkv16) {   // 16 bits, as the dK/dV kernel
+            #pragma unroll
+            for (int i = 0; i < HS / 8; i++)
+                *(uint32_t *)(a.dqkv16 + at + i * 8 + 2 * tq) =
+                    mt__pack16x2<F16>(dq[i][2 * half] * a.scale, dq[i][2 * half + 1] * a.scale);
+            continue;
+        }
+        float *dq_dst = a.dqkv + at;
         #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
             *(float2 *)(dq_dst + i * 8 + 2 * tq) = make_float2(dq[i][2 * half] * a.scale, dq[i][2 * half + 1] * a.scale);
@@ -3613,21 +3707,25 @@ void mt_attention_forward16_gpu(float *out, float *lse, const void *qkv16, int B
                               stream);
 }
 // writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
-// qkv16_in as mt__attention_forward_gpu's.
-static void mt__attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const void *qkv16_in,
-                                       const float *out, const float *lse, int B, int T, int C_local, int NH_local,
-                                       const mt_dropout *drop, int head_offset, int NH_global, int dtype,
-                                       cudaStream_t stream) {
+// qkv16_in as mt__attention_forward_gpu's. dqkv16: dqkv is written in dtype's 16 bits (half its
+// floats; 16-byte aligned): the training's, for the qkv GEMM's backward (megatron.h's mt_dqkv_gemm_dtype)
+static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dout, const float *qkv,
+                                       const void *qkv16_in, const float *out, const float *lse, int B, int T,
+                                       int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                                       int NH_global, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
     mt__attention_check("attention backward", C_local, NH_local);
     if (B == 0 || T == 0) return;
     if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in)))
         mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
+    if (dqkv16 && (!bf16 || !mt__aligned16(dqkv)))
+        mt_fatal("internal: a 16-bit dqkv with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
     a.dout = mt__staged(dout, n_out, bf16, 1, stream);
-    a.dqkv = mt__staged(dqkv, n_qkv, bf16, 0, stream);
+    a.dqkv = dqkv16 ? NULL : mt__staged(dqkv, n_qkv, bf16, 0, stream);
+    a.dqkv16 = dqkv16 ? (unsigned short *)dqkv : NULL;
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
@@ -3646,19 +3744,23 @@ static void mt__attention_backward_gpu(float *dqkv, const float *dout, const flo
     MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
     if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
-    mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
+    if (!dqkv16) mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
 }
 void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_backward_gpu(dqkv, dout, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
-                               dtype, stream);
+    mt__attention_backward_gpu(dqkv, 0, dout, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset,
+                               NH_global, dtype, stream);
 }
-void mt_attention_backward16_gpu(float *dqkv, const float *dout, const void *qkv16, const float *out, const float *lse,
-                                 int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
-                                 int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_backward_gpu(dqkv, dout, NULL, qkv16, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
-                               dtype, stream);
+// the same from qkv16 (qkv in dtype's 16 bits, as mt_attention_forward16_gpu); dqkv_dtype: how to
+// write dqkv, MT_DTYPE_FP32 or dtype's 16 bits (the training's, megatron.h's mt_dqkv_gemm_dtype)
+void mt_attention_backward16_gpu(float *dqkv, int dqkv_dtype, const float *dout, const void *qkv16, const float *out,
+                                 const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
+                                 int head_offset, int NH_global, int dtype, cudaStream_t stream) {
+    if (dqkv_dtype != MT_DTYPE_FP32 && dqkv_dtype != dtype)
+        mt_fatal("internal: dqkv in dtype %d, the attention in %d", dqkv_dtype, dtype);
+    mt__attention_backward_gpu(dqkv, dqkv_dtype != MT_DTYPE_FP32, dout, NULL, qkv16, out, lse, B, T, C_local, NH_local,
+                               drop, head_offset, NH_global, dtype, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4514,10 +4616,14 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
+                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
-    if (inp_dtype != MT_DTYPE_FP32)
+    if (dout_dtype != MT_DTYPE_FP32)
+        mt_matmul_backward_dout16_gpu(dinp, dweight, dbias, dout, inp_dtype == MT_DTYPE_FP32 ? inp : NULL,
+                                      inp_dtype == MT_DTYPE_FP32 ? NULL : inp, weight, BT, C, OC, dout_dtype,
+                                      mt__stream(r));
+    else if (inp_dtype != MT_DTYPE_FP32)
         mt_matmul_backward_inp16_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
                                      inp_dtype, mt__stream(r));
     else mt_matmul_backward_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl,
@@ -4590,6 +4696,12 @@ mt_dtype mt_fch_storage_dtype(const mt_rank *r) {
     mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
     return mt_fch_gemm_dtype(impl, r->cfg->compute_dtype, d->B * d->T, d->C, d->F_tp);
 }
+// and the attention's input gradient as the qkv GEMM's backward wants it (mt_dqkv_gemm_dtype)
+mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) {
+    const mt_dims *d = &r->dims;
+    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
+    return mt_dqkv_gemm_dtype(impl, r->cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp);
+}
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
@@ -4614,13 +4726,14 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
                                   mt__stream(r));
     mt__profile_end(r, "attention forward", t0);
 }
-void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
-                           int head_offset, int NH_global) {
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
+                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
+                           const mt_dropout *drop, int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
     if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)
-        mt_attention_backward16_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
-                                    r->dev.dtype, mt__stream(r));
+        mt_attention_backward16_gpu(dqkv, dqkv_dtype, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
+                                    NH_global, r->dev.dtype, mt__stream(r));
+    else if (dqkv_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit dqkv from fp32 attention");
     else mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                    r->dev.dtype, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
@@ -4715,11 +4828,12 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local) {
     if (logits_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
-        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
+        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
         return;
     }
     double t0 = mt__profile_begin(r);
-    mt_matmul_backward_dout16_gpu(dinp, dweight, dlogits, inp, weight, BT, C, V_local, logits_dtype, mt__stream(r));
+    mt_matmul_backward_dout16_gpu(dinp, dweight, NULL, dlogits, inp, NULL, weight, BT, C, V_local, logits_dtype,
+                                  mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "lm head backward %dx%d", C, V_local);
     mt__profile_end(r, label, t0);

@@ -710,9 +710,10 @@ size_t mt_gpu_rounded_copy_bytes(size_t n);                           /* n eleme
 size_t mt_gpu_gemm_scratch(mt_gemm_impl impl, int M, int N, int K, int lda, int ldb, int a_k_inner, int b_k_inner,
                            mt_dtype dtype);
 size_t mt_gpu_matmul_forward_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype);
-/* inp16: the input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype): no rounded copy of it */
+/* inp16: the input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype); dout16: the output
+   gradient already in 16 bits (the fc output's, mt_fch_gemm_dtype; the logits'): no rounded copy of it */
 size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
-                                      mt_dtype dtype, int inp16);
+                                      mt_dtype dtype, int inp16, int dout16);
 size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype);
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16);
@@ -729,6 +730,10 @@ mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int 
 /* a training layer's fc output (B,T,F) as the GPU keeps it: 16 bits where the wgmma rung runs the
    MLP's GEMMs (C, F multiples of 8, more rows than a GEMV takes, bf16 / fp16), else fp32 */
 mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int F);
+/* a training layer's attention input gradient dqkv (B,T,3 C_tp) as the GPU writes it: 16 bits where
+   the wgmma rung runs the qkv GEMM's backward (C, qkv_OC multiples of 8, more rows than a GEMV
+   takes, bf16 / fp16), else fp32 */
+mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC);
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
@@ -767,13 +772,15 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C);
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC);
-/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a layer's ln1 / ln2 in mt_ln_storage_dtype) */
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC);
+/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a layer's ln1 / ln2 in mt_ln_storage_dtype);
+   dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype) */
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
+                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC);
 void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
                             int BT, int C, int OC);
 /* the MLP's fc-proj backward through the GELU: dinp = (dout @ weight) * gelu'(gelu_inp) ('='), dweight +=
-   dout^T gelu(gelu_inp), dbias += column sums of dout; gelu(gelu_inp) is remade, not read */
+   dout^T gelu(gelu_inp), dbias += column sums of dout; gelu(gelu_inp) is remade, not read. dinp is
+   stored as gelu_inp is (gelu_inp_dtype: the fc output and its gradient, mt_fch_storage_dtype) */
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *weight, const float *gelu_inp, mt_dtype gelu_inp_dtype, int BT, int C,
                              int OC);
@@ -804,11 +811,16 @@ mt_dtype mt_ln_storage_dtype(const mt_rank *r);
    mt_mlp_forward writes and mt_matmul_backward_gelu reads); like mt_ln_storage_dtype, before
    mt_device_init too */
 mt_dtype mt_fch_storage_dtype(const mt_rank *r);
+/* a training layer's dqkv (B,T,3 C_tp), from the attention's backward to the qkv GEMM's: fp32 on
+   the CPU; on the GPU mt_dqkv_gemm_dtype for the rung this build runs (16 bits in half the floats);
+   like mt_ln_storage_dtype, before mt_device_init too */
+mt_dtype mt_dqkv_storage_dtype(const mt_rank *r);
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
-void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
-                           int head_offset, int NH_global);
+/* dqkv is written in dqkv_dtype (a training layer's: mt_dqkv_storage_dtype) */
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
+                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
+                           const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
@@ -938,10 +950,11 @@ void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *d
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp);
 /* inp_dtype: how inp is stored (fp32, or a layer's ln1 / ln2 in mt_ln_storage_dtype: never with
-   --sequence-parallel, whose all-gather moves fp32) */
+   --sequence-parallel, whose all-gather moves fp32); dout_dtype: how dout is (fp32, or the fc
+   output's gradient in mt_fch_storage_dtype, as mt_row_parallel_linear_gelu_backward wrote it) */
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
-                                        int OC_tp);
+                                        mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                        int BT, int K, int OC_tp);
 /* the attention's q, k, v projection: the forward above, qkv stored as the attention reads it (mt_qkv_forward) */
 void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                                     const float *bias, int BT, int K, int OC_tp);
@@ -1091,9 +1104,9 @@ typedef struct {
     float *out_c;     // (B,T_sp,C)  output of a row-parallel layer, after its all-reduce / reduce-scatter
     float *dresidual; // (B,T_sp,C)  gradient flowing down the residual stream
     float *dln;       // (B,T_sp,C)
-    float *dqkv;      // (B,T,3*C_tp)
+    float *dqkv;      // (B,T,3*C_tp), in mt_dqkv_storage_dtype (16 bits in half the floats)
     float *datty;     // (B,T,C_tp)
-    float *dfch;      // (B,T,F_tp)
+    float *dfch;      // (B,T,F_tp), in mt_fch_storage_dtype (16 bits in half the floats, as fch)
     float *ce_max;    // (B,T)  cross-entropy all-reduced values
     float *ce_sum;    // (B,T)
     float *ce_target; // (B,T)
@@ -7323,21 +7336,22 @@ size_t mt_gpu_column_sum_scratch(int M, int N) {
     return (size_t)((M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS) * N * sizeof(float);
 }
 // mt_matmul_backward_gpu: dinp (BT,C) = dout (BT,OC) @ weight (OC,C), dweight (OC,C) += dout^T inp,
-// dbias (OC) += column sums of dout
+// dbias (OC) += column sums of dout. inp16 / dout16: inp / dout already in 16 bits (a layer's ln1 or
+// ln2; the fc output's gradient or the logits'): no rounded copy of it
 size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int has_dbias, mt_gemm_impl impl,
-                                      mt_dtype dtype, int inp16) {
+                                      mt_dtype dtype, int inp16, int dout16) {
     size_t colsum = has_dbias ? mt_gpu_column_sum_scratch(BT, OC) : 0, most = colsum;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         mt_wgmma_plan pd, pw;   // the dinp product (BT x C, OC long), the dweight product (OC x C, BT long)
         mt_wgmma_plan_make(&pd, BT, C, OC, 0);
         mt_wgmma_plan_make(&pw, OC, C, BT, 0);
         size_t slots = pw.slots > (has_dinp ? pd.slots : 0) ? pw.slots : (has_dinp ? pd.slots : 0);
-        size_t copies = mt_gpu_rounded_copy_bytes((size_t)BT * OC) +
-                        (inp16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * C)) +
+        size_t dout_copy = dout16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * OC);
+        size_t copies = dout_copy + (inp16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * C)) +
                         (has_dinp ? mt_gpu_rounded_copy_bytes((size_t)OC * C) : 0);
         size_t both = copies + slots * MT__WG_BM * MT__WG_BN * sizeof(float);
         // with a bias, dout's rounded copy is written by the column-sum pass: both alive first
-        size_t first = has_dbias ? mt_gpu_rounded_copy_bytes((size_t)BT * OC) + colsum : 0;
+        size_t first = has_dbias ? dout_copy + colsum : 0;
         return both > first ? both : first;
     }
     // dinp: A = dout (k = o inner), B = weight (k outer); dweight: A = dout, B = inp (both k outer)
@@ -7351,7 +7365,7 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
 // (gelu's output is remade from its input: on the wgmma rung straight into the rounded copy the
 // plain backward would make; on the others as fp32 scratch next to dL/d gelu(x))
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype) {
-    size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype, 0);
+    size_t own = mt_gpu_matmul_backward_scratch(BT, C, OC, 1, has_dbias, impl, dtype, 0, 0);
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) return own;
     return 2 * (size_t)BT * C * sizeof(float) + own;
 }
@@ -7382,11 +7396,11 @@ mt_dtype mt_logits_grad_dtype(mt_gemm_impl impl, mt_dtype dtype, int C, int V_lo
     int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && V_local % 8 == 0;   // (the wgmma backward's condition too)
     return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
 }
-// mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, less dout's copy in 16 bits
+// mt_lm_head_backward: as mt_gpu_matmul_backward_scratch without a bias, dout in 16 bits where
+// the logits are
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype) {
-    size_t all = mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype, 0);
-    if (mt_logits_grad_dtype(impl, dtype, C, V_local) == MT_DTYPE_FP32 || BT <= 0 || C <= 0) return all;
-    return all - mt_gpu_rounded_copy_bytes((size_t)BT * V_local);
+    int dout16 = mt_logits_grad_dtype(impl, dtype, C, V_local) != MT_DTYPE_FP32;
+    return mt_gpu_matmul_backward_scratch(BT, C, V_local, 1, 0, impl, dtype, 0, dout16);
 }
 // A layer's ln1 and ln2 (BT, C) are read by nothing but the GEMMs after them: qkv and fc, in the
 // forward and for the weight gradient (the layernorm's backward reads its input, not its output).
@@ -7411,6 +7425,17 @@ mt_dtype mt_ln_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int 
 // same way (mt_mlp_forward_cpu's fch_dt).
 mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int F) {
     int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
+    return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
+}
+// The same for the gradient in the attention's backward: dqkv (BT, 3 C_tp) is read only by the
+// qkv GEMM's backward, whose products round it to their 16-bit type and whose bias gradient sums
+// it. Where those run on the wgmma rung, the attention's tensor-core kernels write dqkv in 16 bits
+// straight from their accumulators (kernels.cuh, mt__attention_args.dqkv16), as PyTorch's autocast
+// and Megatron's --bf16 keep it: 12 bytes an element less moved (an fp32 write, its read and the
+// rounded copy's write, against a 16-bit write and read), 75 MB less scratch at GPT-2 small's
+// B = 16. The bias gradient then sums the rounded values; the CPU build rounds its dqkv the same way.
+mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC) {
+    int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && qkv_OC % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
     return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
 }
 // (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
@@ -7468,11 +7493,13 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt);                 // attention projection
     op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt, ln16);           // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt);        // fc projection, through GELU
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt, ln16);    // fc
+    int dfch16 = mt_fch_storage_dtype(r) != MT_DTYPE_FP32;   // fch's gradient in 16 bits as fch: no copy
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt, ln16, dfch16);    // fc
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
     op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt);
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0);       // attention projection
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16);   // qkv
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0, 0);    // attention projection
+    int dqkv16 = mt_dqkv_storage_dtype(r) != MT_DTYPE_FP32;   // dqkv in 16 bits: no copy either
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16, dqkv16);   // qkv
     if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
         op[n++] = mt_logits_grad_dtype(impl, dt, C, d->Vp_tp) == MT_DTYPE_FP32   // (16 bits: mt_lm_head_forward)
                       ? mt_gpu_matmul_forward_scratch(BT, C, d->Vp_tp, impl, dt)
@@ -7559,11 +7586,12 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                        mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
+void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
+                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "a matmul's input");
+    mt__cpu_fp32_storage(dout_dtype, "a matmul's output gradient");
     mt__count_gpu_scratch(r, mt_gpu_matmul_backward_scratch(BT, C, OC, dinp != NULL, dbias != NULL,
-                                                            (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0));
+                                                            (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0, 0));
     mt_matmul_backward_rounded_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, r->dev.dtype);
 }
 
@@ -7594,6 +7622,10 @@ void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbi
     mt_gelu_forward_cpu(inp, gelu_inp, (size_t)BT * C);
     mt_matmul_backward_gelu_cpu(dinp, dweight, dbias, dout, inp, weight, gelu_inp, BT, C, OC, r->dev.dtype);
     free(inp);
+    // the values the GPU keeps: where it stores fch in 16 bits, fch's gradient too (the fc backward's
+    // bias gradient sums these rounded values; its GEMMs round them anyway)
+    mt_dtype gpu_fch = mt_fch_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, BT, OC, C);
+    if (gpu_fch != MT_DTYPE_FP32) mt_round_cpu(dinp, dinp, (size_t)BT * C, gpu_fch);
 }
 
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC) {
@@ -7612,6 +7644,7 @@ void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B) {
 mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { (void)cfg; return MT_DTYPE_FP32; }
 mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 mt_dtype mt_fch_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
@@ -7625,12 +7658,16 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
                                      r->dev.dtype);
 }
 
-void mt_attention_backward(mt_rank *r, float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
-                           int head_offset, int NH_global) {
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
+                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
+                           const mt_dropout *drop, int head_offset, int NH_global) {
+    mt__cpu_fp32_storage(dqkv_dtype, "the attention's input gradient");
     mt__count_gpu_scratch(r, mt_gpu_attention_backward_scratch(B, T, C_local, NH_local, r->dev.dtype));
     mt_attention_backward_rounded_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
                                       NH_global, r->dev.dtype);
+    // the values the GPU keeps: dqkv in 16 bits where mt_dqkv_gemm_dtype says so for its rung
+    mt_dtype gpu_dqkv = mt_dqkv_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, B * T, r->dims.C, 3 * C_local);
+    if (gpu_dqkv != MT_DTYPE_FP32) mt_round_cpu(dqkv, dqkv, (size_t)B * T * 3 * C_local, gpu_dqkv);
 }
 
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
@@ -7997,24 +8034,25 @@ void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt
 // (lm_head: the LM head's, whose dout is the logits gradient as the cross-entropy left it and whose
 // matmul is mt_lm_head_backward's, section 3)
 static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                         const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
-                                         int OC_tp, int lm_head) {
+                                         mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype,
+                                         const float *weight, int BT, int K, int OC_tp, int lm_head) {
     int sp = mt__sequence_parallel(r);
     float *d = sp ? r->scratch.sp_partial : dinp;
     const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
-    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, mt_logits_storage_dtype(r), x, weight, BT, K, OC_tp);
-    else mt_matmul_backward(r, d, dweight, dbias, dout, x, inp_dtype, weight, BT, K, OC_tp);
+    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, dout_dtype, x, weight, BT, K, OC_tp);
+    else mt_matmul_backward(r, d, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp);
     if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
     else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int K,
-                                        int OC_tp) {
-    mt__column_parallel_backward(r, dinp, dweight, dbias, dout, inp, inp_dtype, weight, BT, K, OC_tp, 0);
+                                        mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                        int BT, int K, int OC_tp) {
+    mt__column_parallel_backward(r, dinp, dweight, dbias, dout, dout_dtype, inp, inp_dtype, weight, BT, K, OC_tp, 0);
 }
 void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, const float *inp,
                                   const float *weight, int BT, int K, int V_tp) {
-    mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, inp, MT_DTYPE_FP32, weight, BT, K, V_tp, 1);
+    mt__column_parallel_backward(r, dinp, dweight, NULL, dlogits, mt_logits_storage_dtype(r), inp, MT_DTYPE_FP32,
+                                 weight, BT, K, V_tp, 1);
 }
 // the LM head's forward: the column-parallel forward above (no bias), the logits stored as
 // mt_logits_storage_dtype says (16 bits on the GPU's wgmma rung)
@@ -8072,7 +8110,7 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *weight, int BT, int K_tp, int OC) {
     dout = mt__whole_sequence_grad(r, dout, OC);
-    mt_matmul_backward(r, dinp, dweight, dbias, dout, inp, MT_DTYPE_FP32, weight, BT, K_tp, OC);
+    mt_matmul_backward(r, dinp, dweight, dbias, dout, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8449,11 +8487,17 @@ static size_t mt__carve_activations(const mt_rank *r, mt_activations *a, float *
 static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
     size_t BT = (size_t)r->dims.B * r->dims.T, BT_sp = (size_t)r->dims.B * r->dims.T_sp, C = r->dims.C;
     int sp = r->cfg->parallel.sequence_parallel;
+    // the fc output's gradient is stored as the fc output is (mt_fch_storage_dtype): in 16 bits, half
+    // the floats, rounded up to 64 (256 bytes: what follows stays as aligned as before)
+    size_t dfch_n = BT * r->dims.F_tp;
+    if (mt_fch_storage_dtype(r) != MT_DTYPE_FP32) dfch_n = (dfch_n / 2 + 63) / 64 * 64;
+    size_t dqkv_n = BT * 3 * r->dims.C_tp;   // likewise dqkv (mt_dqkv_storage_dtype)
+    if (mt_dqkv_storage_dtype(r) != MT_DTYPE_FP32) dqkv_n = (dqkv_n / 2 + 63) / 64 * 64;
     struct { float **ptr; size_t n; } carve[] = {
         {&s->loss_acc, 64},   // first: the double at the buffer's (aligned) start
         {&s->out_c, BT_sp * C}, {&s->dresidual, BT_sp * C}, {&s->dln, BT_sp * C},
-        {&s->dqkv, BT * 3 * r->dims.C_tp}, {&s->datty, BT * r->dims.C_tp},
-        {&s->dfch, BT * r->dims.F_tp},
+        {&s->dqkv, dqkv_n}, {&s->datty, BT * r->dims.C_tp},
+        {&s->dfch, dfch_n},
         {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
         {&s->sp_full, sp ? BT * C : 0}, {&s->sp_partial, sp ? BT * C : 0},
         {&s->sp_work, sp && r->dims.B > 1 ? BT * C : 0},   // B = 1: the shards are already in place
@@ -8677,10 +8721,11 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
-    // fc-proj's backward on through the GELU: dfch = dL/d fch
+    // fc-proj's backward on through the GELU: dfch = dL/d fch (stored as fch is: mt_fch_storage_dtype)
     mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fcprojw, l_fch, BT, F_tp, C);
     mt_dtype ln_dtype = mt_ln_storage_dtype(r);   // (how the forward stored ln1 and ln2)
-    mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, l_ln2, ln_dtype, l_fcw, BT, C, F_tp);
+    mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, mt_fch_storage_dtype(r), l_ln2, ln_dtype,
+                                       l_fcw, BT, C, F_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
                           T_sp, C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
@@ -8691,9 +8736,11 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_backward(r, s->out_c, &hid_drop, B);
     mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
-    mt_attention_backward(r, s->dqkv, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
+    mt_dtype dqkv_dtype = mt_dqkv_storage_dtype(r);   // (16 bits where the qkv GEMM reads it so)
+    mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                           r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
-    mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, l_ln1, ln_dtype, l_qkvw, BT, C, 3 * C_tp);
+    mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, dqkv_dtype, l_ln1, ln_dtype, l_qkvw, BT, C,
+                                       3 * C_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T_sp, C);
 }
 

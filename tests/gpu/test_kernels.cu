@@ -654,10 +654,44 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 dx32 = dev_download(d_dx, nout); dw32 = dev_download(d_dw, nw);
                 dev_poison(d_dx, nout); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, C);
                 mt_matmul_backward_gelu_gpu(d_dx, d_dw, d_db, d_dout2, NULL, d_w, f16, dt, BT, OC, C, impls[k], dt, 0);
-                snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dx BT=%d", rung, type, BT);
-                got = dev_download(d_dx, nout); check_close(label, got, dx32, nout, 0.0); free(got);
                 snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dweight BT=%d", rung, type, BT);
                 got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
+                // dx, fch's gradient, comes in the same 16 bits: the fp32 path's dx rounded, bit for bit
+                unsigned short *dbits = (unsigned short *)mt_malloc(nout * 2 + 2, "dfch bits");
+                MT_CUDA_CHECK(cudaMemcpy(dbits, d_dx, nout * 2, cudaMemcpyDeviceToHost));
+                float *dx16 = (float *)mt_malloc(nout * sizeof(float), "dfch"), *dx32r = (float *)mt_malloc(nout * sizeof(float), "dfch");
+                for (size_t i = 0; i < nout; i++) {
+                    dx16[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(dbits[i]) : mt_bf16_to_float(dbits[i]);
+                    dx32r[i] = mt_round_to_dtype(dx32[i], (mt_dtype)dt);
+                }
+                snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dx in 16 bits BT=%d", rung, type, BT);
+                check_close(label, dx16, dx32r, nout, 0.0);
+                // the fc's backward from that 16-bit gradient (mt_matmul_backward_dout16_gpu: dbias summed
+                // from the 16-bit values, no rounded copy of them), from an fp32 input and from one
+                // already in 16 bits (ln2 as the layernorm stores it), against the fp32 backward of the
+                // widened values: the same rounded operands, the same column-sum order: tolerance 0
+                float *d_dx16w = dev_upload(dx16, nout), *fdb0 = host_random(OC, -1, 1);
+                float *d_fdi = dev_nan(nin), *d_fdw = dev_nan(nw), *d_fdb = dev_nan(OC);
+                dev_set(d_fdw, dw0, nw); dev_set(d_fdb, fdb0, OC);
+                mt_matmul_backward_gpu(d_fdi, d_fdw, d_fdb, d_dx16w, d_inp, d_w, BT, C, OC, impls[k], dt, 0);
+                float *fdi32 = dev_download(d_fdi, nin), *fdw32 = dev_download(d_fdw, nw), *fdb32 = dev_download(d_fdb, OC);
+                void *in16 = dev_alloc(nin * 2 + 16);
+                if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)in16, d_inp, nin, 0);
+                else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)in16, d_inp, nin, 0);
+                for (int from16 = 0; from16 < 2; from16++) {
+                    const char *what = from16 ? "a 16-bit input" : "an fp32 input";
+                    dev_poison(d_fdi, nin); dev_set(d_fdw, dw0, nw); dev_set(d_fdb, fdb0, OC);
+                    mt_matmul_backward_dout16_gpu(d_fdi, d_fdw, d_fdb, d_dx, from16 ? NULL : d_inp, from16 ? in16 : NULL,
+                                                  d_w, BT, C, OC, dt, 0);
+                    snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dinp BT=%d", type, what, BT);
+                    got = dev_download(d_fdi, nin); check_close(label, got, fdi32, nin, 0.0); free(got);
+                    snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dweight BT=%d", type, what, BT);
+                    got = dev_download(d_fdw, nw); check_close(label, got, fdw32, nw, 0.0); free(got);
+                    snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dbias BT=%d", type, what, BT);
+                    got = dev_download(d_fdb, OC); check_close(label, got, fdb32, OC, 0.0); free(got);
+                }
+                free(dbits); free(dx16); free(dx32r); free(fdb0); free(fdi32); free(fdw32); free(fdb32);
+                dev_free(d_dx16w); dev_free(d_fdi); dev_free(d_fdw); dev_free(d_fdb); dev_free(in16);
                 free(dx32); free(dw32); free(y16); free(y2); free(fch_c); free(y_c); free(widened); free(bits);
                 free(pre_rounded);
                 dev_free(f16); dev_free(d_fr); dev_free(d_g); dev_free(d_y2);
@@ -1043,8 +1077,8 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_qkv, nqkv, 0);
             dev_poison(d_out, nout); dev_poison(d_lse, nlse); dev_set(d_dqkv, dqkv0, nqkv);
             mt_attention_forward16_gpu(d_out, d_lse, q16, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
-            mt_attention_backward16_gpu(d_dqkv, d_dout, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset, NH_global,
-                                        dt, 0);
+            mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, d_dout, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d,
+                                        head_offset, NH_global, dt, 0);
             float *got16 = dev_download(d_out, nout);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv: out B=%d T=%d hs=%d", mode, B, T, hs);
             check_close(label, got16, out16, nout, 0.0); free(got16);
@@ -1054,6 +1088,21 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             got16 = dev_download(d_dqkv, nqkv);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv: dqkv B=%d T=%d hs=%d", mode, B, T, hs);
             check_close(label, got16, got, nqkv, 0.0); free(got16);
+            // dqkv written in 16 bits (the training's, mt_dqkv_gemm_dtype): the fp32 dqkv rounded, bit for bit
+            void *dq16 = dev_alloc(nqkv * 2 + 16);
+            MT_CUDA_CHECK(cudaMemset(dq16, 0xff, nqkv * 2));
+            mt_attention_backward16_gpu((float *)dq16, dt, d_dout, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset,
+                                        NH_global, dt, 0);
+            unsigned short *bits = (unsigned short *)mt_malloc(nqkv * 2 + 2, "dqkv bits");
+            MT_CUDA_CHECK(cudaMemcpy(bits, dq16, nqkv * 2, cudaMemcpyDeviceToHost));
+            float *wide = (float *)mt_malloc(nqkv * sizeof(float), "dqkv"), *want = (float *)mt_malloc(nqkv * sizeof(float), "dqkv");
+            for (size_t i = 0; i < nqkv; i++) {
+                wide[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits[i]) : mt_bf16_to_float(bits[i]);
+                want[i] = mt_round_to_dtype(got[i], (mt_dtype)dt);
+            }
+            snprintf(label, sizeof label, "attention %s from 16-bit qkv: dqkv in 16 bits B=%d T=%d hs=%d", mode, B, T, hs);
+            check_close(label, wide, want, nqkv, 0.0);
+            free(bits); free(wide); free(want); dev_free(dq16);
             free(out16); free(lse16); dev_free(q16);
         }
         free(got);
@@ -1595,7 +1644,8 @@ static void bench(void) {
             snprintf(name, sizeof name, "attention %s forward", mode);
             report(name, shape, f, fwd_flop, 0);
             float b = time_ms([&] {
-                if (bf16) mt_attention_backward16_gpu(dqkv, datt, qkv16, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
+                // (the training's: dqkv written in 16 bits, mt_dqkv_gemm_dtype)
+                if (bf16) mt_attention_backward16_gpu(dqkv, bf16, datt, qkv16, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
                 else mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
             }, reps);
             snprintf(name, sizeof name, "attention %s backward", mode);
