@@ -217,6 +217,8 @@ typedef struct {
     int nproc_per_node;                        // --nproc-per-node: ranks in this process (world); default TP*PP
     int num_layers_per_virtual_pipeline_stage; // --num-layers-per-virtual-pipeline-stage, 0 = not interleaved
     long ddp_bucket_size;                      // --ddp-bucket-size: gradient elements per DP all-reduce bucket
+    int overlap_grad_reduce;                   // --overlap-grad-reduce: each bucket of layers all-reduced over DP
+                                               // as soon as the last micro-batch's backward finishes it (section 7)
     int use_distributed_optimizer;             // --use-distributed-optimizer: AdamW state sharded over DP (ZeRO-1)
     int zero_stage;                            // not a flag: --deepspeed_config's zero_optimization.stage (0: none
                                                // given). 1: the distributed optimizer with the gradients all-reduced
@@ -470,6 +472,8 @@ typedef struct mt_comm {           // a group communicator; NCCL's ncclComm_t
     int marks[2];                  // GPU build: the device marks around the last NCCL call (its
                                    // timeline span's ends), -1 when none: set by the NCCL path,
                                    // taken by the counters (section 2)
+    int started;                   // GPU build: NCCL calls started (mt_all_reduce_start) that the
+                                   // rank's kernels do not wait for yet (mt_comm_wait)
 } mt_comm;
 
 /* world_size rank threads; MT_TRACE=1 in the environment (read here) traces every call */
@@ -494,6 +498,14 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
 void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op);
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root);                    /* root: group rank */
 void mt_barrier(mt_comm *c);
+/* mt_all_reduce, started: on a group with NCCL (device buffers) it is queued on the group's own
+ * stream after the rank's kernels so far, and the rank's later kernels do not wait for it, so it
+ * runs while they do (--overlap-grad-reduce); buf must not be touched until mt_comm_wait. The
+ * threads backend (host buffers) runs it at once, as mt_all_reduce. The same result either way. */
+void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op);
+/* the rank's next kernels wait for every collective started on the group (nothing to wait for
+ * on the threads backend); any blocking collective on the group waits for them too */
+void mt_comm_wait(mt_comm *c);
 
 /* point-to-point; peer is a GROUP rank. send is buffered: it copies and returns at once.
  * recv blocks until a message from peer with this tag arrives (FIFO among equal tags);
@@ -1235,8 +1247,23 @@ float mt_learning_rate(const mt_config *cfg, int iteration);
 
 /* ============================================================================================= */
 /* 7. DATA PARALLEL
- * defines: the bucketed gradient all-reduce over DP and the tied-embedding all-reduce */
+ * defines: the bucketed gradient all-reduce over DP (after the backward, or overlapped with it:
+ *          --overlap-grad-reduce) and the tied-embedding all-reduce */
 void mt_finish_grad_sync(mt_rank *r);   /* after the last micro-batch's backward */
+/* --overlap-grad-reduce: the layers' gradients cut into buckets of whole layers (at least
+   --ddp-bucket-size elements, never across a model chunk); a bucket is all-reduced over DP,
+   started (mt_all_reduce_start), as soon as the last micro-batch's backward has finished its
+   lowest layer; mt_finish_grad_sync waits for them and reduces the rest */
+typedef struct {
+    int on;                                 // overlap (the flag, with DP > 1)
+    int *closes;                            // (L_local) -1, or: this layer is the lowest of the bucket
+                                            // whose top layer this holds (its backward comes last)
+    int overlapped[MT_NUM_PARAM_TENSORS];   // 1: the tensor's layers go in the buckets; 0: at the finish
+} mt_grad_buckets;
+void mt_grad_buckets_init(mt_rank *r);   /* after the model's carve; nothing to do without the flag */
+void mt_grad_buckets_free(mt_rank *r);
+/* after local layer l's backward of micro-batch mb: starts the bucket l closes, on the last one */
+void mt_grad_bucket_ready(mt_rank *r, int l, int mb);
 
 /* ============================================================================================= */
 /* 8. PIPELINE SCHEDULES & TRAIN STEP
@@ -1301,6 +1328,7 @@ struct mt_rank {
     mt_scratch scratch;
     mt_host_staging host;
     mt_optimizer optim;
+    mt_grad_buckets buckets;    // --overlap-grad-reduce (section 7)
     mt_step_state state;
     mt_memory_report memory;
     mt_span_log *timeline;      // §1's span recorder for --timeline (NULL: off); mt_rank_set_timeline
@@ -2342,6 +2370,8 @@ static const mt__flag mt__flags[] = {
      "parallel", "interleaved 1F1B: layers per model chunk"},
     {"--ddp-bucket-size", MT__LONG, MT__OFF(parallel.ddp_bucket_size), 0, "parallel",
      "gradient elements per data-parallel all-reduce bucket"},
+    {"--overlap-grad-reduce", MT__BOOL, MT__OFF(parallel.overlap_grad_reduce), 0, "parallel",
+     "all-reduce the gradients over DP bucket by bucket during the last micro-batch's backward, not after it"},
     {"--use-distributed-optimizer", MT__BOOL, MT__OFF(parallel.use_distributed_optimizer), 0, "parallel",
      "shard AdamW's state and the update over the DP ranks: reduce-scatter gradients, all-gather parameters"},
     {"--sequence-parallel", MT__BOOL, MT__OFF(parallel.sequence_parallel), 0, "parallel",
@@ -2540,13 +2570,14 @@ static const mt__flag mt__flags[] = {
      "the DP all-reduce gives the mean either way (the loss gradient carries the 1/DP, the collective sums)"},
     {"--no-overlap-p2p-communication", MT__IGNORED, 0, 0, "ignored",
      "pipeline sends and receives never overlap the forward and backward"},
-    // these only time the overlapped communication of --overlap-grad-reduce and
-    // --overlap-param-gather: Megatron's training.py reads them only when those are on. The overlap
-    // itself is refused (mt__unimplemented_flags, below), so they change nothing, here as there
+    // when --overlap-grad-reduce's buckets start, across pipeline stages: Megatron's training.py reads
+    // these only when it is on. Here each stage starts its buckets as its own backward completes
+    // them (what --no-align-grad-reduce asks for), and every stage does (no delay)
     {"--no-delay-grad-reduce", MT__IGNORED, 0, 0, "ignored",
-     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+     "every pipeline stage starts its --overlap-grad-reduce buckets as its backward completes them"},
     {"--no-align-grad-reduce", MT__IGNORED, 0, 0, "ignored",
-     "it only times --overlap-grad-reduce's reductions, not implemented (gradients are reduced after the backward)"},
+     "each pipeline stage starts its --overlap-grad-reduce buckets on its own, as here always"},
+    // these only time the overlapped all-gathers of --overlap-param-gather, refused below
     {"--delay-param-gather", MT__IGNORED, 0, 0, "ignored",
      "it only times --overlap-param-gather's all-gathers, not implemented (parameters are all-gathered after "
      "the optimizer step)"},
@@ -2562,8 +2593,6 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
     {"--lr-decay-samples", "sample-based schedules: use --lr-decay-iters", NULL},
     {"--lr-warmup-samples", "sample-based schedules: use --lr-warmup-iters or --lr-warmup-fraction", NULL},
     {"--rampup-batch-size", "batch-size ramp-up", NULL},
-    {"--overlap-grad-reduce", "overlapping the gradient all-reduce with the backward",
-     "the gradients are reduced after the backward, not during it"},
     {"--overlap-param-gather", "overlapping the distributed optimizer's parameter all-gather with the forward",
      "the parameters are all-gathered after the optimizer step, not overlapped with the next forward"},
     {"--overlap-param-gather-with-optimizer-step",
@@ -4367,8 +4396,11 @@ static void mt__nccl_timing_free(mt_comm *c) {
     c->timing = NULL;
 }
 
-// one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root)
-static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
+// one collective on device buffers (kind: mt__coll_kind; arg: reduce op, or the root). started:
+// the rank's kernels do not wait for it (mt_all_reduce_start); a later call's end, or
+// mt_comm_wait's, makes them wait for it with the rest of the group's stream
+static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg,
+                                int started) {
     mt__nccl_comm = c;   // for mt__nccl_check's message
     ncclComm_t comm = (ncclComm_t)c->nccl;
     cudaStream_t stream = (cudaStream_t)c->stream;
@@ -4385,7 +4417,12 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     }
     if (c->spans) c->marks[1] = mt_device_mark(c->spans, c->stream);
     mt__nccl_time(c, 1);
+    if (started) {
+        c->started++;
+        return;
+    }
     mt__nccl_end(c);
+    c->started = 0;
 }
 
 // an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
@@ -4427,10 +4464,12 @@ static void mt__nccl_leave(mt_comm *c) {
 // otherwise. Set before any NCCL call, from the main thread (mt_world_run).
 static void mt__nccl_process_defaults(void) { setenv("NCCL_NVLS_ENABLE", "0", 0); }
 #else
-static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg) {
-    (void)c; (void)kind; (void)send; (void)recv; (void)n; (void)arg;
+static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *recv, size_t n, int arg,
+                                int started) {
+    (void)c; (void)kind; (void)send; (void)recv; (void)n; (void)arg; (void)started;
     mt_fatal("internal: an NCCL collective on the CPU build");
 }
+static void mt__nccl_end(mt_comm *c) { (void)c; }
 
 static void mt__nccl_join(mt_comm *c, void *compute_stream) { (void)c; (void)compute_stream; }
 static void mt__nccl_leave(mt_comm *c) { (void)c; }
@@ -5831,7 +5870,7 @@ static void mt__check_op(const mt_comm *c, const char *what, mt_reduce_op op) {
 void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     double t0 = mt_time_seconds();
     if (c->nccl) {   // device buffers
-        mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op);
+        mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op, 0);
         mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
         return;
     }
@@ -5858,6 +5897,23 @@ void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     }
     mt__group_sync(c, NULL, 0);
     mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+}
+
+// started, not waited for (--overlap-grad-reduce, section 7): NCCL's all-reduce on the group's
+// stream, the rank's kernels going on beside it; on the threads backend, at once
+void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
+    if (!c->nccl) {
+        mt_all_reduce(c, buf, n, op);
+        return;
+    }
+    double t0 = mt_time_seconds();
+    mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op, 1);
+    mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+}
+void mt_comm_wait(mt_comm *c) {
+    if (!c->nccl || !c->started) return;
+    mt__nccl_end(c);   // the rank's stream waits for the group's, which holds every started call
+    c->started = 0;
 }
 
 // the same in double: global gradient norms and loss sums, where float would lose digits
@@ -5898,7 +5954,7 @@ void mt_all_reduce_double(mt_comm *c, double *buf, size_t n, mt_reduce_op op) {
 void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
     double t0 = mt_time_seconds();
     if (c->nccl) {
-        mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op);
+        mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op, 0);
         mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
         return;
     }
@@ -5935,7 +5991,7 @@ void mt_reduce_scatter(mt_comm *c, const float *send, float *recv, size_t n_per_
 void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
     double t0 = mt_time_seconds();
     if (c->nccl) {
-        mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0);
+        mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0, 0);
         mt__comm_count(c, "all_gather", (size_t)c->size * n_per_rank * sizeof(float), t0);
         return;
     }
@@ -5966,7 +6022,7 @@ void mt_all_gather(mt_comm *c, const float *send, float *recv, size_t n_per_rank
 void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
     double t0 = mt_time_seconds();
     if (c->nccl) {
-        mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root);
+        mt__nccl_collective(c, MT__COLL_BROADCAST, buf, buf, n, root, 0);
         mt__comm_count(c, "broadcast", n * sizeof(float), t0);
         return;
     }
@@ -8832,6 +8888,7 @@ static void mt__backward_chunk(mt_rank *r, mt_activations *a, int chunk) {
         if (mt__recompute_group(r, l, &first, &last) && l == last)
             for (int g = first; g <= last; g++) mt__layer_forward(r, a, g, mt__layer_input(r, a, g), a->sample_offset);
         mt__layer_backward(r, a, l, mt__layer_input(r, a, l), a->sample_offset);
+        mt_grad_bucket_ready(r, l, a->mb);   // --overlap-grad-reduce: its bucket's reduction may start (§7)
     }
     if (mt__is_first_virtual(r, chunk)) mt__embedding_backward(r, a);
 }
@@ -9200,8 +9257,99 @@ static void mt__dp_all_reduce_buckets(mt_rank *r) {
     }
 }
 
+// --overlap-grad-reduce (Megatron's DDP with overlap_grad_reduce, distributed_data_parallel.py and
+// param_and_grad_buffer.py): the reduction of the last micro-batch's gradients overlaps its
+// backward. Megatron registers a hook per parameter and all-reduces a bucket (a contiguous piece of
+// its gradient buffer, parameters in backward order) once every gradient in it is final. Here the
+// carve stacks each tensor's layers (section 5), so a bucket is a run of whole layers: the
+// backward finishes layers from the top of a chunk down, and a bucket's gradients are final
+// after the last micro-batch's backward of its lowest layer (nothing adds to them after that).
+// Then its per-tensor runs (one contiguous range per tensor: layers lo..hi) are all-reduced,
+// started: on the GPU build NCCL runs them on the DP group's stream while the rank's kernels go on
+// with the layers below; mt_finish_grad_sync makes the optimizer wait for them. The threads
+// backend (CPU build) has no second stream: it reduces the bucket there and then, the same sums.
+// Left to the finish: the tensors outside the layers (wte, wpe, lnf: the head's and embedding's
+// backwards come first and last, and the tied wte adds both), and with --sequence-parallel the
+// layernorms (their TP all-reduce goes first, as without overlap). With the distributed optimizer
+// the buckets are all-reduced, not reduce-scattered into shards (the shards cut the buffer
+// anywhere; DeepSpeed's ZeRO stage 1 moves the same bytes): the same sums, twice the traffic of
+// the reduce-scatter, overlapped.
+void mt_grad_buckets_init(mt_rank *r) {
+    mt_grad_buckets *b = &r->buckets;
+    memset(b, 0, sizeof *b);
+    const mt_config *cfg = r->cfg;
+    if (!cfg->parallel.overlap_grad_reduce || r->ps.dp_size < 2) return;
+    int sp = cfg->parallel.sequence_parallel && r->ps.tp_size > 1;
+    size_t per_layer = 0;   // gradient elements of one layer in the buckets
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = &r->model.specs[i];
+        b->overlapped[i] = s->present && s->layers > 0 && !(sp && s->sequence_parallel);
+        if (b->overlapped[i]) per_layer += (size_t)s->rows * s->cols;
+    }
+    int L = r->dims.L_local, lpc = r->dims.layers_per_chunk;
+    if (L == 0 || per_layer == 0) return;
+    b->on = 1;
+    b->closes = (int *)mt_malloc(sizeof(int) * (size_t)L, "gradient buckets");
+    size_t bucket = (size_t)cfg->parallel.ddp_bucket_size;
+    for (int c = 0; c < L / lpc; c++) {   // each chunk from its top layer down, in backward order
+        int top = c * lpc + lpc - 1;
+        size_t n = 0;
+        for (int l = top; l >= c * lpc; l--) {
+            b->closes[l] = -1;
+            n += per_layer;
+            if (n >= bucket || l == c * lpc) {   // full, or the chunk's last: closed by layer l
+                b->closes[l] = top;
+                top = l - 1;
+                n = 0;
+            }
+        }
+    }
+}
+void mt_grad_buckets_free(mt_rank *r) {
+    free(r->buckets.closes);
+    memset(&r->buckets, 0, sizeof r->buckets);
+}
+void mt_grad_bucket_ready(mt_rank *r, int l, int mb) {
+    const mt_grad_buckets *b = &r->buckets;
+    if (!b->on || !r->state.training || mb != r->cfg->num_microbatches - 1 || b->closes[l] < 0) return;
+    int top = b->closes[l];   // the bucket: layers l..top, each tensor's run of them contiguous
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        if (!b->overlapped[i]) continue;
+        const mt_param_spec *s = &r->model.specs[i];
+        size_t per = (size_t)s->rows * s->cols;
+        mt_all_reduce_start(&r->groups.dp, r->model.grads_memory + s->offset + (size_t)l * per,
+                            (size_t)(top - l + 1) * per, MT_SUM);
+    }
+}
+// the finish after overlapped buckets: wait for them, then everything they left out, in the order
+// the plain finish below reduces it (the tied wte: embedding group first with the distributed
+// optimizer, last without), adjacent tensors in one call
+static void mt__finish_overlapped_grad_sync(mt_rank *r) {
+    mt_comm_wait(&r->groups.dp);
+    const mt_param_spec *wte = &r->model.specs[0];
+    int embd_first = r->optim.distributed;
+    if (embd_first && r->ps.in_embedding_group)
+        mt_all_reduce(&r->groups.embd, r->model.grads_memory + wte->offset, mt__spec_numel(wte), MT_SUM);
+    size_t run_start = 0, run_end = 0;
+    for (int i = 0; i <= MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = i < MT_NUM_PARAM_TENSORS ? &r->model.specs[i] : NULL;
+        int take = s && s->present && !r->buckets.overlapped[i];
+        if (take && run_end > run_start && s->offset == run_end) { run_end += mt__spec_numel(s); continue; }
+        if (run_end > run_start) mt_all_reduce(&r->groups.dp, r->model.grads_memory + run_start, run_end - run_start,
+                                               MT_SUM);
+        run_start = run_end = 0;
+        if (take) { run_start = s->offset; run_end = s->offset + mt__spec_numel(s); }
+    }
+    if (!embd_first && r->ps.in_embedding_group)
+        mt_all_reduce(&r->groups.embd, r->model.grads_memory + wte->offset, mt__spec_numel(wte), MT_SUM);
+}
+
 void mt_finish_grad_sync(mt_rank *r) {
     mt__sequence_parallel_grads_all_reduce(r);
+    if (r->buckets.on) {   // --overlap-grad-reduce: the layers' buckets are already on their way
+        mt__finish_overlapped_grad_sync(r);
+        return;
+    }
     if (r->optim.distributed) {
         // the tied embedding's two copies first (on the whole buffer: the two stages' buffers are
         // carved differently, so their DP shards would not line up), then each DP rank receives
@@ -9700,6 +9848,7 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes
     mt_model_init(r);                                           // §5: parameters, gradients
     mt_optimizer_init(r);                                       // §6: AdamW's moments, the loss scaler
+    mt_grad_buckets_init(r);                                    // §7: --overlap-grad-reduce's buckets
     r->state.loss_scale = r->optim.scaler.scale;                // (each train step sets it again)
     mt_activations_init(r, mt_schedule_max_alive(cfg, r->ps.pp_rank));   // §5: slots, scratch
     r->memory.kernel_scratch = mt_device_scratch_bytes(r);                // §3: borrowed op by op
@@ -9718,6 +9867,7 @@ void mt_rank_free(mt_rank *r) {
     mt__rank_own_buffers(r, 0);
     if (r->timeline) mt_device_clock_free(r->timeline);   // its events, on this rank's GPU
     mt_activations_free(r);
+    mt_grad_buckets_free(r);
     mt_optimizer_free(r);
     mt_model_free(r);
     mt_groups_free(&r->groups);

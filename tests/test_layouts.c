@@ -25,6 +25,7 @@
 
 typedef struct {
     mt_config cfg;
+    int closes[8];            // rank 0's --overlap-grad-reduce buckets (mt_grad_buckets.closes), -2: off
     float losses[STEPS];
     float norms[STEPS];
     float *global_params;     // every tensor, unsharded, in carve order: see global_offsets
@@ -47,6 +48,8 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     layout_run *run = (layout_run *)arg;
     mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
     mt_rank_init(r, &run->cfg, w, rank);
+    if (rank == 0)
+        for (int l = 0; l < 8; l++) run->closes[l] = r->buckets.on && l < r->dims.L_local ? r->buckets.closes[l] : -2;
     for (int it = 1; it <= STEPS; it++) {
         mt_step_result res = mt_train_step(r, synthetic_batch, NULL, it);
         if (rank == 0) { run->losses[it - 1] = res.loss; run->norms[it - 1] = res.grad_norm; }
@@ -71,6 +74,8 @@ typedef struct {
     int sp;                                     // --sequence-parallel
     int micro;                                  // --micro-batch-size, 0: 2 (the global batch is always 8)
     const char *recompute;                      // "" | "full" (uniform 1) | "selective"
+    int overlap;                                // --overlap-grad-reduce
+    long bucket;                                // --ddp-bucket-size, 0: 5000 (a bucket per layer)
 } layout;
 
 static void run_layout_with(layout_run *run, const layout *L, float dropout) {
@@ -88,7 +93,8 @@ static void run_layout_with(layout_run *run, const layout *L, float dropout) {
     cfg->parallel.pipeline_model_parallel_size = pp;
     cfg->parallel.nproc_per_node = tp * pp * dp;
     cfg->parallel.num_layers_per_virtual_pipeline_stage = L->layers_per_virtual;
-    cfg->parallel.ddp_bucket_size = 5000;   // several buckets
+    cfg->parallel.ddp_bucket_size = L->bucket ? L->bucket : 5000;   // several buckets (a layer is ~12,700)
+    cfg->parallel.overlap_grad_reduce = L->overlap;
     cfg->parallel.use_distributed_optimizer = L->dist;
     cfg->parallel.sequence_parallel = L->sp;
     snprintf(cfg->train.recompute_granularity, sizeof cfg->train.recompute_granularity, "%s", L->recompute);
@@ -111,7 +117,7 @@ static void run_layout_with(layout_run *run, const layout *L, float dropout) {
 }
 
 static void run_layout(layout_run *run, int tp, int pp, int dp, int layers_per_virtual, float dropout, int dist) {
-    layout L = {tp, pp, dp, layers_per_virtual, dist, 0, 0, ""};
+    layout L = {tp, pp, dp, layers_per_virtual, dist, 0, 0, "", 0, 0};
     run_layout_with(run, &L, dropout);
 }
 
@@ -145,16 +151,16 @@ static int check_qkv_bias(const char *name, const layout_run *run, const layout_
 
 static void compare_layouts(float dropout) {
     static const layout layouts[] = {   // TP, PP, DP, layers per virtual stage, distributed optimizer, SP, B, recompute
-        {2, 1, 1, 0, 0, 0, 0, ""}, {1, 2, 1, 0, 0, 0, 0, ""}, {1, 1, 2, 0, 0, 0, 0, ""}, {2, 1, 2, 0, 0, 0, 0, ""},
-        {2, 2, 1, 0, 0, 0, 0, ""}, {1, 2, 2, 0, 0, 0, 0, ""}, {2, 2, 2, 0, 0, 0, 0, ""}, {4, 1, 1, 0, 0, 0, 0, ""},
-        {1, 4, 1, 0, 0, 0, 0, ""}, {4, 2, 1, 0, 0, 0, 0, ""}, {1, 2, 1, 1, 0, 0, 0, ""},
+        {2, 1, 1, 0, 0, 0, 0, "", 0, 0}, {1, 2, 1, 0, 0, 0, 0, "", 0, 0}, {1, 1, 2, 0, 0, 0, 0, "", 0, 0}, {2, 1, 2, 0, 0, 0, 0, "", 0, 0},
+        {2, 2, 1, 0, 0, 0, 0, "", 0, 0}, {1, 2, 2, 0, 0, 0, 0, "", 0, 0}, {2, 2, 2, 0, 0, 0, 0, "", 0, 0}, {4, 1, 1, 0, 0, 0, 0, "", 0, 0},
+        {1, 4, 1, 0, 0, 0, 0, "", 0, 0}, {4, 2, 1, 0, 0, 0, 0, "", 0, 0}, {1, 2, 1, 1, 0, 0, 0, "", 0, 0},
         // the distributed optimizer (ZeRO-1): shards cut through tensors; DP=4 cuts them finer
-        {1, 1, 2, 0, 1, 0, 0, ""}, {1, 1, 4, 0, 1, 0, 0, ""}, {2, 2, 2, 0, 1, 0, 0, ""}, {1, 2, 2, 1, 1, 0, 0, ""},
+        {1, 1, 2, 0, 1, 0, 0, "", 0, 0}, {1, 1, 4, 0, 1, 0, 0, "", 0, 0}, {2, 2, 2, 0, 1, 0, 0, "", 0, 0}, {1, 2, 2, 1, 1, 0, 0, "", 0, 0},
         // sequence parallel: TP 2 and 4, with DP, with PP (and interleaved), with the distributed
         // optimizer, with full and selective recompute, with micro-batches of 1
-        {2, 1, 1, 0, 0, 1, 0, ""}, {2, 1, 2, 0, 0, 1, 0, ""}, {2, 2, 1, 0, 0, 1, 0, ""}, {4, 1, 1, 0, 0, 1, 0, ""},
-        {2, 1, 1, 0, 0, 1, 1, ""}, {4, 2, 1, 0, 0, 1, 1, ""}, {2, 2, 2, 0, 1, 1, 0, ""}, {2, 1, 2, 0, 1, 1, 0, ""},
-        {2, 2, 1, 1, 0, 1, 0, "full"}, {2, 1, 2, 0, 1, 1, 0, "selective"}, {4, 1, 1, 0, 0, 1, 0, "full"}};
+        {2, 1, 1, 0, 0, 1, 0, "", 0, 0}, {2, 1, 2, 0, 0, 1, 0, "", 0, 0}, {2, 2, 1, 0, 0, 1, 0, "", 0, 0}, {4, 1, 1, 0, 0, 1, 0, "", 0, 0},
+        {2, 1, 1, 0, 0, 1, 1, "", 0, 0}, {4, 2, 1, 0, 0, 1, 1, "", 0, 0}, {2, 2, 2, 0, 1, 1, 0, "", 0, 0}, {2, 1, 2, 0, 1, 1, 0, "", 0, 0},
+        {2, 2, 1, 1, 0, 1, 0, "full", 0, 0}, {2, 1, 2, 0, 1, 1, 0, "selective", 0, 0}, {4, 1, 1, 0, 0, 1, 0, "full", 0, 0}};
     layout_run ref, run;
     run_layout(&ref, 1, 1, 1, 0, dropout, 0);
     mt_expect(ref.losses[STEPS - 1] < ref.losses[0] - 0.1f, "the reference run did not learn (%g -> %g)",
@@ -200,10 +206,111 @@ MT_TEST(dropout_changes_the_loss) {
     free(b.global_params);
 }
 
+// --overlap-grad-reduce (section 7) reduces the same gradients with the same sums, only earlier:
+// bit-identical to the same layout without it (the threads backend adds in rank order whatever
+// the pieces), in every layout where a bucket can start early: DP with TP, PP (1F1B, interleaved,
+// the tied embedding's group), the distributed optimizer (whose buckets are all-reduced), sequence
+// parallelism (the layernorms left to the finish), recompute, one bucket per layer or per chunk.
+// And the buckets are where section 7 says: closes[l] = the top layer of the bucket l closes.
+MT_TEST(overlap_grad_reduce_changes_no_bit) {
+    static const layout layouts[] = {
+        //TP PP DP vs dist SP B  recompute  overlap bucket
+        {1, 1, 2, 0, 0, 0, 0, "", 1, 0},        {1, 1, 2, 0, 0, 0, 0, "", 1, 40000000},
+        {1, 1, 4, 0, 0, 0, 1, "", 1, 30000},    {2, 1, 2, 0, 0, 0, 0, "", 1, 0},
+        {1, 2, 2, 0, 0, 0, 0, "", 1, 0},        {1, 2, 2, 1, 0, 0, 0, "", 1, 40000000},
+        {1, 1, 2, 0, 1, 0, 0, "", 1, 0},        {2, 2, 2, 0, 1, 0, 0, "", 1, 0},
+        {2, 1, 2, 0, 0, 1, 0, "", 1, 0},        {2, 1, 2, 0, 1, 1, 0, "selective", 1, 0},
+        {1, 1, 2, 0, 0, 0, 0, "full", 1, 0}};
+    // rank 0's buckets: per layer (4 layers, 5000 elements: each layer fills one), one per chunk,
+    // 30000 (from the top, in backward order: layers 3..1 reach it, layer 0 is the rest), the
+    // stage's 2 layers, interleaved chunks of 1 layer
+    static const int want_closes[][4] = {
+        {0, 1, 2, 3}, {3, -1, -1, -1}, {0, 3, -1, -1}, {0, 1, 2, 3}, {0, 1, -2, -2}, {0, 1, -2, -2},
+        {0, 1, 2, 3}, {0, 1, -2, -2}, {0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}};
+    layout_run plain, over;
+    for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+        layout L = layouts[k];
+        run_layout_with(&over, &L, 0.1f);
+        L.overlap = 0;
+        run_layout_with(&plain, &L, 0.1f);
+        char label[160];
+        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s%s%s%s%s bucket %ld", L.tp, L.pp, L.dp,
+                 L.layers_per_virtual ? " interleaved" : "", L.dist ? " dist-opt" : "", L.sp ? " SP" : "",
+                 L.recompute[0] ? " recompute " : "", L.recompute, L.bucket ? L.bucket : 5000L);
+        int same = memcmp(over.losses, plain.losses, sizeof over.losses) == 0 &&
+                   memcmp(over.global_params, plain.global_params,
+                          over.global_offsets[MT_NUM_PARAM_TENSORS] * sizeof(float)) == 0;
+        mt_expect(same, "%s: --overlap-grad-reduce changed the training (loss %.9g vs %.9g at the end)", label,
+                  (double)over.losses[STEPS - 1], (double)plain.losses[STEPS - 1]);
+        int buckets_ok = memcmp(over.closes, want_closes[k], sizeof want_closes[k]) == 0 && plain.closes[0] == -2;
+        mt_expect(buckets_ok, "%s: buckets closed at %d %d %d %d, want %d %d %d %d", label, over.closes[0],
+                  over.closes[1], over.closes[2], over.closes[3], want_closes[k][0], want_closes[k][1],
+                  want_closes[k][2], want_closes[k][3]);
+        printf("  %-62s %s  buckets %d %d %d %d\n", label, same ? "bit-identical" : "DIFFERS", over.closes[0],
+               over.closes[1], over.closes[2], over.closes[3]);
+        free(over.global_params);
+        free(plain.global_params);
+    }
+}
+
+// and a bucket is reduced when its lowest layer's last backward is done, not before, not after:
+// every rank's gradient buffer holds (DP rank + 1); mt_grad_bucket_ready for a layer that closes
+// no bucket, or for an earlier micro-batch, changes nothing; for the closing layer, exactly its
+// bucket's ranges become the sum over DP (1 + 2 = 3), everything else keeps the rank's own value
+typedef struct { mt_config cfg; int bad; } bucket_probe;
+static void bucket_rank(mt_world *w, int rank, void *arg) {
+    bucket_probe *p = (bucket_probe *)arg;
+    mt_rank *r = (mt_rank *)mt_calloc(1, sizeof(mt_rank), "rank");
+    mt_rank_init(r, &p->cfg, w, rank);
+    r->state.training = 1;
+    size_t n = r->model.num_params;
+    float *g = r->model.grads_memory;
+    for (size_t i = 0; i < n; i++) g[i] = (float)(r->ps.dp_rank + 1);
+    int m = p->cfg.num_microbatches;
+    mt_grad_bucket_ready(r, 1, m - 1);   // layer 1: inside the bucket of layers 1..3, does not close it
+    mt_grad_bucket_ready(r, 0, m - 2);   // the closing layer, but not the last micro-batch
+    for (size_t i = 0; i < n; i++) p->bad += g[i] != (float)(r->ps.dp_rank + 1);
+    mt_grad_bucket_ready(r, 0, m - 1);   // closes layers 0..3 (one bucket: 40M elements)
+    mt_comm_wait(&r->groups.dp);
+    for (int t = 0; t < MT_NUM_PARAM_TENSORS; t++) {
+        const mt_param_spec *s = &r->model.specs[t];
+        size_t k = (size_t)(s->layers ? s->layers : 1) * s->rows * s->cols;
+        float want = s->layers ? 3.0f : (float)(r->ps.dp_rank + 1);   // the layers' tensors only
+        for (size_t i = 0; i < k; i++) p->bad += g[s->offset + i] != want;
+    }
+    mt_rank_free(r);
+    free(r);
+}
+MT_TEST(overlap_grad_reduce_starts_a_bucket_at_its_last_backward) {
+    bucket_probe p;
+    memset(&p, 0, sizeof p);
+    layout L = {1, 1, 2, 0, 0, 0, 0, "", 1, 40000000};
+    mt_config *cfg = &p.cfg;
+    mt_config_defaults(cfg);
+    cfg->model.num_layers = 4;
+    cfg->model.hidden_size = 32;
+    cfg->model.num_attention_heads = 4;
+    cfg->model.seq_length = 16;
+    cfg->model.vocab_size = 101;
+    cfg->parallel.nproc_per_node = L.dp;
+    cfg->parallel.ddp_bucket_size = L.bucket;
+    cfg->parallel.overlap_grad_reduce = 1;
+    cfg->train.micro_batch_size = 2;
+    cfg->train.global_batch_size = 8;   // 2 micro-batches per DP rank
+    cfg->train.train_iters = 1;
+    mt_config_derive(cfg);
+    mt_world *w = mt_world_create(cfg->world_size);
+    int rc = mt_world_run(w, bucket_rank, &p);
+    mt_world_destroy(w);
+    mt_expect(rc == 0 && p.bad == 0, "%d gradient values not as expected around mt_grad_bucket_ready", p.bad);
+}
+
 int main(void) {
     alarm(600);   // a deadlocked schedule fails loudly instead of hanging CI
     mt_run_test(layouts_match_one_rank);
     mt_run_test(layouts_match_one_rank_with_dropout);
     mt_run_test(dropout_changes_the_loss);
+    mt_run_test(overlap_grad_reduce_changes_no_bit);
+    mt_run_test(overlap_grad_reduce_starts_a_bucket_at_its_last_backward);
     return mt_test_summary();
 }

@@ -1,7 +1,8 @@
 #!/bin/sh
 # make test-gpu, part 2: 20 training steps on the GPU build against the CPU build.
 # The same model, data, seed and layout; the losses must agree within the arithmetic's
-# tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2.
+# tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2 (also with
+# --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2.
 # Prints "N passed, N failed" at the end.
 set -u
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -22,7 +23,9 @@ set -- "1gpu_fp32||--fp32" "1gpu_bf16||--bf16" \
   "dp2_fp32|--nproc-per-node 2|--fp32 --nproc-per-node 2" \
   "dp2_bf16|--nproc-per-node 2|--bf16 --nproc-per-node 2" \
   "pp2_fp32|--pipeline-model-parallel-size 2 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --nproc-per-node 2" \
-  "dp2_distopt_fp32|--nproc-per-node 2 --use-distributed-optimizer|--fp32 --nproc-per-node 2 --use-distributed-optimizer"
+  "dp2_distopt_fp32|--nproc-per-node 2 --use-distributed-optimizer|--fp32 --nproc-per-node 2 --use-distributed-optimizer" \
+  "dp2_overlap_fp32|--nproc-per-node 2 --overlap-grad-reduce --ddp-bucket-size 300000|--fp32 --nproc-per-node 2 --overlap-grad-reduce --ddp-bucket-size 300000" \
+  "dp2_distopt_overlap_bf16|--nproc-per-node 2 --use-distributed-optimizer --overlap-grad-reduce|--bf16 --nproc-per-node 2 --use-distributed-optimizer --overlap-grad-reduce"
 for c in "$@"; do
   label=${c%%|*}; rest=${c#*|}; cpu=${rest%%|*}
   ./train_gpt $M $cpu > build/cpu_$label.log 2>&1 &
