@@ -8737,6 +8737,18 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_residual_forward(r, l_residual3, l_residual2, out_c, BTC_sp);
 }
 
+// a residual branch's output gradient: dropout's backward of dresidual (the residual itself passes
+// dresidual through unchanged), in the scratch; without hidden dropout, dresidual itself: the
+// branch's backward only reads it, and the layernorm's backward that adds to dresidual comes after
+// the branch is done, so no copy is needed (a pass over (B,T,C) saved, twice a layer)
+static const float *mt__branch_grad(mt_rank *r, float *scratch, const float *dresidual, const mt_dropout *d, int B,
+                                    size_t n) {
+    if (d->p <= 0.0f) return dresidual;
+    mt_buffer_copy(r, scratch, dresidual, n);
+    mt_dropout_backward(r, scratch, d, B);
+    return scratch;
+}
+
 // one transformer layer, backward. On entry scratch.dresidual holds dL/d(residual3);
 // on exit it holds dL/dx. x is the layer's forward input. (B,T_sp,C) as in the forward.
 static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float *x, int sample_offset) {
@@ -8773,12 +8785,11 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     size_t BTC_sp = (size_t)B * T_sp * C;
 
     // MLP block. forward was: residual3 = residual2 + dropout(fcproj(gelu(fc(ln2(residual2)))))
-    // the residual passes dresidual through unchanged; the branch gets a copy
-    mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
+    // the residual passes dresidual through unchanged; the branch gets dropout's backward of it
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
-    mt_dropout_backward(r, s->out_c, &hid_drop, B);
+    const float *dbranch = mt__branch_grad(r, s->out_c, s->dresidual, &hid_drop, B, BTC_sp);
     // fc-proj's backward on through the GELU: dfch = dL/d fch (stored as fch is: mt_fch_storage_dtype)
-    mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, s->out_c, l_fcprojw, l_fch, BT, F_tp, C);
+    mt_row_parallel_linear_gelu_backward(r, s->dfch, dl_fcprojw, dl_fcprojb, dbranch, l_fcprojw, l_fch, BT, F_tp, C);
     mt_dtype ln_dtype = mt_ln_storage_dtype(r);   // (how the forward stored ln1 and ln2)
     mt_column_parallel_linear_backward(r, s->dln, dl_fcw, dl_fcb, s->dfch, mt_fch_storage_dtype(r), l_ln2, ln_dtype,
                                        l_fcw, BT, C, F_tp);
@@ -8788,10 +8799,9 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     if (cfg->recompute == MT_RECOMPUTE_SELECTIVE)   // selective recompute: the attention core again
         mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                              r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
-    mt_buffer_copy(r, s->out_c, s->dresidual, BTC_sp);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
-    mt_dropout_backward(r, s->out_c, &hid_drop, B);
-    mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, s->out_c, l_atty, l_attprojw, BT, C_tp, C);
+    dbranch = mt__branch_grad(r, s->out_c, s->dresidual, &hid_drop, B, BTC_sp);
+    mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, dbranch, l_atty, l_attprojw, BT, C_tp, C);
     mt_dtype dqkv_dtype = mt_dqkv_storage_dtype(r);   // (16 bits where the qkv GEMM reads it so)
     mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                           r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
