@@ -284,19 +284,10 @@ static void bucket_rank(mt_world *w, int rank, void *arg) {
 MT_TEST(overlap_grad_reduce_starts_a_bucket_at_its_last_backward) {
     bucket_probe p;
     memset(&p, 0, sizeof p);
-    layout L = {1, 1, 2, 0, 0, 0, 0, "", 1, 40000000};
     mt_config *cfg = &p.cfg;
-    mt_config_defaults(cfg);
-    cfg->model.num_layers = 4;
-    cfg->model.hidden_size = 32;
-    cfg->model.num_attention_heads = 4;
-    cfg->model.seq_length = 16;
-    cfg->model.vocab_size = 101;
-    cfg->parallel.nproc_per_node = L.dp;
-    cfg->parallel.ddp_bucket_size = L.bucket;
+    synthetic_config(cfg, 1, 1, 2);   // the model above; micro-batch 2 of 8: 2 micro-batches per DP rank
+    cfg->parallel.ddp_bucket_size = 40000000;   // one bucket: layers 0..3
     cfg->parallel.overlap_grad_reduce = 1;
-    cfg->train.micro_batch_size = 2;
-    cfg->train.global_batch_size = 8;   // 2 micro-batches per DP rank
     cfg->train.train_iters = 1;
     mt_config_derive(cfg);
     mt_world *w = mt_world_create(cfg->world_size);

@@ -83,6 +83,16 @@ static float *dev_download(const float *d, size_t n) {
     MT_CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
 }
+// n 16-bit values (dt: MT_DTYPE_BF16 or MT_DTYPE_FP16) from the device, widened to floats (exactly)
+static float *dev_download16(const void *d16, size_t n, int dt) {
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    uint16_t *bits = (uint16_t *)mt_malloc(n * sizeof(uint16_t) + 2, "test download");
+    MT_CUDA_CHECK(cudaMemcpy(bits, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    float *h = (float *)mt_malloc(n * sizeof(float) + 16, "test download");
+    for (size_t i = 0; i < n; i++) h[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits[i]) : mt_bf16_to_float(bits[i]);
+    free(bits);
+    return h;
+}
 static void dev_free(void *d) { MT_CUDA_CHECK(cudaFree(d)); }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,15 +388,11 @@ MT_TEST(layernorm) {
                 MT_CUDA_CHECK(cudaMemset(o16, 0xff, NC * 2));
                 mt_layernorm_forward16_gpu(o16, d_mean, d_rstd, with_res ? d_res : NULL, with_res ? d_a : NULL, d_inp, d_w,
                                            d_b, B, T, C, dt, 0);
-                uint16_t *h16 = (uint16_t *)mt_malloc(NC * 2 + 2, "got");
-                MT_CUDA_CHECK(cudaMemcpy(h16, o16, NC * 2, cudaMemcpyDeviceToHost));
-                float *as32 = (float *)mt_malloc(NC * sizeof(float) + 4, "got");
-                for (size_t i = 0; i < NC; i++)
-                    as32[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(h16[i]) : mt_fp16_to_float(h16[i]);
+                float *as32 = dev_download16(o16, NC, dt);
                 snprintf(label, sizeof label, "%slayernorm out in %s B=%d T=%d C=%d", with_res ? "residual + " : "",
                          dt == MT_DTYPE_BF16 ? "bf16" : "fp16", B, T, C);
                 check_close(label, as32, want, NC, 0.0);
-                free(out32); free(want); free(h16); free(as32); dev_free(o16);
+                free(out32); free(want); free(as32); dev_free(o16);
             }
         got = dev_download(d_rstd, N); check_close("residual + layernorm: rstd", got, rstd_ref, N, 1e-5); free(got);
         free(a); free(res_ref); dev_free(d_a); dev_free(d_res);
@@ -625,16 +631,12 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             // the same numbers): tolerance 0. And out against the CPU's op with fch_dt at bf16's 1e-2.
             if (mt_fch_gemm_dtype(impls[k], (mt_dtype)dt, BT, C, OC) != MT_DTYPE_FP32) {
                 void *f16 = dev_alloc(nout * 2 + 16);
-                unsigned short *bits = (unsigned short *)mt_malloc(nout * 2 + 2, "fch bits");
                 float *pre_rounded = (float *)mt_malloc(nout * sizeof(float), "fch rounded");
                 for (size_t i = 0; i < nout; i++) pre_rounded[i] = mt_round_to_dtype(pre_u[i], (mt_dtype)dt);
                 dev_poison(d_y, nin);
                 mt_mlp_forward_gpu((float *)f16, dt, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
                                    impls[k], dt, 0);
-                MT_CUDA_CHECK(cudaMemcpy(bits, f16, nout * 2, cudaMemcpyDeviceToHost));
-                float *widened = (float *)mt_malloc(nout * sizeof(float), "fch widened");
-                for (size_t i = 0; i < nout; i++)
-                    widened[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits[i]) : mt_bf16_to_float(bits[i]);
+                float *widened = dev_download16(f16, nout, dt);
                 snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
                 check_close(label, widened, pre_rounded, nout, 0.0);
                 float *d_fr = dev_upload(pre_rounded, nout), *d_g = dev_nan(nout), *d_y2 = dev_nan(nin);
@@ -657,13 +659,8 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dweight BT=%d", rung, type, BT);
                 got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
                 // dx, fch's gradient, comes in the same 16 bits: the fp32 path's dx rounded, bit for bit
-                unsigned short *dbits = (unsigned short *)mt_malloc(nout * 2 + 2, "dfch bits");
-                MT_CUDA_CHECK(cudaMemcpy(dbits, d_dx, nout * 2, cudaMemcpyDeviceToHost));
-                float *dx16 = (float *)mt_malloc(nout * sizeof(float), "dfch"), *dx32r = (float *)mt_malloc(nout * sizeof(float), "dfch");
-                for (size_t i = 0; i < nout; i++) {
-                    dx16[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(dbits[i]) : mt_bf16_to_float(dbits[i]);
-                    dx32r[i] = mt_round_to_dtype(dx32[i], (mt_dtype)dt);
-                }
+                float *dx16 = dev_download16(d_dx, nout, dt), *dx32r = (float *)mt_malloc(nout * sizeof(float), "dfch");
+                for (size_t i = 0; i < nout; i++) dx32r[i] = mt_round_to_dtype(dx32[i], (mt_dtype)dt);
                 snprintf(label, sizeof label, "matmul + gelu %s %s backward from a 16-bit fch: dx in 16 bits BT=%d", rung, type, BT);
                 check_close(label, dx16, dx32r, nout, 0.0);
                 // the fc's backward from that 16-bit gradient (mt_matmul_backward_dout16_gpu: dbias summed
@@ -690,9 +687,9 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                     snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dbias BT=%d", type, what, BT);
                     got = dev_download(d_fdb, OC); check_close(label, got, fdb32, OC, 0.0); free(got);
                 }
-                free(dbits); free(dx16); free(dx32r); free(fdb0); free(fdi32); free(fdw32); free(fdb32);
+                free(dx16); free(dx32r); free(fdb0); free(fdi32); free(fdw32); free(fdb32);
                 dev_free(d_dx16w); dev_free(d_fdi); dev_free(d_fdw); dev_free(d_fdb); dev_free(in16);
-                free(dx32); free(dw32); free(y16); free(y2); free(fch_c); free(y_c); free(widened); free(bits);
+                free(dx32); free(dw32); free(y16); free(y2); free(fch_c); free(y_c); free(widened);
                 free(pre_rounded);
                 dev_free(f16); dev_free(d_fr); dev_free(d_g); dev_free(d_y2);
             }
@@ -1093,16 +1090,11 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             MT_CUDA_CHECK(cudaMemset(dq16, 0xff, nqkv * 2));
             mt_attention_backward16_gpu((float *)dq16, dt, d_dout, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset,
                                         NH_global, dt, 0);
-            unsigned short *bits = (unsigned short *)mt_malloc(nqkv * 2 + 2, "dqkv bits");
-            MT_CUDA_CHECK(cudaMemcpy(bits, dq16, nqkv * 2, cudaMemcpyDeviceToHost));
-            float *wide = (float *)mt_malloc(nqkv * sizeof(float), "dqkv"), *want = (float *)mt_malloc(nqkv * sizeof(float), "dqkv");
-            for (size_t i = 0; i < nqkv; i++) {
-                wide[i] = dt == MT_DTYPE_FP16 ? mt_fp16_to_float(bits[i]) : mt_bf16_to_float(bits[i]);
-                want[i] = mt_round_to_dtype(got[i], (mt_dtype)dt);
-            }
+            float *wide = dev_download16(dq16, nqkv, dt), *want = (float *)mt_malloc(nqkv * sizeof(float), "dqkv");
+            for (size_t i = 0; i < nqkv; i++) want[i] = mt_round_to_dtype(got[i], (mt_dtype)dt);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv: dqkv in 16 bits B=%d T=%d hs=%d", mode, B, T, hs);
             check_close(label, wide, want, nqkv, 0.0);
-            free(bits); free(wide); free(want); dev_free(dq16);
+            free(wide); free(want); dev_free(dq16);
             free(out16); free(lse16); dev_free(q16);
         }
         free(got);
@@ -1315,12 +1307,8 @@ static void cross_entropy16_case(const float *logits, const int *targets, int BT
         got = dev_download(d_loss, BT);
         snprintf(label, sizeof label, "cross-entropy %s losses", name);
         check_close_scale(label, got, losses, BT, 1e-5, loss_terms); free(got);
-        MT_CUDA_CHECK(cudaMemcpy(bits, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-        float *as_f32 = (float *)mt_malloc(n * sizeof(float), "widened"), *want = (float *)mt_malloc(n * sizeof(float), "rounded");
-        for (size_t i = 0; i < n; i++) {
-            as_f32[i] = dt == MT_DTYPE_BF16 ? mt_bf16_to_float(bits[i]) : mt_fp16_to_float(bits[i]);
-            want[i] = mt_round_to_dtype(grad32[i], (mt_dtype)dt);
-        }
+        float *as_f32 = dev_download16(d16, n, dt), *want = (float *)mt_malloc(n * sizeof(float), "rounded");
+        for (size_t i = 0; i < n; i++) want[i] = mt_round_to_dtype(grad32[i], (mt_dtype)dt);
         snprintf(label, sizeof label, "cross-entropy %s dlogits in place BT=%d V_local=%d", name, BT, VL);
         check_close(label, as_f32, want, n, 0.0);
         free(rounded); free(bits); free(maxv); free(sumexp); free(tl); free(losses); free(sum_double); free(grad32);
