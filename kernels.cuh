@@ -4688,24 +4688,24 @@ mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { return cfg->compute_dtype;
 // rung this build will run: the device's (mt_device_init sets it), or before there is one the
 // rung mt_device_scratch_bytes plans with
 static mt_gemm_impl mt__planned_rung(const mt_config *cfg);   // (below: the memory plan's device terms)
+static mt_gemm_impl mt__storage_rung(const mt_rank *r) {
+    return r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
+}
 mt_dtype mt_ln_storage_dtype(const mt_rank *r) {
     const mt_config *cfg = r->cfg;
     const mt_dims *d = &r->dims;
-    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(cfg);
-    return mt_ln_gemm_dtype(impl, cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp, d->F_tp,
+    return mt_ln_gemm_dtype(mt__storage_rung(r), cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp, d->F_tp,
                             cfg->parallel.sequence_parallel);
 }
 // and its fc output as the MLP's GEMMs want it (megatron.h's mt_fch_gemm_dtype), the same way
 mt_dtype mt_fch_storage_dtype(const mt_rank *r) {
     const mt_dims *d = &r->dims;
-    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
-    return mt_fch_gemm_dtype(impl, r->cfg->compute_dtype, d->B * d->T, d->C, d->F_tp);
+    return mt_fch_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C, d->F_tp);
 }
 // and the attention's input gradient as the qkv GEMM's backward wants it (mt_dqkv_gemm_dtype)
 mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) {
     const mt_dims *d = &r->dims;
-    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
-    return mt_dqkv_gemm_dtype(impl, r->cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp);
+    return mt_dqkv_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp);
 }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
@@ -4783,8 +4783,7 @@ void mt_residual_layernorm_forward(mt_rank *r, float *res, float *out, float *me
 // mt_ln_storage_dtype): the cross-entropy reads them so and writes their gradient in their place,
 // which the head's backward GEMMs read as it is
 mt_dtype mt_logits_storage_dtype(const mt_rank *r) {
-    mt_gemm_impl impl = r->dev.stream ? (mt_gemm_impl)r->dev.gemm_impl : mt__planned_rung(r->cfg);
-    return mt_logits_grad_dtype(impl, r->cfg->compute_dtype, r->dims.C, r->dims.Vp_tp);
+    return mt_logits_grad_dtype(mt__storage_rung(r), r->cfg->compute_dtype, r->dims.C, r->dims.Vp_tp);
 }
 void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
                         int C, int V_local) {

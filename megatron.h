@@ -7490,9 +7490,9 @@ mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int
 // and Megatron's --bf16 keep it: 12 bytes an element less moved (an fp32 write, its read and the
 // rounded copy's write, against a 16-bit write and read), 75 MB less scratch at GPT-2 small's
 // B = 16. The bias gradient then sums the rounded values; the CPU build rounds its dqkv the same way.
+// (the fc output's condition, with the qkv GEMM's width for F)
 mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC) {
-    int wgmma = impl == MT_GEMM_WGMMA && C % 8 == 0 && qkv_OC % 8 == 0 && BT > MT_GEMV_MAX_ROWS;
-    return wgmma && dtype != MT_DTYPE_FP32 ? dtype : MT_DTYPE_FP32;
+    return mt_fch_gemm_dtype(impl, dtype, BT, C, qkv_OC);
 }
 // (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
 // 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
