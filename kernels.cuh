@@ -652,6 +652,64 @@ __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__
     }
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
+// The same for one row by one warp (lane = the lane), as a device function: the decode step's
+// single kernel ("a decode step as one kernel", below) normalises its rows with it, operation for
+// operation the kernel's arithmetic (test_kernels' decode_step_one_kernel checks the bits). res,
+// mean, rstd may be NULL (then not written); out may point into shared memory; the pointers are
+// the row's. (The kernel keeps its own copy, compiled exactly as before: see the attention over
+// the cache for what sharing one body cost there.)
+template <int NV, typename OUT>
+__device__ static inline void mt__layernorm_row_vec(OUT *__restrict__ o, float *__restrict__ mean,
+                                                    float *__restrict__ rstd, float *__restrict__ res,
+                                                    const float *__restrict__ a, const float *__restrict__ inp,
+                                                    const float *__restrict__ weight, const float *__restrict__ bias,
+                                                    int C, int lane) {
+    int C4 = C / 4;
+    const float4 *x4 = (const float4 *)inp;
+    float4 x[NV];
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        x[v] = j < C4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (a) {   // the residual add, as mt_residual_forward: res = a + inp
+        const float4 *a4 = (const float4 *)a;
+        float4 *r4 = (float4 *)res;
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            if (j < C4) {
+                float4 y = a4[j];
+                x[v] = make_float4(y.x + x[v].x, y.y + x[v].y, y.z + x[v].z, y.w + x[v].w);
+                if (r4) r4[j] = x[v];
+            }
+        }
+    }
+    float sum = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++) sum += (x[v].x + x[v].y) + (x[v].z + x[v].w);   // zeros past C add nothing
+    float m = mt__warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++)
+        if (lane + 32 * v < C4) {
+            float d0 = x[v].x - m, d1 = x[v].y - m, d2 = x[v].z - m, d3 = x[v].w - m;
+            var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+        }
+    var = mt__warp_sum(var) / (float)C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        if (j < C4) {
+            float4 w = w4[j], b = b4[j];
+            mt__store_rounded4(o + 4 * j, make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
+                                                      (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w));
+        }
+    }
+    if (lane == 0 && mean) { *mean = m; *rstd = s; }
+}
 void mt_residual_forward_gpu(float *out, const float *a, const float *b, size_t N, cudaStream_t stream);   // below
 // res (N rows) = a + inp first when a is not NULL (then res is what is normalised); out in OUT
 template <typename OUT>
@@ -2379,20 +2437,24 @@ __device__ static inline float mt__gemv_operand(float x) {
     return x;
 }
 // gelu_out: NULL, or also gelu(out) there (the MLP's fc layer, as the GEMM's GELU epilogue)
+// The work of block `block` of 256 threads (8 warps: 8 / SPLIT output rows), a device function so
+// that the decode step's single kernel (below, "a decode step as one kernel") runs the very same
+// arithmetic for its share of the blocks; partial: 8 x MT_GEMV_MAX_ROWS floats of shared memory.
+// inp may point into shared memory (the decode step keeps its normalised rows there), and so may
+// weight: it holds rows row0.. of the weight (the kernel: 0, the whole weight; the decode step: a
+// copy of this block's rows staged in shared memory ahead of time).
 template <int SPLIT, int ROUND, typename WT>
-__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, float *__restrict__ gelu_out,
-                                                              const float *__restrict__ inp,
-                                                              const WT *__restrict__ weight,
-                                                              const float *__restrict__ bias, int BT, int C, int OC,
-                                                              int vec) {
-    __shared__ float partial[8][MT_GEMV_MAX_ROWS];
+__device__ static void mt__gemv_block(int block, float (*partial)[MT_GEMV_MAX_ROWS], float *__restrict__ out,
+                                      float *__restrict__ gelu_out, const float *__restrict__ inp,
+                                      const WT *__restrict__ weight, int row0, const float *__restrict__ bias, int BT,
+                                      int C, int OC, int vec) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int o = blockIdx.x * (8 / SPLIT) + warp / SPLIT, part = warp % SPLIT;
+    int o = block * (8 / SPLIT) + warp / SPLIT, part = warp % SPLIT;
     float acc[MT_GEMV_MAX_ROWS];
 #pragma unroll
     for (int r = 0; r < MT_GEMV_MAX_ROWS; r++) acc[r] = 0.0f;
     if (o < OC) {
-        const WT *w = weight + (size_t)o * C;
+        const WT *w = weight + (size_t)(o - row0) * C;
         int chunk = ((C + SPLIT - 1) / SPLIT + 7) & ~7;   // a multiple of 8: 16-byte pieces stay inside a part
         int k0 = part * chunk, k1 = min(C, k0 + chunk);
         if (vec) {   // C % 8 == 0, 16-byte aligned rows: piece p of a lane covers k = k0 + 8 (lane + 32 p) ..+8
@@ -2446,15 +2508,27 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict_
         if (gelu_out) gelu_out[(size_t)lane * OC + o] = mt__gelu(v);
     }
 }
+template <int SPLIT, int ROUND, typename WT>
+__global__ void __launch_bounds__(256) mt_matmul_kernel5_gemv(float *__restrict__ out, float *__restrict__ gelu_out,
+                                                              const float *__restrict__ inp,
+                                                              const WT *__restrict__ weight,
+                                                              const float *__restrict__ bias, int BT, int C, int OC,
+                                                              int vec) {
+    __shared__ float partial[8][MT_GEMV_MAX_ROWS];
+    mt__gemv_block<SPLIT, ROUND, WT>(blockIdx.x, partial, out, gelu_out, inp, weight, 0, bias, BT, C, OC, vec);
+}
+// the GEMV's split and block count for OC outputs: narrow outputs split the reduction over 4 warps
+__host__ __device__ static inline int mt__gemv_split(int OC) { return OC < 2048 ? 4 : 1; }
+__host__ __device__ static inline int mt__gemv_blocks(int OC) { return (OC + 8 / mt__gemv_split(OC) - 1) / (8 / mt__gemv_split(OC)); }
 template <int ROUND, typename WT>
 static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const WT *weight, const float *bias, int BT,
                             int C, int OC, int vec, cudaStream_t stream) {
-    if (OC < 2048)
-        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<4, ROUND, WT>, (OC + 1) / 2, 256, 0, stream, out,
-                   gelu_out, inp, weight, bias, BT, C, OC, vec);
+    if (mt__gemv_split(OC) == 4)
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<4, ROUND, WT>, mt__gemv_blocks(OC), 256, 0, stream,
+                   out, gelu_out, inp, weight, bias, BT, C, OC, vec);
     else
-        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, (OC + 7) / 8, 256, 0, stream, out,
-                   gelu_out, inp, weight, bias, BT, C, OC, vec);
+        mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, mt__gemv_blocks(OC), 256, 0, stream,
+                   out, gelu_out, inp, weight, bias, BT, C, OC, vec);
 }
 // round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
 // weight already rounded to `round` and stored in 16 bits (read instead of weight). gelu_out: NULL,
@@ -3950,6 +4024,99 @@ __device__ static float mt__block_reduce(float v, float *shared, int is_max) {  
 // the cache (no other block reads them: one launch instead of two); with several new tokens per
 // sequence (prefill) mt_kv_cache_store_kernel runs before, as every block reads all of them.
 // HS: the head size, or 0 for any other multiple of 4 up to 128 (the loops then test d < D4)
+// The same work for the decode step's single kernel (below, "a decode step as one kernel"), which
+// runs two such blocks side by side in one block of 256 threads: a device function of (block, tid)
+// whose 128 threads meet at the named barrier `bar` (bar.sync bar, 128; barriers 1 and 2) instead
+// of __syncthreads. The arithmetic is the kernel's below, operation for operation (test_kernels'
+// decode_step_one_kernel checks the two agree bit for bit). It is not also the kernel's body: made
+// so, the kernel's loop over the values compiled with each load behind its own exit test (its
+// thread index no longer known to be below blockDim) and decoding slowed by ~0.1 ms a token
+// (measured; perf.md), so the kernel keeps its own copy.
+__device__ static inline void mt__bar128(int bar) { asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory"); }
+// mt__block_reduce for the 128 threads of a named barrier (the same order: the same bits)
+__device__ static float mt__reduce128(float v, float *shared, int is_max, int tid, int bar) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, other) : v + other;
+    }
+    int warp = tid / 32, lane = tid % 32;
+    mt__bar128(bar);
+    if (lane == 0) shared[warp] = v;
+    mt__bar128(bar);
+    float r = shared[0];
+    for (int w = 1; w < 4; w++) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
+    return r;
+}
+// shared memory of one block: scores (cap, rounded up to 4) | partial outputs (128 float4) | reduction (32)
+__host__ __device__ static inline size_t mt__attention_cached_smem_floats(int cap) {
+    return (size_t)(cap + 3) / 4 * 4 + 4 * 128 + 32;
+}
+template <int HS, int STORE>
+__device__ static void mt__attention_cached_block(int block, int tid, int bar, float *smem, float *out, float *kcache,
+                                                  float *vcache, const float *qkv, const int *start, int Tq,
+                                                  int C_local, int NH_local, int cap) {
+    const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
+    const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
+    int t = block % Tq, h = (block / Tq) % NH_local, b = block / (Tq * NH_local);
+    int p = start[b] + t;
+    int cap4 = (cap + 3) / 4 * 4;   // the float4s after the scores start on a 16-byte boundary
+    float *score = smem, *red = smem + cap4 + 4 * 128;
+    float4 *partial = (float4 *)(smem + cap4);
+    const float *row = qkv + ((size_t)b * Tq + t) * 3 * C_local + h * hs;   // q | k | v of this head at C_local apart
+    float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    if (STORE) {
+        for (int i = tid; i < hs; i += 128) {
+            k_b[(size_t)p * C_local + i] = row[C_local + i];
+            v_b[(size_t)p * C_local + i] = row[2 * C_local + i];
+        }
+        mt__bar128(bar);   // the block's global writes are seen by the block after the barrier
+    }
+    float4 q[MAXD4];
+    #pragma unroll
+    for (int d = 0; d < MAXD4; d++) q[d] = d < D4 ? *(const float4 *)(row + 4 * d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float scale = 1.0f / sqrtf((float)hs), m = -INFINITY;
+    for (int p2 = tid; p2 <= p; p2 += 128) {
+        const float4 *k = (const float4 *)(k_b + (size_t)p2 * C_local);
+        float4 kv[MAXD4];
+        #pragma unroll
+        for (int d = 0; d < MAXD4; d++) kv[d] = d < D4 ? k[d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float s = 0.0f;
+        #pragma unroll
+        for (int d = 0; d < MAXD4; d++) s += q[d].x * kv[d].x + q[d].y * kv[d].y + q[d].z * kv[d].z + q[d].w * kv[d].w;
+        score[p2] = s * scale;
+        m = fmaxf(m, score[p2]);
+    }
+    m = mt__reduce128(m, red, 1, tid, bar);
+    float sum = 0.0f;
+    for (int p2 = tid; p2 <= p; p2 += 128) {
+        float e = __expf(score[p2] - m);
+        score[p2] = e;
+        sum += e;
+    }
+    sum = mt__reduce128(sum, red, 0, tid, bar);   // (its barrier also publishes every score)
+    float inv = 1.0f / sum;
+    int g = tid / D4, d = tid % D4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < G) {
+        #pragma unroll 4
+        for (int p2 = g; p2 <= p; p2 += G) {
+            float w = score[p2];
+            float4 v = *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+        }
+    }
+    partial[tid] = acc;
+    mt__bar128(bar);
+    if (tid < D4) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < G; k++) {
+            float4 u = partial[k * D4 + tid];
+            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
+        }
+        *(float4 *)(out + ((size_t)b * Tq + t) * C_local + h * hs + 4 * tid) =
+            make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    }
+}
 template <int HS, int STORE>
 __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float *out, float *kcache, float *vcache,
                                                                           const float *qkv, const int *start, int Tq,
@@ -4021,7 +4188,7 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
 template <int HS>
 static void mt__attention_cached_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                         int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
-    size_t smem = sizeof(float) * ((size_t)(cap + 3) / 4 * 4 + 4 * 128 + 32);   // (the kernel's layout)
+    size_t smem = sizeof(float) * mt__attention_cached_smem_floats(cap);
     unsigned blocks = (unsigned)(B * NH_local * Tq);
     if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
@@ -4103,6 +4270,452 @@ void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaS
     if (rows == 0) return;
     mt__launch("mt_argmax_rows_kernel", mt_argmax_rows_kernel, (unsigned)rows, MT__ARGMAX_THREADS, 0, stream, out, x, n,
                ld);
+}
+
+// ---------------------------------------------------------------------------------------------
+// a decode step as one kernel (generation at TP = PP = 1: one new token for each of B sequences)
+// ---------------------------------------------------------------------------------------------
+// Op by op, a decode step of GPT-2 small is ~90 kernels of a few microseconds each (layernorms of
+// one row, GEMVs, the attention over the cache, the argmax): the step is latency, not bytes (it
+// reads ~250 MB of weights, 0.06 ms at HBM speed, and took ~0.45 ms). Here the whole step is one
+// persistent kernel: every block stays resident (a cooperative launch guarantees it) and the
+// blocks meet at a grid-wide barrier between the step's phases, five per layer:
+//   1. x = embedding (layer 0) or res2 + out_c; ln = layernorm1(x); qkv = ln Wqkv^T + b
+//   2. the attention over the cache (its K, V row of the new token stored first)
+//   3. out_c = atty Wproj^T + b
+//   4. res2 = x + out_c; ln = layernorm2(res2); fch = ln Wfc^T + b, fch_gelu = gelu(fch)
+//   5. out_c = fch_gelu Wfcproj^T + b
+// then the head: x = res2 + out_c, ln_f, logits = ln wte^T, and (greedy) the argmax.
+// Every block normalises the B rows itself (warp b row b, into shared memory) right before the
+// GEMV that reads them: a layernorm costs no barrier of its own. One block (block 0) writes x and
+// res2 for the next phases.
+// The phases run the op-by-op kernels' arithmetic on virtual block numbers: the GEMV kernel's own
+// device function (mt__gemv_block), and copies of the attention's and the layernorm's made for
+// threads that are not a whole block (mt__attention_cached_block: two attention blocks of 128
+// threads side by side in each block of 256; mt__layernorm_row_vec): the same operations in the
+// same order, so the same bits as the op-by-op step (tests/gpu/test_kernels checks it).
+// Weights should not wait on the barrier: a block copies its rows of the next GEMV phase's weight
+// into shared memory (cp.async) as the current phase starts, and multiplies from there after the
+// barrier (mt__gemv_stage, mt__gemv_all_staged); while layer l runs, each block asks the L2 cache
+// for its share of layer l+1's weights (cp.async.bulk.prefetch.L2, a hint: nothing to wait for).
+// STATUS: opt-in (MT_DECODE_ONE_KERNEL=1), because it is not yet faster: GPT-2 small at batch 1,
+// 0.61 ms a token against 0.44 for the op-by-op step as a graph of programmatic launches. Its
+// barriers cost the ~1 us predicted; the work between them runs 3-5 times slower than the same
+// work as separate kernels, for reasons not yet found (docs/perf.md has the phase-by-phase clock
+// readings; held to 128 registers for two blocks an SM, it spills 96-440 bytes).
+// The grid-wide barrier: every block adds 1 to a counter in global memory and waits until it
+// reaches (barriers so far) x (blocks); the add is a release (the block's writes before it are
+// seen by whoever sees the add), the waiting load an acquire (it sees everybody's).
+struct mt__decode_args {
+    int B, L, C, NH, F, V, Vp, cap;
+    const int *tokens, *positions, *start;          // (B) device
+    const float *wte, *wpe, *lnfw, *lnfb;           // fp32 parameters (the embedding's rows, ln_f)
+    const float *ln1w, *ln1b, *qkvb, *attprojb;     // layer 0's; layer l's at l times a layer's size
+    const float *ln2w, *ln2b, *fcb, *fcprojb;
+    const void *qkvw, *attprojw, *fcw, *fcprojw;    // the 16-bit decoding weights, layer 0's
+    const void *wte16;                              // (Vp, C) 16-bit: the head
+    float *kcache, *vcache;                         // layer l's (B, cap, C) at l * cache_layer floats
+    size_t cache_layer;
+    float *x, *res2, *qkv, *atty, *out_c, *fch, *fch_gelu, *logits;
+    int *next;                                      // (B) the argmax of each row of logits, or NULL
+    unsigned *work;                                 // [0] barrier count, [1] argmax ticket (zeroed before
+                                                    // the launch); from byte 16 the argmax partials
+    size_t stage_elems;                             // weights per staging buffer (set by the launcher)
+    long long *trace;                               // NULL, or (18 L + 3) clock readings of block 0: at each
+                                                    // barrier arriving and leaving, the head's end, the
+                                                    // start, then 8 points a layer (tests/gpu/test_kernels)
+};
+__device__ static inline void mt__grid_sync(unsigned *count, unsigned *target, long long *trace) {
+    *target += gridDim.x;
+    __syncthreads();
+    int k = 2 * (*target / gridDim.x - 1);
+    if (trace && blockIdx.x == 0 && threadIdx.x == 0) trace[k] = clock64();
+    if (threadIdx.x == 0) {   // (release: the block's writes, ordered before by __syncthreads, go first)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned seen;
+        for (;;) {   // (a pause between polls: hundreds of blocks polling one address flat out slow the
+                     // L2 for the blocks still working)
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+            if (seen >= *target) break;
+            __nanosleep(64);
+        }
+    }
+    if (trace && blockIdx.x == 0 && threadIdx.x == 0) trace[k + 1] = clock64();
+    __syncthreads();
+}
+// this block's share (1/gridDim) of `bytes` at p into L2 (p 16-byte aligned, bytes a multiple of 16)
+__device__ static inline void mt__prefetch_l2_share(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x != 0) return;
+    size_t share = (bytes / gridDim.x + 15) / 16 * 16, at = share * blockIdx.x;
+    if (at >= bytes) return;
+    size_t n = bytes - at < share ? bytes - at : share;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + at), "r"((unsigned)n) : "memory");
+#endif
+}
+// Staging: a GEMV phase's weights are copied into shared memory one GEMV phase ahead (cp.async,
+// 16 bytes a thread at a time, one commit group per phase), so that after the barrier a block
+// finds its rows there instead of waiting a round trip to memory for each of its virtual blocks.
+// A virtual block's rows are one contiguous piece of the weight (8 / split rows of C_in values);
+// this block's pieces (virtual blocks blockIdx.x, + gridDim.x, ...) go one after another.
+__host__ __device__ static inline size_t mt__gemv_piece(int OC, int C_in) { return (size_t)(8 / mt__gemv_split(OC)) * C_in; }
+// n bytes (a multiple of 16, 16-byte aligned) from global src to shared dst, the block's threads
+// 16 bytes each at a time; the caller commits the group (every thread, copies or not: the groups
+// then count alike in every thread) and waits for it before reading dst
+__device__ static void mt__stage_bytes(void *dst, const void *src, size_t n) {
+    for (size_t i = threadIdx.x; i < n / 16; i += blockDim.x)
+        mt__cp_async16((char *)dst + 16 * i, (const char *)src + 16 * i, 16);
+}
+// virtual block vb's rows of w (OC, C_in) to dst
+template <typename WT>
+__device__ static void mt__gemv_stage_piece(WT *dst, const WT *w, int vb, int OC, int C_in) {
+    int R = 8 / mt__gemv_split(OC), rows = min(R, OC - vb * R);
+    mt__stage_bytes(dst, w + (size_t)vb * mt__gemv_piece(OC, C_in), (size_t)rows * C_in * sizeof(WT));
+}
+// all of this block's pieces of w, one after another
+template <typename WT>
+__device__ static void mt__gemv_stage(WT *stage, const WT *w, int OC, int C_in) {
+    int j = 0;
+    for (int vb = blockIdx.x; vb < mt__gemv_blocks(OC); vb += gridDim.x, j++)
+        mt__gemv_stage_piece(stage + j * mt__gemv_piece(OC, C_in), w, vb, OC, C_in);
+}
+// one virtual block of a GEMV from its staged rows
+template <int ROUND, typename WT>
+__device__ static void mt__gemv_block_staged(int vb, float (*partial)[MT_GEMV_MAX_ROWS], float *out, float *gelu_out,
+                                             const float *inp, const WT *rows, const float *bias, int B, int C, int OC) {
+    if (mt__gemv_split(OC) == 4) mt__gemv_block<4, ROUND, WT>(vb, partial, out, gelu_out, inp, rows, vb * 2, bias, B, C, OC, 1);
+    else mt__gemv_block<1, ROUND, WT>(vb, partial, out, gelu_out, inp, rows, vb * 8, bias, B, C, OC, 1);
+}
+// all virtual blocks of a GEMV from the staged rows (after the stage's group has landed)
+template <int ROUND, typename WT>
+__device__ static void mt__gemv_all_staged(float (*partial)[MT_GEMV_MAX_ROWS], float *out, float *gelu_out,
+                                           const float *inp, const WT *stage, const float *bias, int B, int C, int OC) {
+    int j = 0;
+    for (int vb = blockIdx.x; vb < mt__gemv_blocks(OC); vb += gridDim.x, j++) {
+        mt__gemv_block_staged<ROUND, WT>(vb, partial, out, gelu_out, inp, stage + j * mt__gemv_piece(OC, C), bias, B, C, OC);
+        __syncthreads();   // partial is read before the next virtual block writes it
+    }
+}
+// the argmax's order: the larger value, on a tie the smaller index (mt_argmax_rows_kernel's)
+__device__ static inline int mt__argmax_better(float v, int i, float bv, int bi, int none) {
+    return i != none && (bi == none || v > bv || (v == bv && i < bi));
+}
+// thread 0 of the block asks L2 for bytes at p (a multiple of 16, 16-byte aligned)
+__device__ static inline void mt__prefetch_l2(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0 && bytes > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)bytes) : "memory");
+#endif
+}
+// a.trace (tests/gpu/test_kernels): block 0's clock at point m (of 8) of layer l, after the
+// barriers' 10 L + 3 entries
+__device__ static inline void mt__decode_mark(const mt__decode_args &a, int l, int m) {
+    if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[10 * a.L + 3 + 8 * l + m] = clock64();
+}
+// the layernorm of a row (its mean and rstd not kept) and an attention block of the kernel below
+__device__ static inline void mt__decode_layernorm_row(float *o, float *res, const float *a, const float *inp,
+                                                             const float *w, const float *b, int C, int lane) {
+    mt__layernorm_row_vec<8, float>(o, NULL, NULL, res, a, inp, w, b, C, lane);
+}
+template <int HS>
+__device__ static inline void mt__decode_attention_block(int vb, int tid, int bar, float *smem, float *out,
+                                                               float *kc, float *vc, const float *qkv, const int *start,
+                                                               int C, int NH, int cap) {
+    mt__attention_cached_block<HS, 1>(vb, tid, bar, smem, out, kc, vc, qkv, start, 1, C, NH, cap);
+}
+template <int HS, typename WT, int ROUND>
+__global__ void __launch_bounds__(256, 2) mt_decode_step_kernel(mt__decode_args a) {
+    // shared memory: two staging buffers of a.stage_elems weights (the GEMV phases alternate between
+    // them; the head streams through both as a ring of 4 pieces); ln1's and ln2's weight and bias
+    // (2 x 2C floats, staged with the weights); then the rows (B, C) and their layernorm (B, C), or
+    // (phase 2) two attention blocks' scratch
+    extern __shared__ __align__(16) unsigned char mt__decode_smem[];
+    __shared__ float partial[8][MT_GEMV_MAX_ROWS];
+    __shared__ float best_v[256];
+    __shared__ int best_i[256];
+    const int B = a.B, C = a.C, F = a.F, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    WT *stage0 = (WT *)mt__decode_smem, *stage1 = stage0 + a.stage_elems;
+    float *lnp1 = (float *)(stage1 + a.stage_elems), *lnp2 = lnp1 + 2 * C;   // weight | bias
+    float *smem = lnp2 + 2 * C, *rows = smem, *ln = smem + (size_t)B * C;
+    unsigned target = 0;
+    const size_t att_floats = mt__attention_cached_smem_floats(a.cap), Cb = (size_t)C * sizeof(float);
+    const WT *qkvw = (const WT *)a.qkvw, *attprojw = (const WT *)a.attprojw, *fcw = (const WT *)a.fcw,
+             *fcprojw = (const WT *)a.fcprojw;
+    const size_t n_qkvw = (size_t)3 * C * C, n_attprojw = (size_t)C * C, n_fcw = (size_t)F * C;
+    if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[2 * 5 * a.L + 2] = clock64();   // (the start)
+    mt__prefetch_l2_share(attprojw, n_attprojw * sizeof(WT));   // layer 0's weights after its qkv toward L2
+    mt__prefetch_l2_share(fcw, n_fcw * sizeof(WT));
+    mt__prefetch_l2_share(fcprojw, n_fcw * sizeof(WT));
+    mt__gemv_stage(stage0, qkvw, 3 * C, C);                      // and layer 0's qkv rows, ln1, into shared memory
+    mt__stage_bytes(lnp1, a.ln1w, Cb);
+    mt__stage_bytes(lnp1 + C, a.ln1b, Cb);
+    mt__cp_async_commit();
+    for (int l = 0; l < a.L; l++) {
+        float *kc = a.kcache + l * a.cache_layer, *vc = a.vcache + l * a.cache_layer;
+        // the next layer's weights (or the head's first rows) toward L2 while this layer runs, and
+        // this layer's cache rows the attention will read
+        if (l + 1 < a.L) {
+            mt__prefetch_l2_share(qkvw + (l + 1) * n_qkvw, n_qkvw * sizeof(WT));
+            mt__prefetch_l2_share(attprojw + (l + 1) * n_attprojw, n_attprojw * sizeof(WT));
+            mt__prefetch_l2_share(fcw + (l + 1) * n_fcw, n_fcw * sizeof(WT));
+            mt__prefetch_l2_share(fcprojw + (l + 1) * n_fcw, n_fcw * sizeof(WT));
+        } else {
+            size_t head = (size_t)a.Vp * C * sizeof(WT);
+            mt__prefetch_l2_share(a.wte16, head < ((size_t)24 << 20) ? head : ((size_t)24 << 20));
+        }
+        for (int b = blockIdx.x; b < B; b += gridDim.x) {
+            size_t at = (size_t)b * a.cap * C, n = (size_t)a.positions[b] * Cb;   // rows 0..p-1 (p: the new one)
+            mt__prefetch_l2(kc + at, n);
+            mt__prefetch_l2(vc + at, n);
+        }
+        mt__decode_mark(a, l, 0);
+        // 1. x, ln1, qkv (its rows and ln1 staged in stage0, lnp1; the projection's toward stage1)
+        mt__gemv_stage(stage1, attprojw + l * n_attprojw, C, C);
+        mt__cp_async_commit();
+        mt__cp_async_wait<1>();   // qkv's rows and ln1 have landed (the projection's may still fly)
+        __syncthreads();
+        mt__decode_mark(a, l, 1);
+        if (warp < B) {
+            size_t at = (size_t)warp * C;
+            if (l == 0) {   // x = wte[token] + wpe[position] (mt_embedding_forward_kernel's sum), into rows
+                const float *te = a.wte + (size_t)a.tokens[warp] * C, *pe = a.wpe + (size_t)a.positions[warp] * C;
+                for (int c = lane; c < C; c += 32) {
+                    float v = te[c] + pe[c];
+                    rows[at + c] = v;
+                    if (blockIdx.x == 0) a.x[at + c] = v;
+                }
+                __syncwarp();
+                mt__decode_layernorm_row(ln + at, NULL, NULL, rows + at, lnp1, lnp1 + C, C, lane);
+            } else {        // x = res2 + out_c (the layer before's residual add), normalised
+                mt__decode_layernorm_row(ln + at, blockIdx.x == 0 ? a.x + at : NULL, a.res2 + at, a.out_c + at, lnp1,
+                                         lnp1 + C, C, lane);
+            }
+        }
+        __syncthreads();
+        mt__decode_mark(a, l, 2);
+        mt__gemv_all_staged<ROUND, WT>(partial, a.qkv, NULL, ln, stage0, a.qkvb + (size_t)l * 3 * C, B, C, 3 * C);
+        mt__decode_mark(a, l, 3);
+        mt__grid_sync(a.work, &target, a.trace);
+        // 2. attention over the cache: virtual blocks (b, h), two per block
+        {
+            int half = threadIdx.x / 128;
+            for (int vb = 2 * blockIdx.x + half; vb < B * a.NH; vb += 2 * gridDim.x)
+                mt__decode_attention_block<HS>(vb, threadIdx.x % 128, 1 + half, smem + half * att_floats, a.atty, kc, vc,
+                                               a.qkv, a.start, C, a.NH, a.cap);
+        }
+        mt__grid_sync(a.work, &target, a.trace);
+        // 3. the attention's projection (stage1; fc's rows toward stage0, ln2 toward lnp2)
+        mt__gemv_stage(stage0, fcw + l * n_fcw, F, C);
+        mt__stage_bytes(lnp2, a.ln2w + (size_t)l * C, Cb);
+        mt__stage_bytes(lnp2 + C, a.ln2b + (size_t)l * C, Cb);
+        mt__cp_async_commit();
+        mt__cp_async_wait<1>();
+        __syncthreads();
+        mt__decode_mark(a, l, 4);
+        mt__gemv_all_staged<ROUND, WT>(partial, a.out_c, NULL, a.atty, stage1, a.attprojb + (size_t)l * C, B, C, C);
+        mt__grid_sync(a.work, &target, a.trace);
+        // 4. res2 = x + out_c, ln2, the MLP's fc and GELU (stage0, lnp2; fc proj's rows toward stage1)
+        mt__gemv_stage(stage1, fcprojw + l * n_fcw, C, F);
+        mt__cp_async_commit();
+        mt__cp_async_wait<1>();
+        __syncthreads();
+        mt__decode_mark(a, l, 5);
+        if (warp < B) {
+            size_t at = (size_t)warp * C;
+            mt__decode_layernorm_row(ln + at, blockIdx.x == 0 ? a.res2 + at : NULL, a.x + at, a.out_c + at, lnp2,
+                                     lnp2 + C, C, lane);
+        }
+        __syncthreads();
+        mt__decode_mark(a, l, 6);
+        mt__gemv_all_staged<ROUND, WT>(partial, a.fch, a.fch_gelu, ln, stage0, a.fcb + (size_t)l * F, B, C, F);
+        mt__grid_sync(a.work, &target, a.trace);
+        // 5. the MLP's projection (stage1; the next layer's qkv rows and ln1, or ln_f, toward stage0, lnp1)
+        if (l + 1 < a.L) {
+            mt__gemv_stage(stage0, qkvw + (l + 1) * n_qkvw, 3 * C, C);
+            mt__stage_bytes(lnp1, a.ln1w + (size_t)(l + 1) * C, Cb);
+            mt__stage_bytes(lnp1 + C, a.ln1b + (size_t)(l + 1) * C, Cb);
+        } else {
+            mt__stage_bytes(lnp1, a.lnfw, Cb);
+            mt__stage_bytes(lnp1 + C, a.lnfb, Cb);
+        }
+        mt__cp_async_commit();
+        mt__cp_async_wait<1>();
+        __syncthreads();
+        mt__decode_mark(a, l, 7);
+        mt__gemv_all_staged<ROUND, WT>(partial, a.out_c, NULL, a.fch_gelu, stage1, a.fcprojb + (size_t)l * C, B, F, C);
+        mt__grid_sync(a.work, &target, a.trace);
+    }
+    // the head: x = res2 + out_c, ln_f (lnp1), the logits. wte's rows stream through the two staging
+    // buffers as a ring of 4 pieces, 3 in flight while the block multiplies the 4th
+    mt__cp_async_wait<0>();
+    __syncthreads();
+    const WT *wte16 = (const WT *)a.wte16;
+    const size_t piece = mt__gemv_piece(a.Vp, C);
+    const int G = gridDim.x, mine = (mt__gemv_blocks(a.Vp) - (int)blockIdx.x + G - 1) / G;
+    for (int j = 0; j < 3; j++) {
+        if (j < mine) mt__gemv_stage_piece(stage0 + j * piece, wte16, blockIdx.x + j * G, a.Vp, C);
+        mt__cp_async_commit();
+    }
+    if (warp < B) {
+        size_t at = (size_t)warp * C;
+        mt__decode_layernorm_row(ln + at, blockIdx.x == 0 ? a.x + at : NULL, a.res2 + at, a.out_c + at, lnp1, lnp1 + C,
+                                 C, lane);
+    }
+    for (int j = 0; j < mine; j++) {
+        if (j + 3 < mine) mt__gemv_stage_piece(stage0 + ((j + 3) % 4) * piece, wte16, blockIdx.x + (j + 3) * G, a.Vp, C);
+        mt__cp_async_commit();
+        mt__cp_async_wait<3>();   // piece j has landed
+        __syncthreads();          // (the first time: ln too)
+        int vb = blockIdx.x + j * G;
+        mt__gemv_block_staged<ROUND, WT>(vb, partial, a.logits, NULL, ln, stage0 + (j % 4) * piece, NULL, B, C, a.Vp);
+        __syncthreads();          // slot j % 4 and partial are free again
+    }
+    mt__cp_async_wait<0>();
+    if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[2 * (target / gridDim.x)] = clock64();
+    if (!a.next) return;
+    mt__grid_sync(a.work, &target, a.trace);
+    // greedy: each block the argmax of its slice of every row, then the last block to finish
+    // (a ticket) the argmax of the blocks' answers: exact comparisons, so any split gives the
+    // answer mt_argmax_rows_kernel gives
+    const int n = a.V, none = n;
+    float *part_v = (float *)(a.work + 4);
+    int *part_i = (int *)(part_v + (size_t)G * B);
+    int slice = (n + G - 1) / G;
+    for (int b = 0; b < B; b++) {
+        const float *row = a.logits + (size_t)b * a.Vp;
+        float bv = -INFINITY;
+        int bi = none;
+        for (int v = blockIdx.x * slice + threadIdx.x; v < min(n, (blockIdx.x + 1) * slice); v += 256)
+            if (mt__argmax_better(row[v], v, bv, bi, none)) { bv = row[v]; bi = v; }
+        best_v[threadIdx.x] = bv;
+        best_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (int s = 128; s > 0; s /= 2) {
+            if (threadIdx.x < s && mt__argmax_better(best_v[threadIdx.x + s], best_i[threadIdx.x + s], best_v[threadIdx.x],
+                                                     best_i[threadIdx.x], none)) {
+                best_v[threadIdx.x] = best_v[threadIdx.x + s];
+                best_i[threadIdx.x] = best_i[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) { part_v[(size_t)b * G + blockIdx.x] = best_v[0]; part_i[(size_t)b * G + blockIdx.x] = best_i[0]; }
+        __syncthreads();
+    }
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(a.work + 1, 1u) == (unsigned)G - 1;
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int b = 0; b < B; b++) {
+        float bv = -INFINITY;
+        int bi = none;
+        for (int k = threadIdx.x; k < G; k += 256) {
+            float v = ((volatile float *)part_v)[(size_t)b * G + k];
+            int i = ((volatile int *)part_i)[(size_t)b * G + k];
+            if (mt__argmax_better(v, i, bv, bi, none)) { bv = v; bi = i; }
+        }
+        best_v[threadIdx.x] = bv;
+        best_i[threadIdx.x] = bi;
+        __syncthreads();
+        for (int s = 128; s > 0; s /= 2) {
+            if (threadIdx.x < s && mt__argmax_better(best_v[threadIdx.x + s], best_i[threadIdx.x + s], best_v[threadIdx.x],
+                                                     best_i[threadIdx.x], none)) {
+                best_v[threadIdx.x] = best_v[threadIdx.x + s];
+                best_i[threadIdx.x] = best_i[threadIdx.x + s];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) a.next[b] = best_i[0] < n ? best_i[0] : 0;
+        __syncthreads();
+    }
+}
+// the work buffer's bytes for B sequences on this GPU (counters, then the argmax's partials)
+static int mt__decode_blocks_per_sm(void) {
+    const char *env = getenv("MT_DECODE_BLOCKS_PER_SM");   // tuning: blocks per SM (default 2, the most
+    int k = env ? atoi(env) : 2;                          // that fit: __launch_bounds__(256, 2))
+    return k < 1 ? 1 : k > 8 ? 8 : k;
+}
+size_t mt_decode_step_work_bytes(int B) {
+    int dev = 0, sms = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return 16 + (size_t)8 * B * sms * mt__decode_blocks_per_sm();
+}
+// the staging buffers' size for a grid of G blocks: the most rows one block stages for one phase
+static size_t mt__decode_stage_elems(const mt__decode_args *a, int G) {
+    int OC[4] = {3 * a->C, a->C, a->F, a->C}, Cin[4] = {a->C, a->C, a->C, a->F};
+    size_t most = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t per_block = (size_t)((mt__gemv_blocks(OC[k]) + G - 1) / G) * mt__gemv_piece(OC[k], Cin[k]);
+        if (per_block > most) most = per_block;
+    }
+    size_t head = 2 * mt__gemv_piece(a->Vp, a->C);   // the head's ring: 4 pieces in the two buffers
+    if (head > most) most = head;
+    return (most + 7) / 8 * 8;   // (16-byte multiples: the second buffer starts aligned)
+}
+template <int HS, typename WT, int ROUND>
+static int mt__decode_step_launch(const mt__decode_args *a_in, size_t work_bytes, cudaStream_t stream) {
+    mt__decode_args args = *a_in, *a = &args;
+    size_t rows = (size_t)2 * a->B * a->C * sizeof(float), att = 2 * mt__attention_cached_smem_floats(a->cap) * sizeof(float);
+    const void *kernel = (const void *)mt_decode_step_kernel<HS, WT, ROUND>;
+    int dev = 0, sms = 0, per_sm = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    size_t smem = 0;
+    // the most blocks per SM (up to MT_DECODE_BLOCKS_PER_SM) whose shared memory fits
+    for (int want = mt__decode_blocks_per_sm(); want >= 1 && per_sm < want; want--) {
+        a->stage_elems = mt__decode_stage_elems(a, sms * want);
+        smem = 2 * a->stage_elems * sizeof(WT) + 4 * (size_t)a->C * sizeof(float) + (rows > att ? rows : att);
+        if (smem > 220 * 1024) { per_sm = 0; continue; }
+        MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, smem));
+        if (per_sm >= want) per_sm = want;
+        else per_sm = 0;
+    }
+    if (per_sm < 1) return 0;
+    unsigned grid = (unsigned)(sms * per_sm);
+    if (16 + (size_t)8 * a->B * grid > work_bytes) mt_fatal("internal: the decode step's work buffer is too small");
+    MT_CUDA_CHECK(cudaMemsetAsync(a->work, 0, 16, stream));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = 256;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeCooperative;   // every block resident at once, or an error
+    attribute[0].val.cooperative = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    cudaError_t err = cudaLaunchKernelEx(&config, mt_decode_step_kernel<HS, WT, ROUND>, args);
+    if (err != cudaSuccess)
+        mt_fatal("launching mt_decode_step_kernel (%u blocks) failed: %s (%s)\nhint: without MT_DECODE_ONE_KERNEL=1 "
+                 "the decode step runs op by op", grid, cudaGetErrorName(err), cudaGetErrorString(err));
+    mt__launch_check("mt_decode_step_kernel", stream);
+    return 1;
+}
+// runs the step if its shape is one the kernel takes, and returns 1; else returns 0 (the caller
+// runs the ops): B <= MT_GEMV_MAX_ROWS, C a multiple of 8 up to 1024 (the layernorm's row in
+// registers), F a multiple of 8, head size 64 or 128, 16-bit weights (dtype MT_DTYPE_BF16 or
+// MT_DTYPE_FP16), 16-byte aligned buffers. work: mt_decode_step_work_bytes(B) bytes of device memory.
+int mt_decode_step_gpu(const mt__decode_args *a, int dtype, size_t work_bytes, cudaStream_t stream) {
+    int hs = a->NH > 0 ? a->C / a->NH : 0;
+    if (a->B < 1 || a->B > MT_GEMV_MAX_ROWS || a->C % 8 != 0 || a->C > 1024 || a->F % 8 != 0 || hs * a->NH != a->C ||
+        (hs != 64 && hs != 128))
+        return 0;
+    const void *aligned[] = {a->x, a->res2, a->qkv, a->atty, a->out_c, a->fch, a->fch_gelu, a->logits, a->kcache,
+                             a->vcache, a->qkvw, a->attprojw, a->fcw, a->fcprojw, a->wte16, a->wte, a->wpe, a->ln1w,
+                             a->ln2w, a->lnfw, a->ln1b, a->ln2b, a->lnfb};
+    for (const void *p : aligned)
+        if (!mt__aligned16(p)) return 0;
+    if (a->cache_layer % 4 != 0 || (size_t)a->Vp * a->C % 8 != 0) return 0;
+    if (dtype == MT_DTYPE_BF16 && hs == 64) return mt__decode_step_launch<64, __nv_bfloat16, MT_DTYPE_BF16>(a, work_bytes, stream);
+    if (dtype == MT_DTYPE_BF16 && hs == 128) return mt__decode_step_launch<128, __nv_bfloat16, MT_DTYPE_BF16>(a, work_bytes, stream);
+    if (dtype == MT_DTYPE_FP16 && hs == 64) return mt__decode_step_launch<64, __half, MT_DTYPE_FP16>(a, work_bytes, stream);
+    if (dtype == MT_DTYPE_FP16 && hs == 128) return mt__decode_step_launch<128, __half, MT_DTYPE_FP16>(a, work_bytes, stream);
+    return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -5060,6 +5673,12 @@ void mt_device_decoding_weights(mt_rank *r, int on) {
         d->decoding_of = NULL;
         d->decoding_n = 0;
     }
+    if (d->decode_work) {   // (the one-kernel decode step's, made at its first use)
+        MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+        MT_CUDA_CHECK(cudaFree(d->decode_work));
+        d->decode_work = NULL;
+        d->decode_work_bytes = 0;
+    }
     int rounds = d->gemm_impl == MT_GEMM_MMA || d->gemm_impl == MT_GEMM_WGMMA;
     if (!on || !rounds || d->dtype == MT_DTYPE_FP32 || r->model.num_params == 0) return;
     size_t n = r->model.num_params;
@@ -5070,6 +5689,40 @@ void mt_device_decoding_weights(mt_rank *r, int on) {
         mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d->decoding_weights, r->model.params_memory, n, mt__stream(r));
     d->decoding_of = r->model.params_memory;
     d->decoding_n = n;
+}
+// a decode step as one kernel (megatron.h, section 3): the parameters' 16-bit decoding copies, the
+// work buffer (made at first use), then mt_decode_step_gpu, which may decline the shape (0)
+int mt_device_decode_step(mt_rank *r, const mt_decode_step *s) {
+    // opt-in: MT_DECODE_ONE_KERNEL=1. Measured on one H200 it is still slower than the op-by-op step
+    // as a graph of programmatic launches (GPT-2 small, batch 1: 0.61 against 0.44-0.54 ms a token;
+    // docs/perf.md), so the default stays op by op
+    const char *env = getenv("MT_DECODE_ONE_KERNEL");
+    if (!(env && atoi(env) == 1) || mt__profile_on() || mt__sync_debug()) return 0;   // (profiles time each op)
+    mt__decode_args a;
+    memset(&a, 0, sizeof a);
+    a.qkvw = mt__decoding_weight(r, s->qkvw, s->B);
+    a.attprojw = mt__decoding_weight(r, s->attprojw, s->B);
+    a.fcw = mt__decoding_weight(r, s->fcw, s->B);
+    a.fcprojw = mt__decoding_weight(r, s->fcprojw, s->B);
+    a.wte16 = mt__decoding_weight(r, s->wte, s->B);
+    if (!a.qkvw || !a.attprojw || !a.fcw || !a.fcprojw || !a.wte16) return 0;
+    a.B = s->B; a.L = s->L; a.C = s->C; a.NH = s->NH; a.F = s->F; a.V = s->V; a.Vp = s->Vp; a.cap = s->cap;
+    a.tokens = s->tokens; a.positions = s->positions; a.start = s->start;
+    a.wte = s->wte; a.wpe = s->wpe; a.lnfw = s->lnfw; a.lnfb = s->lnfb;
+    a.ln1w = s->ln1w; a.ln1b = s->ln1b; a.qkvb = s->qkvb; a.attprojb = s->attprojb;
+    a.ln2w = s->ln2w; a.ln2b = s->ln2b; a.fcb = s->fcb; a.fcprojb = s->fcprojb;
+    a.kcache = s->kcache; a.vcache = s->vcache; a.cache_layer = s->cache_layer;
+    a.x = s->x; a.res2 = s->res2; a.qkv = s->qkv; a.atty = s->atty; a.out_c = s->out_c; a.fch = s->fch;
+    a.fch_gelu = s->fch_gelu; a.logits = s->logits; a.next = s->next;
+    mt_device *d = &r->dev;
+    size_t need = mt_decode_step_work_bytes(s->B);
+    if (d->decode_work_bytes < need) {
+        if (d->decode_work) MT_CUDA_CHECK(cudaFree(d->decode_work));
+        d->decode_work = mt__device_alloc(r, need, "the decode step's work buffer");
+        d->decode_work_bytes = need;
+    }
+    a.work = (unsigned *)d->decode_work;
+    return mt_decode_step_gpu(&a, d->dtype, d->decode_work_bytes, mt__stream(r));
 }
 void mt_device_free(mt_rank *r) {
     mt_device_decoding_weights(r, 0);

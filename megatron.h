@@ -70,7 +70,10 @@
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
      MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph;
-     MT_PDL=0 (GPU build) keeps the graph but without programmatic dependent launch (kernels.cuh, 1.).
+     MT_PDL=0 (GPU build) keeps the graph but without programmatic dependent launch (kernels.cuh, 1.);
+     MT_DECODE_ONE_KERNEL=1 (GPU build) runs each decode step at TP = PP = 1 as one persistent kernel
+     (kernels.cuh, "a decode step as one kernel"; opt-in: not yet faster), and MT_DECODE_BLOCKS_PER_SM
+     sets its blocks per SM (default 2).
 
    GLOSSARY
      B      micro-batch size (samples per rank per forward)       T   sequence length
@@ -767,6 +770,8 @@ typedef struct {
                                 // CUDA context, other processes); 0 on the CPU build
     size_t gpu_scratch_high;    // CPU build: the most kernel scratch the GPU's launchers would have borrowed
                                 // at once for the ops this rank ran (make test holds the plan to it)
+    void *decode_work;          // GPU decoding: the one-kernel step's barrier counters and argmax partials
+    size_t decode_work_bytes;   //   (mt_device_decode_step), freed with the decoding weights
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -946,6 +951,27 @@ void mt_device_graph_free(void *graph);
    generator is made (section 11): the parameters must not change while it lives. The CPU build,
    and fp32: nothing. */
 void mt_device_decoding_weights(mt_rank *r, int on);
+/* a whole decode step in one launch, where the backend has one (the GPU build: kernels.cuh's
+   "a decode step as one kernel", with the decoding copy of the weights, TP = PP = 1, one new token
+   for each of B <= MT_GEMV_MAX_ROWS sequences, the shapes mt_decode_step_gpu takes): the same
+   arithmetic as section 11's op-by-op step, the same bits. Returns 1 when it ran the step, 0 when
+   the caller must run the ops (the CPU build always; the GPU unless MT_DECODE_ONE_KERNEL=1: measured,
+   it is not yet faster than the op-by-op step's CUDA graph, docs/perf.md). Section 11 fills it
+   from the generator's buffers; every pointer is the rank's device memory. */
+typedef struct {
+    int B, L, C, NH, F, V, Vp, cap;   // sequences, layers, channels, heads, MLP width, vocabulary (real,
+                                      // padded), positions in the cache
+    const int *tokens, *positions, *start;   // (B) the new tokens, their positions, the cache rows they go to
+    const float *wte, *wpe, *lnfw, *lnfb;    // the parameters, as section 5's mt_params holds them:
+    const float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;   // layer 0's, and layer l's at l
+    const float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;       // times a layer's size
+    float *kcache, *vcache;                  // layer l's (B, cap, C) at l * cache_layer floats
+    size_t cache_layer;
+    float *x, *res2, *qkv, *atty, *out_c, *fch, *fch_gelu;   // (B, C), (B, C), (B, 3C), (B, C), (B, C), (B, F) x2
+    float *logits;                           // (B, Vp) out
+    int *next;                               // (B) out: the argmax of each row (greedy), or NULL
+} mt_decode_step;
+int mt_device_decode_step(mt_rank *r, const mt_decode_step *s);
 
 /* ============================================================================================= */
 /* 4. TENSOR-PARALLEL LAYERS
@@ -7913,6 +7939,8 @@ void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
 void mt_device_decoding_weights(mt_rank *r, int on) { (void)r; (void)on; }
+// the CPU runs a decode step op by op (section 11)
+int mt_device_decode_step(mt_rank *r, const mt_decode_step *s) { (void)r; (void)s; return 0; }
 
 void mt_device_check_precision(const mt_config *cfg) {
     if (cfg->compute_dtype != MT_DTYPE_FP32)
@@ -12667,6 +12695,21 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int
     if (x_last) mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);   // else the next layer's first op
 }
 
+// a decode step of the whole replica (TP = PP = 1, one new token per sequence) handed to the
+// backend as one piece (mt_device_decode_step): the same layers as mt__gen_layer and the same head,
+// in the generator's buffers. 0: the backend has no such kernel (the CPU) or declines the shape.
+static int mt__gen_one_launch(mt_rank *r, mt_generator *g, int B, int greedy) {
+    const mt_params *p = &r->model.params;
+    mt_decode_step s = {B, r->dims.L_local, r->dims.C, r->dims.NH_tp, r->dims.F_tp, r->cfg->model.vocab_size,
+                        r->dims.Vp_tp, g->cap, g->tokens, g->positions, g->start,
+                        p->wte, p->wpe, p->lnfw, p->lnfb, p->ln1w, p->ln1b, p->qkvw, p->qkvb, p->attprojw, p->attprojb,
+                        p->ln2w, p->ln2b, p->fcw, p->fcb, p->fcprojw, p->fcprojb,
+                        g->kcache, g->vcache, (size_t)g->max_batch * g->cap * r->dims.C_tp,
+                        g->x, g->res2, g->qkv, g->atty, g->out_c, g->fch, g->fch_gelu, g->logits,
+                        greedy ? g->next : NULL};
+    return mt_device_decode_step(r, &s);
+}
+
 void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
                           int Tq) {
     int C = r->dims.C, s = r->ps.pp_rank, pp = r->ps.pp_size, lpc = r->dims.layers_per_chunk;
@@ -12691,7 +12734,9 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
     // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
     int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
     int greedy = g->greedy && r->ps.tp_size == 1, slot = 2 * (B - 1) + greedy;
-    if (graphable && g->graphs[slot]) {
+    if (graphable && mt__gen_one_launch(r, g, B, greedy)) {
+        // the whole step ran as one kernel (GPU build; section 3's mt_device_decode_step)
+    } else if (graphable && g->graphs[slot]) {
         mt_device_graph_launch(r, g->graphs[slot]);
     } else {
         if (graphable) mt_device_capture_begin(r);

@@ -60,6 +60,13 @@ for B in 1 8; do
     --out-seq-length 256 --ignore-eos --sample-output-file $D/ours_$B.jsonl > $D/ours_$B.log 2>&1 \
     || fail "our benchmark run at batch $B (see $D/ours_$B.log)"
   grep -A6 "generation report" $D/ours_$B.log
+  # the decode step as one kernel (MT_DECODE_ONE_KERNEL=1, kernels.cuh): the same tokens, and its speed
+  MT_DECODE_ONE_KERNEL=1 ./train_gpt_cuda --bf16 --load $D/gpt2_ck --sample-input-file $D/prompts_$B.txt \
+    --micro-batch-size $B --greedy --out-seq-length 256 --ignore-eos --sample-output-file $D/one_$B.jsonl \
+    > $D/one_$B.log 2>&1 || fail "the one-kernel decode step at batch $B (see $D/one_$B.log)"
+  if cmp -s $D/one_$B.jsonl $D/ours_$B.jsonl; then echo "OK the one-kernel decode step: the same tokens (batch $B)"
+    passed=$((passed + 1)); else fail "the one-kernel decode step's tokens differ (batch $B)"; fi
+  grep "per-token latency" $D/one_$B.log | sed 's/^/  one kernel: /'
   $PYTHON tests/gpu/generate_ref.py bench $D/gpt2 $B 256 $D/hf.jsonl
 done
 $PYTHON - "$D" <<'PY' > $D/table.md

@@ -948,6 +948,177 @@ MT_TEST(decode_chain_pdl) {
     decode_chain_case(8);
 }
 
+// ---------------------------------------------------------------------------------------------
+// a decode step as one kernel (kernels.cuh, mt_decode_step_gpu) against the same step op by op
+// (the kernels section 11 launches one after another, with the same 16-bit weights): equal bit
+// for bit in the logits, the greedy tokens, x, and the KV caches (each step writes its position).
+// Layers' parameters in one buffer per kind, layer l's at l times a layer's size, as mt_params.
+static void *dev_random_w16(size_t n, float lo, float hi, int dtype) {
+    float *d = dev_random_f(n, lo, hi);
+    void *w = dev_alloc(n * 2);
+    if (dtype == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)w, d, n, 0);
+    else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)w, d, n, 0);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    dev_free(d);
+    return w;
+}
+static void decode_one_kernel_case(int B, int C, int NH, int L, int dtype, int greedy) {
+    int F = 4 * C, Vp = 50304, V = 50257, cap = 64;
+    size_t ncache = (size_t)L * B * cap * C;
+    mt__decode_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B; a.L = L; a.C = C; a.NH = NH; a.F = F; a.V = V; a.Vp = Vp; a.cap = cap;
+    int tokens[8], positions[8];
+    for (int b = 0; b < B; b++) { tokens[b] = rand_int(V); positions[b] = rand_int(cap); }
+    a.tokens = dev_upload_int(tokens, B); a.positions = dev_upload_int(positions, B); a.start = dev_upload_int(positions, B);
+    a.wte = dev_random_f((size_t)Vp * C, -0.5f, 0.5f); a.wpe = dev_random_f((size_t)cap * C, -0.5f, 0.5f);
+    a.wte16 = dev_random_w16((size_t)Vp * C, -0.05f, 0.05f, dtype);
+    a.lnfw = dev_random_f(C, 0.5f, 1.5f); a.lnfb = dev_random_f(C, -0.1f, 0.1f);
+    a.ln1w = dev_random_f((size_t)L * C, 0.5f, 1.5f); a.ln1b = dev_random_f((size_t)L * C, -0.1f, 0.1f);
+    a.ln2w = dev_random_f((size_t)L * C, 0.5f, 1.5f); a.ln2b = dev_random_f((size_t)L * C, -0.1f, 0.1f);
+    a.qkvb = dev_random_f((size_t)L * 3 * C, -0.1f, 0.1f); a.attprojb = dev_random_f((size_t)L * C, -0.1f, 0.1f);
+    a.fcb = dev_random_f((size_t)L * F, -0.1f, 0.1f); a.fcprojb = dev_random_f((size_t)L * C, -0.1f, 0.1f);
+    a.qkvw = dev_random_w16((size_t)L * 3 * C * C, -0.05f, 0.05f, dtype);
+    a.attprojw = dev_random_w16((size_t)L * C * C, -0.05f, 0.05f, dtype);
+    a.fcw = dev_random_w16((size_t)L * F * C, -0.05f, 0.05f, dtype);
+    a.fcprojw = dev_random_w16((size_t)L * C * F, -0.05f, 0.05f, dtype);
+    float *k0 = host_random(ncache, -1, 1), *v0 = host_random(ncache, -1, 1);
+    a.kcache = dev_upload(k0, ncache); a.vcache = dev_upload(v0, ncache); a.cache_layer = (size_t)B * cap * C;
+    a.x = dev_alloc_f((size_t)B * C); a.res2 = dev_alloc_f((size_t)B * C); a.qkv = dev_alloc_f((size_t)B * 3 * C);
+    a.atty = dev_alloc_f((size_t)B * C); a.out_c = dev_alloc_f((size_t)B * C); a.fch = dev_alloc_f((size_t)B * F);
+    a.fch_gelu = dev_alloc_f((size_t)B * F); a.logits = dev_alloc_f((size_t)B * Vp);
+    a.next = greedy ? (int *)dev_alloc(sizeof(int) * 8) : NULL;
+    size_t work_bytes = mt_decode_step_work_bytes(B);
+    a.work = (unsigned *)dev_alloc(work_bytes);
+    float *ln = dev_alloc_f((size_t)B * C), *mean = dev_alloc_f(B), *rstd = dev_alloc_f(B);
+    int *next_ref = (int *)dev_alloc(sizeof(int) * 8);
+    // op by op, as mt_generator_forward queues it
+    auto w16 = [&](const void *base, size_t per_layer, int l) { return (const char *)base + 2 * per_layer * l; };
+    cudaStream_t s = 0;
+    mt_embedding_positions_forward_gpu(a.x, a.tokens, a.wte, a.positions, a.wpe, B, 1, C, 0, Vp, s);
+    for (int l = 0; l < L; l++) {
+        const float *l1w = a.ln1w + (size_t)l * C, *l1b = a.ln1b + (size_t)l * C;
+        if (l == 0) mt_layernorm_forward_gpu(ln, mean, rstd, a.x, l1w, l1b, B, 1, C, s);
+        else mt_residual_layernorm_forward_gpu(a.x, ln, mean, rstd, a.res2, a.out_c, l1w, l1b, B, 1, C, s);
+        mt_matmul_forward_rounded_weight_gpu(a.qkv, ln, w16(a.qkvw, (size_t)3 * C * C, l), a.qkvb + (size_t)l * 3 * C, B, C,
+                                             3 * C, dtype, s);
+        mt_attention_cached_forward_gpu(a.atty, a.kcache + l * a.cache_layer, a.vcache + l * a.cache_layer, a.qkv, a.start,
+                                        B, 1, C, NH, cap, s);
+        mt_matmul_forward_rounded_weight_gpu(a.out_c, a.atty, w16(a.attprojw, (size_t)C * C, l), a.attprojb + (size_t)l * C,
+                                             B, C, C, dtype, s);
+        mt_residual_layernorm_forward_gpu(a.res2, ln, mean, rstd, a.x, a.out_c, a.ln2w + (size_t)l * C,
+                                          a.ln2b + (size_t)l * C, B, 1, C, s);
+        mt_matmul_forward_gelu_gpu(a.fch, a.fch_gelu, ln, NULL, w16(a.fcw, (size_t)F * C, l), a.fcb + (size_t)l * F, B, C,
+                                   F, MT_GEMM_WGMMA, dtype, s);
+        mt_matmul_forward_rounded_weight_gpu(a.out_c, a.fch_gelu, w16(a.fcprojw, (size_t)C * F, l),
+                                             a.fcprojb + (size_t)l * C, B, F, C, dtype, s);
+    }
+    mt_residual_forward_gpu(a.x, a.res2, a.out_c, (size_t)B * C, s);
+    mt_layernorm_forward_gpu(ln, mean, rstd, a.x, a.lnfw, a.lnfb, B, 1, C, s);
+    mt_matmul_forward_rounded_weight_gpu(a.logits, ln, a.wte16, NULL, B, C, Vp, dtype, s);
+    mt_argmax_rows_gpu(next_ref, a.logits, B, V, Vp, s);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    float *want_logits = dev_download(a.logits, (size_t)B * Vp), *want_x = dev_download(a.x, (size_t)B * C);
+    float *want_k = dev_download(a.kcache, ncache), *want_v = dev_download(a.vcache, ncache);
+    int want_next[8], got_next[8];
+    MT_CUDA_CHECK(cudaMemcpy(want_next, next_ref, sizeof(int) * B, cudaMemcpyDeviceToHost));
+    // one kernel, from the same start (the caches as they were, the buffers poisoned)
+    MT_CUDA_CHECK(cudaMemcpy(a.kcache, k0, ncache * sizeof(float), cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaMemcpy(a.vcache, v0, ncache * sizeof(float), cudaMemcpyHostToDevice));
+    dev_poison(a.logits, (size_t)B * Vp); dev_poison(a.x, (size_t)B * C); dev_poison(a.res2, (size_t)B * C);
+    dev_poison(a.out_c, (size_t)B * C); dev_poison(a.qkv, (size_t)B * 3 * C);
+    int ran = mt_decode_step_gpu(&a, dtype, work_bytes, s);
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    char what[96];
+    snprintf(what, sizeof what, "decode step as one kernel (B=%d C=%d heads %d, %s%s)", B, C, NH,
+             dtype == MT_DTYPE_FP16 ? "fp16" : "bf16", greedy ? ", greedy" : "");
+    mt_expect(ran == 1, "%s: the kernel declined the shape", what);
+    if (ran) {
+        float *got_logits = dev_download(a.logits, (size_t)B * Vp), *got_x = dev_download(a.x, (size_t)B * C);
+        float *got_k = dev_download(a.kcache, ncache), *got_v = dev_download(a.vcache, ncache);
+        char label[160];
+        snprintf(label, sizeof label, "%s: logits", what);
+        check_equal_bits(label, got_logits, want_logits, sizeof(float) * B * Vp);
+        snprintf(label, sizeof label, "%s: x", what);
+        check_equal_bits(label, got_x, want_x, sizeof(float) * B * C);
+        snprintf(label, sizeof label, "%s: K cache", what);
+        check_equal_bits(label, got_k, want_k, ncache * sizeof(float));
+        snprintf(label, sizeof label, "%s: V cache", what);
+        check_equal_bits(label, got_v, want_v, ncache * sizeof(float));
+        if (greedy) {
+            MT_CUDA_CHECK(cudaMemcpy(got_next, a.next, sizeof(int) * B, cudaMemcpyDeviceToHost));
+            mt_expect(memcmp(got_next, want_next, sizeof(int) * B) == 0, "%s: tokens %d.. against %d..", what,
+                      got_next[0], want_next[0]);
+        }
+        free(got_logits); free(got_x); free(got_k); free(got_v);
+        if (greedy && (B == 1 || B == 8) && C == 768 && NH == 12) {   // the time of one step (reported, not checked)
+            float us = 1e3f * time_ms([&] { mt_decode_step_gpu(&a, dtype, work_bytes, s); }, 50);
+            printf("    decode step as one kernel B=%d (%d layers + head): %.1f us\n", B, L, us);
+            // where it goes: block 0's clock at each grid barrier (arriving, leaving), averaged over layers
+            int nt = 18 * L + 3;   // 2 per barrier (5 a layer), the head, the start, 8 marks a layer
+            long long *d_trace = (long long *)dev_alloc(sizeof(long long) * nt), h[10 * 48 + 3];
+            a.trace = d_trace;
+            mt_decode_step_gpu(&a, dtype, work_bytes, s);
+            MT_CUDA_CHECK(cudaDeviceSynchronize());
+            a.trace = NULL;
+            MT_CUDA_CHECK(cudaMemcpy(h, d_trace, sizeof(long long) * nt, cudaMemcpyDeviceToHost));
+            dev_free(d_trace);
+            int khz = 0;
+            MT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+            double per_us = khz / 1000.0;   // SM cycles per microsecond (the boost clock)
+            const char *names[5] = {"ln1 + qkv", "attention", "attn proj", "ln2 + fc", "fc proj"};
+            for (int j = 0; j < 5; j++) {
+                double work = 0, wait = 0;
+                for (int l = 0; l < L; l++) {
+                    int k = 5 * l + j;
+                    long long before = k == 0 ? h[10 * L + 2] : h[2 * k - 1];
+                    work += (double)(h[2 * k] - before);
+                    wait += (double)(h[2 * k + 1] - h[2 * k]);
+                }
+                printf("      phase %-10s block 0 works %6.2f us, then waits at the barrier %6.2f us (mean of %d layers)\n",
+                       names[j], work / L / per_us, wait / L / per_us, L);
+            }
+            printf("      head (ln_f + logits)  block 0 works %6.2f us; whole kernel %.1f us (clock of block 0)\n",
+                   (double)(h[10 * L] - h[10 * L - 1]) / per_us, (double)(h[10 * L] - h[10 * L + 2]) / per_us);
+            // inside the phases (kernels.cuh's mt__decode_mark points), means over layers
+            const char *parts[11] = {"1: stage + wait", "1: layernorm", "1: qkv GEMV", "3: stage + wait", "3: proj GEMV",
+                                     "4: stage + wait", "4: layernorm", "4: fc GEMV", "5: stage + wait", "5: fc proj GEMV",
+                                     "1: prefetch (from the barrier before)"};
+            double sum[11] = {0};
+            for (int l = 0; l < L; l++) {
+                const long long *m = h + 10 * L + 3 + 8 * l;
+                long long arrive[5], leave[5];
+                for (int j = 0; j < 5; j++) { arrive[j] = h[2 * (5 * l + j)]; leave[j] = h[2 * (5 * l + j) + 1]; }
+                double v[11] = {(double)(m[1] - m[0]), (double)(m[2] - m[1]), (double)(arrive[0] - m[2]),
+                                (double)(m[4] - leave[1]), (double)(arrive[2] - m[4]), (double)(m[5] - leave[2]),
+                                (double)(m[6] - m[5]), (double)(arrive[3] - m[6]), (double)(m[7] - leave[3]),
+                                (double)(arrive[4] - m[7]), (double)(m[0] - (l == 0 ? h[10 * L + 2] : h[2 * (5 * l - 1) + 1]))};
+                for (int k = 0; k < 11; k++) sum[k] += v[k];
+            }
+            for (int k = 0; k < 11; k++) printf("        %-38s %6.2f us\n", parts[k], sum[k] / L / per_us);
+        }
+    }
+    free(k0); free(v0); free(want_logits); free(want_x); free(want_k); free(want_v);
+    const void *buffers[] = {a.tokens, a.positions, a.start, a.wte, a.wpe, a.wte16, a.lnfw, a.lnfb, a.ln1w, a.ln1b,
+                             a.ln2w, a.ln2b, a.qkvb, a.attprojb, a.fcb, a.fcprojb, a.qkvw, a.attprojw, a.fcw, a.fcprojw,
+                             a.kcache, a.vcache, a.x, a.res2, a.qkv, a.atty, a.out_c, a.fch, a.fch_gelu, a.logits, a.work,
+                             ln, mean, rstd, next_ref};
+    for (const void *p : buffers) dev_free((void *)p);
+    if (a.next) dev_free(a.next);
+}
+MT_TEST(decode_step_one_kernel) {
+    decode_one_kernel_case(1, 768, 12, 12, MT_DTYPE_BF16, 1);   // GPT-2 small's shapes
+    decode_one_kernel_case(3, 768, 12, 2, MT_DTYPE_BF16, 1);
+    decode_one_kernel_case(8, 768, 12, 3, MT_DTYPE_BF16, 1);
+    decode_one_kernel_case(2, 768, 6, 2, MT_DTYPE_BF16, 0);    // head size 128, logits only (sampling)
+    decode_one_kernel_case(3, 512, 8, 2, MT_DTYPE_FP16, 1);    // --fp16, another width
+    // a shape it does not take (C > 1024): it declines, and the caller runs the ops
+    mt__decode_args a;
+    memset(&a, 0, sizeof a);
+    a.B = 1; a.C = 1536; a.NH = 12; a.F = 6144;
+    mt_expect(mt_decode_step_gpu(&a, MT_DTYPE_BF16, 0, 0) == 0, "decode step as one kernel: took C = 1536");
+}
+
 MT_TEST(dropout) {
     // B, T, C, sample_offset, t_offset, T_local (the last two: a sequence-parallel shard)
     int shapes[][6] = {{1, 1, 1, 0, 0, 1}, {2, 7, 33, 5, 0, 7}, {4, 1024, 768, 12, 0, 1024}, {2, 64, 33, 5, 16, 16},
@@ -1766,6 +1937,7 @@ int main(int argc, char **argv) {
         run("attention", test_attention);
         run("decode", test_decode);
         run("decode_chain_pdl", test_decode_chain_pdl);
+        run("decode_step_one_kernel", test_decode_step_one_kernel);
         run("gelu_residual", test_gelu_residual);
         run("vector_and_scalar_paths", test_vector_and_scalar_paths);
         run("cross_entropy", test_cross_entropy);
