@@ -4698,12 +4698,14 @@ static int mt__decode_step_launch(const mt__decode_args *a_in, size_t work_bytes
 }
 // runs the step if its shape is one the kernel takes, and returns 1; else returns 0 (the caller
 // runs the ops): B <= MT_GEMV_MAX_ROWS, C a multiple of 8 up to 1024 (the layernorm's row in
-// registers), F a multiple of 8, head size 64 or 128, 16-bit weights (dtype MT_DTYPE_BF16 or
+// registers), F a multiple of 8, head size 64 (every GPT-2 size's; one instantiation per 16-bit
+// type keeps the build time: each is a large kernel, compiled in every file that includes this
+// one), 16-bit weights (dtype MT_DTYPE_BF16 or
 // MT_DTYPE_FP16), 16-byte aligned buffers. work: mt_decode_step_work_bytes(B) bytes of device memory.
 int mt_decode_step_gpu(const mt__decode_args *a, int dtype, size_t work_bytes, cudaStream_t stream) {
     int hs = a->NH > 0 ? a->C / a->NH : 0;
     if (a->B < 1 || a->B > MT_GEMV_MAX_ROWS || a->C % 8 != 0 || a->C > 1024 || a->F % 8 != 0 || hs * a->NH != a->C ||
-        (hs != 64 && hs != 128))
+        hs != 64)
         return 0;
     const void *aligned[] = {a->x, a->res2, a->qkv, a->atty, a->out_c, a->fch, a->fch_gelu, a->logits, a->kcache,
                              a->vcache, a->qkvw, a->attprojw, a->fcw, a->fcprojw, a->wte16, a->wte, a->wpe, a->ln1w,
@@ -4712,9 +4714,7 @@ int mt_decode_step_gpu(const mt__decode_args *a, int dtype, size_t work_bytes, c
         if (!mt__aligned16(p)) return 0;
     if (a->cache_layer % 4 != 0 || (size_t)a->Vp * a->C % 8 != 0) return 0;
     if (dtype == MT_DTYPE_BF16 && hs == 64) return mt__decode_step_launch<64, __nv_bfloat16, MT_DTYPE_BF16>(a, work_bytes, stream);
-    if (dtype == MT_DTYPE_BF16 && hs == 128) return mt__decode_step_launch<128, __nv_bfloat16, MT_DTYPE_BF16>(a, work_bytes, stream);
     if (dtype == MT_DTYPE_FP16 && hs == 64) return mt__decode_step_launch<64, __half, MT_DTYPE_FP16>(a, work_bytes, stream);
-    if (dtype == MT_DTYPE_FP16 && hs == 128) return mt__decode_step_launch<128, __half, MT_DTYPE_FP16>(a, work_bytes, stream);
     return 0;
 }
 

@@ -6,6 +6,7 @@
 # tokens/s), MT_PROFILE=1 with the graph off (each op synchronised: the op table), and Nsight
 # Compute over 16 new tokens with the graph off (each kernel's duration and DRAM bytes; ncu
 # serialises kernels). The summary: per kernel name, launches per token, us per token, GB/s.
+# ONE_KERNEL=1 sh tests/gpu/profile_decode.sh: also the one-kernel decode step under ncu (the end).
 set -u
 B=${1:-1}
 out=${OUT:-build}
@@ -60,3 +61,15 @@ print(f"decode: {tokens:.0f} tokens, {len(step)/tokens:.0f} kernels per token, {
 for n, c in sorted(tot.items(), key=lambda kv: -kv[1][1]):
     print(f"{n:52s} {c[0]/tokens:6.1f} {c[1]/tokens:9.1f} us {c[2]/max(c[1],1e-9)/1e3:8.0f} GB/s")
 PY
+# ONE_KERNEL=1: then the decode step as one kernel (MT_DECODE_ONE_KERNEL=1, kernels.cuh) under ncu's
+# warp-state, source-counter, memory and launch sections, two of its launches after the prefill:
+# what its warps wait on between the barriers (docs/perf.md: the phases run 3-5x slower than the
+# same work as separate kernels)
+if [ "${ONE_KERNEL:-0}" = 1 ]; then
+  MT_DECODE_ONE_KERNEL=1 ncu --kernel-name regex:mt_decode_step_kernel --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section SourceCounters \
+    ./train_gpt_cuda $G --out-seq-length 8 --sample-output-file $D/one.jsonl > "$out/decode_one_kernel_ncu.txt" 2>&1
+  grep -E "Duration|Registers|Achieved Occupancy|Stall|Warp Cycles|L1/TEX Hit|L2 Hit|Local|Shared Memory Configuration|Dynamic Shared" \
+    "$out/decode_one_kernel_ncu.txt" | head -60
+fi

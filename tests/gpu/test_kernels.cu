@@ -1110,13 +1110,15 @@ MT_TEST(decode_step_one_kernel) {
     decode_one_kernel_case(1, 768, 12, 12, MT_DTYPE_BF16, 1);   // GPT-2 small's shapes
     decode_one_kernel_case(3, 768, 12, 2, MT_DTYPE_BF16, 1);
     decode_one_kernel_case(8, 768, 12, 3, MT_DTYPE_BF16, 1);
-    decode_one_kernel_case(2, 768, 6, 2, MT_DTYPE_BF16, 0);    // head size 128, logits only (sampling)
+    decode_one_kernel_case(2, 768, 12, 2, MT_DTYPE_BF16, 0);   // logits only (sampling)
     decode_one_kernel_case(3, 512, 8, 2, MT_DTYPE_FP16, 1);    // --fp16, another width
-    // a shape it does not take (C > 1024): it declines, and the caller runs the ops
+    // shapes it does not take (C > 1024; head size 128): it declines, and the caller runs the ops
     mt__decode_args a;
     memset(&a, 0, sizeof a);
-    a.B = 1; a.C = 1536; a.NH = 12; a.F = 6144;
+    a.B = 1; a.C = 1536; a.NH = 24; a.F = 6144;
     mt_expect(mt_decode_step_gpu(&a, MT_DTYPE_BF16, 0, 0) == 0, "decode step as one kernel: took C = 1536");
+    a.C = 768; a.NH = 6; a.F = 3072;
+    mt_expect(mt_decode_step_gpu(&a, MT_DTYPE_BF16, 0, 0) == 0, "decode step as one kernel: took head size 128");
 }
 
 MT_TEST(dropout) {
