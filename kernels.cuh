@@ -4031,7 +4031,8 @@ __device__ static float mt__block_reduce(float v, float *shared, int is_max) {  
 // decode_step_one_kernel checks the two agree bit for bit). It is not also the kernel's body: made
 // so, the kernel's loop over the values compiled with each load behind its own exit test (its
 // thread index no longer known to be below blockDim) and decoding slowed by ~0.1 ms a token
-// (measured; perf.md), so the kernel keeps its own copy.
+// (measured; perf.md), so the kernel keeps its own copy; here that loop is written out 4 rows of
+// V at a time, their loads first, adding in the kernel's order.
 __device__ static inline void mt__bar128(int bar) { asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory"); }
 // mt__block_reduce for the 128 threads of a named barrier (the same order: the same bits)
 __device__ static float mt__reduce128(float v, float *shared, int is_max, int tid, int bar) {
@@ -4097,9 +4098,24 @@ __device__ static void mt__attention_cached_block(int block, int tid, int bar, f
     float inv = 1.0f / sum;
     int g = tid / D4, d = tid % D4;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (g < G) {
-        #pragma unroll 4
-        for (int p2 = g; p2 <= p; p2 += G) {
+    if (g < G) {   // positions g, g + G, ..., p: n of them, 4 rows of V loaded before any is added
+        int n = g <= p ? (p - g) / G + 1 : 0, i = 0;   // (in the kernel's order, so the same sums)
+        for (; i + 4 <= n; i += 4) {
+            float w[4];
+            float4 v[4];
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int p2 = g + (i + u) * G;
+                w[u] = score[p2];
+                v[u] = *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            }
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                acc.x += w[u] * v[u].x; acc.y += w[u] * v[u].y; acc.z += w[u] * v[u].z; acc.w += w[u] * v[u].w;
+            }
+        }
+        for (; i < n; i++) {
+            int p2 = g + i * G;
             float w = score[p2];
             float4 v = *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
             acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
