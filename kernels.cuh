@@ -52,6 +52,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>   // thread-block clusters (decoding's split attention)
 #include <cuda.h>           // CUtensorMap and its enums (types only: no -lcuda needed)
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
 #include <stdint.h>
@@ -363,6 +364,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_gelu_forward_kernel / _backward      one thread per element (forward: a float4 per thread
 //   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
 //   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
+//   mt_attention_decode_split_kernel        decoding: a cluster per (sequence, head), a block per slice
 //   mt_argmax_rows_kernel                   generation's greedy token: a block per row
 //   mt_cross_entropy_*_kernel (3)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
@@ -595,15 +597,28 @@ __global__ void mt_layernorm_forward_kernel(OUT *__restrict__ out, float *__rest
 // read registers. For C % 4 == 0, C <= 128 NV, 16-byte aligned rows. With a (the residual stream)
 // not NULL it also does the residual add first: res = a + inp, written out, and normalises res
 // (mt_residual_layernorm_forward: one pass over the row instead of two kernels). OUT as above.
-template <int NV, typename OUT>
+// EARLY = 1 (decoding's few rows, launched behind the kernel ahead with programmatic dependent
+// launch): the lane's weight and bias are loaded before the wait for the kernel ahead, which did
+// not write them, so their round trip to memory overlaps that kernel's end instead of following the
+// two reductions. The same arithmetic; EARLY = 0 is the kernel as it was (training's many rows).
+template <int NV, typename OUT, int EARLY>
 __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__restrict__ mean,
                                                 float *__restrict__ rstd, float *__restrict__ res,
                                                 const float *__restrict__ a, const float *__restrict__ inp,
                                                 const float *__restrict__ weight, const float *__restrict__ bias,
                                                 int N, int C) {
-    mt__pdl_start();
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    float4 w_early[EARLY ? NV : 1], b_early[EARLY ? NV : 1];
+    if (EARLY) {
+        const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            int j = lane + 32 * v;
+            if (j < C / 4 && row < N) { w_early[v] = w4[j]; b_early[v] = b4[j]; }
+        }
+    }
+    mt__pdl_start();
     if (row >= N) return;
     int C4 = C / 4;
     const float4 *x4 = (const float4 *)(inp + (size_t)row * C);
@@ -645,7 +660,7 @@ __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__
     for (int v = 0; v < NV; v++) {
         int j = lane + 32 * v;
         if (j < C4) {
-            float4 w = w4[j], b = b4[j];
+            float4 w = EARLY ? w_early[v] : w4[j], b = EARLY ? b_early[v] : b4[j];
             mt__store_rounded4(o + 4 * j, make_float4((s * (x[v].x - m)) * w.x + b.x, (s * (x[v].y - m)) * w.y + b.y,
                                                       (s * (x[v].z - m)) * w.z + b.z, (s * (x[v].w - m)) * w.w + b.w));
         }
@@ -718,12 +733,15 @@ static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, flo
                                          cudaStream_t stream) {
     int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
               (!a || (mt__aligned16(a) && mt__aligned16(res)));
-    if (vec && C <= 32 * 4 * 8) {
-        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT>, mt__blocks(N, 8), 256, 0,
+    if (vec && C <= 32 * 4 * 8 && N <= MT_GEMV_MAX_ROWS && sizeof(OUT) == sizeof(float)) {   // decoding's rows
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 1>, mt__blocks(N, 8), 256,
+                   0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+    } else if (vec && C <= 32 * 4 * 8) {
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 0>, mt__blocks(N, 8), 256, 0,
                    stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
-        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16, OUT>, mt__blocks(N, 8), 256, 0,
-                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16, OUT, 0>, mt__blocks(N, 8), 256,
+                   0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else {
         if (a) {
             mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
@@ -2313,14 +2331,54 @@ static void mt__cast_to(__nv_bfloat16 *out, const float *x, size_t n, cudaStream
 static void mt__cast_to(__half *out, const float *x, size_t n, cudaStream_t stream) {
     mt_cast_f32_to_f16_gpu(out, x, n, stream);
 }
+//
+// THE PARAMETERS' 16-BIT COPY. Most of those operands are weights, and a training step multiplies
+// every weight twice (the forward, and the backward's input gradient): rounding each one into a
+// copy per product cast 2 x 124M weights a step for GPT-2 small (1.5 GB moved in 98 launches). So
+// the rank rounds all its parameters once, into one copy, when a step starts (megatron.h's
+// mt_device_weights16: training and evaluation steps, and a generator for its whole life), and
+// while that copy is on, mt__rounded_copy lends the piece of it that holds the operand instead of
+// making one: the same values (the same cast), nothing borrowed, nothing freed
+// (mt__rounded_free tells a lent piece from a made copy by its address). Thread-local, as
+// mt__pdl_on: each rank thread has its own parameters and copy.
+typedef struct {
+    const float *of;   // the rank's parameters (fp32), n floats from here
+    size_t n;
+    const void *copy;  // the same n values rounded to 16 bits; NULL: no copy is on
+    int f16;           // 1: fp16, 0: bf16
+} mt__weights16;
+static MT_THREAD_LOCAL mt__weights16 mt__w16;
+static int mt__f16_flag(const __half *) { return 1; }
+static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
+// the piece of the copy that holds x's span elements, where the copy is on, of type T, and the
+// piece starts on a 16-byte boundary (the TMA reads it from there: x at a multiple of 8 elements
+// from the parameters' start); else NULL
+template <typename T>
+static T *mt__weights16_piece(const float *x, size_t span) {
+    if (!mt__w16.copy || mt__w16.f16 != mt__f16_flag((const T *)NULL)) return NULL;
+    if (x < mt__w16.of || x >= mt__w16.of + mt__w16.n || span > (size_t)(mt__w16.of + mt__w16.n - x)) return NULL;
+    size_t at = (size_t)(x - mt__w16.of);
+    if (at % 8 != 0) return NULL;
+    return (T *)mt__w16.copy + at;
+}
 template <typename T>
 static T *mt__rounded_copy(const float *x, int rows, int K, int ld, int k_inner, cudaStream_t stream) {
     static_assert(sizeof(T) == 2, "mt_gpu_rounded_copy_bytes counts 2 bytes an element");
     size_t span = mt_gpu_operand_span(rows, K, ld, k_inner);   // megatron.h section 3: the plan counts the same
+    T *lent = mt__weights16_piece<T>(x, span);
+    if (lent) return lent;   // a parameter, already rounded
     T *copy;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, mt_gpu_rounded_copy_bytes(span), stream));   // (span + 8) x 2
     if (span) mt__cast_to(copy, x, span, stream);
     return copy;
+}
+// give back what mt__rounded_copy returned: a copy it made is freed, a piece of the parameters'
+// copy is not
+template <typename T>
+static void mt__rounded_free(T *copy, cudaStream_t stream) {
+    const T *first = (const T *)mt__w16.copy;
+    if (first && copy >= first && copy < first + mt__w16.n) return;
+    MT_CUDA_CHECK(cudaFreeAsync(copy, stream));
 }
 // the same for a whole tensor of n elements (the attention kernels' operands)
 template <typename T>
@@ -2332,8 +2390,6 @@ static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
 }
 // one GEMM on the wgmma rung from fp32 operands: both rounded to T, multiplied, the copies freed
 // (epi: NULL, or a fused epilogue: the MLP's GELU, mt_matmul_forward_gelu_gpu)
-static int mt__f16_flag(const __half *) { return 1; }
-static int mt__f16_flag(const __nv_bfloat16 *) { return 0; }
 // the same with A already in T (a layer's ln1 / ln2 as the layernorm stored it): only B is rounded
 template <typename T>
 static void mt__gemm_wgmma_a16(float *c, const T *a16, const float *b, const float *bias, int M, int N, int K, int lda,
@@ -2342,7 +2398,7 @@ static void mt__gemm_wgmma_a16(float *c, const T *a16, const float *b, const flo
     T *b16 = mt__rounded_copy<T>(b, N, K, ldb, b_k_inner, stream);
     mt__gemm_wgmma_any(c, a16, b16, mt__f16_flag(b16), bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, 0,
                        epi, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(b16, stream));
+    mt__rounded_free(b16, stream);
 }
 template <typename T>
 static void mt__gemm_wgmma_rounded(float *c, const float *a, const float *b, const float *bias, int M, int N, int K,
@@ -2350,7 +2406,7 @@ static void mt__gemm_wgmma_rounded(float *c, const float *a, const float *b, con
                                    const mt__epilogue *epi, cudaStream_t stream) {
     T *a16 = mt__rounded_copy<T>(a, M, K, lda, a_k_inner, stream);
     mt__gemm_wgmma_a16<T>(c, a16, b, bias, M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, epi, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(a16, stream));
+    mt__rounded_free(a16, stream);
 }
 // C[i][j] (=|+=) sum_k A(i,k) B(j,k) (+ bias[j]) with the layouts described above. dtype (an
 // mt_dtype): the operand type of the tensor-core rungs (mma, wgmma): MT_DTYPE_FP16 fp16, else
@@ -2427,7 +2483,7 @@ mt_gemm_impl mt_gemm_impl_parse(const char *name) {
 // tensor-core rungs' bf16 or fp16, fp32 for the naive and tiled rungs), so a step with a few rows
 // multiplies the same values as one with many (and as the CPU build's emulation).
 // WT, the weight's storage: float (the parameters), or __nv_bfloat16 / __half: the decoding copy
-// of the parameters already rounded to ROUND (mt_device_decoding_weights), half the bytes to read.
+// of the parameters already rounded to ROUND (mt_device_weights16), half the bytes to read.
 // matches mt_matmul_forward_cpu (megatron.h, 3. OPS) for BT <= MT_GEMV_MAX_ROWS (8, megatron.h's:
 // a GEMV borrows no scratch, section 3 counts it so). Writes out with '='.
 template <int ROUND>
@@ -2612,8 +2668,8 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
                            stream);
     }
     mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
-    if (w16) MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
-    if (!inp_t) MT_CUDA_CHECK(cudaFreeAsync(inp16, stream));
+    if (w16) mt__rounded_free(w16, stream);
+    if (!inp_t) mt__rounded_free(inp16, stream);
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -2629,7 +2685,7 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
     }
     mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, gelu16, BT, C, OC,
                                          stream);
-    MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
+    mt__rounded_free(dout16, stream);
 }
 // the backward from a gradient already in 16 bits (grad_dtype MT_DTYPE_BF16 or FP16: (BT, OC)
 // values, row stride OC), the wgmma rung only: the LM head's, which mt_cross_entropy_finish_gpu
@@ -2787,7 +2843,7 @@ static void mt__mlp_forward_wgmma(float *fch, int fch16, float *out, const float
     else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
     mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(w16, stream));
+    mt__rounded_free(w16, stream);
     MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
 }
 void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp, int inp_dtype, const float *fcw,
@@ -4201,12 +4257,192 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
             make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     }
 }
+// Decoding's attention (Tq = 1) split over the cache, as FlashAttention's "flash-decoding": the
+// kernel above gives a (sequence, head) one block, which walks all p + 1 positions itself (a K row
+// per thread, then the V rows 8 at a time per group): at batch 1 that is 12 blocks on a GPU of
+// 132 SMs, each a chain of a dozen round trips to memory. Here the positions of one (sequence,
+// head) are cut into S slices of `per` positions, one block each, the S blocks of one (sequence,
+// head) forming a thread-block cluster (Hopper; S <= 8, the portable cluster size). Each block runs
+// the same three passes over its slice only and keeps, in its shared memory,
+//   m_s = max of its scores,  l_s = sum of exp(score - m_s),  o_s = sum of exp(score - m_s) v  (hs)
+// (a slice past p: m_s = -inf, l_s = 0, o_s = 0). After a cluster barrier, block 0 reads the
+// others' shared memory (distributed shared memory) and combines them, in the order of s:
+//   M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = (sum_s o_s exp(m_s - M)) / L
+// which is softmax(scores) v over all positions (slice 0 always holds position 0, so M is finite).
+// The new token's K and V go into the cache by the block whose slice holds p. Another summation
+// order than the kernel above (a few ulps of fp32); the one-kernel decode step keeps the unsplit
+// form (splits = 1), and its test compares it with that.
+// shared memory of one block: scores (per, rounded up to 4) | partial outputs (128 float4) |
+// reduction (32) | the slice's m, l (4 floats, for alignment) and o (hs)
+__host__ __device__ static inline size_t mt__attention_split_smem_floats(int per, int hs) {
+    return (size_t)(per + 3) / 4 * 4 + 4 * 128 + 32 + 4 + (size_t)hs;
+}
+template <int HS>
+__global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *out, float *kcache, float *vcache,
+                                                                        const float *qkv, const int *start,
+                                                                        int C_local, int NH_local, int cap, int per) {
+    extern __shared__ float smem[];
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
+    const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
+    // EARLY (head sizes up to 64): the slice's cached rows before p are read into registers before
+    // the wait for the kernel ahead (programmatic dependent launch): earlier steps wrote them, not
+    // that kernel, and start[] is the host's upload. A thread's first K row, and up to VPRE of the V
+    // rows its group sums; their round trips overlap the kernel ahead instead of following q's.
+    const int EARLY = HS != 0 && HS <= 64, VPRE = EARLY ? 8 : 1;
+    const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
+    int h = (blockIdx.x / S) % NH_local, b = blockIdx.x / (S * NH_local);
+    int p = start[b], lo = s * per, hi = min(p, lo + per - 1);   // my positions: lo..hi (none if hi < lo)
+    int g = threadIdx.x / D4, d = threadIdx.x % D4;
+    float *k_b = kcache + (size_t)b * cap * C_local + h * hs, *v_b = vcache + (size_t)b * cap * C_local + h * hs;
+    float4 k_early[EARLY ? MAXD4 : 1], v_early[VPRE];
+    if (EARLY) {
+        int p2 = lo + threadIdx.x;
+        if (p2 <= hi && p2 < p) {
+            const float4 *k = (const float4 *)(k_b + (size_t)p2 * C_local);
+#pragma unroll
+            for (int e = 0; e < MAXD4; e++) k_early[e] = k[e];
+        }
+#pragma unroll
+        for (int i = 0; i < VPRE; i++) {
+            int p3 = lo + g + G * i;
+            if (g < G && p3 <= hi && p3 < p) v_early[i] = *(const float4 *)(v_b + (size_t)p3 * C_local + 4 * d);
+        }
+    }
+    mt__pdl_start();
+    int per4 = (per + 3) / 4 * 4;
+    float *score = smem, *red = smem + per4 + 4 * 128, *mine = red + 32;   // mine: m, l, -, -, o (hs)
+    float4 *partial = (float4 *)(smem + per4);
+    const float *row = qkv + (size_t)b * 3 * C_local + h * hs;   // q | k | v of this head at C_local apart
+    if (p >= lo && p <= hi) {   // the new token's K and V, where this block will read them
+        for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+            k_b[(size_t)p * C_local + i] = row[C_local + i];
+            v_b[(size_t)p * C_local + i] = row[2 * C_local + i];
+        }
+    }
+    __syncthreads();   // the block's global writes are seen by the block after the barrier
+    float4 q[MAXD4];
+#pragma unroll
+    for (int e = 0; e < MAXD4; e++) q[e] = e < D4 ? *(const float4 *)(row + 4 * e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float scale = 1.0f / sqrtf((float)hs), m = -INFINITY;
+    for (int p2 = lo + threadIdx.x; p2 <= hi; p2 += blockDim.x) {
+        float4 kv[MAXD4];
+        if (EARLY && p2 == lo + (int)threadIdx.x && p2 < p) {   // the row read before the wait
+#pragma unroll
+            for (int e = 0; e < MAXD4; e++) kv[e] = k_early[e];
+        } else {
+            const float4 *k = (const float4 *)(k_b + (size_t)p2 * C_local);
+#pragma unroll
+            for (int e = 0; e < MAXD4; e++) kv[e] = e < D4 ? k[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        float sc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < MAXD4; e++) sc += q[e].x * kv[e].x + q[e].y * kv[e].y + q[e].z * kv[e].z + q[e].w * kv[e].w;
+        score[p2 - lo] = sc * scale;
+        m = fmaxf(m, score[p2 - lo]);
+    }
+    m = mt__block_reduce(m, red, 1);
+    float sum = 0.0f;
+    for (int p2 = lo + threadIdx.x; p2 <= hi; p2 += blockDim.x) {
+        float e = __expf(score[p2 - lo] - m);
+        score[p2 - lo] = e;
+        sum += e;
+    }
+    sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < G) {   // positions lo + g, lo + g + G, ... in order: the first VPRE from registers (but p)
+        int p2 = lo + g;
+        if (EARLY) {
+#pragma unroll
+            for (int i = 0; i < VPRE; i++, p2 += G) {
+                if (p2 > hi) break;
+                float w = score[p2 - lo];
+                float4 v = p2 < p ? v_early[i] : *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+            }
+        }
+#pragma unroll 4
+        for (; p2 <= hi; p2 += G) {
+            float w = score[p2 - lo];
+            float4 v = *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+        }
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < D4) {
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < G; k++) {
+            float4 u = partial[k * D4 + threadIdx.x];
+            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
+        }
+        *(float4 *)(mine + 4 + 4 * threadIdx.x) = o;   // o_s, not yet divided
+    }
+    if (threadIdx.x == 0) { mine[0] = m; mine[1] = sum; }   // (an empty slice: -inf and 0, and o_s = 0)
+    cluster.sync();   // every slice's m, l, o_s written and visible to the cluster
+    if (s == 0) {
+        float M = -INFINITY;
+        for (int j = 0; j < S; j++) M = fmaxf(M, cluster.map_shared_rank(mine, j)[0]);
+        for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+            float L = 0.0f, O = 0.0f;
+            for (int j = 0; j < S; j++) {
+                const float *theirs = cluster.map_shared_rank(mine, j);
+                float f = __expf(theirs[0] - M);   // 0 for an empty slice
+                L += theirs[1] * f;
+                O += theirs[4 + i] * f;
+            }
+            out[(size_t)b * C_local + h * hs + i] = O / L;
+        }
+    }
+    cluster.sync();   // block 0 has read the others' shared memory: now they may exit
+}
+// how many slices decoding's attention cuts the cache into (1: the unsplit kernel): enough to
+// give a (sequence, head) up to 8 blocks, each at least 32 positions. A function of the cache's
+// size only, not of the position: a decode step is recorded once as a CUDA graph and replayed
+// while p grows (the slices past p have nothing to do).
+static int mt__attention_decode_splits(int Tq, int cap) {
+    if (Tq != 1) return 1;
+    int S = (cap + 31) / 32;
+    return S < 1 ? 1 : S > 8 ? 8 : S;
+}
+template <int HS>
+static void mt__attention_split_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
+                                       int B, int C_local, int NH_local, int cap, int S, cudaStream_t stream) {
+    int per = (cap + S - 1) / S, hs = C_local / NH_local;
+    size_t smem = sizeof(float) * mt__attention_split_smem_floats(per, hs);
+    mt__allow_smem((const void *)mt_attention_decode_split_kernel<HS>, smem);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)(B * NH_local * S));
+    config.blockDim = dim3(128);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[2];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;   // S blocks of one (sequence, head) together
+    attribute[0].val.clusterDim.x = (unsigned)S;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as mt__launch's
+    attribute[1].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = mt__pdl_on ? 2 : 1;
+    cudaError_t err = cudaLaunchKernelEx(&config, mt_attention_decode_split_kernel<HS>, out, kcache, vcache, qkv, start,
+                                         C_local, NH_local, cap, per);
+    if (err != cudaSuccess)
+        mt_fatal("launching mt_attention_decode_split_kernel failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to "
+                 "stop at the op that caused it", cudaGetErrorName(err), cudaGetErrorString(err));
+    mt__launch_check("mt_attention_decode_split_kernel", stream);
+}
 template <int HS>
 static void mt__attention_cached_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
-                                        int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
+                                        int B, int Tq, int C_local, int NH_local, int cap, int splits,
+                                        cudaStream_t stream) {
     size_t smem = sizeof(float) * mt__attention_cached_smem_floats(cap);
     unsigned blocks = (unsigned)(B * NH_local * Tq);
-    if (Tq == 1) {
+    int S = splits == 1 ? 1 : mt__attention_decode_splits(Tq, cap);
+    if (S > 1) {
+        mt__attention_split_launch<HS>(out, kcache, vcache, qkv, start, B, C_local, NH_local, cap, S, stream);
+    } else if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
         mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 1>, blocks, 128, smem,
                    stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
@@ -4219,8 +4455,11 @@ static void mt__attention_cached_launch(float *out, float *kcache, float *vcache
                    stream, out, kcache, vcache, qkv, start, Tq, C_local, NH_local, cap);
     }
 }
+// splits: 0, the launcher's choice (decoding's Tq = 1: split over the cache, mt__attention_decode_splits);
+// 1, one block per (sequence, head, new token) whatever Tq (the form the one-kernel decode step runs)
 void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
-                                     int B, int Tq, int C_local, int NH_local, int cap, cudaStream_t stream) {
+                                     int B, int Tq, int C_local, int NH_local, int cap, int splits,
+                                     cudaStream_t stream) {
     int hs = C_local / NH_local;
     if (B == 0 || Tq == 0) return;
     if (hs % 4 != 0 || hs > 128)
@@ -4229,12 +4468,12 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
     if (!mt__aligned16(out) || !mt__aligned16(kcache) || !mt__aligned16(vcache) || !mt__aligned16(qkv))
         mt_fatal("internal: attention over the KV cache reads float4: its buffers must be 16-byte aligned");
     switch (hs) {   // the training attention's head sizes (mt__attention_check)
-    case 16: mt__attention_cached_launch<16>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
-    case 32: mt__attention_cached_launch<32>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
-    case 64: mt__attention_cached_launch<64>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
-    case 128: mt__attention_cached_launch<128>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream); break;
+    case 16: mt__attention_cached_launch<16>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, splits, stream); break;
+    case 32: mt__attention_cached_launch<32>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, splits, stream); break;
+    case 64: mt__attention_cached_launch<64>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, splits, stream); break;
+    case 128: mt__attention_cached_launch<128>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, splits, stream); break;
     default:   // another multiple of 4
-        mt__attention_cached_launch<0>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, stream);
+        mt__attention_cached_launch<0>(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, splits, stream);
     }
 }
 
@@ -5231,13 +5470,14 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
     mt_layernorm_backward_gpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, mt__stream(r));
     mt__profile_end(r, "layernorm backward", t0);
 }
-// decoding (mt_device_decoding_weights): the 16-bit copy of `weight` when the copy exists and the
-// product has a GEMV's few rows; else NULL
+// the parameters' 16-bit copy (mt_device_weights16) of `weight` when it is on and the product has a
+// GEMV's few rows (decoding: the GEMV reads it instead of the fp32 weight); else NULL. (More rows:
+// the GEMMs find it themselves, mt__rounded_copy.)
 static const void *mt__decoding_weight(const mt_rank *r, const float *weight, int BT) {
     const mt_device *d = &r->dev;
-    if (!d->decoding_weights || BT > MT_GEMV_MAX_ROWS || weight < d->decoding_of || weight >= d->decoding_of + d->decoding_n)
-        return NULL;
-    return (const uint16_t *)d->decoding_weights + (weight - d->decoding_of);
+    const float *of = r->model.params_memory;
+    if (!d->weights16_on || BT > MT_GEMV_MAX_ROWS || weight < of || weight >= of + d->weights16_n) return NULL;
+    return (const uint16_t *)d->weights16 + (weight - of);
 }
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC) {
@@ -5375,7 +5615,7 @@ void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const f
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap) {
     double t0 = mt__profile_begin(r);
-    mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, mt__stream(r));
+    mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, 0, mt__stream(r));
     mt__profile_end(r, "attention over the KV cache", t0);
 }
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
@@ -5677,34 +5917,48 @@ void mt_device_init(mt_rank *r) {
     MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r->dev.device));
     uint64_t keep = UINT64_MAX;
     MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    // The first stream-ordered allocation of a process sets the pool up: measured on an H200,
+    // 10.5 ms for the first cudaMallocAsync against 0.006 ms for the next. Paid here, at start-up,
+    // not by the first op that borrows (a generation's prefill: it was most of the time to the
+    // first token, 11-14 ms against 2.7 for the batches after it)
+    void *first;
+    MT_CUDA_CHECK(cudaMallocAsync(&first, 256, stream));
+    MT_CUDA_CHECK(cudaFreeAsync(first, stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
-// decoding's copy of the parameters in the operand type (see megatron.h): one cast of the whole
-// buffer; only where the GEMV would round (a tensor-core rung, --bf16 / --fp16)
-void mt_device_decoding_weights(mt_rank *r, int on) {
+// the parameters' 16-bit copy (megatron.h, section 3): one cast of the whole buffer into memory
+// kept for the next step, and the GEMMs told where it is (mt__w16: mt__rounded_copy lends pieces
+// of it)
+void mt_device_weights16(mt_rank *r, int use) {
     mt_device *d = &r->dev;
-    if (d->decoding_weights) {
-        MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
-        MT_CUDA_CHECK(cudaFree(d->decoding_weights));
-        d->decoding_weights = NULL;
-        d->decoding_of = NULL;
-        d->decoding_n = 0;
-    }
-    if (d->decode_work) {   // (the one-kernel decode step's, made at its first use)
+    d->weights16_on = 0;
+    memset(&mt__w16, 0, sizeof mt__w16);
+    if (use == MT_WEIGHTS16_OFF && d->decode_work) {   // (the one-kernel decode step's, made at its first use)
         MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
         MT_CUDA_CHECK(cudaFree(d->decode_work));
         d->decode_work = NULL;
         d->decode_work_bytes = 0;
     }
-    int rounds = d->gemm_impl == MT_GEMM_MMA || d->gemm_impl == MT_GEMM_WGMMA;
-    if (!on || !rounds || d->dtype == MT_DTYPE_FP32 || r->model.num_params == 0) return;
     size_t n = r->model.num_params;
-    d->decoding_weights = mt__device_alloc(r, n * sizeof(uint16_t), "the decoding copy of the weights");
+    if (!mt_weights16_wanted((mt_gemm_impl)d->gemm_impl, d->dtype, use) || n == 0) return;
+    if (!d->weights16) {
+        d->weights16 = mt__device_alloc(r, n * sizeof(uint16_t), "the parameters' 16-bit copy");
+        d->weights16_n = n;
+    }
     if (d->dtype == MT_DTYPE_FP16)
-        mt_cast_f32_to_f16_gpu((__half *)d->decoding_weights, r->model.params_memory, n, mt__stream(r));
+        mt_cast_f32_to_f16_gpu((__half *)d->weights16, r->model.params_memory, n, mt__stream(r));
     else
-        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d->decoding_weights, r->model.params_memory, n, mt__stream(r));
-    d->decoding_of = r->model.params_memory;
-    d->decoding_n = n;
+        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d->weights16, r->model.params_memory, n, mt__stream(r));
+    d->weights16_on = 1;
+    mt__w16.of = r->model.params_memory;
+    mt__w16.n = n;
+    mt__w16.copy = d->weights16;
+    mt__w16.f16 = d->dtype == MT_DTYPE_FP16;
+}
+// the plan's term: where a training step would make the copy on the rung this build runs
+size_t mt_device_weights16_bytes(const mt_rank *r) {
+    if (!mt_weights16_wanted(mt__storage_rung(r), r->cfg->compute_dtype, MT_WEIGHTS16_STEP)) return 0;
+    return r->model.num_params * sizeof(uint16_t);
 }
 // a decode step as one kernel (megatron.h, section 3): the parameters' 16-bit decoding copies, the
 // work buffer (made at first use), then mt_decode_step_gpu, which may decline the shape (0)
@@ -5741,7 +5995,12 @@ int mt_device_decode_step(mt_rank *r, const mt_decode_step *s) {
     return mt_decode_step_gpu(&a, d->dtype, d->decode_work_bytes, mt__stream(r));
 }
 void mt_device_free(mt_rank *r) {
-    mt_device_decoding_weights(r, 0);
+    mt_device_weights16(r, MT_WEIGHTS16_OFF);
+    if (r->dev.weights16) {
+        MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
+        MT_CUDA_CHECK(cudaFree(r->dev.weights16));
+        r->dev.weights16 = NULL;
+    }
     mt__profile_print(r);
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;

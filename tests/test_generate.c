@@ -254,6 +254,37 @@ static void allowed_set(const float *logits, int V, const mt_sampling *s, int *a
     for (int i = 0; i < n; i++) { allowed[order[i]] = 1; prob[order[i]] = z[i] / total; }
 }
 
+// sampling's order of the candidates (a radix sort on the logits' bits) against a comparison sort
+// with the rule it must follow: larger logit first, equal logits (-0 and +0 among them) by smaller id
+static int candidate_order(const void *a, const void *b) {
+    const mt__candidate *x = (const mt__candidate *)a, *y = (const mt__candidate *)b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id - y->id;
+}
+MT_TEST(candidates_are_ordered_as_a_comparison_sort_orders_them) {
+    const int V = 50257;   // GPT-2's vocabulary
+    mt__candidate *got = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * 2 * V, "test");
+    mt__candidate *want = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * V, "test");
+    for (int round = 0; round < 3; round++) {
+        for (int v = 0; v < V; v++) {
+            uint64_t h = mt_hash64((uint64_t)v * 3 + (uint64_t)round);
+            float logit = round == 0 ? (float)((int)(h % 2001) - 1000) / 64.0f       // many ties, both signs
+                        : round == 1 ? (float)((double)(h >> 11) / 9007199254740992.0 * 40.0 - 20.0)
+                                     : (float)((int)(h % 5) - 2) * 1e-30f;           // tiny values, ties
+            if (h % 97 == 0) logit = (h & 1) ? -0.0f : 0.0f;                          // signed zeros
+            got[v].logit = want[v].logit = logit;
+            got[v].id = want[v].id = v;
+        }
+        qsort(want, (size_t)V, sizeof *want, candidate_order);
+        mt__sort_candidates(got, got + V, V);
+        int same = 1;
+        for (int v = 0; v < V; v++) same &= got[v].id == want[v].id;
+        mt_expect(same, "round %d: the radix order differs from the comparison sort's", round);
+    }
+    free(got);
+    free(want);
+}
+
 MT_TEST(top_k_and_top_p_sample_only_the_allowed_tokens) {
     const int V = 40;
     float logits[40];
@@ -528,6 +559,7 @@ int main(int argc, char **argv) {
         return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
     mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);
     mt_run_test(bf16_uncached_forward_matches_cached_decoding);
+    mt_run_test(candidates_are_ordered_as_a_comparison_sort_orders_them);
     mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
     mt_run_test(input_and_output_files_round_trip);
     mt_run_test(hugging_face_export_import_round_trip_is_bit_exact);

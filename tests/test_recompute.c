@@ -241,7 +241,7 @@ MT_TEST(kernel_scratch_restated) {
     // weight (128 x 32) and inp (32 x 32) rounded to bf16, 2 bytes each and 8 spare elements, all
     // alive at once; both products are a single 128 x 256 tile of 1 k-step: no split-K
     size_t want = (32 * 128 + 8) * 2 + (128 * 32 + 8) * 2 + (32 * 32 + 8) * 2;
-    size_t got = mt_gpu_matmul_backward_scratch(32, 32, 128, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0);
+    size_t got = mt_gpu_matmul_backward_scratch(32, 32, 128, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0, 0);
     mt_expect(got == want, "LM head backward, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
     // GPT-2 small's fc weight gradient (OC = 3072, C = 768, B*T = 16384), wgmma: 24 x 3 = 72 tiles
     // of 256 k-steps; 3 slices (2 waves of 216 units on 132 SMs at 86 steps: cost 2 x 90 + 3 +
@@ -251,18 +251,31 @@ MT_TEST(kernel_scratch_restated) {
     mt_expect(p.splits == 3 && p.slots == 216, "fc's weight gradient: %d slices, %zu partial tiles (want 3, 216)",
               p.splits, p.slots);
     want = (16384 * 3072 + 8) * 2 + (3072 * 768 + 8) * 2 + (16384 * 768 + 8) * 2 + (size_t)216 * 128 * 256 * 4;
-    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0);
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0, 0);
     mt_expect(got == want, "fc backward, GPT-2 small, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
     // the same with its input (ln2) stored in 16 bits by the layernorm (mt_ln_gemm_dtype): no copy of it
     want -= ((size_t)16384 * 768 + 8) * 2;
-    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 1, 0);
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 1, 0, 0);
     mt_expect(got == want, "fc backward from a 16-bit ln2: %zu bytes, kernels.cuh allocates %zu", got, want);
     // and with its output gradient in 16 bits too (fc-proj's backward wrote it so, as fch is kept:
     // mt_fch_gemm_dtype): no copy of it either; the column sums' partials (64 chunks x 3072
     // floats) come and go before the products
     want -= ((size_t)16384 * 3072 + 8) * 2;
-    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 1, 1);
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 1, 1, 0);
     mt_expect(got == want, "fc backward from a 16-bit ln2 and gradient: %zu bytes, kernels.cuh allocates %zu", got, want);
+    // and with its weight lent by the parameters' 16-bit copy (mt_device_weights16): no copy of it
+    want -= ((size_t)3072 * 768 + 8) * 2;
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 1, 1, 1);
+    mt_expect(got == want, "fc backward with a lent weight: %zu bytes, kernels.cuh allocates %zu", got, want);
+    // where the copy is made: a step's on the wgmma rung in bf16 / fp16; a generator's on mma too
+    mt_expect(mt_weights16_wanted(MT_GEMM_WGMMA, MT_DTYPE_BF16, MT_WEIGHTS16_STEP) &&
+              mt_weights16_wanted(MT_GEMM_WGMMA, MT_DTYPE_FP16, MT_WEIGHTS16_STEP) &&
+              !mt_weights16_wanted(MT_GEMM_MMA, MT_DTYPE_BF16, MT_WEIGHTS16_STEP) &&
+              mt_weights16_wanted(MT_GEMM_MMA, MT_DTYPE_BF16, MT_WEIGHTS16_DECODING) &&
+              !mt_weights16_wanted(MT_GEMM_WGMMA, MT_DTYPE_FP32, MT_WEIGHTS16_STEP) &&
+              !mt_weights16_wanted(MT_GEMM_TILED, MT_DTYPE_BF16, MT_WEIGHTS16_DECODING) &&
+              !mt_weights16_wanted(MT_GEMM_WGMMA, MT_DTYPE_BF16, MT_WEIGHTS16_OFF),
+              "the parameters' 16-bit copy is made where a product reads it");
     // which layouts store ln1 / ln2 in 16 bits: the wgmma rung in bf16 / fp16, rows of multiples
     // of 8, more rows than a GEMV, no sequence parallelism
     mt_expect(mt_ln_gemm_dtype(MT_GEMM_WGMMA, MT_DTYPE_BF16, 16384, 768, 2304, 3072, 0) == MT_DTYPE_BF16 &&
@@ -276,7 +289,7 @@ MT_TEST(kernel_scratch_restated) {
               "mt_ln_gemm_dtype: the wrong storage for one of its eight cases");
     // fp32's tiled rung on the same product: 24 x 6 = 144 tiles; 2 slices (288 >= 264 stops the
     // doubling) of 3072 x 768 floats; the bias's column sums (64 chunks x 3072) are smaller
-    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_TILED, MT_DTYPE_FP32, 0, 0);
+    got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_TILED, MT_DTYPE_FP32, 0, 0, 0);
     want = (size_t)2 * 3072 * 768 * 4;
     mt_expect(got == want, "fc backward, tiled: %zu bytes, kernels.cuh allocates %zu", got, want);
     // layernorm backward over 100 rows of 48: ceil(100/32) = 4 blocks' dweight and dbias
@@ -303,14 +316,14 @@ MT_TEST(kernel_scratch_restated) {
     r->cfg = &cfg;
     mt_parallel_state_init(&r->ps, &cfg, 0);
     mt_dims_init(&r->dims, &cfg, &r->ps);
-    size_t head_fp32 = mt_gpu_matmul_backward_scratch(16384, 768, 50304, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_FP32, 0, 0);
-    got = mt_gpu_lm_head_backward_scratch(16384, 768, 50304, MT_GEMM_WGMMA, MT_DTYPE_BF16);
+    size_t head_fp32 = mt_gpu_matmul_backward_scratch(16384, 768, 50304, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_FP32, 0, 0, 0);
+    got = mt_gpu_lm_head_backward_scratch(16384, 768, 50304, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0);
     want = head_fp32 - ((size_t)16384 * 50304 + 8) * 2;
     mt_expect(got == want, "LM head backward, bf16: %zu bytes, want %zu (no copy of the gradient)", got, want);
-    mt_expect(mt_gpu_lm_head_backward_scratch(16384, 768, 50304, MT_GEMM_WGMMA, MT_DTYPE_FP32) == head_fp32,
+    mt_expect(mt_gpu_lm_head_backward_scratch(16384, 768, 50304, MT_GEMM_WGMMA, MT_DTYPE_FP32, 0) == head_fp32,
               "LM head backward, fp32 gradient: the plain matmul backward's scratch");
-    want = ((size_t)16384 * 768 + 8) * 2 + ((size_t)16384 * 3072 + 8) * 2 + ((size_t)768 * 3072 + 8) * 2 +
-           (size_t)6 * 12 * 3 * 128 * 256 * 4;
+    // (its weight is lent by the parameters' 16-bit copy, mt_device_weights16: not borrowed)
+    want = ((size_t)16384 * 768 + 8) * 2 + ((size_t)16384 * 3072 + 8) * 2 + (size_t)6 * 12 * 3 * 128 * 256 * 4;
     got = mt_gpu_scratch_peak(r, MT_GEMM_WGMMA, MT_DTYPE_BF16);
     mt_expect(got == want, "GPT-2 small B=16 bf16: kernel scratch %zu bytes, want the fc projection's %zu", got, want);
     printf("  GPT-2 small, B=16, bf16: kernel scratch %.1f MB (the fc projection's backward)\n", got / 1e6);

@@ -8,6 +8,9 @@
 # share of the step, GB moved and GB/s (against the 4.8 TB/s HBM3e peak; about 4.2 TB/s is what a
 # copy reaches). ncu serialises kernels and flushes caches between them: totals read higher than
 # the real step (compare with MT_PROFILE=1 or the iteration line), the ranking is what matters.
+# REAL=1: clocks and caches as the real run leaves them (ncu's --clock-control none --cache-control
+# none): the kernels' summed time then compares with the iteration line, and the difference is the
+# time the GPU waits between kernels (launch gaps, host work).
 set -u
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-build}
@@ -17,7 +20,9 @@ mkdir -p build "$out"
 G="--config configs/gpt_small.json --bf16 --micro-batch-size 16 --global-batch-size 16 --train-iters 2 --lr 6e-4
  --hidden-dropout 0 --attention-dropout 0 --log-interval 1 --eval-interval 100000 --eval-iters 0 --split 949,50,1
  --data-path build/bench_text_document --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt"
-ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
+real=""
+[ "${REAL:-0}" = 1 ] && real="--clock-control none --cache-control none"
+ncu $real --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
   --log-file "$out/ncu.log" ${BIN:-./train_gpt_cuda} $G "$@" > "$out/ncu_run.log" 2>&1
 # --log-file puts the CSV among ncu's own lines: keep the lines that start with a quote
 grep '^"' "$out/ncu.log" > "$out/ncu.csv"

@@ -508,7 +508,7 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
         }
         }
     }
-    // decoding's GEMV from the 16-bit copy of the weight (mt_device_decoding_weights): the values the
+    // decoding's GEMV from the 16-bit copy of the weight (mt_device_weights16): the values the
     // tensor-core rungs round the weight to, stored rounded; the same products as above (1e-4)
     for (int dt = 1; dt <= 2 && BT <= MT_GEMV_MAX_ROWS; dt++) {
         void *d_w16 = dev_alloc(nw * 2 + 16);
@@ -759,12 +759,18 @@ MT_TEST(decode) {
     // B, Tq (new tokens per sequence), C_local, NH_local, cap; sequence b starts at start[b]
     // (the last two: head sizes 8 and 12, the kernel's generic path, and caps that are not multiples of 4:
     // the float4s after the scores in shared memory must still be 16-byte aligned)
+    // (Tq = 1 with a cache of more than 32 positions takes the split kernel, a cluster of up to 8
+    // blocks per (sequence, head): GPT-2's 12 heads at cap 272, 8 slices of 34; head size 64 in 4
+    // slices of 25; head size 48, the generic path, in 3 slices of 24. Sequence 0 starts at 0, so
+    // only its first slice has positions; the last shape puts a sequence at the cache's last position.)
     int shapes[][5] = {{1, 1, 64, 1, 16}, {3, 1, 768, 12, 1024}, {3, 5, 128, 2, 40}, {2, 16, 96, 1, 300},
-                       {2, 1, 32, 4, 19}, {3, 3, 24, 2, 21}};
+                       {2, 1, 32, 4, 19}, {3, 3, 24, 2, 21}, {1, 1, 768, 12, 272}, {3, 1, 64, 1, 100},
+                       {3, 1, 96, 2, 70}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], Tq = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], cap = shapes[s][4];
         int start[3];
         for (int b = 0; b < B; b++) start[b] = b == 0 ? 0 : rand_int(cap - Tq + 1);   // one at the very start
+        if (s == 8) start[2] = cap - 1;                                                 // one at the very end
         size_t nq = (size_t)B * Tq * 3 * C, nout = (size_t)B * Tq * C, nc = (size_t)B * cap * C;
         float *qkv = host_random(nq, -1, 1), *k0 = host_random(nc, -1, 1), *v0 = host_random(nc, -1, 1);
         float *k_ref = host_copy(k0, nc), *v_ref = host_copy(v0, nc);
@@ -772,12 +778,19 @@ MT_TEST(decode) {
         mt_attention_cached_forward_cpu(out_ref, k_ref, v_ref, qkv, start, B, Tq, C, NH, cap);
         float *d_qkv = dev_upload(qkv, nq), *d_k = dev_upload(k0, nc), *d_v = dev_upload(v0, nc), *d_out = dev_nan(nout);
         int *d_start = dev_upload_int(start, (size_t)B);
-        mt_attention_cached_forward_gpu(d_out, d_k, d_v, d_qkv, d_start, B, Tq, C, NH, cap, 0);
-        char label[128];
-        float *got = dev_download(d_out, nout);
-        snprintf(label, sizeof label, "attention over the KV cache B=%d Tq=%d C=%d NH=%d cap=%d", B, Tq, C, NH, cap);
-        check_close(label, got, out_ref, nout, 1e-5);   // fp32, __expf and another summation order
-        free(got);
+        // both forms: the launcher's choice (0: split where Tq = 1) and one block per (sequence, head)
+        // (1: the one-kernel decode step's), each from the same cache (the stores are the same values)
+        char label[160];
+        for (int splits = 0; splits <= 1; splits++) {
+            dev_poison(d_out, nout);
+            mt_attention_cached_forward_gpu(d_out, d_k, d_v, d_qkv, d_start, B, Tq, C, NH, cap, splits, 0);
+            float *got = dev_download(d_out, nout);
+            snprintf(label, sizeof label, "attention over the KV cache B=%d Tq=%d C=%d NH=%d cap=%d (%s)", B, Tq, C, NH,
+                     cap, splits == 0 ? "as launched" : "unsplit");
+            check_close(label, got, out_ref, nout, 1e-5);   // fp32, __expf and another summation order
+            free(got);
+        }
+        float *got;
         got = dev_download(d_k, nc);
         check_close("KV cache keys stored", got, k_ref, nc, 0.0);   // copies
         free(got);
@@ -844,7 +857,7 @@ static void decode_chain_run(const decode_chain &d, cudaStream_t s) {
         else mt_residual_layernorm_forward_gpu(d.x, d.ln, d.mean, d.rstd, d.res2, d.outc, d.ln1w[l], d.ln1b[l], B, 1, C, s);
         mt_matmul_forward_rounded_weight_gpu(d.qkv, d.ln, d.wqkv[l], d.bqkv[l], B, C, 3 * C, MT_DTYPE_BF16, s);
         mt_attention_cached_forward_gpu(d.atty, d.kc + (size_t)l * B * d.cap * C, d.vc + (size_t)l * B * d.cap * C, d.qkv,
-                                        d.start, B, 1, C, d.NH, d.cap, s);
+                                        d.start, B, 1, C, d.NH, d.cap, 0, s);
         mt_matmul_forward_rounded_weight_gpu(d.outc, d.atty, d.wproj[l], d.bproj[l], B, C, C, MT_DTYPE_BF16, s);
         mt_residual_layernorm_forward_gpu(d.res2, d.ln, d.mean, d.rstd, l == 0 ? d.x0 : d.x, d.outc, d.ln2w[l], d.ln2b[l],
                                           B, 1, C, s);
@@ -1003,7 +1016,7 @@ static void decode_one_kernel_case(int B, int C, int NH, int L, int dtype, int g
         mt_matmul_forward_rounded_weight_gpu(a.qkv, ln, w16(a.qkvw, (size_t)3 * C * C, l), a.qkvb + (size_t)l * 3 * C, B, C,
                                              3 * C, dtype, s);
         mt_attention_cached_forward_gpu(a.atty, a.kcache + l * a.cache_layer, a.vcache + l * a.cache_layer, a.qkv, a.start,
-                                        B, 1, C, NH, cap, s);
+                                        B, 1, C, NH, cap, 1, s);   // (unsplit: the one kernel's form)
         mt_matmul_forward_rounded_weight_gpu(a.out_c, a.atty, w16(a.attprojw, (size_t)C * C, l), a.attprojb + (size_t)l * C,
                                              B, C, C, dtype, s);
         mt_residual_layernorm_forward_gpu(a.res2, ln, mean, rstd, a.x, a.out_c, a.ln2w + (size_t)l * C,
