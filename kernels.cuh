@@ -733,10 +733,14 @@ static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, flo
                                          cudaStream_t stream) {
     int vec = C % 4 == 0 && mt__aligned16(out) && mt__aligned16(inp) && mt__aligned16(weight) && mt__aligned16(bias) &&
               (!a || (mt__aligned16(a) && mt__aligned16(res)));
-    if (vec && C <= 32 * 4 * 8 && N <= MT_GEMV_MAX_ROWS && sizeof(OUT) == sizeof(float)) {   // decoding's rows
-        mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 1>, mt__blocks(N, 8), 256,
-                   0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
-    } else if (vec && C <= 32 * 4 * 8) {
+    if constexpr (sizeof(OUT) == sizeof(float)) {   // decoding's few rows (an fp32 output): EARLY
+        if (vec && C <= 32 * 4 * 8 && N <= MT_GEMV_MAX_ROWS) {
+            mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 1>, mt__blocks(N, 8),
+                       256, 0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+            return;
+        }
+    }
+    if (vec && C <= 32 * 4 * 8) {
         mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 0>, mt__blocks(N, 8), 256, 0,
                    stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
@@ -4401,8 +4405,16 @@ __global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *o
 // give a (sequence, head) up to 8 blocks, each at least 32 positions. A function of the cache's
 // size only, not of the position: a decode step is recorded once as a CUDA graph and replayed
 // while p grows (the slices past p have nothing to do).
+// (Thread-block clusters need a Hopper GPU or newer: elsewhere, 1.)
+static int mt__clusters_supported(void) {
+    int dev = 0, yes = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, dev));
+    return yes;
+}
 static int mt__attention_decode_splits(int Tq, int cap) {
-    if (Tq != 1) return 1;
+    static const int clusters = mt__clusters_supported();   // (a function-local static: asked once)
+    if (Tq != 1 || !clusters) return 1;
     int S = (cap + 31) / 32;
     return S < 1 ? 1 : S > 8 ? 8 : S;
 }
@@ -5966,8 +5978,8 @@ int mt_device_decode_step(mt_rank *r, const mt_decode_step *s) {
     // opt-in: MT_DECODE_ONE_KERNEL=1. Measured on one H200 it is still slower than the op-by-op step
     // as a graph of programmatic launches (GPT-2 small, batch 1: 0.61 against 0.44-0.54 ms a token;
     // docs/perf.md), so the default stays op by op
-    const char *env = getenv("MT_DECODE_ONE_KERNEL");
-    if (!(env && atoi(env) == 1) || mt__profile_on() || mt__sync_debug()) return 0;   // (profiles time each op)
+    static const int one_kernel = getenv("MT_DECODE_ONE_KERNEL") != NULL && atoi(getenv("MT_DECODE_ONE_KERNEL")) == 1;
+    if (!one_kernel || mt__profile_on() || mt__sync_debug()) return 0;   // (profiles time each op)
     mt__decode_args a;
     memset(&a, 0, sizeof a);
     a.qkvw = mt__decoding_weight(r, s->qkvw, s->B);

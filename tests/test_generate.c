@@ -263,8 +263,10 @@ static int candidate_order(const void *a, const void *b) {
 }
 MT_TEST(candidates_are_ordered_as_a_comparison_sort_orders_them) {
     const int V = 50257;   // GPT-2's vocabulary
-    mt__candidate *got = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * 2 * V, "test");
+    mt__candidate *got = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * V, "test");
     mt__candidate *want = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * V, "test");
+    float *logits = (float *)mt_malloc(sizeof(float) * V, "test");
+    uint64_t *buf = (uint64_t *)mt_malloc(sizeof(uint64_t) * 2 * V, "test");
     for (int round = 0; round < 3; round++) {
         for (int v = 0; v < V; v++) {
             uint64_t h = mt_hash64((uint64_t)v * 3 + (uint64_t)round);
@@ -272,17 +274,19 @@ MT_TEST(candidates_are_ordered_as_a_comparison_sort_orders_them) {
                         : round == 1 ? (float)((double)(h >> 11) / 9007199254740992.0 * 40.0 - 20.0)
                                      : (float)((int)(h % 5) - 2) * 1e-30f;           // tiny values, ties
             if (h % 97 == 0) logit = (h & 1) ? -0.0f : 0.0f;                          // signed zeros
-            got[v].logit = want[v].logit = logit;
-            got[v].id = want[v].id = v;
+            logits[v] = want[v].logit = logit;
+            want[v].id = v;
         }
         qsort(want, (size_t)V, sizeof *want, candidate_order);
-        mt__sort_candidates(got, got + V, V);
+        mt__sort_candidates(logits, V, got, buf);
         int same = 1;
         for (int v = 0; v < V; v++) same &= got[v].id == want[v].id;
         mt_expect(same, "round %d: the radix order differs from the comparison sort's", round);
     }
     free(got);
     free(want);
+    free(logits);
+    free(buf);
 }
 
 MT_TEST(top_k_and_top_p_sample_only_the_allowed_tokens) {
