@@ -7298,8 +7298,10 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 // What each borrows, in bytes (a bf16 or fp16 element is 2, a float or an int 4):
 //   GEMM, wgmma rung    both operands rounded to bf16 / fp16: (span + 8) x 2 each, where the span
 //                       runs from the operand's first element to its last in its own layout and
-//                       leading dimension, plus 8 spare elements; and with split-K,
-//                       slots x 128 x 256 fp32 partial tiles (mt_wgmma_plan_make)
+//                       leading dimension, plus 8 spare elements (not for a weight while the
+//                       parameters' 16-bit copy is on: mt_device_weights16 lends it, the plan's
+//                       own term); and with split-K, slots x 128 x 256 fp32 partial tiles
+//                       (mt_wgmma_plan_make)
 //   GEMM, tiled / mma   split-K only: splits x M x N fp32 partial products (mt_gemm_splits)
 //   matmul backward     wgmma: dout, weight (when dinp is wanted) and inp are rounded ONCE and all
 //                       three stay alive through both products, so dout16 + w16 + inp16 + the larger
@@ -7313,13 +7315,15 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 //   embedding backward  the counting sort's row starts and positions: V_local + 1 + BT ints
 // A launcher frees what it borrowed before it returns, and a rank's ops run one after another on
 // its stream, so the most the pool lends at once is the largest of the ops' own sums: the peak is
-// one op, not a sum over ops. GPT-2 small, B=16 (BT = 16384), bf16: the LM head's backward,
-//   dlogits (16384 x 50304) as bf16   (824,180,736 + 8) x 2 = 1648.4 MB
-//   wte (50304 x 768) as bf16         ( 38,633,472 + 8) x 2 =   77.3 MB
-//   lnf (16384 x 768) as bf16         ( 12,582,912 + 8) x 2 =   25.2 MB   (split-K: none, both
-//                                                          1750.8 MB   products fill the GPU)
-// against 158.9 MB for the next largest, the MLP's backward GEMMs (fc: dout 100.7 + weight 4.7 +
-// inp 25.2 MB as bf16, and split-K in 3 slices of the 72 weight-gradient tiles: 216 x 128 KB = 28.3 MB).
+// one op, not a sum over ops. GPT-2 small, B=16 (BT = 16384), bf16, where the logits' gradient is
+// kept in 16 bits already (mt_logits_grad_dtype) and the weights are lent by the parameters'
+// 16-bit copy: the fc projection's backward,
+//   dout (16384 x 768) as bf16        ( 12,582,912 + 8) x 2 =  25.2 MB
+//   gelu(fch) (16384 x 3072), remade  ( 50,331,648 + 8) x 2 = 100.7 MB
+//   split-K of the weight gradient    3 slices x 72 tiles x 128 KB = 28.3 MB
+//                                                            154.1 MB
+// (the LM head's backward once borrowed 1750.8 MB: its gradient's rounded copy, 1648.4, and wte's,
+// 77.3, now neither; tests/test_recompute.c restates the sum).
 // Left out: the optimizer's reductions (the norm's per-block partial sums, at most 8 KB; fp16's
 // inf/NaN flag, 4 bytes), and the aligned copies the attention launchers make of a tensor that
 // does not start on a 16-byte boundary (the carve's tensors do, when B*T and C are multiples of 4).
@@ -7651,7 +7655,7 @@ static void mt__count_gpu_scratch(mt_rank *r, size_t bytes) {
 }
 // would the GPU's launcher borrow `weight` from the parameters' 16-bit copy (kernels.cuh's
 // mt__weights16_piece)? While the copy would be on (mt_device_weights16), for a parameter that
-// starts 8 elements apart from the parameters' start
+// starts a multiple of 8 elements from the parameters' start (the TMA's 16-byte alignment)
 static int mt__weight_lent(const mt_rank *r, const float *weight) {
     const float *of = r->model.params_memory;
     if (!r->dev.weights16_on || !of || weight < of || weight >= of + r->model.num_params) return 0;
@@ -9977,6 +9981,8 @@ void mt_rank_free(mt_rank *r) {
 //                            them, and the recompute scratch (section 5)
 //   workspace                the per-layer scratch the backward works in (section 5)
 //   kernel scratch           the most the GPU's launchers borrow at once in a step (section 3)
+//   16-bit weights           the parameters rounded once a step for the GEMMs (section 3,
+//                            mt_device_weights16: bf16 / fp16 on the wgmma rung; GPU build only)
 //   communication            NCCL's buffers (an estimate per communicator, section 3's seam)
 // Not counted: the CUDA context (the GPU build measures it at start: the memory report), host
 // staging (token ids, losses, pipeline messages: host memory on either build).
