@@ -4294,7 +4294,7 @@ __global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *o
     // the wait for the kernel ahead (programmatic dependent launch): earlier steps wrote them, not
     // that kernel, and start[] is the host's upload. A thread's first K row, and up to VPRE of the V
     // rows its group sums; their round trips overlap the kernel ahead instead of following q's.
-    const int EARLY = HS != 0 && HS <= 64, VPRE = EARLY ? 8 : 1;
+    const int EARLY = HS != 0 && HS <= 64, VPRE = EARLY ? 8 : 1;   // (instantiated: 64 and 0)
     const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
     int h = (blockIdx.x / S) % NH_local, b = blockIdx.x / (S * NH_local);
     int p = start[b], lo = s * per, hi = min(p, lo + per - 1);   // my positions: lo..hi (none if hi < lo)
@@ -4452,8 +4452,10 @@ static void mt__attention_cached_launch(float *out, float *kcache, float *vcache
     size_t smem = sizeof(float) * mt__attention_cached_smem_floats(cap);
     unsigned blocks = (unsigned)(B * NH_local * Tq);
     int S = splits == 1 ? 1 : mt__attention_decode_splits(Tq, cap);
-    if (S > 1) {
-        mt__attention_split_launch<HS>(out, kcache, vcache, qkv, start, B, C_local, NH_local, cap, S, stream);
+    if (S > 1) {   // (compiled for GPT-2's head size 64, with its reads ahead of the wait, and in the
+                   // generic form for every other: two instantiations, not five, for CI's compile time)
+        mt__attention_split_launch<HS == 64 ? 64 : 0>(out, kcache, vcache, qkv, start, B, C_local, NH_local, cap, S,
+                                                      stream);
     } else if (Tq == 1) {
         mt__allow_smem((const void *)mt_attention_cached_forward_kernel<HS, 1>, smem);
         mt__launch("mt_attention_cached_forward_kernel", mt_attention_cached_forward_kernel<HS, 1>, blocks, 128, smem,

@@ -761,11 +761,12 @@ MT_TEST(decode) {
     // the float4s after the scores in shared memory must still be 16-byte aligned)
     // (Tq = 1 with a cache of more than 32 positions takes the split kernel, a cluster of up to 8
     // blocks per (sequence, head): GPT-2's 12 heads at cap 272, 8 slices of 34; head size 64 in 4
-    // slices of 25; head size 48, the generic path, in 3 slices of 24. Sequence 0 starts at 0, so
-    // only its first slice has positions; the last shape puts a sequence at the cache's last position.)
+    // slices of 25; head size 48, the generic path, in 3 slices of 24 (one sequence at the cache's
+    // last position); head sizes 128 and 16, which split in the generic form too (only 64 has its own
+    // instantiation). Sequence 0 starts at 0, so only its first slice has positions.)
     int shapes[][5] = {{1, 1, 64, 1, 16}, {3, 1, 768, 12, 1024}, {3, 5, 128, 2, 40}, {2, 16, 96, 1, 300},
                        {2, 1, 32, 4, 19}, {3, 3, 24, 2, 21}, {1, 1, 768, 12, 272}, {3, 1, 64, 1, 100},
-                       {3, 1, 96, 2, 70}};
+                       {3, 1, 96, 2, 70}, {2, 1, 128, 1, 200}, {2, 1, 64, 4, 90}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int B = shapes[s][0], Tq = shapes[s][1], C = shapes[s][2], NH = shapes[s][3], cap = shapes[s][4];
         int start[3];
