@@ -591,6 +591,27 @@ __global__ void mt_layernorm_forward_kernel(OUT *__restrict__ out, float *__rest
     for (int i = lane; i < C; i += 32) mt__store_rounded1(&o[i], (s * (x[i] - m)) * weight[i] + bias[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = s; }
 }
+// a row's mean and 1/sqrt(var + 1e-5) from its float4s in a warp's registers (lane holds float4
+// lane + 32 v, zeros past C): the layernorm kernel's and the one-kernel decode step's statistics,
+// one body, so both give the same bits
+template <int NV>
+__device__ static inline void mt__row_mean_rstd(const float4 (&x)[NV], int C, int lane, float *mean, float *rstd) {
+    int C4 = C / 4;
+    float sum = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++) sum += (x[v].x + x[v].y) + (x[v].z + x[v].w);   // zeros past C add nothing
+    float m = mt__warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < NV; v++)
+        if (lane + 32 * v < C4) {
+            float d0 = x[v].x - m, d1 = x[v].y - m, d2 = x[v].z - m, d3 = x[v].w - m;
+            var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+        }
+    var = mt__warp_sum(var) / (float)C;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(var + 1e-5f);
+}
 // The same with the row in registers: a lane holds float4 j = lane + 32 v (v < NV) of its row, all
 // loaded before the first sum (one round trip to memory per row instead of one per float:
 // decoding normalises a row or a few per launch, and waits for each), and the three passes
@@ -641,19 +662,8 @@ __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__
             }
         }
     }
-    float sum = 0.0f;
-    #pragma unroll
-    for (int v = 0; v < NV; v++) sum += (x[v].x + x[v].y) + (x[v].z + x[v].w);   // zeros past C add nothing
-    float m = mt__warp_sum(sum) / (float)C;
-    float var = 0.0f;
-    #pragma unroll
-    for (int v = 0; v < NV; v++)
-        if (lane + 32 * v < C4) {
-            float d0 = x[v].x - m, d1 = x[v].y - m, d2 = x[v].z - m, d3 = x[v].w - m;
-            var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
-        }
-    var = mt__warp_sum(var) / (float)C;
-    float s = 1.0f / sqrtf(var + 1e-5f);
+    float m, s;
+    mt__row_mean_rstd<NV>(x, C, lane, &m, &s);
     OUT *o = out + (size_t)row * C;
     const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
     #pragma unroll
@@ -671,8 +681,9 @@ __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__
 // single kernel ("a decode step as one kernel", below) normalises its rows with it, operation for
 // operation the kernel's arithmetic (test_kernels' decode_step_one_kernel checks the bits). res,
 // mean, rstd may be NULL (then not written); out may point into shared memory; the pointers are
-// the row's. (The kernel keeps its own copy, compiled exactly as before: see the attention over
-// the cache for what sharing one body cost there.)
+// the row's. (The kernel keeps its own loads and stores, compiled exactly as before: see the
+// attention over the cache for what sharing one whole body cost there; the statistics between them
+// are one function, mt__row_mean_rstd, which `nvcc -ptx` compiles to the same PTX in both.)
 template <int NV, typename OUT>
 __device__ static inline void mt__layernorm_row_vec(OUT *__restrict__ o, float *__restrict__ mean,
                                                     float *__restrict__ rstd, float *__restrict__ res,
@@ -700,19 +711,8 @@ __device__ static inline void mt__layernorm_row_vec(OUT *__restrict__ o, float *
             }
         }
     }
-    float sum = 0.0f;
-    #pragma unroll
-    for (int v = 0; v < NV; v++) sum += (x[v].x + x[v].y) + (x[v].z + x[v].w);   // zeros past C add nothing
-    float m = mt__warp_sum(sum) / (float)C;
-    float var = 0.0f;
-    #pragma unroll
-    for (int v = 0; v < NV; v++)
-        if (lane + 32 * v < C4) {
-            float d0 = x[v].x - m, d1 = x[v].y - m, d2 = x[v].z - m, d3 = x[v].w - m;
-            var += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
-        }
-    var = mt__warp_sum(var) / (float)C;
-    float s = 1.0f / sqrtf(var + 1e-5f);
+    float m, s;
+    mt__row_mean_rstd<NV>(x, C, lane, &m, &s);
     const float4 *w4 = (const float4 *)weight, *b4 = (const float4 *)bias;
     #pragma unroll
     for (int v = 0; v < NV; v++) {
