@@ -356,6 +356,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_matmul_kernel3_mma                     memory | bf16 tensor cores (mma.sync m16n8k16) |
 //   mt_matmul_kernel4_wgmma                   TMA + wgmma, warp-specialised (Hopper)
 //   mt_matmul_kernel5_gemv                  at most 8 rows (decoding): a warp per output, split-K
+//   mt_matmul_kernel6_gemv_mma              the same from 16-bit weights on tensor cores (mma.sync)
 //   mt_matmul_splitk_reduce_kernel          adds split-K partial products in order
 //   mt_column_sum_*_kernel (2)              dbias = column sums of dout, in two deterministic passes
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
@@ -2590,12 +2591,94 @@ static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const
         mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, mt__gemv_blocks(OC), 256, 0, stream,
                    out, gelu_out, inp, weight, bias, BT, C, OC, vec);
 }
+// The same product on tensor cores, from the 16-bit copy of the weight (decoding's: mt_device_weights16).
+// Why: the loop above spends about three instructions per weight and input row (the load of the
+// input, its rounding, the FMA), so at 8 rows a GEMV waits on instructions, not on the weight's
+// bytes (docs/perf.md: 300 GB/s at batch 8 against 640 at batch 1). One mma.sync.m16n8k16 does
+// 16 x 8 x 16 products:
+//   A (16 x 16) = the input rows (at most 8: rows 8-15 are zeros), B (16 x 8) = 8 rows of the weight
+//   (8 outputs), C (16 x 8) += A B: every input row's 8 outputs at once.
+// Which k a fragment slot holds does not matter to a sum over k, as long as A and B agree. Lane
+// (g = lane / 4, t = lane % 4) holds A's row g and B's column g at the slots k = 2t, 2t+1 (first
+// register) and 2t+8, 2t+9 (second): here those are the 4 values at k0 + 8t .. 8t+3, and the next
+// mma takes 8t+4 .. 8t+7. So a lane reads 8 consecutive values of its weight row o0 + g (16 bytes,
+// the 32-bit words already pairs of neighbours: no repacking) and of input row g (rounded in pairs
+// to nearest even, as mt__gemv_operand: the same products as the loop above), and one k step of
+// 32 is two mmas. The sum's order differs from the loop above (the mma adds in its own order).
+// Block: 8 warps on 8 outputs; warp w takes the k steps w, w + 8, w + 16, ...; its loads of the
+// weight (up to MT__GEMV_MMA_AHEAD steps) go out before the wait for the kernel ahead, which wrote
+// inp. Then each warp's C fragment (row g = input row, columns 2t, 2t+1 = outputs) goes to shared
+// memory and 64 threads add the 8 warps' partials in warp order (deterministic), add the bias, write.
+// F16: 0 = bf16 weights (--bf16), 1 = fp16. C % 8 == 0, inp and weight 16-byte aligned.
+static const int MT__GEMV_MMA_AHEAD = 12;   // k steps of 32 a warp keeps in flight: C = 3072 in one go
+template <int F16>
+__global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restrict__ out, float *__restrict__ gelu_out,
+                                                                  const float *__restrict__ inp,
+                                                                  const uint16_t *__restrict__ weight,
+                                                                  const float *__restrict__ bias, int BT, int C,
+                                                                  int OC) {
+    __shared__ float partial[8][MT_GEMV_MAX_ROWS][8];   // [warp][input row][output]
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int o0 = blockIdx.x * 8, steps = (C + 31) / 32;
+    int w_ok = o0 + g < OC, x_ok = g < BT;
+    const uint16_t *w_row = weight + (size_t)(w_ok ? o0 + g : 0) * C;
+    const float *x_row = inp + (size_t)(x_ok ? g : 0) * C;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s0 = warp; s0 < steps; s0 += 8 * MT__GEMV_MMA_AHEAD) {
+        uint4 w[MT__GEMV_MMA_AHEAD];
+        #pragma unroll
+        for (int i = 0; i < MT__GEMV_MMA_AHEAD; i++) {   // the loads first: all in flight together
+            int k = 32 * (s0 + 8 * i) + 8 * t;
+            w[i] = w_ok && k < C ? *(const uint4 *)(w_row + k) : make_uint4(0, 0, 0, 0);
+        }
+        if (s0 == warp) mt__pdl_start();   // first pass: now wait for the kernel ahead (it wrote inp)
+        #pragma unroll
+        for (int i = 0; i < MT__GEMV_MMA_AHEAD; i++) {
+            int k = 32 * (s0 + 8 * i) + 8 * t;
+            if (32 * (s0 + 8 * i) >= C) break;   // (the same for the whole warp: mma needs all 32 lanes)
+            float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (x_ok && k < C) mt__load8(x, x_row + k);
+            uint32_t a_lo[4] = {mt__pack16x2<F16>(x[0], x[1]), 0u, mt__pack16x2<F16>(x[2], x[3]), 0u};
+            uint32_t a_hi[4] = {mt__pack16x2<F16>(x[4], x[5]), 0u, mt__pack16x2<F16>(x[6], x[7]), 0u};
+            mt__mma16<F16>(acc, a_lo, w[i].x, w[i].y);
+            mt__mma16<F16>(acc, a_hi, w[i].z, w[i].w);
+        }
+    }
+    mt__pdl_start();   // the warps without a k step; else nothing
+    // acc[0], acc[1]: input row g, outputs o0 + 2t, o0 + 2t + 1; acc[2], acc[3]: row g + 8 (none)
+    partial[warp][g][2 * t] = acc[0];
+    partial[warp][g][2 * t + 1] = acc[1];
+    __syncthreads();
+    int r = threadIdx.x / 8, o = o0 + threadIdx.x % 8;
+    if (threadIdx.x < 8 * MT_GEMV_MAX_ROWS && r < BT && o < OC) {
+        float s = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < 8; w++) s += partial[w][r][threadIdx.x % 8];
+        float v = s + (bias ? bias[o] : 0.0f);
+        out[(size_t)r * OC + o] = v;
+        if (gelu_out) gelu_out[(size_t)r * OC + o] = mt__gelu(v);
+    }
+}
+// from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
+// CUDA-core loop: from one (measured faster at 1 and 8 rows: docs/perf.md). A variable so that the
+// tests can run both: the decode step as one kernel (below) keeps the CUDA-core loop's arithmetic.
+static int mt__gemv_mma_from_rows = 1;
 // round: an mt_dtype, what the operands are rounded to (see above). weight16: NULL, or the same
 // weight already rounded to `round` and stored in 16 bits (read instead of weight). gelu_out: NULL,
 // or gelu(out) there too.
 static void mt__gemv(float *out, float *gelu_out, const float *inp, const float *weight, const void *weight16,
                      const float *bias, int BT, int C, int OC, int round, cudaStream_t stream) {
     int vec = C % 8 == 0 && mt__aligned16(inp) && mt__aligned16(weight16 ? weight16 : weight);
+    if (weight16 && vec && BT >= mt__gemv_mma_from_rows && (round == MT_DTYPE_BF16 || round == MT_DTYPE_FP16)) {
+        unsigned blocks = (unsigned)((OC + 7) / 8);
+        if (round == MT_DTYPE_FP16)
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1>, blocks, 256, 0, stream, out, gelu_out,
+                       inp, (const uint16_t *)weight16, bias, BT, C, OC);
+        else
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0>, blocks, 256, 0, stream, out, gelu_out,
+                       inp, (const uint16_t *)weight16, bias, BT, C, OC);
+        return;
+    }
     if (round == MT_DTYPE_BF16 && weight16)
         mt__gemv_launch<MT_DTYPE_BF16>(out, gelu_out, inp, (const __nv_bfloat16 *)weight16, bias, BT, C, OC, vec, stream);
     else if (round == MT_DTYPE_FP16 && weight16)

@@ -509,22 +509,28 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
         }
     }
     // decoding's GEMV from the 16-bit copy of the weight (mt_device_weights16): the values the
-    // tensor-core rungs round the weight to, stored rounded; the same products as above (1e-4)
-    for (int dt = 1; dt <= 2 && BT <= MT_GEMV_MAX_ROWS; dt++) {
-        void *d_w16 = dev_alloc(nw * 2 + 16);
-        if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)d_w16, d_w, nw, 0);
-        else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d_w16, d_w, nw, 0);
-        dev_poison(d_out, nout);
-        mt_matmul_forward_rounded_weight_gpu(d_out, d_inp, d_w16, with_bias ? d_bias : NULL, BT, C, OC, dt, 0);
-        char label[160];
-        snprintf(label, sizeof label, "matmul GEMV, %s weights stored in 16 bits, BT=%d C=%d OC=%d%s",
-                 dt == 2 ? "fp16" : "bf16", BT, C, OC, misalign ? " misaligned input" : "");
-        float *got = dev_download(d_out, nout);
-        check_close_scale(label, got, out_r[dt], nout, 1e-4,
-                          matmul_forward_term_scale(inp, w, with_bias ? bias : NULL, BT, C, OC));
-        free(got);
-        dev_free(d_w16);
-    }
+    // tensor-core rungs round the weight to, stored rounded; the same products as above (1e-4),
+    // on tensor cores (mt_matmul_kernel6_gemv_mma, where C % 8 == 0 and aligned) and on the CUDA cores
+    for (int dt = 1; dt <= 2 && BT <= MT_GEMV_MAX_ROWS; dt++)
+        for (int cores = 0; cores < 2; cores++) {
+            void *d_w16 = dev_alloc(nw * 2 + 16);
+            if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)d_w16, d_w, nw, 0);
+            else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d_w16, d_w, nw, 0);
+            dev_poison(d_out, nout);
+            int was = mt__gemv_mma_from_rows;
+            mt__gemv_mma_from_rows = cores ? MT_GEMV_MAX_ROWS + 1 : 1;   // 1: the CUDA-core loop
+            mt_matmul_forward_rounded_weight_gpu(d_out, d_inp, d_w16, with_bias ? d_bias : NULL, BT, C, OC, dt, 0);
+            mt__gemv_mma_from_rows = was;
+            char label[160];
+            snprintf(label, sizeof label, "matmul GEMV (%s), %s weights stored in 16 bits, BT=%d C=%d OC=%d%s",
+                     cores ? "CUDA cores" : C % 8 == 0 && !misalign ? "tensor cores" : "CUDA cores: C % 8 or alignment",
+                     dt == 2 ? "fp16" : "bf16", BT, C, OC, misalign ? " misaligned input" : "");
+            float *got = dev_download(d_out, nout);
+            check_close_scale(label, got, out_r[dt], nout, 1e-4,
+                              matmul_forward_term_scale(inp, w, with_bias ? bias : NULL, BT, C, OC));
+            free(got);
+            dev_free(d_w16);
+        }
     for (int dt = 1; dt <= 2; dt++) { free(out_r[dt]); free(dinp_r[dt]); free(dw_r[dt]); }
     free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0); free(out_ref); free(dinp_ref); free(dw_ref); free(db_ref);
     dev_free(d_inp_base); dev_free(d_w_base); dev_free(d_dout_base); dev_free(d_bias); dev_free(d_out); dev_free(d_dinp); dev_free(d_dw); dev_free(d_db);
@@ -532,7 +538,8 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
 MT_TEST(matmul) {
     // BT (= M), C (= K of the forward), OC (= N); non-multiples of every tile size, and GPT-2's
     int shapes[][3] = {{1, 3, 1},     {7, 64, 5},     {100, 100, 130}, {513, 768, 2304}, {1, 768, 2304}, {513, 3, 130},
-                       {100, 768, 1}, {7, 100, 2304}, {64, 64, 64},   {256, 128, 384},  {4096, 64, 64}, {1024, 768, 768}};
+                       {100, 768, 1}, {7, 100, 2304}, {64, 64, 64},   {256, 128, 384},  {4096, 64, 64}, {1024, 768, 768},
+                       {8, 1000, 13}, {3, 3072, 771}};   // (the GEMV's: k steps of 32 cut short, outputs past a block of 8)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) matmul_case(shapes[s][0], shapes[s][1], shapes[s][2], 1, 1, 0);
     matmul_case(100, 64, 130, 0, 0, 0);   // no bias, no dinp
     matmul_case(100, 64, 130, 1, 1, 1);   // operands not 16-byte aligned
@@ -958,8 +965,15 @@ static void decode_chain_case(int B) {
     }
 }
 MT_TEST(decode_chain_pdl) {
-    decode_chain_case(1);
-    decode_chain_case(8);
+    // the GEMVs on tensor cores (the default), then on the CUDA cores (times reported, not checked)
+    for (int cores = 0; cores < 2; cores++) {
+        int was = mt__gemv_mma_from_rows;
+        if (cores) mt__gemv_mma_from_rows = MT_GEMV_MAX_ROWS + 1;
+        printf("    GEMVs on %s:\n", cores ? "the CUDA cores" : "tensor cores from the default row count");
+        decode_chain_case(1);
+        decode_chain_case(8);
+        mt__gemv_mma_from_rows = was;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1006,9 +1020,12 @@ static void decode_one_kernel_case(int B, int C, int NH, int L, int dtype, int g
     a.work = (unsigned *)dev_alloc(work_bytes);
     float *ln = dev_alloc_f((size_t)B * C), *mean = dev_alloc_f(B), *rstd = dev_alloc_f(B);
     int *next_ref = (int *)dev_alloc(sizeof(int) * 8);
-    // op by op, as mt_generator_forward queues it
+    // op by op, as mt_generator_forward queues it, with the GEMVs on the CUDA cores (the one kernel's
+    // arithmetic; by default the op-by-op step runs them on tensor cores, another order of the sums)
     auto w16 = [&](const void *base, size_t per_layer, int l) { return (const char *)base + 2 * per_layer * l; };
     cudaStream_t s = 0;
+    int gemv_was = mt__gemv_mma_from_rows;
+    mt__gemv_mma_from_rows = MT_GEMV_MAX_ROWS + 1;
     mt_embedding_positions_forward_gpu(a.x, a.tokens, a.wte, a.positions, a.wpe, B, 1, C, 0, Vp, s);
     for (int l = 0; l < L; l++) {
         const float *l1w = a.ln1w + (size_t)l * C, *l1b = a.ln1b + (size_t)l * C;
@@ -1032,6 +1049,7 @@ static void decode_one_kernel_case(int B, int C, int NH, int L, int dtype, int g
     mt_matmul_forward_rounded_weight_gpu(a.logits, ln, a.wte16, NULL, B, C, Vp, dtype, s);
     mt_argmax_rows_gpu(next_ref, a.logits, B, V, Vp, s);
     MT_CUDA_CHECK(cudaDeviceSynchronize());
+    mt__gemv_mma_from_rows = gemv_was;
     float *want_logits = dev_download(a.logits, (size_t)B * Vp), *want_x = dev_download(a.x, (size_t)B * C);
     float *want_k = dev_download(a.kcache, ncache), *want_v = dev_download(a.vcache, ncache);
     int want_next[8], got_next[8];
