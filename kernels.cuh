@@ -2606,12 +2606,14 @@ static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const
 // to nearest even, as mt__gemv_operand: the same products as the loop above), and one k step of
 // 32 is two mmas. The sum's order differs from the loop above (the mma adds in its own order).
 // Block: 8 warps on 8 outputs; warp w takes the k steps w, w + 8, w + 16, ...; its loads of the
-// weight (up to MT__GEMV_MMA_AHEAD steps) go out before the wait for the kernel ahead, which wrote
+// weight (up to AHEAD steps, below) go out before the wait for the kernel ahead, which wrote
 // inp. Then each warp's C fragment (row g = input row, columns 2t, 2t+1 = outputs) goes to shared
 // memory and 64 threads add the 8 warps' partials in warp order (deterministic), add the bias, write.
 // F16: 0 = bf16 weights (--bf16), 1 = fp16. C % 8 == 0, inp and weight 16-byte aligned.
-static const int MT__GEMV_MMA_AHEAD = 12;   // k steps of 32 a warp keeps in flight: C = 3072 in one go
-template <int F16>
+// AHEAD: the k steps of 32 a warp keeps in flight, all of a warp's steps where possible: 4 up to
+// C = 1024 (GPT-2's 768: 3 a warp), 12 beyond (its 3072: 12). Fewer registers, more blocks an SM:
+// the next kernel's blocks find room sooner and start their loads.
+template <int F16, int AHEAD>
 __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restrict__ out, float *__restrict__ gelu_out,
                                                                   const float *__restrict__ inp,
                                                                   const uint16_t *__restrict__ weight,
@@ -2624,16 +2626,16 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     const uint16_t *w_row = weight + (size_t)(w_ok ? o0 + g : 0) * C;
     const float *x_row = inp + (size_t)(x_ok ? g : 0) * C;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s0 = warp; s0 < steps; s0 += 8 * MT__GEMV_MMA_AHEAD) {
-        uint4 w[MT__GEMV_MMA_AHEAD];
+    for (int s0 = warp; s0 < steps; s0 += 8 * AHEAD) {
+        uint4 w[AHEAD];
         #pragma unroll
-        for (int i = 0; i < MT__GEMV_MMA_AHEAD; i++) {   // the loads first: all in flight together
+        for (int i = 0; i < AHEAD; i++) {   // the loads first: all in flight together
             int k = 32 * (s0 + 8 * i) + 8 * t;
             w[i] = w_ok && k < C ? *(const uint4 *)(w_row + k) : make_uint4(0, 0, 0, 0);
         }
         if (s0 == warp) mt__pdl_start();   // first pass: now wait for the kernel ahead (it wrote inp)
         #pragma unroll
-        for (int i = 0; i < MT__GEMV_MMA_AHEAD; i++) {
+        for (int i = 0; i < AHEAD; i++) {
             int k = 32 * (s0 + 8 * i) + 8 * t;
             if (32 * (s0 + 8 * i) >= C) break;   // (the same for the whole warp: mma needs all 32 lanes)
             float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -2671,12 +2673,20 @@ static void mt__gemv(float *out, float *gelu_out, const float *inp, const float 
     int vec = C % 8 == 0 && mt__aligned16(inp) && mt__aligned16(weight16 ? weight16 : weight);
     if (weight16 && vec && BT >= mt__gemv_mma_from_rows && (round == MT_DTYPE_BF16 || round == MT_DTYPE_FP16)) {
         unsigned blocks = (unsigned)((OC + 7) / 8);
-        if (round == MT_DTYPE_FP16)
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1>, blocks, 256, 0, stream, out, gelu_out,
-                       inp, (const uint16_t *)weight16, bias, BT, C, OC);
+        const uint16_t *w16 = (const uint16_t *)weight16;
+        int fp16 = round == MT_DTYPE_FP16, wide = C > 8 * 32 * 4;
+        if (fp16 && wide)
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1, 12>, blocks, 256, 0, stream, out,
+                       gelu_out, inp, w16, bias, BT, C, OC);
+        else if (fp16)
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1, 4>, blocks, 256, 0, stream, out,
+                       gelu_out, inp, w16, bias, BT, C, OC);
+        else if (wide)
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0, 12>, blocks, 256, 0, stream, out,
+                       gelu_out, inp, w16, bias, BT, C, OC);
         else
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0>, blocks, 256, 0, stream, out, gelu_out,
-                       inp, (const uint16_t *)weight16, bias, BT, C, OC);
+            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0, 4>, blocks, 256, 0, stream, out,
+                       gelu_out, inp, w16, bias, BT, C, OC);
         return;
     }
     if (round == MT_DTYPE_BF16 && weight16)

@@ -1348,6 +1348,7 @@ MT_TEST(attention) {
     attention_case(1, 200, 2, 128, 0.1f, 0, 2, 0);
     attention_case(2, 77, 2, 64, 0.1f, 0, 2, 1);    // tensors not 16-byte aligned
     attention_case(1, 1024, 12, 64, 0.0f, 0, 12, 0);   // GPT-2 small, one sample
+    attention_case(2, 129, 2, 64, 0.1f, 0, 2, 0);    // one row past the forward's 128-query tile
 }
 
 MT_TEST(gelu_residual) {
