@@ -344,7 +344,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 // One kernel (or a short pipeline of kernels) per CPU op of megatron.h "3. OPS: CPU REFERENCE",
 // with the same arguments in the same order plus the stream. Kernels, in the order of 3. OPS:
 //   mt_embedding_forward_kernel             one thread per output element
-//   mt_embedding_backward_*_kernel (4)      stable counting sort of positions by token, then one
+//   mt_embedding_backward_*_kernel (5)      stable counting sort of positions by token, then one
 //                                           block per vocabulary row sums its positions in order
 //   mt_position_embedding_forward_kernel    one thread per element
 //   mt_position_embedding_backward_kernel   one thread per (t, c), loops over b in order
@@ -412,56 +412,91 @@ void mt_embedding_positions_forward_gpu(float *out, const int *tokens, const flo
 // A scatter with one thread per position would need float atomics, whose order changes from run
 // to run. Instead the positions are grouped by token with a stable counting sort, and one block
 // per vocabulary row adds its positions' rows in increasing bt, the CPU's order: the result is
-// bit-identical to mt_embedding_backward_cpu. Four kernels:
-//   1. count:      counts[v] = how many positions hold token v (integer atomics: exact)
-//   2. scan:       row_start[v] = counts[0] + ... + counts[v-1]    (one block)
-//   3. place:      positions[row_start[v] + rank] = bt, where rank = number of earlier positions
-//                  with the same token (each position counts its equals in shared-memory tiles
-//                  of the tokens before it: O(BT^2) comparisons, ~0.13 G at BT = 16384)
-//   4. accumulate: block v: acc = dwte[v,c]; acc += dout[bt,c] for its positions in order
-// scratch: (V_local + 1) + BT ints.
-__global__ void mt_embedding_backward_count_kernel(int *counts, const int *tokens, int BT, int vocab_start,
+// bit-identical to mt_embedding_backward_cpu. The positions are cut into chunks of MT__EMB_CHUNK
+// (1024, megatron.h's, section 3, which sizes the scratch). Five kernels:
+//   1. count:      table[k, v] = how many positions of chunk k hold token v (integer atomics: exact)
+//   2. chunks:     per token, the exclusive prefix over the chunks in place: table[k, v] = how many
+//                  positions of chunks 0..k-1 hold v; counts[v] = all of them
+//   3. scan:       row_start[v] = counts[0] + ... + counts[v-1]    (one block, 4096 tokens a pass)
+//   4. place:      positions[row_start[v] + rank] = bt, where rank = table[k, v] + the number of
+//                  earlier positions of bt's own chunk with the same token (a block per chunk, its
+//                  tokens in shared memory: at most 1023 comparisons a position. The first version
+//                  compared every position with all the positions before it, O(BT^2): 0.12 ms a
+//                  step at BT = 16384, and its one-block scan walked strided chunks: 0.07 ms)
+//   5. accumulate: block v: acc = dwte[v,c]; acc += dout[bt,c] for its positions in order
+// scratch: (V_local + 1) + BT + chunks x V_local ints.
+__global__ void mt_embedding_backward_count_kernel(int *table, const int *tokens, int BT, int vocab_start,
                                                    int V_local) {
     int bt = blockIdx.x * blockDim.x + threadIdx.x;
     if (bt >= BT) return;
     int local = tokens[bt] - vocab_start;
-    if (local >= 0 && local < V_local) atomicAdd(&counts[local], 1);   // integer: the same every run
+    if (local >= 0 && local < V_local) atomicAdd(&table[(size_t)(bt / MT__EMB_CHUNK) * V_local + local], 1);
 }
-// one block of 1024 threads: each thread scans a contiguous chunk, thread 0 scans the chunk sums
-// exclusive scan, in place: counts[0..V_local) -> row_start[0..V_local], row_start[V_local] = total
-__global__ void mt_embedding_backward_scan_kernel(int *counts, int V_local) {
-    __shared__ int chunk_sum[1024];
-    int chunk = (V_local + blockDim.x - 1) / blockDim.x;
-    int begin = threadIdx.x * chunk, end = min(V_local, begin + chunk);
-    int s = 0;
-    for (int v = begin; v < end; v++) s += counts[v];
-    chunk_sum[threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int run = 0;
-        for (int i = 0; i < (int)blockDim.x; i++) { int c = chunk_sum[i]; chunk_sum[i] = run; run += c; }
-        counts[V_local] = run;
+// a thread per token: the chunks' counts become the counts before each chunk; the total to counts
+__global__ void mt_embedding_backward_chunks_kernel(int *table, int *counts, int chunks, int V_local) {
+    int v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= V_local) return;
+    int run = 0;
+    for (int k = 0; k < chunks; k++) {
+        int c = table[(size_t)k * V_local + v];
+        table[(size_t)k * V_local + v] = run;
+        run += c;
     }
-    __syncthreads();
-    int run = chunk_sum[threadIdx.x];
-    for (int v = begin; v < end; v++) { int c = counts[v]; counts[v] = run; run += c; }
+    counts[v] = run;
 }
-// one thread per position; the block walks the tokens before its positions in tiles of blockDim
-__global__ void mt_embedding_backward_place_kernel(int *positions, const int *row_start, const int *tokens, int BT,
-                                                   int vocab_start, int V_local) {
-    __shared__ int tile[256];
-    int bt = blockIdx.x * blockDim.x + threadIdx.x;
-    int mine = bt < BT ? tokens[bt] : 0;
-    int rank = 0;
-    for (int t0 = 0; t0 <= (int)(blockIdx.x * blockDim.x); t0 += blockDim.x) {   // tiles up to my block's own
+// one block of 1024 threads, exclusive scan in place: counts[0..V_local) -> row_start[0..V_local],
+// row_start[V_local] = the total. Each pass takes 4096 tokens (4 consecutive a thread, coalesced):
+// a thread's sum, scanned across its warp with shuffles, the 32 warps' sums scanned by warp 0,
+// plus the carry of the passes before (integers: exact in any order)
+__global__ void __launch_bounds__(1024) mt_embedding_backward_scan_kernel(int *counts, int V_local) {
+    __shared__ int warp_sums[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    int carry = 0;
+    for (int base = 0; base < V_local; base += 4 * blockDim.x) {
+        int i0 = base + 4 * threadIdx.x, v[4], mine = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) { v[j] = i0 + j < V_local ? counts[i0 + j] : 0; mine += v[j]; }
+        int x = mine;   // inclusive scan of the threads' sums across the warp
+        #pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) warp_sums[warp] = x;
         __syncthreads();
-        tile[threadIdx.x] = t0 + (int)threadIdx.x < BT ? tokens[t0 + threadIdx.x] : 0;
+        if (warp == 0) {
+            int w = lane < nwarps ? warp_sums[lane] : 0;
+            #pragma unroll
+            for (int o = 1; o < 32; o *= 2) {
+                int y = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w += y;
+            }
+            if (lane < nwarps) warp_sums[lane] = w;   // inclusive over the warps
+        }
         __syncthreads();
-        int n = min((int)blockDim.x, bt - t0);   // only positions before mine
-        for (int j = 0; j < n; j++) rank += tile[j] == mine;
+        int run = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + x - mine;   // before my first token
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (i0 + j < V_local) { counts[i0 + j] = run; run += v[j]; }
+        carry += warp_sums[nwarps - 1];
+        __syncthreads();   // warp_sums is rewritten by the next pass
     }
-    int local = mine - vocab_start;
-    if (bt < BT && local >= 0 && local < V_local) positions[row_start[local] + rank] = bt;
+    if (threadIdx.x == 0) counts[V_local] = carry;
+}
+// a block of MT__EMB_CHUNK threads per chunk, a thread per position
+__global__ void __launch_bounds__(1024) mt_embedding_backward_place_kernel(int *positions, const int *row_start,
+                                                                           const int *table, const int *tokens,
+                                                                           int BT, int vocab_start, int V_local) {
+    __shared__ int tile[MT__EMB_CHUNK];
+    int bt = blockIdx.x * MT__EMB_CHUNK + threadIdx.x;
+    int local = bt < BT ? tokens[bt] - vocab_start : -1;
+    int mine = local >= 0 && local < V_local;
+    tile[threadIdx.x] = mine ? local : -1;
+    __syncthreads();
+    if (!mine) return;
+    int rank = table[(size_t)blockIdx.x * V_local + local];
+    for (int j = 0; j < (int)threadIdx.x; j++) rank += tile[j] == local;
+    positions[row_start[local] + rank] = bt;
 }
 // block v adds the dout rows of its positions, in increasing bt, into dwte row v. A frequent
 // token (GPT-2's "," or "the": hundreds of positions in a batch) makes one block's chain long,
@@ -509,17 +544,19 @@ void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens
                                int V_local, cudaStream_t stream) {
     int BT = B * T;
     if (BT == 0 || V_local == 0) return;
-    int *scratch;   // row_start (V_local + 1) and positions (BT): mt_gpu_embedding_backward_scratch bytes
+    int *scratch;   // row_start, positions and the chunks' table: mt_gpu_embedding_backward_scratch bytes
     MT_CUDA_CHECK(cudaMallocAsync((void **)&scratch, mt_gpu_embedding_backward_scratch(BT, V_local), stream));
-    int *row_start = scratch, *positions = scratch + V_local + 1;
-    MT_CUDA_CHECK(cudaMemsetAsync(row_start, 0, ((size_t)V_local + 1) * sizeof(int), stream));
-    mt_embedding_backward_count_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(row_start, tokens, BT, vocab_start,
-                                                                                V_local);
+    int chunks = (BT + MT__EMB_CHUNK - 1) / MT__EMB_CHUNK;
+    int *row_start = scratch, *positions = scratch + V_local + 1, *table = positions + BT;
+    MT_CUDA_CHECK(cudaMemsetAsync(table, 0, (size_t)chunks * V_local * sizeof(int), stream));
+    mt_embedding_backward_count_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(table, tokens, BT, vocab_start, V_local);
     mt__launch_check("mt_embedding_backward_count_kernel", stream);
+    mt_embedding_backward_chunks_kernel<<<mt__blocks(V_local, 256), 256, 0, stream>>>(table, row_start, chunks, V_local);
+    mt__launch_check("mt_embedding_backward_chunks_kernel", stream);
     mt_embedding_backward_scan_kernel<<<1, 1024, 0, stream>>>(row_start, V_local);
     mt__launch_check("mt_embedding_backward_scan_kernel", stream);
-    mt_embedding_backward_place_kernel<<<mt__blocks(BT, 256), 256, 0, stream>>>(positions, row_start, tokens, BT,
-                                                                                vocab_start, V_local);
+    mt_embedding_backward_place_kernel<<<chunks, MT__EMB_CHUNK, 0, stream>>>(positions, row_start, table, tokens, BT,
+                                                                            vocab_start, V_local);
     mt__launch_check("mt_embedding_backward_place_kernel", stream);
     int vec4 = C % 4 == 0 && mt__aligned16(dwte) && mt__aligned16(dout), per_row = vec4 ? C / 4 : C;
     int threads = per_row >= 256 ? 256 : ((per_row + 31) / 32) * 32;
@@ -918,25 +955,36 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
     }
     mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
-// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 8):
-// 32 channels; row ty of threads sums the ty-th eighth of the blocks in order, then ty = 0 adds
-// the eight in order. (One thread per channel walking all 512 partials of GPT-2's batch was a
-// 40 us chain of dependent loads on 3 SMs; this spreads it over C / 32 blocks of 8 warps.)
-__global__ void mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight, float *__restrict__ dbias,
-                                                    const float *__restrict__ partial_dweight,
-                                                    const float *__restrict__ partial_dbias, int nblocks, int C) {
-    __shared__ float sums[2][8][33];
-    int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 7) / 8;
+// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 32):
+// 32 channels; row ty of threads sums the ty-th 32nd of the blocks in order (its loads issued 8 at a
+// time, ahead of the additions), then ty = 0 adds the 32 in order. (One thread per channel walking
+// all 512 partials of GPT-2's batch was a 40 us chain of dependent loads on 3 SMs; 8 rows of threads
+// walking 64 each took 11 us a launch, the 25 launches 0.28 ms a step: docs/perf.md.)
+__global__ void __launch_bounds__(1024) mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight,
+                                                                            float *__restrict__ dbias,
+                                                                            const float *__restrict__ partial_dweight,
+                                                                            const float *__restrict__ partial_dbias,
+                                                                            int nblocks, int C) {
+    __shared__ float sums[2][32][33];
+    int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 31) / 32;
     int k0 = threadIdx.y * per, k1 = min(nblocks, k0 + per);
     float dw = 0.0f, db = 0.0f;
     if (c < C)
-        for (int k = k0; k < k1; k++) { dw += partial_dweight[(size_t)k * C + c]; db += partial_dbias[(size_t)k * C + c]; }
+        for (int k = k0; k < k1; k += 8) {
+            float w8[8], b8[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (k + j < k1) { w8[j] = partial_dweight[(size_t)(k + j) * C + c]; b8[j] = partial_dbias[(size_t)(k + j) * C + c]; }
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (k + j < k1) { dw += w8[j]; db += b8[j]; }
+        }
     sums[0][threadIdx.y][threadIdx.x] = dw;
     sums[1][threadIdx.y][threadIdx.x] = db;
     __syncthreads();
     if (threadIdx.y != 0 || c >= C) return;
     dw = 0.0f; db = 0.0f;
-    for (int y = 0; y < 8; y++) { dw += sums[0][y][threadIdx.x]; db += sums[1][y][threadIdx.x]; }
+    for (int y = 0; y < 32; y++) { dw += sums[0][y][threadIdx.x]; db += sums[1][y][threadIdx.x]; }
     dweight[c] += dw;
     dbias[c] += db;
 }
@@ -971,7 +1019,7 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
                                                                              weight, mean, rstd, N, C);
         mt__launch_check("mt_layernorm_backward_kernel", stream);
     }
-    mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(
+    mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(
         dweight, dbias, partial, partial_dbias, nblocks, C);
     mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
@@ -5340,11 +5388,11 @@ void mt_cross_entropy_finish_gpu(float *losses, void *dlogits, int logits_dtype,
 // The bias corrections bc1 = 1 - b1^step, bc2 = 1 - b2^step are computed on the host with the
 // CPU's own powf, so both builds use the same two numbers.
 __global__ void mt_adamw_kernel(float *__restrict__ param, float *__restrict__ m, float *__restrict__ v,
-                                const float *__restrict__ grad, size_t n, float lr, float beta1, float beta2,
-                                float eps, float weight_decay, float bc1, float bc2) {
+                                const float *__restrict__ grad, float grad_scale, size_t n, float lr, float beta1,
+                                float beta2, float eps, float weight_decay, float bc1, float bc2) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = grad[i];
+    float g = grad[i] * grad_scale;   // the clip's factor (1: none)
     float p = param[i] * (1.0f - lr * weight_decay);
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -5352,11 +5400,11 @@ __global__ void mt_adamw_kernel(float *__restrict__ param, float *__restrict__ m
     v[i] = vi;
     param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
 }
-void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int step, cudaStream_t stream) {
+void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step, cudaStream_t stream) {
     if (n == 0) return;
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
-    mt_adamw_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(param, m, v, grad, n, lr, beta1, beta2, eps,
+    mt_adamw_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps,
                                                             weight_decay, bc1, bc2);
     mt__launch_check("mt_adamw_kernel", stream);
 }
@@ -5436,29 +5484,6 @@ void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t st
     mt_sum_squares_finish_kernel<<<1, MT__SUMSQ_MAX_BLOCKS, 0, stream>>>(sumsq, partial, nblocks);
     mt__launch_check("mt_sum_squares_finish_kernel", stream);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
-}
-// x *= s (the clip: s = clip_grad / (norm + 1e-6) when that is below 1). In place.
-// A float4 per thread over the aligned bulk, one float per thread for the rest.
-__global__ void mt_scale_kernel(float *x, float s, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-__global__ void mt_scale_vec4_kernel(float4 *x, float s, size_t n4) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n4) return;
-    float4 v = x[i];
-    x[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
-}
-void mt_scale_gpu(float *x, float s, size_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    size_t n4 = mt__aligned16(x) ? n / 4 : 0;
-    if (n4) {
-        mt_scale_vec4_kernel<<<mt__blocks(n4, 256), 256, 0, stream>>>((float4 *)x, s, n4);
-        mt__launch_check("mt_scale_vec4_kernel", stream);
-    }
-    if (n4 * 4 == n) return;
-    mt_scale_kernel<<<mt__blocks(n - n4 * 4, 256), 256, 0, stream>>>(x + n4 * 4, s, n - n4 * 4);
-    mt__launch_check("mt_scale_kernel", stream);
 }
 // matches mt_unscale_check_cpu (megatron.h, 3. OPS): loss scaling's one pass over the gradients,
 // x *= inv_scale, and *found = 1 if any x was inf or NaN. Grid-stride; each warp votes once and
@@ -5818,16 +5843,11 @@ void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *d
     snprintf(label, sizeof label, "lm head backward %dx%d", C, V_local);
     mt__profile_end(r, label, t0);
 }
-void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, int step) {
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, int step) {
     double t0 = mt__profile_begin(r);
-    mt_adamw_gpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step, mt__stream(r));
+    mt_adamw_gpu(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, weight_decay, step, mt__stream(r));
     mt__profile_end(r, "adamw", t0);
-}
-void mt_scale(mt_rank *r, float *x, float s, size_t n) {
-    double t0 = mt__profile_begin(r);
-    mt_scale_gpu(x, s, n, mt__stream(r));
-    mt__profile_end(r, "scale", t0);
 }
 // the sum lands in device memory; one synchronisation brings it to the host
 // the pieces' sums added into one device double in order (mt_sum_squares_gpu adds), then one copy

@@ -662,9 +662,8 @@ void mt_cross_entropy_local_sums_cpu(float *sumexp, float *target_logit, const f
 void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *maxv, const float *sumexp,
                                  const float *target_logit, const int *targets, int BT, int V_local, int vocab_start,
                                  int V, float dloss);
-void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int step);
-void mt_scale_cpu(float *x, float s, size_t n);
+void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
 double mt_sum_squares_cpu(const float *x, size_t n);
 /* *acc += (the BT losses summed in double) / BT: a micro-batch's mean loss (section 5's head) */
 void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT);
@@ -879,9 +878,8 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype
    GPU are the GEMMs' operand type already, read as they are) */
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local);
-void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, int step);
-void mt_scale(mt_rank *r, float *x, float s, size_t n);
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, int step);
 double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the result on the host */
 /* the same over `parts` pieces of one buffer, x[start[i] .. start[i] + count[i]), added in order
    (sum of the pieces' sums, as many mt_sum_squares calls would give): one device reduction and one
@@ -7018,14 +7016,18 @@ void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *max
 
 // ---------------------------------------------------------------------------------------------
 // AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW order of operations):
+//   g  = grad * grad_scale                     the gradient clipping's factor (1: none; see below)
 //   p  = p * (1 - lr * wd)                     decoupled weight decay (wd = 0 for no-decay params)
 //   m  = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int step) {
+// grad_scale is Megatron's clip_grad_norm_fp32, which multiplies the gradients in place before
+// the step: the same float product here, so the same bits, without a pass of its own over the
+// gradients (which are left as they were; nothing reads them before the next step zeroes them).
+void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step) {
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
     for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
+        float g = grad[i] * grad_scale;
         float p = param[i] * (1.0f - lr * weight_decay);
         float mi = beta1 * m[i] + (1.0f - beta1) * g;
         float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -7044,11 +7046,8 @@ void mt_bias_add_cpu(float *out, const float *bias, int BT, int OC) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the gradient norm's pieces: x *= s over n floats, and the sum of squares of n floats in
-// double (so a 124M-parameter sum does not lose digits)
-void mt_scale_cpu(float *x, float s, size_t n) {
-    for (size_t k = 0; k < n; k++) x[k] *= s;
-}
+// the gradient norm's piece: the sum of squares of n floats in double (so a 124M-parameter sum
+// does not lose digits); the clip itself rides in AdamW (mt_adamw_cpu's grad_scale)
 
 double mt_sum_squares_cpu(const float *x, size_t n) {
     double s = 0.0;
@@ -7334,6 +7333,7 @@ static const int MT__WG_BM = 128, MT__WG_BN = 256, MT__WG_BK = 64;           // 
 static const int MT__WG_SMS = 132;   // the SM count the wgmma split-K choice assumes (H100 / H200 SXM)
 static const int MT__LN_ROWS_PER_BLOCK = 32;   // rows of one block of the layernorm backward
 static const int MT__COLSUM_ROWS = 256;        // rows of one chunk of the bias gradient's column sums
+static const int MT__EMB_CHUNK = 1024;         // positions of one block of the embedding backward's placement
 #define MT_GEMV_MAX_ROWS 8   // a matmul forward of at most this many rows is a GEMV: no scratch
 
 // how many k-slices for the tiled and mma rungs: enough blocks for about two per SM of an
@@ -7578,10 +7578,12 @@ size_t mt_gpu_layernorm_backward_scratch(int N, int C) {
     if (N == 0) return 0;
     return (size_t)2 * ((N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK) * C * sizeof(float);
 }
-// mt_embedding_backward_gpu: row_start (V_local + 1) and positions (BT), ints
+// mt_embedding_backward_gpu: row_start (V_local + 1), positions (BT), and a count per (chunk of
+// MT__EMB_CHUNK positions, token), ints
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local) {
     if (BT == 0 || V_local == 0) return 0;
-    return ((size_t)V_local + 1 + BT) * sizeof(int);
+    size_t chunks = ((size_t)BT + MT__EMB_CHUNK - 1) / MT__EMB_CHUNK;
+    return ((size_t)V_local + 1 + BT + chunks * V_local) * sizeof(int);
 }
 
 // the rung the GPU build takes on an H100/H200: --gemm, else tiled for fp32 and wgmma for bf16 /
@@ -7886,13 +7888,9 @@ void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *d
     mt_matmul_backward_rounded_cpu(dinp, dweight, NULL, dlogits, inp, weight, BT, C, V_local, r->dev.dtype);
 }
 
-void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
-              float beta2, float eps, float weight_decay, int step) {
-    (void)r; mt_adamw_cpu(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, step);
-}
-
-void mt_scale(mt_rank *r, float *x, float s, size_t n) {
-    (void)r; mt_scale_cpu(x, s, n);
+void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
+              float beta1, float beta2, float eps, float weight_decay, int step) {
+    (void)r; mt_adamw_cpu(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
 double mt_sum_squares(mt_rank *r, const float *x, size_t n) {
@@ -9108,9 +9106,9 @@ void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf) {
 //
 //   device (the rank's GPU)                          host (pinned, this rank's shard)
 //   backward; DP reduction; unscale and check
-//   (fp16); norm; clip: all as without offload
+//   (fp16); norm: all as without offload
 //   grads[shard]   ------ down, once per step ---->  host_grads
-//                                                    AdamW on T host threads: master_params,
+//                                                    AdamW (and the clip) on T host threads: master_params,
 //                                                    m, v += ... (mt_adamw_cpu; thread k takes
 //                                                    the k-th of T pieces of the shard)
 //   params[shard]  <----- up, once per step -------  master_params
@@ -9127,6 +9125,7 @@ void mt_grad_scaler_update(mt_grad_scaler *s, int found_inf) {
 typedef struct {                  // one host update: AdamW over the tensors' parts of the shard
     float *param, *m, *v;         // (n) the shard's host copies
     const float *grad;            // (n)
+    float grad_scale;             // the clip's factor (mt_adamw_cpu)
     size_t n;
     int num_parts;
     size_t part[MT_NUM_PARAM_TENSORS][2];   // [start, end) of each tensor's part, within the shard
@@ -9143,8 +9142,8 @@ static void mt__host_adamw_piece(void *arg, int index, int count) {   // an mt__
     for (int k = 0; k < job->num_parts; k++) {
         size_t a = job->part[k][0] > lo ? job->part[k][0] : lo;
         size_t b = job->part[k][1] < hi ? job->part[k][1] : hi;
-        if (a < b) mt_adamw_cpu(job->param + a, job->m + a, job->v + a, job->grad + a, b - a, job->lr, job->beta1,
-                                job->beta2, job->eps, job->weight_decay[k], job->step);
+        if (a < b) mt_adamw_cpu(job->param + a, job->m + a, job->v + a, job->grad + a, job->grad_scale, b - a, job->lr,
+                                job->beta1, job->beta2, job->eps, job->weight_decay[k], job->step);
     }
 }
 
@@ -9214,7 +9213,7 @@ void mt_optimizer_free(mt_rank *r) {
 }
 
 // the offloaded update: gradients down, AdamW on the host threads, parameters up
-static void mt__optimizer_step_offloaded(mt_rank *r, float lr) {
+static void mt__optimizer_step_offloaded(mt_rank *r, float lr, float grad_scale) {
     const mt_config *cfg = r->cfg;
     mt_optimizer *o = &r->optim;
     size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
@@ -9224,6 +9223,7 @@ static void mt__optimizer_step_offloaded(mt_rank *r, float lr) {
     job.m = o->m_memory;
     job.v = o->v_memory;
     job.grad = o->host_grads;
+    job.grad_scale = grad_scale;
     job.n = o->shard_size;
     job.lr = lr;
     job.beta1 = cfg->train.adam_beta1;
@@ -9251,7 +9251,8 @@ static void mt__optimizer_step_offloaded(mt_rank *r, float lr) {
 //      ranks that hold the rest of this replica's gradients, so all agree; then the scaler
 //      updates, and a step with inf/nan is skipped (Megatron's _unscale_main_grads_and_check_for_nan)
 //   1. the global gradient norm; inf/nan anywhere: skip the update, as Megatron does
-//   2. clip by it (clip_grad_norm_fp32): grads *= clip / (norm + 1e-6) when that is below 1
+//   2. clip by it (clip_grad_norm_fp32): grads *= clip / (norm + 1e-6) when that is below 1, the
+//      product taken by AdamW as it reads each gradient (its grad_scale: one pass less)
 //   3. AdamW, tensor by tensor, with weight decay only where Megatron applies it (the
 //      elementwise update is the op mt_adamw, section 3), at the learning rate of the steps taken
 //      (a skipped step does not advance the schedule: Megatron steps its scheduler only on success);
@@ -9278,15 +9279,16 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
         o->skipped++;
         return norm;
     }
+    float grad_scale = 1.0f;   // the clip, applied by AdamW as it reads each gradient (mt_adamw_cpu)
     if (cfg->train.clip_grad > 0) {
         double coeff = cfg->train.clip_grad / (norm + 1e-6);
-        if (coeff < 1.0) mt_scale(r, r->model.grads_memory + o->shard_start, (float)coeff, o->shard_size);
+        if (coeff < 1.0) grad_scale = (float)coeff;
     }
     o->step++;
     float lr = mt_learning_rate(cfg, iteration - 1 - o->skipped);
     size_t lo = o->shard_start, hi = o->shard_start + o->shard_size;
     if (o->offload) {
-        mt__optimizer_step_offloaded(r, lr);   // on the host (above)
+        mt__optimizer_step_offloaded(r, lr, grad_scale);   // on the host (above)
     } else {
         // each tensor's part inside the shard (a tensor may straddle two shards)
         for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
@@ -9296,7 +9298,7 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
             mt__shard_part(s, lo, hi, &a, &b);
             if (a >= b) continue;
             mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
-                     r->model.grads_memory + a, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
+                     r->model.grads_memory + a, grad_scale, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
                      cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, o->step);
         }
     }

@@ -846,7 +846,7 @@ MT_TEST(adamw) {
     //   mhat = -2, vhat = 4;  p -= 0.1 * (-2) / (2 + 1e-8)  ->  p = -2.87
     // third element: g = 0, p = 2, wd decays it only: p = 2 * 0.99 = 1.98, m = v = 0
     float p[3] = {1.0f, -3.0f, 2.0f}, m[3] = {0, 0, 0}, v[3] = {0, 0, 0}, g[3] = {0.5f, -2.0f, 0.0f};
-    mt_adamw_cpu(p, m, v, g, 3, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
+    mt_adamw_cpu(p, m, v, g, 1.0f, 3, 0.1f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
     float want_p[3] = {0.89f, -2.87f, 1.98f}, want_m[3] = {0.05f, -0.2f, 0.0f}, want_v[3] = {2.4999678e-4f, 3.9999485e-3f, 0.0f};
     // 1e-6: a handful of fp32 operations on O(1) numbers; the largest error is m, where
     // 1 - 0.9f = 0.09999996 in fp32 puts m 3.6e-7 relative below 0.05 (a property of fp32 betas)
@@ -874,7 +874,7 @@ MT_TEST(adamw) {
         wantV[i] = (float)vi;
         wantP[i] = (float)(pi - flr * (mi / (1.0 - pow(fb1, t))) / (sqrt(vi / (1.0 - pow(fb2, t))) + feps));
     }
-    mt_adamw_cpu(P, M, Vv, G, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+    mt_adamw_cpu(P, M, Vv, G, 1.0f, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
     // 1e-5: p (1 - lr wd) and the update lr mhat / (sqrt(vhat) + eps) (~3e-3) are each a few
     // fp32 operations (a few ulps, ~3e-7 relative), and the update is small next to p (|p| ~ 0.5),
     // so p - update keeps that relative accuracy: a few e-7
@@ -885,8 +885,22 @@ MT_TEST(adamw) {
     mt_check_tensor("adamw step 3 v", Vv, wantV, N, 1e-5);   // a sum of two positive terms, no cancellation: a few ulps
     // no weight decay (biases, layernorms): wd = 0 leaves only the Adam update
     float q[1] = {2.0f}, mq[1] = {0}, vq[1] = {0}, gq[1] = {0.0f};
-    mt_adamw_cpu(q, mq, vq, gq, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+    mt_adamw_cpu(q, mq, vq, gq, 1.0f, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
     mt_expect(q[0] == 2.0f, "adamw with wd = 0 and g = 0 must leave p unchanged, got %.9g", q[0]);
+    // the clip's factor (grad_scale) is the in-place product Megatron's clip_grad_norm_fp32 makes
+    // before the step: the same bits as scaling the gradients first and stepping with 1
+    float P2[N], M2[N], V2[N], G2[N], P3[N], M3[N], V3[N];
+    fill_uniform(P2, N, &s, 1.0f, 0.0f);
+    fill_uniform(M2, N, &s, 0.1f, 0.0f);
+    fill_uniform(V2, N, &s, 0.005f, 0.006f);
+    fill_uniform(G2, N, &s, 1.0f, 0.0f);
+    memcpy(P3, P2, sizeof P2); memcpy(M3, M2, sizeof M2); memcpy(V3, V2, sizeof V2);
+    float clip = 0.3712f;
+    mt_adamw_cpu(P2, M2, V2, G2, clip, N, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
+    for (int i = 0; i < N; i++) G2[i] *= clip;
+    mt_adamw_cpu(P3, M3, V3, G2, 1.0f, N, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
+    mt_expect(memcmp(P2, P3, sizeof P2) == 0 && memcmp(M2, M3, sizeof M2) == 0 && memcmp(V2, V3, sizeof V2) == 0,
+              "adamw's grad_scale must equal scaling the gradients first, bit for bit");
 }
 
 int main(void) {

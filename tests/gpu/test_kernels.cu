@@ -180,9 +180,9 @@ MT_TEST(rng_matches_cpu) {
     check_close("device rng", got, want, n, 0.0);   // same integer arithmetic: bit-identical
     free(got); free(want); dev_free(d);
 }
-MT_TEST(fill_zero_scale_cast) {
+MT_TEST(fill_zero_cast) {
     size_t n = 1000003;
-    float value = rand_uniform(-3, 3), s = rand_uniform(0.1f, 2.0f);
+    float value = rand_uniform(-3, 3);
     float *x = host_random(n, -2, 2), *want = (float *)mt_malloc(n * sizeof(float), "want");
     float *d = dev_nan(n);
     mt_fill_gpu(d, value, n, 0);
@@ -194,12 +194,6 @@ MT_TEST(fill_zero_scale_cast) {
     for (size_t i = 0; i < n; i++) want[i] = 0.0f;
     got = dev_download(d, n);
     check_close("zero", got, want, n, 0.0);
-    free(got);
-    dev_set(d, x, n);
-    mt_scale_gpu(d, s, n, 0);
-    for (size_t i = 0; i < n; i++) want[i] = x[i] * s;
-    got = dev_download(d, n);
-    check_close("scale", got, want, n, 0.0);   // one multiply, as the CPU
     free(got);
     // fp32 -> bf16 -> fp32: bf16 bits as the host's round-to-nearest-even, and back exactly
     __nv_bfloat16 *b16 = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
@@ -1406,10 +1400,6 @@ MT_TEST(vector_and_scalar_paths) {
         got = dev_download(d_out, n + 4);
         double dout_scale = 1.0;   // as in gelu_residual: the last bit at the scale of |dout| <= 1
         check_close_scale("gelu backward, offset path", got + off, want, n, 1e-5, dout_scale); free(got);
-        for (size_t i = 0; i < n; i++) want[i] = x[off + i] * 0.75f;
-        mt_scale_gpu(d_x + off, 0.75f, n, 0);
-        got = dev_download(d_x, n + 4);
-        check_close("scale, offset path", got + off, want, n, 0.0); free(got);
         __nv_bfloat16 *b16 = (__nv_bfloat16 *)dev_alloc((n + 8) * sizeof(__nv_bfloat16));
         mt_cast_f32_to_bf16_gpu(b16 + off, d_y + off, n, 0);
         mt_cast_bf16_to_f32_gpu(d_out, b16 + off, n, 0);
@@ -1609,11 +1599,11 @@ MT_TEST(adamw) {
         size_t n = sizes[s];
         float *p = host_random(n, -1, 1), *m = host_random(n, -0.1f, 0.1f), *v = host_random(n, 0.0f, 0.01f), *g = host_random(n, -1, 1);
         float *p_ref = host_copy(p, n), *m_ref = host_copy(m, n), *v_ref = host_copy(v, n);
-        float lr = 6e-4f, wd = s == 1 ? 0.0f : 0.1f;
+        float lr = 6e-4f, wd = s == 1 ? 0.0f : 0.1f, clip = s == 2 ? rand_uniform(0.1f, 1.0f) : 1.0f;   // (clip: the factor)
         int step = 1 + rand_int(100);
-        mt_adamw_cpu(p_ref, m_ref, v_ref, g, n, lr, 0.9f, 0.95f, 1e-8f, wd, step);
+        mt_adamw_cpu(p_ref, m_ref, v_ref, g, clip, n, lr, 0.9f, 0.95f, 1e-8f, wd, step);
         float *d_p = dev_upload(p, n), *d_m = dev_upload(m, n), *d_v = dev_upload(v, n), *d_g = dev_upload(g, n);
-        mt_adamw_gpu(d_p, d_m, d_v, d_g, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, 0);
+        mt_adamw_gpu(d_p, d_m, d_v, d_g, clip, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, 0);
         // fp32; the device may fuse a*b+c into one FMA where the CPU rounds twice: 1e-5
         float *got = dev_download(d_p, n); check_close("adamw param", got, p_ref, n, 1e-5); free(got);
         got = dev_download(d_m, n); check_close("adamw m", got, m_ref, n, 1e-5); free(got);
@@ -1909,12 +1899,10 @@ static void bench(void) {
         double *ss = (double *)dev_alloc(sizeof(double));
         __nv_bfloat16 *h16 = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
         snprintf(shape, sizeof shape, "n=%zu", n);
-        float ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 0); }, 10);
+        float ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, 0.5f, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 0); }, 10);
         report("adamw", shape, ms, 0, 7.0 * n * 4);
         ms = time_ms([&] { mt_sum_squares_gpu(ss, g, n, 0); }, 10);
         report("sum of squares (grad norm)", shape, ms, 0, 4.0 * n);
-        ms = time_ms([&] { mt_scale_gpu(g, 0.999f, n, 0); }, 10);
-        report("scale (clip)", shape, ms, 0, 8.0 * n);
         ms = time_ms([&] { mt_cast_f32_to_bf16_gpu(h16, p, n, 0); }, 10);
         report("cast fp32 -> bf16", shape, ms, 0, 6.0 * n);
         dev_free(p); dev_free(m); dev_free(v); dev_free(g); dev_free(ss); dev_free(h16);
@@ -1961,7 +1949,7 @@ int main(int argc, char **argv) {
     MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     if (do_tests) {
         run("rng_matches_cpu", test_rng_matches_cpu);
-        run("fill_zero_scale_cast", test_fill_zero_scale_cast);
+        run("fill_zero_cast", test_fill_zero_cast);
         run("embedding", test_embedding);
         run("position_embedding", test_position_embedding);
         run("layernorm", test_layernorm);
