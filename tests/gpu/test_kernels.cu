@@ -1616,16 +1616,16 @@ MT_TEST(adamw) {
 // ---------------------------------------------------------------------------------------------
 // 6. OPTIMIZER, CLIPPING
 MT_TEST(sum_squares) {
-    size_t sizes[] = {1, 255, 1000, 1000003, 30000001};
-    for (int s = 0; s < 5; s++) {
-        size_t n = sizes[s];
-        float *x = host_random(n, -1, 1);
+    size_t sizes[] = {1, 255, 1000, 1000003, 30000001, 2, 7, 1000003};
+    for (int s = 0; s < 8; s++) {
+        size_t n = sizes[s], off = s < 5 ? 0 : (size_t)s - 4;   // off: the first 1-3 floats before a 16-byte boundary
+        float *x = host_random(n + off, -1, 1);
         double want = 0.0, start = rand_uniform(0, 10);
-        for (size_t i = 0; i < n; i++) want += (double)x[i] * (double)x[i];   // mt__grad_norm's loop
-        float *d_x = dev_upload(x, n);
+        for (size_t i = off; i < n + off; i++) want += (double)x[i] * (double)x[i];   // mt__grad_norm's loop
+        float *d_x = dev_upload(x, n + off);
         double *d_s = (double *)dev_alloc(sizeof(double)), got;
         MT_CUDA_CHECK(cudaMemcpy(d_s, &start, sizeof start, cudaMemcpyHostToDevice));
-        mt_sum_squares_gpu(d_s, d_x, n, 0);
+        mt_sum_squares_gpu(d_s, d_x + off, n, 0);
         MT_CUDA_CHECK(cudaMemcpy(&got, d_s, sizeof got, cudaMemcpyDeviceToHost));
         // double accumulation in another order. The CPU adds n terms one after another, so its own
         // rounding grows with n (seen: 4e-12 relative at n = 3e7; the bound is n eps = 3e-9): 1e-9
