@@ -2709,6 +2709,17 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
         if (gelu_out) gelu_out[(size_t)r * OC + o] = mt__gelu(v);
     }
 }
+template <int F16>
+static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, const uint16_t *weight16,
+                                const float *bias, int BT, int C, int OC, cudaStream_t stream) {
+    unsigned blocks = (unsigned)((OC + 7) / 8);
+    if (C > 8 * 32 * 4)   // more than 4 k steps a warp
+        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12>, blocks, 256, 0, stream, out,
+                   gelu_out, inp, weight16, bias, BT, C, OC);
+    else
+        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4>, blocks, 256, 0, stream, out,
+                   gelu_out, inp, weight16, bias, BT, C, OC);
+}
 // from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
 // CUDA-core loop: from one (measured faster at 1 and 8 rows: docs/perf.md). A variable so that the
 // tests can run both: the decode step as one kernel (below) keeps the CUDA-core loop's arithmetic.
@@ -2720,21 +2731,9 @@ static void mt__gemv(float *out, float *gelu_out, const float *inp, const float 
                      const float *bias, int BT, int C, int OC, int round, cudaStream_t stream) {
     int vec = C % 8 == 0 && mt__aligned16(inp) && mt__aligned16(weight16 ? weight16 : weight);
     if (weight16 && vec && BT >= mt__gemv_mma_from_rows && (round == MT_DTYPE_BF16 || round == MT_DTYPE_FP16)) {
-        unsigned blocks = (unsigned)((OC + 7) / 8);
         const uint16_t *w16 = (const uint16_t *)weight16;
-        int fp16 = round == MT_DTYPE_FP16, wide = C > 8 * 32 * 4;
-        if (fp16 && wide)
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1, 12>, blocks, 256, 0, stream, out,
-                       gelu_out, inp, w16, bias, BT, C, OC);
-        else if (fp16)
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<1, 4>, blocks, 256, 0, stream, out,
-                       gelu_out, inp, w16, bias, BT, C, OC);
-        else if (wide)
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0, 12>, blocks, 256, 0, stream, out,
-                       gelu_out, inp, w16, bias, BT, C, OC);
-        else
-            mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<0, 4>, blocks, 256, 0, stream, out,
-                       gelu_out, inp, w16, bias, BT, C, OC);
+        if (round == MT_DTYPE_FP16) mt__gemv_mma_launch<1>(out, gelu_out, inp, w16, bias, BT, C, OC, stream);
+        else mt__gemv_mma_launch<0>(out, gelu_out, inp, w16, bias, BT, C, OC, stream);
         return;
     }
     if (round == MT_DTYPE_BF16 && weight16)
@@ -4249,6 +4248,16 @@ __device__ static float mt__reduce128(float v, float *shared, int is_max, int ti
     for (int w = 1; w < 4; w++) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
     return r;
 }
+// output float4 i (i < D4) of a block whose G groups of D4 threads each summed a share of the
+// positions into partial[group * D4 + i]: the groups' shares added in group order
+__device__ static inline float4 mt__attention_groups_sum(const float4 *partial, int G, int D4, int i) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int k = 0; k < G; k++) {
+        float4 u = partial[k * D4 + i];
+        o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
+    }
+    return o;
+}
 // shared memory of one block: scores (cap, rounded up to 4) | partial outputs (128 float4) | reduction (32)
 __host__ __device__ static inline size_t mt__attention_cached_smem_floats(int cap) {
     return (size_t)(cap + 3) / 4 * 4 + 4 * 128 + 32;
@@ -4325,11 +4334,7 @@ __device__ static void mt__attention_cached_block(int block, int tid, int bar, f
     partial[tid] = acc;
     mt__bar128(bar);
     if (tid < D4) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int k = 0; k < G; k++) {
-            float4 u = partial[k * D4 + tid];
-            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
-        }
+        float4 o = mt__attention_groups_sum(partial, G, D4, tid);
         *(float4 *)(out + ((size_t)b * Tq + t) * C_local + h * hs + 4 * tid) =
             make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     }
@@ -4393,11 +4398,7 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
     partial[threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.x < D4) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int k = 0; k < G; k++) {
-            float4 u = partial[k * D4 + threadIdx.x];
-            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
-        }
+        float4 o = mt__attention_groups_sum(partial, G, D4, threadIdx.x);
         *(float4 *)(out + ((size_t)b * Tq + t) * C_local + h * hs + 4 * threadIdx.x) =
             make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     }
@@ -4517,11 +4518,7 @@ __global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *o
     partial[threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.x < D4) {
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int k = 0; k < G; k++) {
-            float4 u = partial[k * D4 + threadIdx.x];
-            o.x += u.x; o.y += u.y; o.z += u.z; o.w += u.w;
-        }
+        float4 o = mt__attention_groups_sum(partial, G, D4, threadIdx.x);
         *(float4 *)(mine + 4 + 4 * threadIdx.x) = o;   // o_s, not yet divided
     }
     if (threadIdx.x == 0) { mine[0] = m; mine[1] = sum; }   // (an empty slice: -inf and 0, and o_s = 0)
