@@ -2,6 +2,7 @@
 
     python3 tests/gpu/torch_ref.py step [--micro-batch 16] [--iters 20] [--eager]
     python3 tests/gpu/torch_ref.py attention [--micro-batch 16]
+    python3 tests/gpu/torch_ref.py profile [--micro-batch 16] [--eager]
 
 step: one GPT-2 small training step as PyTorch users write it for speed: bf16 autocast, fp32
   master weights, fused AdamW (lr 6e-4, weight decay 0.1, betas 0.9/0.95), gradient clipping at
@@ -13,7 +14,10 @@ attention: causal attention at GPT-2 small's shape (B x 12 heads x 1024 x 64, bf
   F.scaled_dot_product_attention with the flash and the cuDNN backends: forward and
   forward+backward ms and TFLOP/s (FLOPs counted as FlashAttention-2's paper: 4 B H T^2 d / 2
   for the causal forward, 2.5x that for the backward).
-Output lines are "key value" pairs that tests/gpu/bench.sh reads.
+profile: the step above under torch.profiler (CUDA activity only, 3 steps after warm-up): per
+  kernel name, launches and ms per step, the largest first, and the sum: where PyTorch's step
+  goes, to put next to ours (tests/gpu/profile_step.sh).
+Output lines of step and attention are "key value" pairs that tests/gpu/bench.sh reads.
 """
 import argparse
 import sys
@@ -79,7 +83,7 @@ def timed(fn, iters, warmup):
     return times[len(times) // 2]
 
 
-def step(args):
+def make_step(args):
     torch.manual_seed(0)
     B, T = args.micro_batch, 1024
     model = GPT().cuda()
@@ -95,13 +99,45 @@ def step(args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return one
 
+
+def step(args):
+    B, T = args.micro_batch, 1024
+    one = make_step(args)
     torch.cuda.reset_peak_memory_stats()
     ms = timed(one, args.iters, warmup=5 if args.eager else 10)
     gib = 1024.0 ** 3
     print(f"torch_step mode {'eager' if args.eager else 'compiled'} ms {ms:.2f} tokens_per_s {B * T / ms * 1e3:.0f} "
           f"peak_alloc_gib {torch.cuda.max_memory_allocated() / gib:.2f} "
           f"peak_reserved_gib {torch.cuda.max_memory_reserved() / gib:.2f}")
+
+
+def profile(args):
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    one = make_step(args)
+    for _ in range(5 if args.eager else 10):
+        one()
+    torch.cuda.synchronize()
+    steps = 3
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            one()
+        torch.cuda.synchronize()
+    tot = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name.replace("void ", "").split("<")[0].split("(")[0][:70]
+        c = tot.setdefault(name, [0, 0.0])
+        c[0] += 1
+        c[1] += e.time_range.elapsed_us() / 1e3
+    all_ms = sum(c[1] for c in tot.values()) / steps
+    print(f"torch_profile mode {'eager' if args.eager else 'compiled'}: {all_ms:.2f} ms of kernel time a step")
+    print(f"{'kernel':70s} {'calls':>6s} {'ms':>8s} {'share':>6s}")
+    for n, (k, t) in sorted(tot.items(), key=lambda x: -x[1][1]):
+        print(f"{n:70s} {k / steps:6.0f} {t / steps:8.3f} {100 * t / steps / all_ms:5.1f}%")
 
 
 def attention(args):
@@ -131,7 +167,7 @@ def attention(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["step", "attention"])
+    ap.add_argument("what", choices=["step", "attention", "profile"])
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--eager", action="store_true")
@@ -139,7 +175,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("torch_ref.py: no CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = True
-    step(args) if args.what == "step" else attention(args)
+    {"step": step, "attention": attention, "profile": profile}[args.what](args)
 
 
 if __name__ == "__main__":
