@@ -1667,8 +1667,10 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
 static const int MT__WG_STAGES = 4;
 static const int MT__WG_A_BYTES = MT__WG_BM * MT__WG_BK * 2;                      // 16 KB per stage
 static const int MT__WG_B_BYTES = MT__WG_BN * MT__WG_BK * 2;                      // 32 KB per stage
+static const int MT__WG_STAGE_PIECE = 4096;   // a consumer warp's staging piece for the epilogue (below)
 static const int MT__WG_SMEM = 1024 /* alignment slack */ + MT__WG_STAGES * (MT__WG_A_BYTES + MT__WG_B_BYTES) +
-                               2 * MT__WG_STAGES * 8 /* mbarriers */;
+                               128 /* mbarriers, 2 * MT__WG_STAGES * 8 bytes, rounded up */ +
+                               8 * MT__WG_STAGE_PIECE;   // 230,528 bytes of the 232,448 an H200 block may have
 static const int MT__WG_THREADS = 384;   // producer warpgroup + 2 consumer warpgroups
 
 typedef struct {
@@ -1677,6 +1679,8 @@ typedef struct {
     int M, N, K, ldc;
     int accumulate;          // 1: C += ..., 0: C = ...
     int store2_ok;           // c 8-byte aligned, ldc and N even: float2 stores
+    int stage_ok;            // the staged epilogue (below): N and ldc multiples of 8, c, c2, aux 16-byte
+                             // aligned, bias 8-byte aligned
     int tiles_m, tiles_n;    // output tiles of 128 x 256
     int splits, k_per_split; // split-K: unit u = tile * splits + z covers k in [z*k_per_split, (z+1)*k_per_split)
     int steps_tile;          // k-steps of 64 per tile: ceil(K / 64)
@@ -1945,6 +1949,157 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
     *c = g.accumulate ? *c + v : v;
 }
 
+// THE STAGED EPILOGUE (g.stage_ok). A consumer thread holds its outputs in wgmma's register
+// layout: rows i0 and i0 + 8, columns j0 + 8n, j0 + 8n + 1. Stored from there, one warp's store
+// instruction covers 8 rows x 16 bytes (16-bit C) or 32 bytes (fp32): 8 L1 wavefronts for 128 or
+// 256 bytes, and a 128 x 256 tile of bf16 takes ~4,000 of them (~2 us, docs/perf.md) while the
+// tensor cores wait. So each warp passes its 16 rows through a 4 KB piece of shared memory, 64
+// columns (a "chunk") at a time: the fragments go in (8 rows at once, as they are held), then come
+// out row by row, each lane 16 bytes, a warp's store covering 2-4 whole rows of 128-256 bytes (4
+// wavefronts for 512 bytes). What the epilogue reads besides the sums (C when accumulating, the
+// GELU's input for its derivative) comes in the same way, reversed.
+// The piece's rows are RB bytes (256: 64 fp32; 128: 64 16-bit values); the 16-byte chunk c of row r
+// sits at chunk c ^ (r % 8), so that both the 8-row fragment accesses and the row accesses spread
+// over all 32 banks (the 128-byte swizzle again, done by hand).
+template <int RB>
+__device__ static inline int mt__stg_at(int r, int byte) {
+    return r * RB + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
+}
+// rows i_base.. i_base+15, columns j_base.. j_base+63 of x (row stride ld) from the piece (OUT) or into it
+// (IN, zeros outside M x N). N % 8 == 0 and 16-byte aligned rows: a 16-byte piece is all in or all out.
+__device__ static inline void mt__stg_out32(const uint8_t *st, float *x, int ld, int i_base, int j_base, int M, int N,
+                                            int lane) {
+    #pragma unroll
+    for (int it = 0; it < 8; it++) {   // lane: row 2 it + lane / 16, 16 bytes = 4 columns
+        int r = 2 * it + lane / 16, ch = lane % 16, i = i_base + r, j = j_base + 4 * ch;
+        float4 v = *(const float4 *)(st + mt__stg_at<256>(r, 16 * ch));
+        if (i < M && j < N) *(float4 *)(x + (size_t)i * ld + j) = v;
+    }
+}
+__device__ static inline void mt__stg_out16(const uint8_t *st, unsigned short *x, int ld, int i_base, int j_base, int M,
+                                            int N, int lane) {
+    #pragma unroll
+    for (int it = 0; it < 4; it++) {   // lane: row 4 it + lane / 8, 16 bytes = 8 columns
+        int r = 4 * it + lane / 8, ch = lane % 8, i = i_base + r, j = j_base + 8 * ch;
+        uint4 v = *(const uint4 *)(st + mt__stg_at<128>(r, 16 * ch));
+        if (i < M && j < N) *(uint4 *)(x + (size_t)i * ld + j) = v;
+    }
+}
+__device__ static inline void mt__stg_in32(uint8_t *st, const float *x, int ld, int i_base, int j_base, int M, int N,
+                                           int lane) {
+    #pragma unroll
+    for (int it = 0; it < 8; it++) {
+        int r = 2 * it + lane / 16, ch = lane % 16, i = i_base + r, j = j_base + 4 * ch;
+        float4 v = i < M && j < N ? *(const float4 *)(x + (size_t)i * ld + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(float4 *)(st + mt__stg_at<256>(r, 16 * ch)) = v;
+    }
+}
+__device__ static inline void mt__stg_in16(uint8_t *st, const unsigned short *x, int ld, int i_base, int j_base, int M,
+                                           int N, int lane) {
+    #pragma unroll
+    for (int it = 0; it < 4; it++) {
+        int r = 4 * it + lane / 8, ch = lane % 8, i = i_base + r, j = j_base + 8 * ch;
+        uint4 v = i < M && j < N ? *(const uint4 *)(x + (size_t)i * ld + j) : make_uint4(0u, 0u, 0u, 0u);
+        *(uint4 *)(st + mt__stg_at<128>(r, 16 * ch)) = v;
+    }
+}
+// one chunk (64 columns: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs) of a warp's 16 rows
+// through the piece st: the same values and roundings as the unstaged epilogue below, in the same
+// order (v = sum + bias, then old + v or v gelu'(x))
+template <int F16, int EPI>
+__device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, const float *d, int ch, uint8_t *st,
+                                                       int i_base, int col0, int lane) {
+    int gq = lane / 4, tq = lane % 4, jb = col0 + 64 * ch;
+    float2 v0[8], v1[8];   // row gq, row gq + 8 (of the warp's 16); columns jb + 8n + 2tq, + 1
+    #pragma unroll
+    for (int n = 0; n < 8; n++) {
+        int j = jb + 8 * n + 2 * tq, e = 4 * (8 * ch + n);
+        float2 b = g.bias && j < g.N ? *(const float2 *)(g.bias + j) : make_float2(0.0f, 0.0f);
+        v0[n] = make_float2(d[e] + b.x, d[e + 1] + b.y);
+        v1[n] = make_float2(d[e + 2] + b.x, d[e + 3] + b.y);
+    }
+    if (EPI == MT__EPI_GELU_GRAD16) {   // C = v gelu'(x), x the GELU's input in 16 bits
+        mt__stg_in16(st, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float2 x0 = mt__unpack16x2<F16>(*(const uint32_t *)(st + mt__stg_at<128>(gq, 16 * n + 4 * tq)));
+            float2 x1 = mt__unpack16x2<F16>(*(const uint32_t *)(st + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)));
+            v0[n] = make_float2(v0[n].x * mt__gelu_grad(x0.x), v0[n].y * mt__gelu_grad(x0.y));
+            v1[n] = make_float2(v1[n].x * mt__gelu_grad(x1.x), v1[n].y * mt__gelu_grad(x1.y));
+        }
+        __syncwarp();   // read before the piece is written again
+    } else if (EPI == MT__EPI_GELU_GRAD || g.accumulate) {   // C = v gelu'(x), or C = old + v
+        mt__stg_in32(st, EPI == MT__EPI_GELU_GRAD ? (const float *)g.aux : g.c, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float2 x0 = *(const float2 *)(st + mt__stg_at<256>(gq, 32 * n + 8 * tq));
+            float2 x1 = *(const float2 *)(st + mt__stg_at<256>(gq + 8, 32 * n + 8 * tq));
+            if (EPI == MT__EPI_GELU_GRAD) {
+                v0[n] = make_float2(v0[n].x * mt__gelu_grad(x0.x), v0[n].y * mt__gelu_grad(x0.y));
+                v1[n] = make_float2(v1[n].x * mt__gelu_grad(x1.x), v1[n].y * mt__gelu_grad(x1.y));
+            } else {
+                v0[n] = make_float2(x0.x + v0[n].x, x0.y + v0[n].y);
+                v1[n] = make_float2(x1.x + v1[n].x, x1.y + v1[n].y);
+            }
+        }
+        __syncwarp();
+    }
+    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_STORE16_GELU16) {   // C in 16 bits
+        // (STORE16 at c2; the others at c); STORE16_GELU16: gelu of the rounded values at c2, from the piece's second half
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            uint32_t f0 = mt__pack16x2<F16>(v0[n].x, v0[n].y), f1 = mt__pack16x2<F16>(v1[n].x, v1[n].y);
+            *(uint32_t *)(st + mt__stg_at<128>(gq, 16 * n + 4 * tq)) = f0;
+            *(uint32_t *)(st + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)) = f1;
+            if (EPI == MT__EPI_STORE16_GELU16) {
+                float2 r0 = mt__unpack16x2<F16>(f0), r1 = mt__unpack16x2<F16>(f1);
+                *(uint32_t *)(st + 2048 + mt__stg_at<128>(gq, 16 * n + 4 * tq)) =
+                    mt__pack16x2<F16>(mt__gelu(r0.x), mt__gelu(r0.y));
+                *(uint32_t *)(st + 2048 + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)) =
+                    mt__pack16x2<F16>(mt__gelu(r1.x), mt__gelu(r1.y));
+            }
+        }
+        __syncwarp();
+        mt__stg_out16(st, (unsigned short *)(EPI == MT__EPI_STORE16 ? g.c2 : (void *)g.c), g.ldc, i_base, jb, g.M, g.N,
+                      lane);
+        if (EPI == MT__EPI_STORE16_GELU16)
+            mt__stg_out16(st + 2048, (unsigned short *)g.c2, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+    } else {   // C in fp32
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(float2 *)(st + mt__stg_at<256>(gq, 32 * n + 8 * tq)) = v0[n];
+            *(float2 *)(st + mt__stg_at<256>(gq + 8, 32 * n + 8 * tq)) = v1[n];
+        }
+        __syncwarp();
+        mt__stg_out32(st, g.c, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+    }
+    if (EPI == MT__EPI_GELU) {   // C2 = gelu(v), fp32
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(float2 *)(st + mt__stg_at<256>(gq, 32 * n + 8 * tq)) = make_float2(mt__gelu(v0[n].x), mt__gelu(v0[n].y));
+            *(float2 *)(st + mt__stg_at<256>(gq + 8, 32 * n + 8 * tq)) = make_float2(mt__gelu(v1[n].x), mt__gelu(v1[n].y));
+        }
+        __syncwarp();
+        mt__stg_out32(st, (float *)g.c2, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+    }
+    if (EPI == MT__EPI_GELU16) {   // C2 = gelu(v) in 16 bits
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            *(uint32_t *)(st + mt__stg_at<128>(gq, 16 * n + 4 * tq)) = mt__pack16x2<F16>(mt__gelu(v0[n].x), mt__gelu(v0[n].y));
+            *(uint32_t *)(st + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)) =
+                mt__pack16x2<F16>(mt__gelu(v1[n].x), mt__gelu(v1[n].y));
+        }
+        __syncwarp();
+        mt__stg_out16(st, (unsigned short *)g.c2, g.ldc, i_base, jb, g.M, g.N, lane);
+        __syncwarp();
+    }
+}
+
 // F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
 // only where asked: with the GELU's code in every GEMM's epilogue behind a runtime switch, the
 // plain GEMMs ran 37% slower (docs/perf.md)
@@ -1960,6 +2115,9 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
     const uint32_t ring_b = base + MT__WG_STAGES * MT__WG_A_BYTES;          // stage s: ring_b + s * 32 KB
     const uint32_t bars = ring_b + MT__WG_STAGES * MT__WG_B_BYTES;          // full[s] at bars + 8s
     const uint32_t full0 = bars, empty0 = bars + 8 * MT__WG_STAGES;         // empty[s] at empty0 + 8s
+    // the epilogue's staging pieces (8 x 4 KB, one per consumer warp), after the mbarriers
+    uint8_t *staging = mt__wg_smem_raw + (base - mt__smem_u32(mt__wg_smem_raw)) +
+                       MT__WG_STAGES * (MT__WG_A_BYTES + MT__WG_B_BYTES) + 128;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < MT__WG_STAGES; s++) {
@@ -2046,6 +2204,13 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
         // not move a load of C above a store to C: each read-modify-write would wait a full memory
         // round trip. Instead the loads of 8 column pairs x 2 rows are issued together, then the
         // stores: 4 round trips per tile instead of 64.
+        if (g.stage_ok) {   // through shared memory (above), 64 columns at a time
+            uint8_t *st = staging + (wg * 4 + warp) * MT__WG_STAGE_PIECE;
+            #pragma unroll
+            for (int ch = 0; ch < 4; ch++)
+                if (col0 + 64 * ch < g.N) mt__wgmma_epilogue_chunk<F16, EPI>(g, d, ch, st, row0 + 64 * wg + 16 * warp, col0, lane);
+            continue;
+        }
         int i0 = row0 + 64 * wg + 16 * warp + lane / 4, j0 = col0 + 2 * (lane % 4);
         if (g.store2_ok) {   // c 8-byte aligned, ldc and N even: float2 loads and stores
             float *c0 = g.c + (size_t)i0 * g.ldc, *c1 = c0 + (size_t)8 * g.ldc;
@@ -2286,6 +2451,9 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
     else if (b_k_inner) mt__gemm_wgmma_launch<0, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
     else mt__gemm_wgmma_launch<0, 0, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
 }
+// whether the wgmma GEMMs may use the staged epilogue (where stage_ok allows): a variable so that the
+// tests can run both epilogues against each other
+static int mt__wgmma_staged_epilogue = 1;
 // mt__gemm_wgmma with the plan chosen by the caller, for tests: want_splits = 0: mt__wgmma_splits
 // (megatron.h) decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1
 // (the two typed overloads below are what callers use).
@@ -2319,6 +2487,15 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         if (epi->op == MT__EPI_STORE16_GELU16 || epi->op == MT__EPI_GELU_GRAD16) g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 &&
                                                              (uintptr_t)other % 4 == 0 &&
                                                              (bias == NULL || (uintptr_t)bias % 8 == 0);
+    }
+    {   // the staged epilogue: whole 16-byte pieces of every row it writes or reads
+        int op = epi ? epi->op : MT__EPI_NONE;
+        const void *c2 = op == MT__EPI_GELU || op == MT__EPI_GELU16 || op == MT__EPI_STORE16 ||
+                                 op == MT__EPI_STORE16_GELU16 ? epi->c2 : NULL;
+        const void *aux = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? epi->aux : NULL;
+        g.stage_ok = N % 8 == 0 && ldc % 8 == 0 && mt__aligned16(c) && (c2 == NULL || mt__aligned16(c2)) &&
+                     (aux == NULL || mt__aligned16(aux)) && (bias == NULL || (uintptr_t)bias % 8 == 0) &&
+                     mt__wgmma_staged_epilogue;
     }
     mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
     mt_wgmma_plan_make(&plan, M, N, K, want_splits);

@@ -755,6 +755,67 @@ MT_TEST(matmul_gelu) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) matmul_gelu_case(shapes[s][0], shapes[s][1], shapes[s][2]);
 }
 
+// the wgmma GEMM's staged epilogue (through shared memory, kernels.cuh) against the unstaged one
+// (straight from the registers), every epilogue, bf16 and fp16: the same arithmetic in the same
+// order, so the same bits, in the whole output buffers (row stride N + 8: the 8 columns past N of
+// every row, never written, must come back untouched; ragged M and N: the tile's and the chunk's
+// edges). From the same starting contents (accumulate reads C).
+static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f16) {
+    int ldc = N + 8, a_k = 1, b_k = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? 0 : 1;
+    size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * ldc;
+    float *ha = host_random(na, -1, 1), *hb = host_random(nb, -1, 1), *hbias = host_random(N, -1, 1);
+    float *hc = host_random(nc, -2, 2), *hx = host_random(nc, -3, 3);
+    float *da = dev_upload(ha, na), *db = dev_upload(hb, nb), *dbias = dev_upload(hbias, N), *dx = dev_upload(hx, nc);
+    void *a16 = dev_alloc(na * 2 + 16), *b16 = dev_alloc(nb * 2 + 16), *x16 = dev_alloc(nc * 2 + 16);
+    if (f16) {
+        mt_cast_f32_to_f16_gpu((__half *)a16, da, na, 0); mt_cast_f32_to_f16_gpu((__half *)b16, db, nb, 0);
+        mt_cast_f32_to_f16_gpu((__half *)x16, dx, nc, 0);
+    } else {
+        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)a16, da, na, 0); mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)b16, db, nb, 0);
+        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)x16, dx, nc, 0);
+    }
+    int sixteen_aux = op == MT__EPI_GELU_GRAD16;
+    mt__epilogue epi = {op, sixteen_aux ? (const void *)x16 : (const void *)dx, NULL};
+    float *got[2][2];   // [staged][c, c2]
+    for (int staged = 0; staged < 2; staged++) {
+        float *dc = dev_upload(hc, nc), *dc2 = dev_upload(hc, nc);
+        epi.c2 = dc2;
+        mt__wgmma_staged_epilogue = staged;
+        const float *bias = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? NULL : dbias;
+        mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, K, ldc, a_k, b_k, accumulate, 0,
+                           op == MT__EPI_NONE ? NULL : &epi, 0);
+        got[staged][0] = dev_download(dc, nc);
+        got[staged][1] = dev_download(dc2, nc);
+        dev_free(dc); dev_free(dc2);
+    }
+    mt__wgmma_staged_epilogue = 1;
+    const char *names[] = {"none", "gelu", "gelu_grad", "gelu16", "store16", "store16_gelu16", "gelu_grad16"};
+    for (int out = 0; out < 2; out++) {
+        int same = memcmp(got[0][out], got[1][out], nc * sizeof(float)) == 0;
+        mt_expect(same, "wgmma epilogue %s%s %s M=%d N=%d K=%d: %s staged differs from unstaged", names[op],
+                  accumulate ? " (accumulate)" : "", f16 ? "fp16" : "bf16", M, N, K, out ? "c2" : "c");
+        if (!same)
+            for (size_t i = 0, shown = 0; i < nc && shown < 3; i++)
+                if (memcmp(&got[0][out][i], &got[1][out][i], 4) != 0) {
+                    printf("    [%zu] (row %zu col %zu): unstaged %g staged %g\n", i, i / ldc, i % ldc, got[0][out][i], got[1][out][i]);
+                    shown++;
+                }
+        free(got[0][out]); free(got[1][out]);
+    }
+    free(ha); free(hb); free(hbias); free(hc); free(hx);
+    dev_free(da); dev_free(db); dev_free(dbias); dev_free(dx); dev_free(a16); dev_free(b16); dev_free(x16);
+}
+MT_TEST(wgmma_staged_epilogue) {
+    if (mt__wgmma_unsupported()) { printf("  SKIPPED: no wgmma rung on this GPU or binary\n"); return; }
+    int shapes[][3] = {{300, 520, 200}, {129, 264, 768}, {1000, 3072, 768}, {77, 8, 64}, {256, 256, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int op = 0; op <= MT__EPI_GELU_GRAD16; op++)
+            for (int f16 = 0; f16 < 2; f16++) {
+                wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 0, f16);
+                if (op == MT__EPI_NONE) wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 1, f16);
+            }
+}
+
 // generation (megatron.h §11): attention over the KV cache and the greedy argmax
 MT_TEST(decode) {
     // B, Tq (new tokens per sequence), C_local, NH_local, cap; sequence b starts at start[b]
@@ -1955,6 +2016,7 @@ int main(int argc, char **argv) {
         run("layernorm", test_layernorm);
         run("matmul", test_matmul);
         run("matmul_gelu", test_matmul_gelu);
+        run("wgmma_staged_epilogue", test_wgmma_staged_epilogue);
         run("dropout", test_dropout);
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
