@@ -1664,14 +1664,27 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
 
 // (the tile, MT__WG_BM x MT__WG_BN x MT__WG_BK = 128 x 256 x 64, and MT__WG_SMS = 132 are megatron.h's,
 // section 3 "the GPU build's kernel scratch": the split-K plan and the memory plan use them on both builds)
+// TWO TILE SHAPES, one kernel: NWG consumer warpgroups, each 64 rows of the tile.
+//   NWG = 2: 128 x 256 (MT__WG_BM x MT__WG_BN), wgmma m64n256k16: every GEMM's default.
+//   NWG = 3: 192 x 192 (MT__WG192), wgmma m64n192k16, 96 accumulators a thread: the weight
+//            gradients of fc and fc-proj (3072 x 768, K = 16k): 64 tiles in 2 k-slices are 128
+//            units, one wave on 132 SMs, where 128 x 256 gives 72 tiles, 216 units in 3 slices,
+//            1.6 waves (mt_wgmma_plan_make, megatron.h, chooses; both k-outer operands only).
+// A stage is 48 KB either way (A 128 x 64 + B 256 x 64, or 192 x 64 twice, bf16).
 static const int MT__WG_STAGES = 4;
-static const int MT__WG_A_BYTES = MT__WG_BM * MT__WG_BK * 2;                      // 16 KB per stage
-static const int MT__WG_B_BYTES = MT__WG_BN * MT__WG_BK * 2;                      // 32 KB per stage
+static const int MT__WG_STAGE_BYTES = 48 * 1024;
+__host__ __device__ constexpr int mt__wg_bm(int nwg) { return 64 * nwg; }
+__host__ __device__ constexpr int mt__wg_bn(int nwg) { return nwg == 2 ? MT__WG_BN : MT__WG192; }
+__host__ __device__ constexpr int mt__wg_threads(int nwg) { return 128 * (nwg + 1); }   // + the producer warpgroup
 static const int MT__WG_STAGE_PIECE = 4096;   // a consumer warp's staging piece for the epilogue (below)
-static const int MT__WG_SMEM = 1024 /* alignment slack */ + MT__WG_STAGES * (MT__WG_A_BYTES + MT__WG_B_BYTES) +
-                               128 /* mbarriers, 2 * MT__WG_STAGES * 8 bytes, rounded up */ +
-                               8 * MT__WG_STAGE_PIECE;   // 230,528 bytes of the 232,448 an H200 block may have
-static const int MT__WG_THREADS = 384;   // producer warpgroup + 2 consumer warpgroups
+// shared memory: the ring, its mbarriers, and (128 x 256 only: 192 x 192 has no room) the staging pieces
+__host__ __device__ constexpr int mt__wg_smem(int nwg) {
+    return 1024 /* alignment slack */ + MT__WG_STAGES * MT__WG_STAGE_BYTES +
+           128 /* mbarriers, 2 * MT__WG_STAGES * 8 bytes, rounded up */ +
+           (nwg == 2 ? 8 * MT__WG_STAGE_PIECE : 0);   // 230,528 bytes of the 232,448 an H200 block may have
+}
+static const int MT__WG_SMEM = mt__wg_smem(2);
+static const int MT__WG_THREADS = mt__wg_threads(2);   // producer warpgroup + 2 consumer warpgroups
 
 typedef struct {
     float *c;                // C (M, N), row stride ldc
@@ -1681,7 +1694,8 @@ typedef struct {
     int store2_ok;           // c 8-byte aligned, ldc and N even: float2 stores
     int stage_ok;            // the staged epilogue (below): N and ldc multiples of 8, c, c2, aux 16-byte
                              // aligned, bias 8-byte aligned
-    int tiles_m, tiles_n;    // output tiles of 128 x 256
+    int tiles_m, tiles_n;    // output tiles of bm x bn
+    int bm, bn;              // 128 x 256, or 192 x 192 (the kernel's NWG = bm / 64)
     int splits, k_per_split; // split-K: unit u = tile * splits + z covers k in [z*k_per_split, (z+1)*k_per_split)
     int steps_tile;          // k-steps of 64 per tile: ceil(K / 64)
     int sk_workers;          // stream-K: the k-steps of all tiles, in a row, cut among this many workers; 0: off
@@ -1855,6 +1869,63 @@ __device__ static inline void mt__wgmma_m64n256k16_f16(float d[128], uint64_t de
                  : "memory");
 }
 
+// D (64 x 192 fp32, 96 registers a thread) += A (64 x 16) * B (16 x 192)^T: the 192 x 192 tile's
+// product (three consumer warpgroups, below), bf16 (F16 = 0) or fp16 operands; registers, TA, TB
+// as mt__wgmma_m64n256k16's (d[4*n + e]: column 8*n + 2*(lane%4) (+1), n = 0..23)
+template <int F16, int TA, int TB>
+__device__ static inline void mt__wgmma_m64n192k16(float d[96], uint64_t desc_a, uint64_t desc_b) {
+    if (F16) {
+        asm volatile("{\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {"
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+                     " %96, %97, 1, 1, 1, %98, %99;\n"
+                     "}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                     : "l"(desc_a), "l"(desc_b), "n"(TA), "n"(TB)
+                     : "memory");
+    } else {
+        asm volatile("{\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},\n"
+                     " %96, %97, 1, 1, 1, %98, %99;\n"
+                     "}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                     : "l"(desc_a), "l"(desc_b), "n"(TA), "n"(TB)
+                     : "memory");
+    }
+}
 // where output tile t starts: tiles in groups of 8 row tiles, column by column inside a group (as
 // mt__gemm_tile), so the ~132 blocks running together share A's rows and B's columns in L2
 __device__ static inline void mt__wgmma_tile_origin(const mt__wgmma_args &g, int t, int *row0, int *col0) {
@@ -1862,8 +1933,8 @@ __device__ static inline void mt__wgmma_tile_origin(const mt__wgmma_args &g, int
     int first_m = (t / (group_size * g.tiles_n)) * group_size;
     int rows = min(g.tiles_m - first_m, group_size);
     int in_group = t % (group_size * g.tiles_n);
-    *row0 = (first_m + in_group % rows) * MT__WG_BM;
-    *col0 = (in_group / rows) * MT__WG_BN;
+    *row0 = (first_m + in_group % rows) * g.bm;
+    *col0 = (in_group / rows) * g.bn;
 }
 // THE WORK of a block, one piece at a time. A piece is (tile, k range, slot): slot < 0 means it
 // covers the whole k range and writes C; otherwise it writes its partial to workspace slot `slot`.
@@ -2103,26 +2174,27 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
 // F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
 // only where asked: with the GELU's code in every GEMM's epilogue behind a runtime switch, the
 // plain GEMMs ran 37% slower (docs/perf.md)
-template <int A_K_INNER, int B_K_INNER, int F16, int EPI>
-__global__ void __launch_bounds__(MT__WG_THREADS, 1)
+// NWG: consumer warpgroups, 2 (the 128 x 256 tile) or 3 (192 x 192: see TWO TILE SHAPES)
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG>
+__global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
     mt_matmul_kernel4_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                             mt__wgmma_args g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // sm_90a only: wgmma and setmaxnreg exist nowhere else
+    const int BM = mt__wg_bm(NWG), BN = mt__wg_bn(NWG), A_BYTES = BM * MT__WG_BK * 2, B_BYTES = BN * MT__WG_BK * 2;
     extern __shared__ uint8_t mt__wg_smem_raw[];
     // the ring, 1024-byte aligned (the 128-byte swizzle repeats every 1024 bytes)
     uint32_t base = (mt__smem_u32(mt__wg_smem_raw) + 1023) & ~1023u;
-    const uint32_t ring_a = base;                                           // stage s: ring_a + s * 16 KB
-    const uint32_t ring_b = base + MT__WG_STAGES * MT__WG_A_BYTES;          // stage s: ring_b + s * 32 KB
-    const uint32_t bars = ring_b + MT__WG_STAGES * MT__WG_B_BYTES;          // full[s] at bars + 8s
+    const uint32_t ring_a = base;                                           // stage s: ring_a + s * A_BYTES
+    const uint32_t ring_b = base + MT__WG_STAGES * A_BYTES;                 // stage s: ring_b + s * B_BYTES
+    const uint32_t bars = ring_b + MT__WG_STAGES * B_BYTES;                 // full[s] at bars + 8s
     const uint32_t full0 = bars, empty0 = bars + 8 * MT__WG_STAGES;         // empty[s] at empty0 + 8s
-    // the epilogue's staging pieces (8 x 4 KB, one per consumer warp), after the mbarriers
-    uint8_t *staging = mt__wg_smem_raw + (base - mt__smem_u32(mt__wg_smem_raw)) +
-                       MT__WG_STAGES * (MT__WG_A_BYTES + MT__WG_B_BYTES) + 128;
+    // the epilogue's staging pieces (8 x 4 KB, one per consumer warp; NWG = 2 only), after the mbarriers
+    uint8_t *staging = mt__wg_smem_raw + (base - mt__smem_u32(mt__wg_smem_raw)) + MT__WG_STAGES * MT__WG_STAGE_BYTES + 128;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < MT__WG_STAGES; s++) {
-            mt__mbar_init(full0 + 8 * s, 1);    // the producer's arrive (+ the TMA's bytes)
-            mt__mbar_init(empty0 + 8 * s, 8);   // lane 0 of each consumer warp
+            mt__mbar_init(full0 + 8 * s, 1);          // the producer's arrive (+ the TMA's bytes)
+            mt__mbar_init(empty0 + 8 * s, 4 * NWG);   // lane 0 of each consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the TMA unit
     }
@@ -2144,22 +2216,23 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             for (int t = 0; t < pc.steps; t++, it++) {
                 int s = it % MT__WG_STAGES, round = it / MT__WG_STAGES;
                 if (round > 0) mt__mbar_wait(empty0 + 8 * s, (round - 1) & 1);   // consumers done with s
-                uint32_t full = full0 + 8 * s, a = ring_a + s * MT__WG_A_BYTES, b = ring_b + s * MT__WG_B_BYTES;
-                mt__mbar_arrive_expect_tx(full, MT__WG_A_BYTES + MT__WG_B_BYTES);
+                uint32_t full = full0 + 8 * s, a = ring_a + s * A_BYTES, b = ring_b + s * B_BYTES;
+                mt__mbar_arrive_expect_tx(full, A_BYTES + B_BYTES);
                 int k0 = pc.k_begin + t * MT__WG_BK;
-                if (A_K_INNER) mt__tma_load_2d(a, &map_a, k0, row0, full);   // box {64 k, 128 rows}
+                if (A_K_INNER) mt__tma_load_2d(a, &map_a, k0, row0, full);   // box {64 k, BM rows}
                 else
-                    for (int h = 0; h < MT__WG_BM / 64; h++) mt__tma_load_2d(a + h * 8192, &map_a, row0 + 64 * h, k0, full);
-                if (B_K_INNER) mt__tma_load_2d(b, &map_b, k0, col0, full);   // box {64 k, 256 rows}
+                    for (int h = 0; h < BM / 64; h++) mt__tma_load_2d(a + h * 8192, &map_a, row0 + 64 * h, k0, full);
+                if (B_K_INNER) mt__tma_load_2d(b, &map_b, k0, col0, full);   // box {64 k, BN rows}
                 else
-                    for (int h = 0; h < MT__WG_BN / 64; h++) mt__tma_load_2d(b + h * 8192, &map_b, col0 + 64 * h, k0, full);
+                    for (int h = 0; h < BN / 64; h++) mt__tma_load_2d(b + h * 8192, &map_b, col0 + 64 * h, k0, full);
             }
         }
         return;
     }
 
-    // ---------------- consumer warpgroups 1 and 2: the tensor cores, then C ----------------
-    mt__setmaxnreg_inc<232>();
+    // ---------------- consumer warpgroups 1 .. NWG: the tensor cores, then C ----------------
+    // (registers: 65,536 an SM; 128 producer threads keep 40: 2 x 128 consumers may take 232, 3 x 128 152)
+    mt__setmaxnreg_inc<NWG == 2 ? 232 : 152>();
     const int wg = threadIdx.x / 128 - 1;            // which 64-row half of the tile
     const int lt = threadIdx.x % 128, warp = lt / 32, lane = threadIdx.x % 32;
     int it = 0;
@@ -2169,19 +2242,20 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
     while (mt__wgmma_next(g, &cur, &pc)) {
         int row0, col0, steps = pc.steps;
         mt__wgmma_tile_origin(g, pc.tile, &row0, &col0);
-        float d[128];
+        float d[BN / 2];
         #pragma unroll
-        for (int r = 0; r < 128; r++) d[r] = 0.0f;
+        for (int r = 0; r < BN / 2; r++) d[r] = 0.0f;
         for (int t = 0; t < steps; t++, it++) {
             int s = it % MT__WG_STAGES;
             mt__mbar_wait(full0 + 8 * s, (it / MT__WG_STAGES) & 1);   // the TMA has landed stage s
-            uint32_t a = ring_a + s * MT__WG_A_BYTES + wg * 8192, b = ring_b + s * MT__WG_B_BYTES;
+            uint32_t a = ring_a + s * A_BYTES + wg * 8192, b = ring_b + s * B_BYTES;
             mt__wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < MT__WG_BK / 16; kk++) {
                 uint64_t da = A_K_INNER ? mt__wgmma_desc(a + 32 * kk, 16, 1024) : mt__wgmma_desc(a + 2048 * kk, 8192, 1024);
                 uint64_t db = B_K_INNER ? mt__wgmma_desc(b + 32 * kk, 16, 1024) : mt__wgmma_desc(b + 2048 * kk, 8192, 1024);
-                if (F16) mt__wgmma_m64n256k16_f16<A_K_INNER ? 0 : 1, B_K_INNER ? 0 : 1>(d, da, db);
+                if (NWG == 3) mt__wgmma_m64n192k16<F16, A_K_INNER ? 0 : 1, B_K_INNER ? 0 : 1>(d, da, db);
+                else if (F16) mt__wgmma_m64n256k16_f16<A_K_INNER ? 0 : 1, B_K_INNER ? 0 : 1>(d, da, db);
                 else mt__wgmma_m64n256k16<A_K_INNER ? 0 : 1, B_K_INNER ? 0 : 1>(d, da, db);
             }
             mt__wgmma_commit();
@@ -2191,12 +2265,12 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
         mt__wgmma_wait<0>();
         if (steps > 0 && lane == 0) mt__mbar_arrive(empty0 + 8 * ((it - 1) % MT__WG_STAGES));
         #pragma unroll
-        for (int r = 0; r < 128; r++) mt__reg_fence(d[r]);
+        for (int r = 0; r < BN / 2; r++) mt__reg_fence(d[r]);
 
         if (pc.slot >= 0) {   // a partial: to its scratch slot, float4 q of all 128 threads side by side
-            float4 *mine = (float4 *)g.workspace + ((size_t)pc.slot * 2 + wg) * (32 * 128);
+            float4 *mine = (float4 *)g.workspace + ((size_t)pc.slot * NWG + wg) * (BN / 8 * 128);
             #pragma unroll
-            for (int q = 0; q < 32; q++) __stcg(mine + q * 128 + lt, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+            for (int q = 0; q < BN / 8; q++) __stcg(mine + q * 128 + lt, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
             continue;
         }
         // epilogue: registers -> C. This thread holds rows i0 and i0 + 8, columns j0 + 8n and
@@ -2204,7 +2278,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
         // not move a load of C above a store to C: each read-modify-write would wait a full memory
         // round trip. Instead the loads of 8 column pairs x 2 rows are issued together, then the
         // stores: 4 round trips per tile instead of 64.
-        if (g.stage_ok) {   // through shared memory (above), 64 columns at a time
+        if (NWG == 2 && g.stage_ok) {   // through shared memory (above), 64 columns at a time
             uint8_t *st = staging + (wg * 4 + warp) * MT__WG_STAGE_PIECE;
             #pragma unroll
             for (int ch = 0; ch < 4; ch++)
@@ -2212,11 +2286,14 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             continue;
         }
         int i0 = row0 + 64 * wg + 16 * warp + lane / 4, j0 = col0 + 2 * (lane % 4);
+        // column pairs handled together: 8 (48 registers of loads in flight); 4 where three consumer
+        // warpgroups leave 152 registers a thread
+        const int GROUP = NWG == 2 ? 8 : 4;
         if (g.store2_ok) {   // c 8-byte aligned, ldc and N even: float2 loads and stores
             float *c0 = g.c + (size_t)i0 * g.ldc, *c1 = c0 + (size_t)8 * g.ldc;
             int in0 = i0 < g.M, in1 = i0 + 8 < g.M;
             #pragma unroll
-            for (int n0 = 0; n0 < 32; n0 += 8) {
+            for (int n0 = 0; n0 < BN / 8; n0 += GROUP) {
                 // old: what each output reads besides the sum: C itself (accumulate) or the GELU's
                 // input (the GELU_GRAD epilogue, never with accumulate), loaded together as well
                 const float *r0 = EPI == MT__EPI_GELU_GRAD ? (const float *)g.aux + (size_t)i0 * g.ldc : c0;
@@ -2225,9 +2302,9 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                 const uint32_t *h0 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)i0 * g.ldc);
                 const uint32_t *h1 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)(i0 + 8) * g.ldc);
                 int reads = g.accumulate || EPI == MT__EPI_GELU_GRAD;
-                float2 old0[8], old1[8], bias[8];
+                float2 old0[GROUP], old1[GROUP], bias[GROUP];
                 #pragma unroll
-                for (int n = 0; n < 8; n++) {
+                for (int n = 0; n < GROUP; n++) {
                     int j = j0 + 8 * (n0 + n), in_n = j < g.N;
                     float2 zero = make_float2(0.0f, 0.0f);
                     bias[n] = g.bias && in_n ? *(const float2 *)(g.bias + j) : zero;
@@ -2240,7 +2317,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
                     old1[n] = reads && in_n && in1 ? *(const float2 *)(r1 + j) : zero;
                 }
                 #pragma unroll
-                for (int n = 0; n < 8; n++) {   // as mt__gemm_store: C = old + (sum + bias)
+                for (int n = 0; n < GROUP; n++) {   // as mt__gemm_store: C = old + (sum + bias)
                     int j = j0 + 8 * (n0 + n), e = 4 * (n0 + n);
                     if (j >= g.N) continue;
                     float2 v0 = make_float2(d[e] + bias[n].x, d[e + 1] + bias[n].y);
@@ -2293,7 +2370,7 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
             }
         } else {             // any alignment, N odd: one output at a time (slow, correct)
             #pragma unroll
-            for (int n = 0; n < 32; n++) {
+            for (int n = 0; n < BN / 8; n++) {
                 mt__wgmma_store1<EPI>(g, i0, j0 + 8 * n, d[4 * n]);
                 mt__wgmma_store1<EPI>(g, i0, j0 + 8 * n + 1, d[4 * n + 1]);
                 mt__wgmma_store1<EPI>(g, i0 + 8, j0 + 8 * n, d[4 * n + 2]);
@@ -2310,14 +2387,16 @@ __global__ void __launch_bounds__(MT__WG_THREADS, 1)
 // the four outputs it holds (the wgmma register layout above) with bias / accumulation.
 __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)g.tiles_m * g.tiles_n * 2 * 32 * 128) return;
-    int lt = (int)(e % 128), q = (int)(e / 128 % 32), wg = (int)(e / 4096 % 2), t = (int)(e / 8192);
-    const float4 *base = (const float4 *)g.workspace + wg * 4096 + q * 128 + lt;   // + slot * 8192
+    const int per_tile = g.bm * g.bn / 4, groups = g.bn / 8;   // float4s a tile; float4 groups a thread
+    if (e >= (size_t)g.tiles_m * g.tiles_n * per_tile) return;
+    int lt = (int)(e % 128), q = (int)(e / 128 % groups), wg = (int)(e / (128 * groups) % (g.bm / 64)),
+        t = (int)(e / per_tile);
+    const float4 *base = (const float4 *)g.workspace + wg * (groups * 128) + q * 128 + lt;   // + slot * per_tile
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!g.sk_workers) {
 #pragma unroll 4   // four partials in flight, added in z order
         for (int z = 0; z < g.splits; z++) {
-            float4 v = __ldcs(base + ((size_t)t * g.splits + z) * 8192);   // streaming: read once
+            float4 v = __ldcs(base + ((size_t)t * g.splits + z) * per_tile);   // streaming: read once
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
     } else {   // the workers whose ranges hold k-steps x0 and x1 (the tile's first and last), and between
@@ -2326,7 +2405,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
         for (int w = w0; w <= w1; w++) {
             long long start = mt__sk_start(g, w);
             if (start == mt__sk_start(g, w + 1)) continue;   // an empty range: no piece
-            float4 v = __ldcs(base + ((size_t)w * g.sk_slots + (t - (int)(start / g.steps_tile))) * 8192);
+            float4 v = __ldcs(base + ((size_t)w * g.sk_slots + (t - (int)(start / g.steps_tile))) * per_tile);
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
     }
@@ -2419,13 +2498,13 @@ static CUtensorMap mt__wgmma_map(const void *x, int f16, int rows, int K, int ld
 // THE PLAN for a GEMM (one block per tile, or split-K in S slices, or stream-K) is
 // mt_wgmma_plan_make's, megatron.h section 3: its cost model is explained there, and the memory
 // plan counts the partial tiles of the same plan.
-template <int A_K_INNER, int B_K_INNER, int F16, int EPI>
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG = 2>
 static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g, int grid,
                                   cudaStream_t stream) {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, MT__WG_SMEM));
-    mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI><<<grid, MT__WG_THREADS, MT__WG_SMEM, stream>>>(map_a, map_b,
-                                                                                                        g);
+    MT_CUDA_CHECK(cudaFuncSetAttribute(mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mt__wg_smem(NWG)));
+    mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG>
+        <<<grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream>>>(map_a, map_b, g);
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
 }
 // the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
@@ -2446,6 +2525,9 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
         if (g.epilogue == MT__EPI_GELU_GRAD) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
         else mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD16>(map_a, map_b, g, grid, stream);
+    } else if (g.bm == mt__wg_bm(3)) {   // the 192 x 192 tile: the weight gradients' layout only
+        if (a_k_inner || b_k_inner) mt_fatal("internal: the 192 x 192 tile is built for k-outer operands only");
+        mt__gemm_wgmma_launch<0, 0, F16, MT__EPI_NONE, 3>(map_a, map_b, g, grid, stream);
     } else if (a_k_inner && b_k_inner) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
     else if (a_k_inner) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
     else if (b_k_inner) mt__gemm_wgmma_launch<0, 1, F16, MT__EPI_NONE>(map_a, map_b, g, grid, stream);
@@ -2454,6 +2536,8 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
 // whether the wgmma GEMMs may use the staged epilogue (where stage_ok allows): a variable so that the
 // tests can run both epilogues against each other
 static int mt__wgmma_staged_epilogue = 1;
+// 1: every plain k-outer GEMM on the 192 x 192 tile, whatever the plan would choose (tests)
+static int mt__wgmma_force_192 = 0;
 // mt__gemm_wgmma with the plan chosen by the caller, for tests: want_splits = 0: mt__wgmma_splits
 // (megatron.h) decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1
 // (the two typed overloads below are what callers use).
@@ -2469,8 +2553,12 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     if (lda < (a_k_inner ? K : M) || ldb < (b_k_inner ? K : N) || ldc < N)
         mt_fatal("--gemm wgmma: leading dimension too small (lda %d, ldb %d, ldc %d for M %d N %d K %d)", lda, ldb, ldc, M, N, K);
     int Kmap = K > 0 ? K : 1;   // K = 0: no k-step runs, the maps are never read, but must be valid
-    CUtensorMap map_a = mt__wgmma_map(a, f16, M, Kmap, lda, a_k_inner, MT__WG_BM);
-    CUtensorMap map_b = mt__wgmma_map(b, f16, N, Kmap, ldb, b_k_inner, MT__WG_BN);
+    mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
+    int plain = epi == NULL || epi->op == MT__EPI_NONE;   // the 192 x 192 tile: plain k-outer products only
+    mt_wgmma_plan_make(&plan, M, N, K, want_splits,
+                       !a_k_inner && !b_k_inner && plain ? (mt__wgmma_force_192 ? 2 : 1) : 0);
+    CUtensorMap map_a = mt__wgmma_map(a, f16, M, Kmap, lda, a_k_inner, plan.bm);
+    CUtensorMap map_b = mt__wgmma_map(b, f16, N, Kmap, ldb, b_k_inner, plan.bn);
     mt__wgmma_args g;
     memset(&g, 0, sizeof g);
     g.c = c; g.bias = bias; g.M = M; g.N = N; g.K = K; g.ldc = ldc; g.accumulate = accumulate;
@@ -2497,9 +2585,9 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
                      (aux == NULL || mt__aligned16(aux)) && (bias == NULL || (uintptr_t)bias % 8 == 0) &&
                      mt__wgmma_staged_epilogue;
     }
-    mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
-    mt_wgmma_plan_make(&plan, M, N, K, want_splits);
     g.tiles_m = plan.tiles_m;
+    g.bm = plan.bm;
+    g.bn = plan.bn;
     g.tiles_n = plan.tiles_n;
     g.steps_tile = plan.steps;
     g.k_per_split = plan.k_per_split;
@@ -2513,7 +2601,7 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     }
     size_t units = plan.units, slots = plan.slots;
     if (slots)   // scratch for the partials, from the stream-ordered pool
-        MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, slots * MT__WG_BM * MT__WG_BN * sizeof(float), stream));
+        MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, slots * plan.bm * plan.bn * sizeof(float), stream));
     int dev, sms;
     MT_CUDA_CHECK(cudaGetDevice(&dev));
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -2521,7 +2609,7 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     if (f16) mt__gemm_wgmma_launch_layout<1>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
     else mt__gemm_wgmma_launch_layout<0>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
     if (slots) {
-        size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * 2 * 32 * 128;   // one thread per float4 of a tile
+        size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * plan.bm * plan.bn / 4;   // one thread per float4 of a tile
         mt_matmul_kernel4_splitk_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(g);
         mt__launch_check("mt_matmul_kernel4_splitk_reduce", stream);
         MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));

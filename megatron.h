@@ -709,15 +709,18 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 typedef enum { MT_GEMM_NAIVE = 0, MT_GEMM_TILED = 1, MT_GEMM_MMA = 2, MT_GEMM_WGMMA = 3 } mt_gemm_impl;
 /* how the wgmma rung cuts one GEMM (C is M x N, K long): the launcher runs this plan, the scratch counts it */
 typedef struct {
-    int tiles_m, tiles_n, steps;   // output tiles of 128 x 256; k-steps of 64 per tile
+    int bm, bn;                    // the tile: 128 x 256, or 192 x 192 (the weight gradients' k-outer products)
+    int tiles_m, tiles_n, steps;   // output tiles of bm x bn; k-steps of 64 per tile
     int splits, k_per_split;       // split-K: slices of the k range (1: not split), k_per_split long each
     int stream_k;                  // 1: stream-K instead (132 workers share every tile's k-steps)
     long long sk_total;            // stream-K: the k-steps of all tiles
     int sk_slots;                  // stream-K: partial tiles per worker
     size_t units;                  // blocks' worth of work: tiles x splits, or the 132 workers
-    size_t slots;                  // 128 x 256 fp32 partial tiles in the scratch (0: none)
+    size_t slots;                  // bm x bn fp32 partial tiles in the scratch (0: none)
 } mt_wgmma_plan;
-void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits);   /* 0: the default plan */
+/* want_splits 0: the default plan; want_tile 0: 128 x 256 only, 1: 192 x 192 where it wins (both
+   operands k outer, no fused epilogue: the only layout it is built for), 2: 192 x 192 (tests) */
+void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits, int want_tile);
 int mt_gemm_splits(mt_gemm_impl impl, int M, int N, int K, int *k_per_split);      /* tiled, mma: k-slices */
 size_t mt_gpu_operand_span(int rows, int K, int ld, int k_inner);   /* elements from first to last */
 size_t mt_gpu_rounded_copy_bytes(size_t n);                           /* n elements as bf16/fp16, + slack */
@@ -7319,8 +7322,8 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 // 16-bit copy: the fc projection's backward,
 //   dout (16384 x 768) as bf16        ( 12,582,912 + 8) x 2 =  25.2 MB
 //   gelu(fch) (16384 x 3072), remade  ( 50,331,648 + 8) x 2 = 100.7 MB
-//   split-K of the weight gradient    3 slices x 72 tiles x 128 KB = 28.3 MB
-//                                                            154.1 MB
+//   split-K of the weight gradient    2 slices x 64 tiles x 144 KB = 18.9 MB (192 x 192 tiles)
+//                                                            144.7 MB
 // (the LM head's backward once borrowed 1750.8 MB: its gradient's rounded copy, 1648.4, and wte's,
 // 77.3, now neither; tests/test_recompute.c restates the sum).
 // Left out: the optimizer's reductions (the norm's per-block partial sums, at most 8 KB; fp16's
@@ -7330,6 +7333,7 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 static const int MT__TILED_BM = 128, MT__TILED_BN = 128, MT__TILED_BK = 8;   // kernel2_tiled (fp32)
 static const int MT__MMA_BM = 128, MT__MMA_BN = 128, MT__MMA_BK = 32;        // kernel3_mma (bf16 / fp16)
 static const int MT__WG_BM = 128, MT__WG_BN = 256, MT__WG_BK = 64;           // kernel4_wgmma (Hopper)
+static const int MT__WG192 = 192;                                            // its other tile, 192 x 192
 static const int MT__WG_SMS = 132;   // the SM count the wgmma split-K choice assumes (H100 / H200 SXM)
 static const int MT__LN_ROWS_PER_BLOCK = 32;   // rows of one block of the layernorm backward
 static const int MT__COLSUM_ROWS = 256;        // rows of one chunk of the bias gradient's column sums
@@ -7368,27 +7372,51 @@ int mt_gemm_splits(mt_gemm_impl impl, int M, int N, int K, int *k_per_split) {
 // longer read them at the same time and L2 stops catching the re-reads (these products reread
 // each operand 3-24 times); split-K slices of neighbouring tiles start at the same k together.
 // It stays available (kernels.cuh's mt__gemm_wgmma_splits(..., -1, ...)) and tested, for the curious.
-static int mt__wgmma_splits(int tiles, int steps) {
+// The 192 x 192 tile (want_tile 1): a k-step is 192 x 192 / (128 x 256) = 1.125 of the units above
+// and a partial 144 KB (0.0495); it is taken where its best cost beats the 128 x 256 tile's by 3%.
+// GPT-2's fc and fc-proj weight gradients (3072 x 768, 256 steps): 128 x 256 in 3 slices, 2 waves
+// of 86 steps: 192.5; 192 x 192 in 2 slices, 128 units in one wave of 128 steps: 157.3.
+static int mt__wgmma_splits_cost(int tiles, int steps, double step, double partial, double *cost_out) {
     int best = 1;
     double best_cost = 1e300;
     for (int s = 1; s <= 16; s++) {
         int per = (steps + s - 1) / s;
         if (s > 1 && per < 8) break;
         double waves = (double)((tiles * s + MT__WG_SMS - 1) / MT__WG_SMS);
-        double cost = waves * (per + 4) + (s > 1 ? 3.0 + 0.044 * s * tiles : 0.0);
+        double cost = waves * (per * step + 4) + (s > 1 ? 3.0 + partial * s * tiles : 0.0);
         if (cost < 0.97 * best_cost) { best = s; best_cost = cost; }
     }
+    *cost_out = best_cost;
     return best;
 }
+static int mt__wgmma_splits(int tiles, int steps) {   // the 128 x 256 tile's
+    double cost;
+    return mt__wgmma_splits_cost(tiles, steps, 1.0, 0.044, &cost);
+}
 // the wgmma rung's cut of one GEMM (the launcher runs it, the scratch counts its partial tiles).
-// want_splits = 0: mt__wgmma_splits decides; S > 0: S k-slices (1 = none); -1: stream-K
-void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits) {
+// want_splits = 0: mt__wgmma_splits decides; S > 0: S k-slices (1 = none); -1: stream-K.
+// want_tile: 0 the 128 x 256 tile; 1 the 192 x 192 where it wins; 2 the 192 x 192
+void mt_wgmma_plan_make(mt_wgmma_plan *p, int M, int N, int K, int want_splits, int want_tile) {
     memset(p, 0, sizeof *p);
-    p->tiles_m = (M + MT__WG_BM - 1) / MT__WG_BM;
-    p->tiles_n = (N + MT__WG_BN - 1) / MT__WG_BN;
+    int steps = (K + MT__WG_BK - 1) / MT__WG_BK;
+    int tiles256 = ((M + MT__WG_BM - 1) / MT__WG_BM) * ((N + MT__WG_BN - 1) / MT__WG_BN);
+    int tiles192 = ((M + MT__WG192 - 1) / MT__WG192) * ((N + MT__WG192 - 1) / MT__WG192);
+    int use192 = want_tile == 2;
+    if (want_tile == 1 && want_splits == 0 && K > 0) {
+        double c256, c192;
+        mt__wgmma_splits_cost(tiles256, steps, 1.0, 0.044, &c256);
+        mt__wgmma_splits_cost(tiles192, steps, 1.125, 0.0495, &c192);
+        use192 = c192 < 0.97 * c256;
+    }
+    p->bm = use192 ? MT__WG192 : MT__WG_BM;
+    p->bn = use192 ? MT__WG192 : MT__WG_BN;
+    p->tiles_m = (M + p->bm - 1) / p->bm;
+    p->tiles_n = (N + p->bn - 1) / p->bn;
     int tiles = p->tiles_m * p->tiles_n;
-    p->steps = (K + MT__WG_BK - 1) / MT__WG_BK;
-    int plan = want_splits != 0 ? (want_splits < 0 ? 0 : want_splits) : mt__wgmma_splits(tiles, p->steps);
+    p->steps = steps;
+    double cost;
+    int plan = want_splits != 0 ? (want_splits < 0 ? 0 : want_splits)
+               : use192 ? mt__wgmma_splits_cost(tiles, p->steps, 1.125, 0.0495, &cost) : mt__wgmma_splits(tiles, p->steps);
     if (K == 0) plan = 1;
     int splits = plan > 0 ? plan : 1;
     p->k_per_split = ((p->steps + splits - 1) / splits) * MT__WG_BK;   // a multiple of 64
@@ -7421,11 +7449,11 @@ size_t mt_gpu_gemm_scratch(mt_gemm_impl impl, int M, int N, int K, int lda, int 
     if (M <= 0 || N <= 0) return 0;
     if (impl == MT_GEMM_WGMMA && (lda % 8 != 0 || ldb % 8 != 0)) impl = MT_GEMM_MMA;
     if (impl == MT_GEMM_WGMMA) {   // a16 and b16 alive through the product, and its partial tiles
-        mt_wgmma_plan p;
-        mt_wgmma_plan_make(&p, M, N, K, 0);
+        mt_wgmma_plan p;   // (the plain product: the 192 x 192 tile where both operands are k outer)
+        mt_wgmma_plan_make(&p, M, N, K, 0, !a_k_inner && !b_k_inner);
         return mt_gpu_rounded_copy_bytes(mt_gpu_operand_span(M, K, lda, a_k_inner)) +
                (b16 ? 0 : mt_gpu_rounded_copy_bytes(mt_gpu_operand_span(N, K, ldb, b_k_inner))) +
-               p.slots * MT__WG_BM * MT__WG_BN * sizeof(float);
+               p.slots * p.bm * p.bn * sizeof(float);
     }
     if (impl != MT_GEMM_TILED && impl != MT_GEMM_MMA) return 0;   // the naive rung borrows nothing
     int per, splits = mt_gemm_splits(impl, M, N, K, &per);
@@ -7448,14 +7476,15 @@ size_t mt_gpu_matmul_backward_scratch(int BT, int C, int OC, int has_dinp, int h
                                       mt_dtype dtype, int inp16, int dout16, int w16) {
     size_t colsum = has_dbias ? mt_gpu_column_sum_scratch(BT, OC) : 0, most = colsum;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
-        mt_wgmma_plan pd, pw;   // the dinp product (BT x C, OC long), the dweight product (OC x C, BT long)
-        mt_wgmma_plan_make(&pd, BT, C, OC, 0);
-        mt_wgmma_plan_make(&pw, OC, C, BT, 0);
-        size_t slots = pw.slots > (has_dinp ? pd.slots : 0) ? pw.slots : (has_dinp ? pd.slots : 0);
+        mt_wgmma_plan pd, pw;   // the dinp product (BT x C, OC long), the dweight product (OC x C, BT long: k outer)
+        mt_wgmma_plan_make(&pd, BT, C, OC, 0, 0);
+        mt_wgmma_plan_make(&pw, OC, C, BT, 0, 1);
+        size_t pw_bytes = pw.slots * pw.bm * pw.bn * sizeof(float), pd_bytes = has_dinp ? pd.slots * pd.bm * pd.bn * sizeof(float) : 0;
+        size_t partials = pw_bytes > pd_bytes ? pw_bytes : pd_bytes;
         size_t dout_copy = dout16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * OC);
         size_t copies = dout_copy + (inp16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)BT * C)) +
                         (has_dinp && !w16 ? mt_gpu_rounded_copy_bytes((size_t)OC * C) : 0);
-        size_t both = copies + slots * MT__WG_BM * MT__WG_BN * sizeof(float);
+        size_t both = copies + partials;
         // with a bias, dout's rounded copy is written by the column-sum pass: both alive first
         size_t first = has_dbias ? dout_copy + colsum : 0;
         return both > first ? both : first;

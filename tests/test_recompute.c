@@ -243,14 +243,28 @@ MT_TEST(kernel_scratch_restated) {
     size_t want = (32 * 128 + 8) * 2 + (128 * 32 + 8) * 2 + (32 * 32 + 8) * 2;
     size_t got = mt_gpu_matmul_backward_scratch(32, 32, 128, 1, 0, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0, 0);
     mt_expect(got == want, "LM head backward, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
-    // GPT-2 small's fc weight gradient (OC = 3072, C = 768, B*T = 16384), wgmma: 24 x 3 = 72 tiles
-    // of 256 k-steps; 3 slices (2 waves of 216 units on 132 SMs at 86 steps: cost 2 x 90 + 3 +
-    // 0.044 x 216 = 192.5 against 260 unsplit) write 216 partial tiles of 128 x 256 floats
+    // GPT-2 small's fc weight gradient (OC = 3072, C = 768, B*T = 16384), wgmma: 256 k-steps. In
+    // 128 x 256 tiles, 24 x 3 = 72 of them, 3 slices (2 waves of 216 units on 132 SMs at 86 steps:
+    // cost 2 x 90 + 3 + 0.044 x 216 = 192.5 against 260 unsplit); in 192 x 192 tiles (its operands
+    // are both k outer), 16 x 4 = 64, 2 slices (one wave of 128 units at 128 steps: 128 x 1.125 + 4
+    // + 3 + 0.0495 x 128 = 157.3): the latter, 128 partial tiles of 192 x 192 floats
     mt_wgmma_plan p;
-    mt_wgmma_plan_make(&p, 3072, 768, 16384, 0);
-    mt_expect(p.splits == 3 && p.slots == 216, "fc's weight gradient: %d slices, %zu partial tiles (want 3, 216)",
+    mt_wgmma_plan_make(&p, 3072, 768, 16384, 0, 0);
+    mt_expect(p.splits == 3 && p.slots == 216 && p.bm == 128 && p.bn == 256,
+              "fc's weight gradient in 128 x 256 tiles: %d slices, %zu partial tiles (want 3, 216)", p.splits, p.slots);
+    mt_wgmma_plan_make(&p, 3072, 768, 16384, 0, 1);
+    mt_expect(p.splits == 2 && p.slots == 128 && p.bm == 192 && p.bn == 192,
+              "fc's weight gradient: %d x %d tiles, %d slices, %zu partial tiles (want 192 x 192, 2, 128)", p.bm, p.bn,
               p.splits, p.slots);
-    want = (16384 * 3072 + 8) * 2 + (3072 * 768 + 8) * 2 + (16384 * 768 + 8) * 2 + (size_t)216 * 128 * 256 * 4;
+    // the other weight gradients keep 128 x 256: qkv's (2304 x 768: 54 tiles in 2 slices, 108 units,
+    // against 48 in 2 or 3), attn proj's (768 x 768), the LM head's (50304 x 768)
+    int keep[3][2] = {{2304, 768}, {768, 768}, {50304, 768}};
+    for (int i = 0; i < 3; i++) {
+        mt_wgmma_plan_make(&p, keep[i][0], keep[i][1], 16384, 0, 1);
+        mt_expect(p.bm == 128 && p.bn == 256, "the %d x %d weight gradient: a %d x %d tile (want 128 x 256)", keep[i][0],
+                  keep[i][1], p.bm, p.bn);
+    }
+    want = (16384 * 3072 + 8) * 2 + (3072 * 768 + 8) * 2 + (16384 * 768 + 8) * 2 + (size_t)128 * 192 * 192 * 4;
     got = mt_gpu_matmul_backward_scratch(16384, 768, 3072, 1, 1, MT_GEMM_WGMMA, MT_DTYPE_BF16, 0, 0, 0);
     mt_expect(got == want, "fc backward, GPT-2 small, wgmma: %zu bytes, kernels.cuh allocates %zu", got, want);
     // the same with its input (ln2) stored in 16 bits by the layernorm (mt_ln_gemm_dtype): no copy of it
@@ -323,7 +337,8 @@ MT_TEST(kernel_scratch_restated) {
     mt_expect(mt_gpu_lm_head_backward_scratch(16384, 768, 50304, MT_GEMM_WGMMA, MT_DTYPE_FP32, 0) == head_fp32,
               "LM head backward, fp32 gradient: the plain matmul backward's scratch");
     // (its weight is lent by the parameters' 16-bit copy, mt_device_weights16: not borrowed)
-    want = ((size_t)16384 * 768 + 8) * 2 + ((size_t)16384 * 3072 + 8) * 2 + (size_t)6 * 12 * 3 * 128 * 256 * 4;
+    // (its weight gradient, 768 x 3072: 4 x 16 tiles of 192 x 192 in 2 k-slices)
+    want = ((size_t)16384 * 768 + 8) * 2 + ((size_t)16384 * 3072 + 8) * 2 + (size_t)4 * 16 * 2 * 192 * 192 * 4;
     got = mt_gpu_scratch_peak(r, MT_GEMM_WGMMA, MT_DTYPE_BF16);
     mt_expect(got == want, "GPT-2 small B=16 bf16: kernel scratch %zu bytes, want the fc projection's %zu", got, want);
     printf("  GPT-2 small, B=16, bf16: kernel scratch %.1f MB (the fc projection's backward)\n", got / 1e6);

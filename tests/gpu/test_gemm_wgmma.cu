@@ -69,6 +69,7 @@ static void fill_f32(float *x, size_t n, uint32_t seed) { fill_f32_kernel<<<1024
 struct Prob {
     int M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, has_bias;
     int plan;   // 0: the launcher's choice; S > 0: S k-slices; -1: stream-K
+    int force192;   // 1: the 192 x 192 tile (k-outer operands only; else the plan's choice)
 };
 static const uint32_t SEED_A = 11, SEED_B = 22, SEED_C = 33, SEED_BIAS = 44;
 static size_t a_elems(const Prob &p) { return p.a_k_inner ? (size_t)p.M * p.lda : (size_t)p.K * p.lda; }
@@ -104,8 +105,10 @@ struct Dev {
     }
     void reset_c() { fill_f32(c, c_elems, SEED_C); }   // C's old values (and the padding beyond N)
     void run(const Prob &p, cudaStream_t s = 0) {
+        mt__wgmma_force_192 = p.force192;
         mt__gemm_wgmma_splits(c, a, b, p.has_bias ? bias : NULL, p.M, p.N, p.K, p.lda, p.ldb, p.ldc, p.a_k_inner,
                               p.b_k_inner, p.accumulate, p.plan, s);
+        mt__wgmma_force_192 = 0;
     }
     void release() { cudaFree(a); cudaFree(b); cudaFree(c); cudaFree(bias); }
 };
@@ -163,6 +166,7 @@ static void check_prob(const Prob &p, int all, int samples, const char *tag) {
     if (p.plan == 0) snprintf(plan, sizeof plan, "auto");
     else if (p.plan < 0) snprintf(plan, sizeof plan, "stream-K");
     else snprintf(plan, sizeof plan, "split %d", p.plan);
+    if (p.force192) snprintf(plan + strlen(plan), sizeof plan - strlen(plan), " 192");
     check(bad == 0 && pad_bad == 0,
           "%-16s %s %-8s M=%-5d N=%-5d K=%-5d lda=%-5d ldb=%-5d ldc=%-5d acc=%d bias=%d: %ld outputs, max |err|/S = %.2e "
           "(tol %.2e)%s",
@@ -181,6 +185,7 @@ static Prob make_prob(int M, int N, int K, int a_k_inner, int b_k_inner, int acc
     p.ldb = up8(b_k_inner ? std::max(K, 1) : N) + pad;
     p.ldc = N + ldc_pad;
     p.plan = 0;
+    p.force192 = 0;
     return p;
 }
 
@@ -229,8 +234,11 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, prop.major, prop.minor, MT__WG_THREADS, MT__WG_SMEM);
     {
         cudaFuncAttributes fa;
-        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1, 0, MT__EPI_NONE>));
+        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<1, 1, 0, MT__EPI_NONE, 2>));
         printf("registers per thread %d, local memory %zu bytes\n", fa.numRegs, fa.localSizeBytes);
+        MT_CUDA_CHECK(cudaFuncGetAttributes(&fa, mt_matmul_kernel4_wgmma<0, 0, 0, MT__EPI_NONE, 3>));
+        printf("the 192 x 192 tile: %d threads, %d bytes of dynamic shared memory, registers per thread %d, local "
+               "memory %zu bytes\n", mt__wg_threads(3), mt__wg_smem(3), fa.numRegs, fa.localSizeBytes);
     }
 
     // scratch (split-K partials) comes from the stream-ordered pool: keep freed memory in the pool
@@ -255,6 +263,13 @@ int main(int argc, char **argv) {
                     p.plan = mode == 3 ? -1 : 3;
                     check_prob(p, 1, 0, "small");
                 }
+                if (lay == 0)   // both k outer: the 192 x 192 tile too, unsplit, split, stream-K
+                    for (int plan : {1, 3, -1}) {
+                        p.plan = plan;
+                        p.force192 = 1;
+                        check_prob(p, 1, 0, "small");
+                        p.force192 = 0;
+                    }
             }
     if (failed) printf("small shapes failed: the GPT-2 shapes are checked anyway\n");
 
@@ -293,8 +308,8 @@ int main(int argc, char **argv) {
         check_prob(p, 0, 2000, "ii 2304x3072");
     }
     // 3. determinism: the weight gradients with partials (stream-K, split-K) twice, bit for bit
-    for (int plan : {-1, 7}) {
-        Prob p = make_prob(2304, 768, BT, 0, 0, 1, 0, 0, 0);
+    for (int plan : {-1, 7, 0}) {   // (0: the fc weight gradient's own plan, 192 x 192 tiles in 2 slices)
+        Prob p = make_prob(plan == 0 ? 3072 : 2304, 768, BT, 0, 0, 1, 0, 0, 0);
         p.plan = plan;
         Dev d;
         d.alloc(p);
@@ -304,8 +319,8 @@ int main(int argc, char **argv) {
         d.reset_c();
         d.run(p);
         MT_CUDA_CHECK(cudaMemcpy(r2.data(), d.c, d.c_elems * 4, cudaMemcpyDeviceToHost));
-        check(memcmp(r1.data(), r2.data(), d.c_elems * 4) == 0, "dW qkv (%s) run twice: bit-identical",
-              plan > 0 ? "split-K 7" : "stream-K");
+        check(memcmp(r1.data(), r2.data(), d.c_elems * 4) == 0, "dW %s (%s) run twice: bit-identical",
+              plan == 0 ? "fc" : "qkv", plan > 0 ? "split-K 7" : plan < 0 ? "stream-K" : "192 x 192, split-K 2");
         d.release();
     }
 
@@ -333,17 +348,17 @@ int main(int argc, char **argv) {
             float theirs = time_ms([&] { cublas_run(h, p, d); }, 20);
             MT_CUDA_CHECK(cudaDeviceSynchronize());
             double flop = 2.0 * p.M * p.N * p.K;
-            int tiles = ((p.M + 127) / 128) * ((p.N + 255) / 256), steps = (p.K + 63) / 64;
-            int sp = mt__wgmma_splits(tiles, steps);
+            mt_wgmma_plan pl;
+            mt_wgmma_plan_make(&pl, p.M, p.N, p.K, 0, !p.a_k_inner && !p.b_k_inner);
+            int sp = pl.stream_k ? 0 : pl.splits;
             char plan[24];
             if (sp == 0) snprintf(plan, sizeof plan, "strm-K");
-            else snprintf(plan, sizeof plan, "%d", sp);
+            else snprintf(plan, sizeof plan, "%d%s", sp, pl.bm == 192 ? " 192" : "");
             printf("%-16s %6d %6d %6d %3s %7s | %9.3f %9.1f | %9.3f %9.1f | %5.0f%%\n", s.name, p.M, p.N, p.K, lname(p), plan,
                    ours, flop / ours * 1e-9, theirs, flop / theirs * 1e-9, 100.0 * theirs / ours);
             fflush(stdout);
-            if (!s.a_k_inner && sp != 1)   // the weight gradients: what each schedule gives
+            if (!s.a_k_inner && sp != 1)   // the weight gradients: what each schedule gives (128 x 256 tiles)
                 for (int force : {-1, 1, 2, 3, 4, 7, 11}) {
-                    if (force == sp || (force < 0 && sp == 0)) continue;
                     float t = time_ms([&] {
                         mt__gemm_wgmma_splits(d.c, d.a, d.b, NULL, p.M, p.N, p.K, p.lda, p.ldb, p.ldc, p.a_k_inner,
                                               p.b_k_inner, p.accumulate, force, 0);
