@@ -367,7 +367,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
 //   mt_attention_decode_split_kernel        decoding: a cluster per (sequence, head), a block per slice
 //   mt_argmax_rows_kernel                   generation's greedy token: a block per row
-//   mt_cross_entropy_*_kernel (3)           one block per row (token)
+//   mt_cross_entropy_*_kernel (4)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
 // ---------------------------------------------------------------------------------------------
@@ -3836,6 +3836,390 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
     }
 }
 
+// ---- the forward on Hopper's wgmma (FlashAttention-3's layout), bf16, head size 64 -----------------
+// matches mt_attention_forward_cpu (megatron.h, 3. OPS), as the kernel above; writes out and lse with '='.
+// The kernel above issues mma.sync from 4 warps: ~131 TFLOP/s at GPT-2 small's shape, where
+// cuDNN's forward reaches ~300. This one (written first as a standalone prototype, then checked
+// against it on an H200: docs/perf.md) reaches ~250.
+// THE MATH as above (one head of one sample; scores kept in base 2, scale2 = scale log2 e):
+//   S = Q K^T (rows x keys), masked causally; per key tile j and query row t:
+//   m_j = max(m_{j-1}, max_k S_j[t][k]);  P_j = exp2((S_j - m_j) scale2)  (unnormalised, rounded to bf16)
+//   l_j = l_{j-1} exp2((m_{j-1} - m_j) scale2) + rowsum P_j;  O_j = O_{j-1} exp2(...) + (P_j x dropout) V_j
+//   out = O / l;  lse = m scale + log l
+// THE MACHINE. A block of 256 threads = 2 warpgroups owns 128 query rows of one (sample b, head h):
+// warpgroup w rows 64w..64w+63, the M = 64 of one wgmma.
+//   - Q (128 x 64 bf16, 16 KB) comes once by TMA; K and V tiles (64 keys x 64) stream through a ring
+//     of 4 stages, each filled by TMA and signalled on mbarrier full[s]; every warp gives a stage
+//     back on empty[s] (count 8). No producer warp: thread 0 issues the copies, topping the ring up
+//     without blocking (mbarrier.test_wait) after its own wgmmas are issued; it blocks only when
+//     the tile its warpgroup needs next has not been requested yet.
+//   - S = Q K^T: 4 wgmma m64n64k16 (HS / 16), both operands from shared memory, K-major (a row of Q
+//     or K is 64 bf16 = 128 bytes = one 128-byte swizzle row): descriptors as the GEMM's k-inner tiles.
+//   - the softmax on S's accumulator registers (a quad of lanes shares a row: max by two shuffles);
+//     the accumulator layout of S is, per warp, the mma.sync A-fragment layout of P: P packs into
+//     wgmma's register-A operand without moving (mt__att_softmax_tile).
+//   - O += P V: wgmma with A = P from registers and B = V from shared memory, MN-major (V is
+//     [key][d], the reduction runs over keys): imm-trans-b, 2048 bytes (16 keys) per k16 step.
+//   - FA3's overlap inside a warpgroup: tile j's S and tile j-1's PV are issued together, and the
+//     softmax of tile j runs while the tensor cores still do PV_{j-1}. Two sets of P registers,
+//     alternated by unrolling the loop by two (a copy would let the compiler merge them, and the
+//     softmax would write registers an in-flight wgmma reads: ptxas serialises wgmmas then, C7513).
+// Query tiles from the last (the longest rows) to the first. Rows and keys past T arrive as zeros
+// (a 3-D tensor map (3C, T, B): everything at t >= T is out of bounds, which TMA fills with 0); keys
+// past T are above every valid row's diagonal, so the causal mask covers them; rows past T are
+// computed (finite) and never stored. Dropout as the kernel above: the same mask bits (keyed by
+// sample, head, row, key), applied to P after its row sum.
+static const int MT__ATT_WG_ROWS = 128, MT__ATT_WG_KEYS = 64, MT__ATT_WG_STAGES = 4;
+// shared memory from a 1024-byte aligned base: Q (128 rows x 128 B) | stage s: K, V (64 x 128 B each) | mbarriers
+static const int MT__ATT_WG_SMEM = 1024 + MT__ATT_WG_ROWS * 128 + MT__ATT_WG_STAGES * 2 * MT__ATT_WG_KEYS * 128 +
+                                   8 * (2 * MT__ATT_WG_STAGES + 1);
+// non-blocking: has the phase with this parity completed?
+__device__ static inline uint32_t mt__mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+// TMA: the box at (x0 innermost, x1, x2) of a 3-D tensor map into shared memory, completing on bar
+__device__ static inline void mt__tma_load_3d(uint32_t dst, const CUtensorMap *map, int x0, int x1, int x2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(x0), "r"(x1), "r"(x2), "r"(bar) : "memory");
+}
+// 2^x on the SFU (ex2.approx.ftz: 2^-inf = +0, which the masks rely on)
+__device__ static inline float mt__ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// keep the compiler from moving reads and writes of registers across a wgmma fence or wait
+template <int N>
+__device__ static inline void mt__reg_fence_all(float (&r)[N]) {
+    #pragma unroll
+    for (int i = 0; i < N; i++) mt__reg_fence(r[i]);
+}
+template <int N>
+__device__ static inline void mt__reg_fence_all(uint32_t (&r)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; i++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+// the attention's wgmma forms (m64n64k16, bf16, fp32 accumulators, 32 registers a thread; register
+// d[4n + e] of lane (g, q): row 16 warp + g (+8 for e >= 2), column 8n + 2q (+1 for odd e)):
+// S (+)= Q K^T, both from shared memory, K-major (k inner); accumulate 0 zeroes D first (scale-d)
+__device__ static inline void mt__att_wgmma_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate)
+                 : "memory");
+}
+// the same with D output only ("=f": its old values are no input, so ptxas need not order this
+// wgmma after their last writer), for a tile's first k16 step
+__device__ static inline void mt__att_wgmma_ss_first(float d[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+                   "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+                   "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+                 : "l"(desc_a), "l"(desc_b), "r"(0)
+                 : "memory");
+}
+// O += P V: A = P from registers (4 a thread: the mma.sync A fragment of each warp's 16 rows), B = V
+// from shared memory, MN-major (imm-trans-b = 1: V is [key][d], the reduction runs over the keys)
+__device__ static inline void mt__att_wgmma_pv(float d[32], const uint32_t a[4], uint64_t desc_b) {
+    asm volatile("{\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b)
+                 : "memory");
+}
+// the softmax of one S tile in registers. s: S (this thread: rows r0 and r0 + 8, columns 8n + 2q,
+// +1), overwritten; p: P as the register-A fragments of PV (bf16 pairs, 4 registers per 16 keys);
+// m: running row max (raw units); rsum: this tile's row sums over this thread's columns; corr:
+// exp2((m_old - m_new) scale2), what O and l shrink by. diag: the tile crosses the diagonal of some
+// row of the warpgroup: mask key > row (which masks keys >= T for rows < T too). Dropout: each P
+// times its keep multiplier, after the row sum (as the kernel above).
+__device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, float (&s)[32], uint32_t (&p)[4][4],
+                                                   float (&m)[2], float (&rsum)[2], float (&corr)[2], int key0, int r0,
+                                                   int diag, float scale2, int b, int h) {
+    const int q = threadIdx.x % 4;
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float mx = m[half];
+        int row = r0 + 8 * half;
+        if (diag) {
+            #pragma unroll
+            for (int n = 0; n < 8; n++)
+                #pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (key0 + 8 * n + 2 * q + e > row) s[4 * n + 2 * half + e] = -INFINITY;
+        }
+        #pragma unroll
+        for (int n = 0; n < 8; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of the quad share the row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // (mx is finite: every row sees key 0 in tile 0, the first tile processed)
+        corr[half] = mt__ex2((m[half] - mx) * scale2);   // first tile: m = -inf -> 0 (O and l are 0 anyway)
+        m[half] = mx;
+        const float ms = mx * scale2;
+        float sum = 0.0f;
+        #pragma unroll
+        for (int n = 0; n < 8; n++)
+            #pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v = mt__ex2(fmaf(s[4 * n + 2 * half + e], scale2, -ms));
+                sum += v;
+                if (a.p_drop > 0.0f && v > 0.0f && row < a.T) v *= mt__attention_keep(a, b, h, row, key0 + 8 * n + 2 * q + e);
+                s[4 * n + 2 * half + e] = v;
+            }
+        rsum[half] = sum;
+    }
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) {   // accumulator layout -> register-A fragment layout
+        p[kk][0] = mt__pack16x2<0>(s[8 * kk + 0], s[8 * kk + 1]);   // row g,   keys 16kk + 2q, +1
+        p[kk][1] = mt__pack16x2<0>(s[8 * kk + 2], s[8 * kk + 3]);   // row g+8, keys 16kk + 2q, +1
+        p[kk][2] = mt__pack16x2<0>(s[8 * kk + 4], s[8 * kk + 5]);   // row g,   keys 16kk + 8 + 2q, +1
+        p[kk][3] = mt__pack16x2<0>(s[8 * kk + 6], s[8 * kk + 7]);   // row g+8, keys 16kk + 8 + 2q, +1
+    }
+}
+// grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_SMEM bytes of dynamic shared memory.
+// map_q: boxes of 128 rows x 64; map_kv: 64 rows x 64; both over qkv16 as a 3-D tensor (3C, T, B).
+__global__ void __launch_bounds__(256, 2)
+    mt_attention_forward_kernel_wgmma(const __grid_constant__ CUtensorMap map_q,
+                                      const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int HS = 64, BM = MT__ATT_WG_ROWS, BN = MT__ATT_WG_KEYS, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
+    extern __shared__ uint8_t mt__att_wg_smem_raw[];
+    const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
+    const uint32_t q_smem = base, ring = base + BM * ROW_BYTES;
+    const uint32_t STAGE_BYTES = 2 * BN * ROW_BYTES, KV_BYTES = BN * ROW_BYTES;
+    const uint32_t bars = ring + STAGES * STAGE_BYTES;   // full[s] at bars + 8s, empty[s] after, then Q's
+    const uint32_t q_bar = bars + 16 * STAGES;
+    const int T = a.T, NH = a.NH_local, C = a.C_local;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int qt = gridDim.y - 1 - blockIdx.y;          // longest rows first
+    const int q0 = qt * BM;
+    const int n_kt = min(T - 1, q0 + BM - 1) / BN + 1;   // key tiles this block needs
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int wg_lo = q0 + 64 * wg, wg_hi = wg_lo + 63;  // this warpgroup's rows
+    const int r0 = wg_lo + 16 * warp + lane / 4;         // this thread's rows: r0 and r0 + 8
+    // the tiles with a visible key for some row of this warpgroup: the first n_act of the block's
+    const int n_act = wg_lo >= T ? 0 : min(n_kt, wg_hi / BN + 1);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mt__mbar_init(bars + 8 * s, 1);              // full: thread 0's arrive.expect_tx + the TMA's bytes
+            mt__mbar_init(bars + 8 * (STAGES + s), 8);   // empty: lane 0 of each of the 8 warps
+        }
+        mt__mbar_init(q_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the TMA unit
+    }
+    __syncthreads();   // the barriers exist before anyone waits on them
+
+    // ---- the copies (thread 0 only) ----
+    int next_load = 0;   // the next key tile to request
+    auto issue = [&](int j) {   // tile j into stage j % STAGES (whose previous tile has been given back)
+        uint32_t s = j % STAGES, full = bars + 8 * s, k = ring + s * STAGE_BYTES;
+        mt__mbar_arrive_expect_tx(full, STAGE_BYTES);   // out-of-bounds zeros count as bytes too
+        mt__tma_load_3d(k, &map_kv, C + h * HS, j * BN, b, full);
+        mt__tma_load_3d(k + KV_BYTES, &map_kv, 2 * C + h * HS, j * BN, b, full);
+    };
+    // request every tile whose stage is free; need >= 0: block until tile `need` is requested
+    auto refill = [&](int need) {
+        while (next_load < n_kt) {
+            int j_old = next_load - STAGES;   // the tile that last used the stage
+            if (j_old >= 0) {
+                uint32_t empty = bars + 8 * (STAGES + j_old % STAGES), par = (j_old / STAGES) & 1;
+                if (next_load > need) {
+                    if (!mt__mbar_test(empty, par)) return;   // not free yet: try again later
+                } else {
+                    mt__mbar_wait(empty, par);
+                }
+            }
+            issue(next_load++);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mt__tma_prefetch_map(&map_q);
+        mt__tma_prefetch_map(&map_kv);
+        mt__mbar_arrive_expect_tx(q_bar, BM * ROW_BYTES);
+        mt__tma_load_3d(q_smem, &map_q, h * HS, q0, b, q_bar);
+        refill(-1);   // fills the first min(STAGES, n_kt) stages
+    }
+
+    const float scale2 = a.scale * 1.4426950408889634f;   // exp(x * scale) = exp2(x * scale2)
+    float o[HS / 2];                                      // O: 64 x 64 fp32 per warpgroup
+    #pragma unroll
+    for (int i = 0; i < HS / 2; i++) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float sacc[BN / 2];
+    uint32_t p[BN / 16][4], p2[BN / 16][4];   // P, two sets (the loop alternates them)
+    const uint32_t q_wg = q_smem + wg * 64 * ROW_BYTES;
+    auto issue_s = [&](int j) {   // S = Q K_j^T (async): 4 k16 steps along d, 32 bytes each
+        uint32_t k = ring + (j % STAGES) * STAGE_BYTES;
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            uint64_t dq = mt__wgmma_desc(q_wg + 32 * kk, 16, 1024), dk = mt__wgmma_desc(k + 32 * kk, 16, 1024);
+            if (kk == 0) mt__att_wgmma_ss_first(sacc, dq, dk);
+            else mt__att_wgmma_ss(sacc, dq, dk, 1);
+        }
+    };
+    // O += P V_j (async): 4 k16 steps along the keys, 16 rows = 2048 bytes each
+    auto issue_pv = [&](int j, const uint32_t (&pj)[BN / 16][4]) {
+        uint32_t v = ring + (j % STAGES) * STAGE_BYTES + KV_BYTES;
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) mt__att_wgmma_pv(o, pj[kk], mt__wgmma_desc(v + 2048 * kk, 64 * ROW_BYTES, 1024));
+    };
+    auto release = [&](int j) {   // this warp is done with tile j's stage (its wgmmas have completed)
+        __syncwarp();
+        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + j % STAGES));
+    };
+    auto wait_full = [&](int j) {
+        if (threadIdx.x == 0) refill(j);   // tile j must have been requested (else: deadlock)
+        mt__mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
+    };
+
+    mt__mbar_wait(q_bar, 0);   // Q has landed
+    // tile 0 on its own (no wgmma behind a condition the compiler cannot prove uniform: ptxas would
+    // serialise the wgmmas, warning C7520)
+    if (n_act > 0) {
+        wait_full(0);
+        mt__wgmma_fence();
+        issue_s(0);
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(sacc);
+        float rsum[2], corr[2];
+        mt__att_softmax_tile(a, sacc, p, m, rsum, corr, 0, r0, BN - 1 > wg_lo, scale2, b, h);
+        l[0] = rsum[0];   // (O = 0: nothing to rescale)
+        l[1] = rsum[1];
+    }
+    // one step: tile j's S with tile j-1's PV; p_old (tile j-1's P) is read by PV_{j-1} while the
+    // softmax writes p_new
+    auto step = [&](int j, uint32_t (&p_old)[BN / 16][4], uint32_t (&p_new)[BN / 16][4]) {
+        wait_full(j);
+        mt__reg_fence_all(o);        // (keep the compiler from sinking last step's writes below the fence)
+        mt__reg_fence_all(p_old);
+        mt__wgmma_fence();   // p_old and O written (last step) before these wgmmas read them
+        issue_s(j);
+        mt__wgmma_commit();
+        issue_pv(j - 1, p_old);   // accumulates into O
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        mt__wgmma_wait<1>();   // S_j done (the older group); PV_{j-1} may still run
+        mt__reg_fence_all(sacc);
+        float rsum[2], corr[2];
+        mt__att_softmax_tile(a, sacc, p_new, m, rsum, corr, j * BN, r0, j * BN + BN - 1 > wg_lo, scale2, b, h);
+        mt__wgmma_wait<0>();   // PV_{j-1} done: O may be rescaled, stage j-1 given back
+        mt__reg_fence_all(o);
+        release(j - 1);
+        #pragma unroll
+        for (int i = 0; i < HS / 2; i++) o[i] *= corr[(i / 2) % 2];
+        l[0] = l[0] * corr[0] + rsum[0];
+        l[1] = l[1] * corr[1] + rsum[1];
+    };
+    auto last_pv = [&](uint32_t (&p_last)[BN / 16][4]) {   // the last tile's PV
+        mt__reg_fence_all(o);
+        mt__reg_fence_all(p_last);
+        mt__wgmma_fence();
+        issue_pv(n_act - 1, p_last);
+        mt__wgmma_commit();
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(o);
+        release(n_act - 1);
+    };
+    int j = 1;
+    for (; j + 1 < n_act; j += 2) {
+        step(j, p, p2);
+        step(j + 1, p2, p);
+    }
+    if (j < n_act) {
+        step(j, p, p2);
+        last_pv(p2);
+    } else if (n_act > 0) {
+        last_pv(p);
+    }
+    // tiles this warpgroup does not need (past its diagonal, or all its rows past T): still wait for
+    // them and give them back, so that every phase of empty[s] sees all 8 warps in tile order
+    for (int j2 = n_act; j2 < n_kt; j2++) {
+        wait_full(j2);
+        release(j2);
+    }
+    // ---- out = O / l, lse = m scale + log l (rows past T are not stored) ----
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float lt = l[half];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);   // the row sum over the quad's columns
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        int t = r0 + 8 * half;
+        if (t >= T) continue;
+        float inv = 1.0f / lt;
+        float *dst = a.out + ((size_t)b * T + t) * C + h * HS + 2 * (lane % 4);
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+            *(float2 *)(dst + 8 * n) = make_float2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+        if (lane % 4 == 0) a.lse[((size_t)b * NH + h) * T + t] = m[half] * a.scale + logf(lt);
+    }
+#endif
+}
+// qkv16 (B, T, 3C) as a 3-D tensor map: dims {3C (innermost), T, B}, boxes of `rows` rows x 64
+// bf16 (128 bytes, 128-byte swizzle); everything at t >= T is out of bounds (read as zeros)
+static CUtensorMap mt__att_wg_map(const void *qkv16, int B, int T, int C, int rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = mt__wgmma_lookup_encode();
+    CUtensorMap map;
+    cuuint64_t dims[3] = {(cuuint64_t)3 * C, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[2] = {(cuuint64_t)3 * C * 2, (cuuint64_t)T * 3 * C * 2};   // bytes, dims 1 and 2
+    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1};
+    cuuint32_t elem_strides[3] = {1, 1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)qkv16, dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) mt_fatal("cuTensorMapEncodeTiled failed (error %d) for the attention's qkv", (int)r);
+    return map;
+}
+// whether the forward runs the wgmma kernel where it can (bf16, head size 64, a Hopper with sm_90a
+// code, 16-byte aligned qkv16): a variable so that the tests can run both kernels
+static int mt__attention_wgmma = 1;
+static MT_THREAD_LOCAL int mt__att_wg_runs;   // this thread's GPU and binary run wgmma: 0 not asked yet, 1 yes, -1 no
+static int mt__attention_wgmma_ok(const mt__attention_args &a, int dtype, int hs) {
+    if (!mt__attention_wgmma || dtype != MT_DTYPE_BF16 || hs != 64 || !a.qkv16 || !mt__aligned16(a.qkv16)) return 0;
+    if (mt__att_wg_runs == 0) mt__att_wg_runs = mt__wgmma_unsupported() == NULL ? 1 : -1;
+    return mt__att_wg_runs == 1;
+}
+static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, cudaStream_t stream) {
+    CUtensorMap map_q = mt__att_wg_map(a.qkv16, a.B, a.T, a.C_local, MT__ATT_WG_ROWS);
+    CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, a.C_local, MT__ATT_WG_KEYS);
+    mt__allow_smem((const void *)mt_attention_forward_kernel_wgmma, MT__ATT_WG_SMEM);
+    dim3 grid(a.B * a.NH_local, (a.T + MT__ATT_WG_ROWS - 1) / MT__ATT_WG_ROWS);
+    mt_attention_forward_kernel_wgmma<<<grid, 256, MT__ATT_WG_SMEM, stream>>>(map_q, map_kv, a);
+    mt__launch_check("mt_attention_forward_kernel_wgmma", stream);
+}
+
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half, on tensor cores.
 // grid (T/64 key tiles, B*NH_local), 128 threads = 4 warps, each 16 keys of the block's 64. Per
 // query tile of BQ = 32 rows, with queries as the columns of every product:
@@ -4164,7 +4548,9 @@ template <int HS>
 static void mt__attention_forward_launch(const mt__attention_args &a, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;   // (bf16 or fp16: the same shared-memory sizes)
     size_t smem = mt__att_smem_fwd(HS, bf16);
-    if (dtype == MT_DTYPE_FP16) {
+    if (mt__attention_wgmma_ok(a, dtype, HS)) {
+        mt__attention_forward_wgmma_launch(a, stream);
+    } else if (dtype == MT_DTYPE_FP16) {
         mt__attention_forward_mma_launch<HS, 1>(a, smem, stream);
     } else if (bf16) {
         mt__attention_forward_mma_launch<HS, 0>(a, smem, stream);
@@ -5461,14 +5847,10 @@ __global__ void mt_cross_entropy_local_sums_kernel(float *sumexp, float *target_
 // tolerances of tests/gpu/test_kernels (1e-5 against the sum in double) hold it to.
 // matches mt_cross_entropy_local_max_cpu, then mt_cross_entropy_local_sums_cpu (megatron.h, 3. OPS).
 // Writes maxv, sumexp, target_logit with '='.
+// (the row's part, a device function: the fused kernel below runs the same arithmetic)
 template <typename T>
-__global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(float *maxv, float *sumexp,
-                                                                              float *target_logit, const T *logits,
-                                                                              const int *targets, int V_local,
-                                                                              int vocab_start, int n, int vec) {
+__device__ static inline void mt__ce_row_max_sums(const T *l, int n, int vec, float *M_out, float *S_out) {
     const int N = 16 / sizeof(T);
-    int i = blockIdx.x;
-    const T *l = logits + (size_t)i * V_local;
     float m = -INFINITY, s = 0.0f;
     int v0 = vec ? n / N * N : 0;
     for (int v = N * threadIdx.x; v < v0; v += N * blockDim.x) {
@@ -5493,7 +5875,18 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(fl
         s += expf(x - m);
     }
     float M = mt__block_max(m);
-    float S = mt__block_sum(m == -INFINITY ? 0.0f : s * expf(m - M));   // a thread with no columns adds 0
+    *S_out = mt__block_sum(m == -INFINITY ? 0.0f : s * expf(m - M));   // a thread with no columns adds 0
+    *M_out = M;
+}
+template <typename T>
+__global__ void __launch_bounds__(256) mt_cross_entropy_local_max_sums_kernel(float *maxv, float *sumexp,
+                                                                              float *target_logit, const T *logits,
+                                                                              const int *targets, int V_local,
+                                                                              int vocab_start, int n, int vec) {
+    int i = blockIdx.x;
+    const T *l = logits + (size_t)i * V_local;
+    float M, S;
+    mt__ce_row_max_sums<T>(l, n, vec, &M, &S);
     if (threadIdx.x == 0) {
         maxv[i] = M;
         sumexp[i] = S;
@@ -5591,16 +5984,10 @@ __global__ void mt_cross_entropy_finish_kernel(float *losses, float *dlogits, co
 // it anyway, which read it as it is (mt_lm_head_backward). Each thread reads 8 logits (16 bytes)
 // and writes their 8 gradients over them: nothing else reads those bytes. V_local % 8 == 0 and
 // 16-byte aligned rows (the wgmma rung's condition, megatron.h's mt_logits_grad_dtype).
+// (the row's part, a device function: the fused kernel below runs the same arithmetic)
 template <int F16>
-__global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *losses, void *dlogits, const float *maxv,
-                                                                        const float *sumexp, const float *target_logit,
-                                                                        const int *targets, int V_local, int vocab_start,
-                                                                        int n, float dloss) {
-    int i = blockIdx.x;
-    if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
-    unsigned short *l = (unsigned short *)dlogits + (size_t)i * V_local;   // bf16 (F16 = 0) or fp16 bits
-    float m = maxv[i], inv = 1.0f / sumexp[i];
-    int local = targets[i] - vocab_start;
+__device__ static inline void mt__ce_row_grad16(unsigned short *l, int V_local, int n, int local, float m, float inv,
+                                                float dloss) {
     for (int v = 8 * threadIdx.x; v < V_local; v += 8 * blockDim.x) {
         float e[8];
         if (F16) mt__logits16B((const __half *)(l + v), e);
@@ -5615,6 +6002,66 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *l
         }
         *(uint4 *)(l + v) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
+}
+template <int F16>
+__global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *losses, void *dlogits, const float *maxv,
+                                                                        const float *sumexp, const float *target_logit,
+                                                                        const int *targets, int V_local, int vocab_start,
+                                                                        int n, float dloss) {
+    int i = blockIdx.x;
+    if (threadIdx.x == 0) losses[i] = logf(sumexp[i]) + maxv[i] - target_logit[i];
+    unsigned short *l = (unsigned short *)dlogits + (size_t)i * V_local;   // bf16 (F16 = 0) or fp16 bits
+    mt__ce_row_grad16<F16>(l, V_local, n, targets[i] - vocab_start, maxv[i], 1.0f / sumexp[i], dloss);
+}
+// The two kernels above in one, for a rank with the whole vocabulary (TP = 1) that wants the
+// gradient: a block reads its row once from memory for the max and the sum, then again for the
+// gradient, which it writes in place. The second read is meant to come from L2: blocks of 1024
+// threads, two an SM, keep 264 rows in flight, 26 MB in bf16 against the H200's 50 MB of L2 (with
+// 256 threads, eight blocks an SM, 105 MB were in flight and the second read went to memory:
+// Nsight Compute counted 4.9 GB, three passes). Then the logits cross HBM twice (in, and the
+// gradient out) instead of three times. The same device functions as the two kernels; with four
+// times their threads a thread's running max and sum cover other columns, so the sums round
+// differently (test_kernels holds them to the sum in double, 1e-5). maxv, sumexp, target_logit as
+// the one-pass kernel writes them.
+template <typename T, int F16>
+__global__ void __launch_bounds__(1024) mt_cross_entropy_fused16_kernel(float *losses, float *maxv, float *sumexp,
+                                                                       float *target_logit, void *logits,
+                                                                       const int *targets, int V_local,
+                                                                       int vocab_start, int n, float dloss) {
+    int i = blockIdx.x;
+    unsigned short *l = (unsigned short *)logits + (size_t)i * V_local;
+    int local = targets[i] - vocab_start;
+    // the target's logit, read before any thread of the block overwrites the row (the reductions
+    // below are barriers; the writes come after them)
+    float lt = 0.0f;
+    if (threadIdx.x == 0 && local >= 0 && local < n) lt = mt__to_float(((const T *)l)[local]);
+    float M, S;
+    mt__ce_row_max_sums<T>((const T *)l, n, 1, &M, &S);
+    if (threadIdx.x == 0) {
+        maxv[i] = M;
+        sumexp[i] = S;
+        target_logit[i] = lt;
+        losses[i] = logf(S) + M - lt;
+    }
+    mt__ce_row_grad16<F16>(l, V_local, n, local, M, 1.0f / S, dloss);
+}
+// losses and, in place of the 16-bit logits (logits_dtype BF16 or FP16, V_local % 8 == 0, 16-byte
+// aligned rows), their gradient; with maxv, sumexp, target_logit as the max-sums kernel writes them
+void mt_cross_entropy_fused16_gpu(float *losses, float *maxv, float *sumexp, float *target_logit, void *logits,
+                                  int logits_dtype, const int *targets, int BT, int V_local, int vocab_start, int V,
+                                  float dloss, cudaStream_t stream) {
+    if (BT == 0) return;
+    if ((logits_dtype != MT_DTYPE_BF16 && logits_dtype != MT_DTYPE_FP16) || V_local % 8 != 0 || !mt__aligned16(logits))
+        mt_fatal("internal: the fused cross-entropy needs 16-bit logits, V_local %% 8 == 0 and aligned rows");
+    int n = mt__real_columns(vocab_start, V_local, V);
+    if (logits_dtype == MT_DTYPE_FP16)
+        mt_cross_entropy_fused16_kernel<__half, 1><<<BT, 1024, 0, stream>>>(losses, maxv, sumexp, target_logit, logits,
+                                                                          targets, V_local, vocab_start, n, dloss);
+    else
+        mt_cross_entropy_fused16_kernel<__nv_bfloat16, 0><<<BT, 1024, 0, stream>>>(losses, maxv, sumexp, target_logit,
+                                                                                 logits, targets, V_local, vocab_start,
+                                                                                 n, dloss);
+    mt__launch_check("mt_cross_entropy_fused16_kernel", stream);
 }
 // logits_dtype (an mt_dtype): how the logits, and so dlogits in their place, are stored. MT_DTYPE_FP32:
 // the fp32 kernel; BF16 / FP16: mt_cross_entropy_finish16_kernel (V_local % 8 == 0 and 16-byte
@@ -6101,6 +6548,21 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype
     mt_cross_entropy_finish_gpu(losses, dlogits, logits_dtype, maxv, sumexp, target_logit, targets, BT, V_local,
                                 vocab_start, V, dloss, mt__stream(r));
     mt__profile_end(r, "cross entropy finish", t0);
+}
+void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, mt_dtype logits_dtype, float *maxv,
+                                      float *sumexp, float *target_logit, const int *targets, int BT, int V_local,
+                                      int vocab_start, int V, float dloss) {
+    if (logits_dtype == MT_DTYPE_FP32 || V_local % 8 != 0 || !mt__aligned16(logits)) {   // the two ops
+        mt_cross_entropy_local_max_sums(r, maxv, sumexp, target_logit, logits, logits_dtype, targets, BT, V_local,
+                                        vocab_start, V);
+        mt_cross_entropy_finish(r, losses, logits, logits_dtype, maxv, sumexp, target_logit, targets, BT, V_local,
+                                vocab_start, V, dloss);
+        return;
+    }
+    double t0 = mt__profile_begin(r);
+    mt_cross_entropy_fused16_gpu(losses, maxv, sumexp, target_logit, logits, logits_dtype, targets, BT, V_local,
+                                 vocab_start, V, dloss, mt__stream(r));
+    mt__profile_end(r, "cross entropy (one kernel)", t0);
 }
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local) {

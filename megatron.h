@@ -876,6 +876,12 @@ void mt_cross_entropy_local_max_sums(mt_rank *r, float *maxv, float *sumexp, flo
 void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype logits_dtype, const float *maxv,
                              const float *sumexp, const float *target_logit, const int *targets, int BT, int V_local,
                              int vocab_start, int V, float dloss);
+/* TP = 1 with the gradient: mt_cross_entropy_local_max_sums, then mt_cross_entropy_finish with
+   dlogits = logits, as one op (the CPU runs the two; the GPU, for 16-bit logits, one kernel that
+   reads each row from memory once and again from L2 for its gradient): the same values */
+void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, mt_dtype logits_dtype, float *maxv,
+                                      float *sumexp, float *target_logit, const int *targets, int BT, int V_local,
+                                      int vocab_start, int V, float dloss);
 /* the LM head's matmul backward (no bias): dinp = dlogits @ weight, dweight += dlogits^T inp, with
    dlogits as mt_cross_entropy_finish left it in place of the logits (logits_dtype: 16 bits on the
    GPU are the GEMMs' operand type already, read as they are) */
@@ -7908,6 +7914,15 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype
                                 dloss);
 }
 
+void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, mt_dtype logits_dtype, float *maxv,
+                                      float *sumexp, float *target_logit, const int *targets, int BT, int V_local,
+                                      int vocab_start, int V, float dloss) {
+    mt_cross_entropy_local_max_sums(r, maxv, sumexp, target_logit, logits, logits_dtype, targets, BT, V_local,
+                                    vocab_start, V);
+    mt_cross_entropy_finish(r, losses, logits, logits_dtype, maxv, sumexp, target_logit, targets, BT, V_local,
+                            vocab_start, V, dloss);
+}
+
 // the CPU keeps dlogits in fp32: the matmul backward (rounding its operands as r->dev.dtype says)
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local) {
@@ -8347,7 +8362,8 @@ void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, 
 //   l_y = all-reduce SUM of the target's logit (only its owner contributes, the others add 0)
 // loss = log S + m - l_y. The gradient softmax - onehot is local to each rank's columns.
 // At TP = 1 nothing crosses ranks, and the max and the sum come from one op (the GPU reads the
-// logits once for both: 1.6 GB in bf16 at GPT-2 small's batch).
+// logits once for both: 1.6 GB in bf16 at GPT-2 small's batch); with the gradient, the finish
+// joins them (mt_cross_entropy_max_sums_finish: the GPU's second read of a row hits L2).
 // Padding columns (>= V) are left out of the softmax, so the loss does not depend on how
 // much padding TP adds. (Megatron keeps them in; their logits just learn to be very small.)
 // dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
@@ -8356,6 +8372,11 @@ void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *l
     int BT = r->dims.B * r->dims.T, V = r->cfg->model.vocab_size;
     mt_scratch *s = &r->scratch;
     mt_dtype dt = mt_logits_storage_dtype(r);   // as mt_lm_head_parallel_forward stored them
+    if (r->ps.tp_size == 1 && want_grad) {   // one op: the GPU reads the logits from memory once
+        mt_cross_entropy_max_sums_finish(r, losses, logits, dt, s->ce_max, s->ce_sum, s->ce_target, targets, BT,
+                                         r->dims.Vp_tp, r->dims.vocab_start, V, dloss);
+        return;
+    }
     if (r->ps.tp_size == 1) {
         mt_cross_entropy_local_max_sums(r, s->ce_max, s->ce_sum, s->ce_target, logits, dt, targets, BT, r->dims.Vp_tp,
                                         r->dims.vocab_start, V);

@@ -762,6 +762,7 @@ MT_TEST(matmul_gelu) {
 // edges). From the same starting contents (accumulate reads C).
 static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f16) {
     int ldc = N + 8, a_k = 1, b_k = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? 0 : 1;
+    int ldb = b_k ? K : N;   // B (N x K) k inner: rows of K; k outer (dinp's layout): K rows of N
     size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * ldc;
     float *ha = host_random(na, -1, 1), *hb = host_random(nb, -1, 1), *hbias = host_random(N, -1, 1);
     float *hc = host_random(nc, -2, 2), *hx = host_random(nc, -3, 3);
@@ -782,7 +783,7 @@ static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f
         epi.c2 = dc2;
         mt__wgmma_staged_epilogue = staged;
         const float *bias = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? NULL : dbias;
-        mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, K, ldc, a_k, b_k, accumulate, 0,
+        mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, ldb, ldc, a_k, b_k, accumulate, 0,
                            op == MT__EPI_NONE ? NULL : &epi, 0);
         got[staged][0] = dev_download(dc, nc);
         got[staged][1] = dev_download(dc2, nc);
@@ -1319,7 +1320,23 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
         const char *mode = dt == 2 ? "fp16" : dt == 1 ? "bf16" : "fp32";
         float *got = dev_download(d_out, nout);
         snprintf(label, sizeof label, "attention %s out B=%d T=%d NH=%d hs=%d p=%.1f%s", mode, B, T, NH, hs, p, misalign ? " misaligned" : "");
-        check_close(label, got, out_dt, nout, tol); free(got);
+        check_close(label, got, out_dt, nout, tol);
+        if (dt == MT_DTYPE_BF16 && hs == 64 && !mt__wgmma_unsupported()) {
+            // the forward above ran the wgmma kernel (bf16, head size 64): the mma.sync one too,
+            // held to the same reference (and the same dropout mask), and to each other at bf16's 1e-2
+            float *d_out2 = dev_nan(nout), *d_lse2 = dev_nan(nlse);
+            mt__attention_wgmma = 0;
+            mt_attention_forward_gpu(d_out2, d_lse2, d_qkv, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+            mt__attention_wgmma = 1;
+            float *got2 = dev_download(d_out2, nout);
+            snprintf(label, sizeof label, "attention bf16 out, mma.sync kernel B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
+            check_close(label, got2, out_dt, nout, tol);
+            snprintf(label, sizeof label, "attention bf16 out, wgmma against mma.sync B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
+            check_close(label, got, got2, nout, tol);
+            free(got2);
+            dev_free(d_out2); dev_free(d_lse2);
+        }
+        free(got);
         got = dev_download(d_lse, nlse);
         snprintf(label, sizeof label, "attention %s lse B=%d T=%d NH=%d hs=%d", mode, B, T, NH, hs);
         // the scores' error scales with their terms (see attention_score_term_scale)
@@ -1568,6 +1585,38 @@ static void cross_entropy16_case(const float *logits, const int *targets, int BT
         for (size_t i = 0; i < n; i++) want[i] = mt_round_to_dtype(grad32[i], (mt_dtype)dt);
         snprintf(label, sizeof label, "cross-entropy %s dlogits in place BT=%d V_local=%d", name, BT, VL);
         check_close(label, as_f32, want, n, 0.0);
+        {   // the fused kernel (TP = 1 with the gradient: 1024 threads a row, so its sums add in
+            // another order than the 256-thread kernels above) against the CPU on the same rounded
+            // logits: max and target exact, the sum against the double one (1e-5), the losses as
+            // above, and dlogits, rounded to 16 bits, against the CPU's fp32 ones at the scale of
+            // dloss (|dlogits| <= dloss): a rounding to bf16 errs by at most 2^-9 of that, fp16 2^-12;
+            // allowed 4e-3 and 1e-3
+            void *a16 = dev_alloc(n * sizeof(uint16_t));
+            MT_CUDA_CHECK(cudaMemcpy(a16, bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+            float *fo[4];   // loss, max, sum, target
+            for (int q = 0; q < 4; q++) fo[q] = dev_nan(BT);
+            mt_cross_entropy_fused16_gpu(fo[0], fo[1], fo[2], fo[3], a16, dt, d_targets, BT, VL, vs, V, dloss, 0);
+            float *dl_cpu = host_copy(rounded, n), *l_cpu = (float *)mt_malloc(BT * sizeof(float), "ref");
+            mt_cross_entropy_finish_cpu(l_cpu, dl_cpu, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
+            float *x = dev_download(fo[0], BT);
+            snprintf(label, sizeof label, "cross-entropy %s fused: losses", name);
+            check_close_scale(label, x, l_cpu, BT, 1e-5, loss_terms); free(x);
+            x = dev_download(fo[1], BT);
+            snprintf(label, sizeof label, "cross-entropy %s fused: max", name);
+            check_close(label, x, maxv, BT, 0.0); free(x);
+            x = dev_download(fo[2], BT);
+            snprintf(label, sizeof label, "cross-entropy %s fused: sums vs double", name);
+            check_close(label, x, sum_double, BT, 1e-5); free(x);
+            x = dev_download(fo[3], BT);
+            snprintf(label, sizeof label, "cross-entropy %s fused: target logit", name);
+            check_close(label, x, tl, BT, 0.0); free(x);
+            x = dev_download16(a16, n, dt);
+            snprintf(label, sizeof label, "cross-entropy %s fused: dlogits in place BT=%d V_local=%d", name, BT, VL);
+            check_close_scale(label, x, dl_cpu, n, dt == MT_DTYPE_BF16 ? 4e-3 : 1e-3, dloss); free(x);
+            free(dl_cpu); free(l_cpu);
+            for (int q = 0; q < 4; q++) dev_free(fo[q]);
+            dev_free(a16);
+        }
         free(rounded); free(bits); free(maxv); free(sumexp); free(tl); free(losses); free(sum_double); free(grad32);
         free(as_f32); free(want);
         dev_free(d16); dev_free(d_max); dev_free(d_sum); dev_free(d_tl); dev_free(d_loss); dev_free(d_targets);
