@@ -6014,17 +6014,16 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_finish16_kernel(float *l
     mt__ce_row_grad16<F16>(l, V_local, n, targets[i] - vocab_start, maxv[i], 1.0f / sumexp[i], dloss);
 }
 // The two kernels above in one, for a rank with the whole vocabulary (TP = 1) that wants the
-// gradient: a block reads its row once from memory for the max and the sum, then again for the
-// gradient, which it writes in place. The second read is meant to come from L2: blocks of 1024
-// threads, two an SM, keep 264 rows in flight, 26 MB in bf16 against the H200's 50 MB of L2 (with
-// 256 threads, eight blocks an SM, 105 MB were in flight and the second read went to memory:
-// Nsight Compute counted 4.9 GB, three passes). Then the logits cross HBM twice (in, and the
-// gradient out) instead of three times. The same device functions as the two kernels; with four
-// times their threads a thread's running max and sum cover other columns, so the sums round
-// differently (test_kernels holds them to the sum in double, 1e-5). maxv, sumexp, target_logit as
-// the one-pass kernel writes them.
+// gradient: a block reads its row once for the max and the sum, then again for the gradient,
+// which it writes in place; one launch and one pass of the row through the block's reductions
+// fewer. Bit for bit what the two kernels give (the same device functions, the same 256 threads).
+// Measured on an H200 (docs/perf.md): 1.30 -> 1.24 ms for GPT-2 small's 16k x 50k bf16 logits. The
+// second read was meant to come from L2, but eight blocks an SM keep 1,056 rows (105 MB) in flight,
+// twice the L2, and Nsight Compute still counted three passes; with 1024-thread blocks (264 rows,
+// 26 MB) it counted two, but the kernel took 1.33 ms: two rows an SM, each waiting on its own
+// reductions, hide memory latency worse than eight.
 template <typename T, int F16>
-__global__ void __launch_bounds__(1024) mt_cross_entropy_fused16_kernel(float *losses, float *maxv, float *sumexp,
+__global__ void __launch_bounds__(256) mt_cross_entropy_fused16_kernel(float *losses, float *maxv, float *sumexp,
                                                                        float *target_logit, void *logits,
                                                                        const int *targets, int V_local,
                                                                        int vocab_start, int n, float dloss) {
@@ -6055,10 +6054,10 @@ void mt_cross_entropy_fused16_gpu(float *losses, float *maxv, float *sumexp, flo
         mt_fatal("internal: the fused cross-entropy needs 16-bit logits, V_local %% 8 == 0 and aligned rows");
     int n = mt__real_columns(vocab_start, V_local, V);
     if (logits_dtype == MT_DTYPE_FP16)
-        mt_cross_entropy_fused16_kernel<__half, 1><<<BT, 1024, 0, stream>>>(losses, maxv, sumexp, target_logit, logits,
+        mt_cross_entropy_fused16_kernel<__half, 1><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit, logits,
                                                                           targets, V_local, vocab_start, n, dloss);
     else
-        mt_cross_entropy_fused16_kernel<__nv_bfloat16, 0><<<BT, 1024, 0, stream>>>(losses, maxv, sumexp, target_logit,
+        mt_cross_entropy_fused16_kernel<__nv_bfloat16, 0><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit,
                                                                                  logits, targets, V_local, vocab_start,
                                                                                  n, dloss);
     mt__launch_check("mt_cross_entropy_fused16_kernel", stream);

@@ -1585,9 +1585,8 @@ static void cross_entropy16_case(const float *logits, const int *targets, int BT
         for (size_t i = 0; i < n; i++) want[i] = mt_round_to_dtype(grad32[i], (mt_dtype)dt);
         snprintf(label, sizeof label, "cross-entropy %s dlogits in place BT=%d V_local=%d", name, BT, VL);
         check_close(label, as_f32, want, n, 0.0);
-        {   // the fused kernel (TP = 1 with the gradient: 1024 threads a row, so its sums add in
-            // another order than the 256-thread kernels above) against the CPU on the same rounded
-            // logits: max and target exact, the sum against the double one (1e-5), the losses as
+        {   // the fused kernel (TP = 1 with the gradient; the same device functions as the two
+            // kernels above) against the CPU on the same rounded logits: max and target exact, the sum against the double one (1e-5), the losses as
             // above, and dlogits, rounded to 16 bits, against the CPU's fp32 ones at the scale of
             // dloss (|dlogits| <= dloss): a rounding to bf16 errs by at most 2^-9 of that, fp16 2^-12;
             // allowed 4e-3 and 1e-3
