@@ -878,7 +878,7 @@ void mt_cross_entropy_finish(mt_rank *r, float *losses, float *dlogits, mt_dtype
                              int vocab_start, int V, float dloss);
 /* TP = 1 with the gradient: mt_cross_entropy_local_max_sums, then mt_cross_entropy_finish with
    dlogits = logits, as one op (the CPU runs the two; the GPU, for 16-bit logits, one kernel that
-   reads each row from memory once and again from L2 for its gradient): the same values */
+   reads each row for its max and sum, then again for its gradient): the same values */
 void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, mt_dtype logits_dtype, float *maxv,
                                       float *sumexp, float *target_logit, const int *targets, int BT, int V_local,
                                       int vocab_start, int V, float dloss);
@@ -8363,7 +8363,7 @@ void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, 
 // loss = log S + m - l_y. The gradient softmax - onehot is local to each rank's columns.
 // At TP = 1 nothing crosses ranks, and the max and the sum come from one op (the GPU reads the
 // logits once for both: 1.6 GB in bf16 at GPT-2 small's batch); with the gradient, the finish
-// joins them (mt_cross_entropy_max_sums_finish: the GPU's second read of a row hits L2).
+// joins them (mt_cross_entropy_max_sums_finish: one kernel on the GPU instead of two).
 // Padding columns (>= V) are left out of the softmax, so the loss does not depend on how
 // much padding TP adds. (Megatron keeps them in; their logits just learn to be very small.)
 // dloss != 0: overwrite logits with dloss/dlogits (dloss = d(total loss)/d(this loss)).
