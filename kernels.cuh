@@ -4187,19 +4187,20 @@ __global__ void __launch_bounds__(256, 2)
     }
 #endif
 }
-// qkv16 (B, T, 3C) as a 3-D tensor map: dims {3C (innermost), T, B}, boxes of `rows` rows x 64
-// bf16 (128 bytes, 128-byte swizzle); everything at t >= T is out of bounds (read as zeros)
-static CUtensorMap mt__att_wg_map(const void *qkv16, int B, int T, int C, int rows) {
+// a (B, T, W) bf16 tensor (qkv16: W = 3C; the backward's dout16: W = C) as a 3-D tensor map: dims
+// {W (innermost), T, B}, boxes of `rows` rows x 64 bf16 (128 bytes, 128-byte swizzle); everything
+// at t >= T is out of bounds (read as zeros)
+static CUtensorMap mt__att_wg_map(const void *x16, int B, int T, int W, int rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = mt__wgmma_lookup_encode();
     CUtensorMap map;
-    cuuint64_t dims[3] = {(cuuint64_t)3 * C, (cuuint64_t)T, (cuuint64_t)B};
-    cuuint64_t strides[2] = {(cuuint64_t)3 * C * 2, (cuuint64_t)T * 3 * C * 2};   // bytes, dims 1 and 2
+    cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)T * W * 2};   // bytes, dims 1 and 2
     cuuint32_t box[3] = {64, (cuuint32_t)rows, 1};
     cuuint32_t elem_strides[3] = {1, 1, 1};
-    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)qkv16, dims, strides, box, elem_strides,
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)x16, dims, strides, box, elem_strides,
                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) mt_fatal("cuTensorMapEncodeTiled failed (error %d) for the attention's qkv", (int)r);
+    if (r != CUDA_SUCCESS) mt_fatal("cuTensorMapEncodeTiled failed (error %d) for the attention's operands", (int)r);
     return map;
 }
 // whether the forward runs the wgmma kernel where it can (bf16, head size 64, a Hopper with sm_90a
@@ -4212,8 +4213,8 @@ static int mt__attention_wgmma_ok(const mt__attention_args &a, int dtype, int hs
     return mt__att_wg_runs == 1;
 }
 static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, cudaStream_t stream) {
-    CUtensorMap map_q = mt__att_wg_map(a.qkv16, a.B, a.T, a.C_local, MT__ATT_WG_ROWS);
-    CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, a.C_local, MT__ATT_WG_KEYS);
+    CUtensorMap map_q = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_ROWS);
+    CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_KEYS);
     mt__allow_smem((const void *)mt_attention_forward_kernel_wgmma, MT__ATT_WG_SMEM);
     dim3 grid(a.B * a.NH_local, (a.T + MT__ATT_WG_ROWS - 1) / MT__ATT_WG_ROWS);
     mt_attention_forward_kernel_wgmma<<<grid, 256, MT__ATT_WG_SMEM, stream>>>(map_q, map_kv, a);
@@ -4473,6 +4474,471 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
     }
 }
 
+// ---- THE ATTENTION BACKWARD ON WGMMA ------------------------------------------------------------
+// matches mt_attention_backward_cpu (megatron.h, 3. OPS), as the two mma.sync kernels above; the
+// same split (one kernel for dK and dV, one for dQ, each writing with '='), the same math, on the
+// forward wgmma kernel's machine: 2 warpgroups of 64 rows each, TMA into a 4-stage ring of 64-row
+// tiles on mbarriers (thread 0 issues the copies), and FA3's overlap inside a warpgroup (tile j's
+// first products issued together with tile j-1's last ones, two sets of the register operands).
+// THE MATH (one head of one sample; base 2 as the forward; lse2 = lse log2 e; D = rowsum(dO * out)):
+//   P = exp2(S scale2 - lse2), S = Q K^T, causal;   dP' = dO V^T;   P' = P x dropout;
+//   dS = P (dP' x dropout - D);   dV = P'^T dO;   dK = scale dS^T Q;   dQ = scale dS K
+// Rows and columns at t >= T arrive as zeros (the tensor maps' bounds) and their lse2 is taken as
+// +inf, so their P is exactly 0 (ex2.approx(-inf) = +0): they add nothing and are never stored.
+// Operands of the register-A products (P'^T, dS^T, dS) round to bf16 where the mma.sync kernels
+// round them: the CPU's emulation (mt_attention_backward_rounded_cpu) holds both.
+// Shared memory (both kernels): 1024 alignment | two 128-row blocks (16 KB each) | the ring | 2 KB of
+// columns' lse and D (the dK/dV kernel's) | mbarriers
+static const int MT__ATT_WG_BWD_SMEM = 1024 + 2 * 128 * 128 + MT__ATT_WG_STAGES * 2 * MT__ATT_WG_KEYS * 128 + 2048 +
+                                       8 * (2 * MT__ATT_WG_STAGES + 1);
+// the accumulator layout -> the register-A fragment layout (as the forward's P): s holds a 64 x 64
+// tile, 4 k16 fragments of 16 columns each
+__device__ static inline void mt__att_acc_to_a(uint32_t (&x)[4][4], const float (&s)[32]) {
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        x[kk][0] = mt__pack16x2<0>(s[8 * kk + 0], s[8 * kk + 1]);   // row g,   columns 16kk + 2q, +1
+        x[kk][1] = mt__pack16x2<0>(s[8 * kk + 2], s[8 * kk + 3]);   // row g+8, columns 16kk + 2q, +1
+        x[kk][2] = mt__pack16x2<0>(s[8 * kk + 4], s[8 * kk + 5]);   // row g,   columns 16kk + 8 + 2q, +1
+        x[kk][3] = mt__pack16x2<0>(s[8 * kk + 6], s[8 * kk + 7]);   // row g+8, columns 16kk + 8 + 2q, +1
+    }
+}
+// two 64 x 64 products of one warpgroup from shared memory, K-major, 4 k16 steps each (async):
+// d1 = A1 B1^T, d2 = A2 B2^T, every operand a 128-byte-swizzled block of 64-element rows
+__device__ static inline void mt__att_wgmma_ss_pair(float (&d1)[32], uint32_t a1, uint32_t b1, float (&d2)[32],
+                                                    uint32_t a2, uint32_t b2) {
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint64_t da = mt__wgmma_desc(a1 + 32 * kk, 16, 1024), db = mt__wgmma_desc(b1 + 32 * kk, 16, 1024);
+        if (kk == 0) mt__att_wgmma_ss_first(d1, da, db);
+        else mt__att_wgmma_ss(d1, da, db, 1);
+    }
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint64_t da = mt__wgmma_desc(a2 + 32 * kk, 16, 1024), db = mt__wgmma_desc(b2 + 32 * kk, 16, 1024);
+        if (kk == 0) mt__att_wgmma_ss_first(d2, da, db);
+        else mt__att_wgmma_ss(d2, da, db, 1);
+    }
+}
+// d += X B: X from registers (4 k16 fragments), B a 64-row block in shared memory, MN-major (the
+// reduction runs over its rows), as the forward's O += P V
+__device__ static inline void mt__att_wgmma_rs(float (&d)[32], const uint32_t (&x)[4][4], uint32_t b) {
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) mt__att_wgmma_pv(d, x[kk], mt__wgmma_desc(b + 2048 * kk, 64 * 128, 1024));
+}
+// one dQ store: rows r0, r0 + 8 of the warpgroup's accumulator d (times mul) into row-major dst
+// rows of `ld` elements at column col0, in 16 bits (dst16) or fp32 (dst32); rows >= T skipped
+__device__ static inline void mt__att_wg_store(const float (&d)[32], float mul, unsigned short *dst16, float *dst32,
+                                               size_t row_base, size_t ld, int r0, int T) {
+    const int q = threadIdx.x % 4;
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int t = r0 + 8 * half;
+        if (t >= T) continue;
+        size_t at = (row_base + t) * ld + 2 * q;
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float x0 = d[4 * n + 2 * half] * mul, x1 = d[4 * n + 2 * half + 1] * mul;
+            if (dst16) *(uint32_t *)(dst16 + at + 8 * n) = mt__pack16x2<0>(x0, x1);
+            else *(float2 *)(dst32 + at + 8 * n) = make_float2(x0, x1);
+        }
+    }
+}
+
+// dQ. grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_BWD_SMEM bytes. A block owns 128
+// query rows; warpgroup w rows 64w..64w+63. Q and dO (128 rows each) come once; K, V tiles of 64
+// keys stream through the ring up to the diagonal. Per key tile j, per warpgroup:
+//   S = Q K_j^T, dP' = dO V_j^T (8 wgmmas from shared memory)  ->  dS (registers)  ->  dQ += dS K_j
+// (K_j MN-major). Tile j's S, dP' are issued with tile j-1's dS K_{j-1}, and dS_j is computed while
+// that runs. map_q: qkv16, 128-row boxes; map_do: dout16, 128-row boxes; map_kv: qkv16, 64-row boxes.
+__global__ void __launch_bounds__(256, 1)
+    mt_attention_backward_dq_kernel_wgmma(const __grid_constant__ CUtensorMap map_q,
+                                          const __grid_constant__ CUtensorMap map_do,
+                                          const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int HS = 64, BM = 128, BN = MT__ATT_WG_KEYS, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
+    extern __shared__ uint8_t mt__att_wg_smem_raw[];
+    const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
+    const uint32_t q_smem = base, do_smem = base + BM * ROW_BYTES, ring = do_smem + BM * ROW_BYTES;
+    const uint32_t STAGE_BYTES = 2 * BN * ROW_BYTES, KV_BYTES = BN * ROW_BYTES;
+    const uint32_t bars = ring + STAGES * STAGE_BYTES + 2048;   // full[s], empty[s], then Q and dO's
+    const uint32_t q_bar = bars + 16 * STAGES;
+    const int T = a.T, NH = a.NH_local, C = a.C_local;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int qt = gridDim.y - 1 - blockIdx.y;           // longest rows first
+    const int q0 = qt * BM;
+    const int n_kt = min(T - 1, q0 + BM - 1) / BN + 1;   // key tiles this block needs
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, quad = lane % 4;
+    const int wg_lo = q0 + 64 * wg, wg_hi = wg_lo + 63;
+    const int r0 = wg_lo + 16 * warp + lane / 4;          // this thread's rows: r0 and r0 + 8
+    const int n_act = wg_lo >= T ? 0 : min(n_kt, wg_hi / BN + 1);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mt__mbar_init(bars + 8 * s, 1);
+            mt__mbar_init(bars + 8 * (STAGES + s), 8);
+        }
+        mt__mbar_init(q_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    // ---- the copies (thread 0 only), as the forward's ----
+    int next_load = 0;
+    auto issue = [&](int j) {
+        uint32_t s = j % STAGES, full = bars + 8 * s, k = ring + s * STAGE_BYTES;
+        mt__mbar_arrive_expect_tx(full, STAGE_BYTES);
+        mt__tma_load_3d(k, &map_kv, C + h * HS, j * BN, b, full);
+        mt__tma_load_3d(k + KV_BYTES, &map_kv, 2 * C + h * HS, j * BN, b, full);
+    };
+    auto refill = [&](int need) {
+        while (next_load < n_kt) {
+            int j_old = next_load - STAGES;
+            if (j_old >= 0) {
+                uint32_t empty = bars + 8 * (STAGES + j_old % STAGES), par = (j_old / STAGES) & 1;
+                if (next_load > need) {
+                    if (!mt__mbar_test(empty, par)) return;
+                } else {
+                    mt__mbar_wait(empty, par);
+                }
+            }
+            issue(next_load++);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mt__tma_prefetch_map(&map_q);
+        mt__tma_prefetch_map(&map_do);
+        mt__tma_prefetch_map(&map_kv);
+        mt__mbar_arrive_expect_tx(q_bar, 2 * BM * ROW_BYTES);
+        mt__tma_load_3d(q_smem, &map_q, h * HS, q0, b, q_bar);
+        mt__tma_load_3d(do_smem, &map_do, h * HS, q0, b, q_bar);
+        refill(-1);
+    }
+
+    const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
+    float lse2[2], Drow[2];   // this thread's rows' lse (base 2; +inf past T) and D
+    #pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int t = r0 + 8 * half;
+        size_t at = ((size_t)b * NH + h) * T + t;
+        lse2[half] = t < T ? a.lse[at] * log2e : INFINITY;
+        Drow[half] = t < T ? a.dsum[at] : 0.0f;
+    }
+    float dq[HS / 2];
+    #pragma unroll
+    for (int i = 0; i < HS / 2; i++) dq[i] = 0.0f;
+    float sacc[BN / 2], dpacc[BN / 2];
+    uint32_t ds[BN / 16][4], ds2[BN / 16][4];   // dS, two sets (the loop alternates them)
+    const uint32_t q_wg = q_smem + wg * 64 * ROW_BYTES, do_wg = do_smem + wg * 64 * ROW_BYTES;
+    auto issue_sdp = [&](int j) {   // S = Q K_j^T, dP' = dO V_j^T
+        uint32_t k = ring + (j % STAGES) * STAGE_BYTES;
+        mt__att_wgmma_ss_pair(sacc, q_wg, k, dpacc, do_wg, k + KV_BYTES);
+    };
+    auto release = [&](int j) {
+        __syncwarp();
+        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + j % STAGES));
+    };
+    auto wait_full = [&](int j) {
+        if (threadIdx.x == 0) refill(j);
+        mt__mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
+    };
+    // dS of tile j from S, dP' in sacc, dpacc, packed into dsj
+    auto compute_ds = [&](int j, uint32_t (&dsj)[BN / 16][4]) {
+        const int key0 = j * BN, diag = key0 + BN - 1 > wg_lo;
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int row = r0 + 8 * half;
+            #pragma unroll
+            for (int n = 0; n < 8; n++)
+                #pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int i = 4 * n + 2 * half + e, key = key0 + 8 * n + 2 * quad + e;
+                    float p = mt__ex2(fmaf(sacc[i], scale2, -lse2[half]));
+                    if (diag && key > row) p = 0.0f;
+                    float dp = dpacc[i];
+                    if (a.p_drop > 0.0f && p > 0.0f) dp *= mt__attention_keep(a, b, h, row, key);
+                    sacc[i] = p * (dp - Drow[half]);
+                }
+        }
+        mt__att_acc_to_a(dsj, sacc);
+    };
+    mt__mbar_wait(q_bar, 0);   // Q and dO have landed
+    if (n_act > 0) {           // tile 0 on its own (see the forward)
+        wait_full(0);
+        mt__wgmma_fence();
+        issue_sdp(0);
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(sacc);
+        mt__reg_fence_all(dpacc);
+        compute_ds(0, ds);
+    }
+    auto step = [&](int j, uint32_t (&ds_old)[BN / 16][4], uint32_t (&ds_new)[BN / 16][4]) {
+        wait_full(j);
+        mt__reg_fence_all(dq);
+        mt__reg_fence_all(ds_old);
+        mt__wgmma_fence();
+        issue_sdp(j);
+        mt__wgmma_commit();
+        mt__att_wgmma_rs(dq, ds_old, ring + ((j - 1) % STAGES) * STAGE_BYTES);   // dQ += dS_{j-1} K_{j-1}
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        mt__wgmma_wait<1>();   // S_j, dP'_j done; dS_{j-1} K_{j-1} may still run
+        mt__reg_fence_all(sacc);
+        mt__reg_fence_all(dpacc);
+        compute_ds(j, ds_new);
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(dq);
+        release(j - 1);
+    };
+    auto last = [&](uint32_t (&ds_last)[BN / 16][4]) {
+        mt__reg_fence_all(dq);
+        mt__reg_fence_all(ds_last);
+        mt__wgmma_fence();
+        mt__att_wgmma_rs(dq, ds_last, ring + ((n_act - 1) % STAGES) * STAGE_BYTES);
+        mt__wgmma_commit();
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(dq);
+        release(n_act - 1);
+    };
+    int j = 1;
+    for (; j + 1 < n_act; j += 2) {
+        step(j, ds, ds2);
+        step(j + 1, ds2, ds);
+    }
+    if (j < n_act) {
+        step(j, ds, ds2);
+        last(ds2);
+    } else if (n_act > 0) {
+        last(ds);
+    }
+    for (int j2 = n_act; j2 < n_kt; j2++) {   // tiles past this warpgroup's diagonal: wait, give back
+        wait_full(j2);
+        release(j2);
+    }
+    size_t C3 = 3 * (size_t)C;
+    mt__att_wg_store(dq, a.scale, a.dqkv16 ? a.dqkv16 + h * HS : NULL, a.dqkv16 ? NULL : a.dqkv + h * HS,
+                     (size_t)b * T, C3, r0, T);
+#endif
+}
+
+// dK, dV. grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_BWD_SMEM bytes. A block owns
+// 128 keys; warpgroup w keys 64w..64w+63 of them, its rows. K and V (128 rows each) come once; Q
+// and dO tiles of 64 queries stream through the ring from the block's diagonal down. Per query
+// tile j, per warpgroup, with the queries as the columns:
+//   S^T = K Q_j^T, dP'^T = V dO_j^T (from shared memory)  ->  P'^T, dS^T (registers)
+//   dV += P'^T dO_j, dK += dS^T Q_j (dO_j, Q_j MN-major)
+// and tile j's first pair issued with tile j-1's second. The first tile lies above the diagonal of
+// warpgroup 1's keys: it waits for it and gives it back. The columns' lse and D: each warpgroup
+// copies its tile's 64 + 64 floats from global memory into shared memory (two buffers, by tile
+// parity) while its wgmmas run, then meets on its own named barrier (1 + w, 128 threads). (Kept
+// in registers they cost 32 more a thread: ptxas spilled at 255.)
+// Blocks from the first keys (the most query tiles) to the last. map_kv: qkv16, 128-row boxes;
+// map_q: qkv16, 64-row boxes; map_do: dout16, 64-row boxes.
+__global__ void __launch_bounds__(256, 1)
+    mt_attention_backward_dkdv_kernel_wgmma(const __grid_constant__ CUtensorMap map_kv,
+                                            const __grid_constant__ CUtensorMap map_q,
+                                            const __grid_constant__ CUtensorMap map_do, const mt__attention_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int HS = 64, BM = 128, BN = 64, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
+    extern __shared__ uint8_t mt__att_wg_smem_raw[];
+    const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
+    const uint32_t k_smem = base, v_smem = base + BM * ROW_BYTES, ring = v_smem + BM * ROW_BYTES;
+    const uint32_t STAGE_BYTES = 2 * BN * ROW_BYTES, Q_BYTES = BN * ROW_BYTES;   // a stage: Q_j, then dO_j
+    const uint32_t cols = ring + STAGES * STAGE_BYTES, bars = cols + 2048;
+    const uint32_t kv_bar = bars + 16 * STAGES;
+    const int T = a.T, NH = a.NH_local, C = a.C_local;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int k0 = blockIdx.y * BM;                      // the block's first key
+    const int j_first = k0 / BN, n_t = (T + BN - 1) / BN - j_first;   // query tiles j_first .. : n_t of them
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, quad = lane % 4;
+    const int wg_lo = k0 + 64 * wg, wg_hi = wg_lo + 63;  // this warpgroup's keys
+    const int r0 = wg_lo + 16 * warp + lane / 4;         // this thread's keys: r0 and r0 + 8
+    // local tiles i = 0 .. n_t - 1 (query tile j_first + i); this warpgroup's first is i = wg (its
+    // diagonal), none when its keys are all past T
+    const int i_first = wg_lo >= T ? n_t : min(wg, n_t);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mt__mbar_init(bars + 8 * s, 1);
+            mt__mbar_init(bars + 8 * (STAGES + s), 8);
+        }
+        mt__mbar_init(kv_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    int next_load = 0;
+    auto issue = [&](int i) {
+        uint32_t s = i % STAGES, full = bars + 8 * s, qs = ring + s * STAGE_BYTES;
+        mt__mbar_arrive_expect_tx(full, STAGE_BYTES);
+        mt__tma_load_3d(qs, &map_q, h * HS, (j_first + i) * BN, b, full);
+        mt__tma_load_3d(qs + Q_BYTES, &map_do, h * HS, (j_first + i) * BN, b, full);
+    };
+    auto refill = [&](int need) {
+        while (next_load < n_t) {
+            int i_old = next_load - STAGES;
+            if (i_old >= 0) {
+                uint32_t empty = bars + 8 * (STAGES + i_old % STAGES), par = (i_old / STAGES) & 1;
+                if (next_load > need) {
+                    if (!mt__mbar_test(empty, par)) return;
+                } else {
+                    mt__mbar_wait(empty, par);
+                }
+            }
+            issue(next_load++);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mt__tma_prefetch_map(&map_kv);
+        mt__tma_prefetch_map(&map_q);
+        mt__tma_prefetch_map(&map_do);
+        mt__mbar_arrive_expect_tx(kv_bar, 2 * BM * ROW_BYTES);
+        mt__tma_load_3d(k_smem, &map_kv, C + h * HS, k0, b, kv_bar);
+        mt__tma_load_3d(v_smem, &map_kv, 2 * C + h * HS, k0, b, kv_bar);
+        refill(-1);
+    }
+
+    const float log2e = 1.4426950408889634f, scale2 = a.scale * log2e;
+    const float *lse_bh = a.lse + ((size_t)b * NH + h) * T, *D_bh = a.dsum + ((size_t)b * NH + h) * T;
+    float dk[HS / 2], dv[HS / 2];
+    #pragma unroll
+    for (int i = 0; i < HS / 2; i++) { dk[i] = 0.0f; dv[i] = 0.0f; }
+    float sacc[BN / 2], dpacc[BN / 2];
+    uint32_t p[BN / 16][4], ds[BN / 16][4], p2[BN / 16][4], ds2[BN / 16][4];   // two sets, alternated
+    const uint32_t k_wg = k_smem + wg * 64 * ROW_BYTES, v_wg = v_smem + wg * 64 * ROW_BYTES;
+    auto issue_sdp = [&](int i) {   // S^T = K Q_i^T, dP'^T = V dO_i^T
+        uint32_t qs = ring + (i % STAGES) * STAGE_BYTES;
+        mt__att_wgmma_ss_pair(sacc, k_wg, qs, dpacc, v_wg, qs + Q_BYTES);
+    };
+    auto issue_dvdk = [&](int i, const uint32_t (&pi)[BN / 16][4], const uint32_t (&dsi)[BN / 16][4]) {
+        uint32_t qs = ring + (i % STAGES) * STAGE_BYTES;
+        mt__att_wgmma_rs(dv, pi, qs + Q_BYTES);   // dV += P'^T dO_i
+        mt__att_wgmma_rs(dk, dsi, qs);            // dK += dS^T Q_i
+    };
+    auto release = [&](int i) {
+        __syncwarp();
+        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + i % STAGES));
+    };
+    auto wait_full = [&](int i) {
+        if (threadIdx.x == 0) refill(i);
+        mt__mbar_wait(bars + 8 * (i % STAGES), (i / STAGES) & 1);
+    };
+    // this warpgroup's two buffers of the columns' lse (base 2; +inf past T) and D: 64 + 64 floats each
+    float *cols_wg = (float *)(mt__att_wg_smem_raw + (cols - mt__smem_u32(mt__att_wg_smem_raw))) + wg * 256;
+    auto load_cols = [&](int i) {   // tile i's into buffer i % 2; then the warpgroup's barrier
+        int x = threadIdx.x % 128, t = (j_first + i) * BN + x % 64;
+        float v = x < 64 ? (t < T ? lse_bh[t] * log2e : INFINITY) : (t < T ? D_bh[t] : 0.0f);
+        cols_wg[(i % 2) * 128 + x] = v;
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    };
+    // P'^T and dS^T of tile i from sacc, dpacc, packed into pi, dsi
+    auto compute = [&](int i, uint32_t (&pi)[BN / 16][4], uint32_t (&dsi)[BN / 16][4]) {
+        const int t0 = (j_first + i) * BN, diag = t0 < wg_hi;   // some key of the warpgroup > some query
+        const float *lse2c = cols_wg + (i % 2) * 128, *Dc = lse2c + 64;   // column c at [c]
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int key = r0 + 8 * half;
+            #pragma unroll
+            for (int n = 0; n < 8; n++)
+                #pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
+                    float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
+                    if (diag && key > t) pv = 0.0f;
+                    float mult = a.p_drop > 0.0f && pv > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                    sacc[x] = pv * mult;
+                    dpacc[x] = pv * (dpacc[x] * mult - Dc[c]);
+                }
+        }
+        mt__att_acc_to_a(pi, sacc);
+        mt__att_acc_to_a(dsi, dpacc);
+    };
+    mt__mbar_wait(kv_bar, 0);   // K and V have landed
+    for (int i = 0; i < i_first; i++) {   // tiles above this warpgroup's keys: wait, give back
+        wait_full(i);
+        release(i);
+    }
+    if (i_first < n_t) {   // the first tile on its own
+        wait_full(i_first);
+        mt__wgmma_fence();
+        issue_sdp(i_first);
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        load_cols(i_first);
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(sacc);
+        mt__reg_fence_all(dpacc);
+        compute(i_first, p, ds);
+    }
+    auto step = [&](int i, uint32_t (&p_old)[BN / 16][4], uint32_t (&ds_old)[BN / 16][4],
+                    uint32_t (&p_new)[BN / 16][4], uint32_t (&ds_new)[BN / 16][4]) {
+        wait_full(i);
+        mt__reg_fence_all(dk);
+        mt__reg_fence_all(dv);
+        mt__reg_fence_all(p_old);
+        mt__reg_fence_all(ds_old);
+        mt__wgmma_fence();
+        issue_sdp(i);
+        mt__wgmma_commit();
+        issue_dvdk(i - 1, p_old, ds_old);
+        mt__wgmma_commit();
+        if (threadIdx.x == 0) refill(-1);
+        load_cols(i);
+        mt__wgmma_wait<1>();   // S^T, dP'^T of tile i done; tile i-1's dV, dK may still run
+        mt__reg_fence_all(sacc);
+        mt__reg_fence_all(dpacc);
+        compute(i, p_new, ds_new);
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(dk);
+        mt__reg_fence_all(dv);
+        release(i - 1);
+    };
+    auto last = [&](uint32_t (&p_last)[BN / 16][4], uint32_t (&ds_last)[BN / 16][4]) {
+        mt__reg_fence_all(dk);
+        mt__reg_fence_all(dv);
+        mt__reg_fence_all(p_last);
+        mt__reg_fence_all(ds_last);
+        mt__wgmma_fence();
+        issue_dvdk(n_t - 1, p_last, ds_last);
+        mt__wgmma_commit();
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(dk);
+        mt__reg_fence_all(dv);
+        release(n_t - 1);
+    };
+    if (i_first < n_t) {
+        int i = i_first + 1;
+        for (; i + 1 < n_t; i += 2) {
+            step(i, p, ds, p2, ds2);
+            step(i + 1, p2, ds2, p, ds);
+        }
+        if (i < n_t) {
+            step(i, p, ds, p2, ds2);
+            last(p2, ds2);
+        } else {
+            last(p, ds);
+        }
+    }
+    size_t C3 = 3 * (size_t)C;
+    unsigned short *dk16 = a.dqkv16 ? a.dqkv16 + C + h * HS : NULL;
+    float *dk32 = a.dqkv16 ? NULL : a.dqkv + C + h * HS;
+    mt__att_wg_store(dk, a.scale, dk16, dk32, (size_t)b * T, C3, r0, T);
+    mt__att_wg_store(dv, 1.0f, dk16 ? dk16 + C : NULL, dk32 ? dk32 + C : NULL, (size_t)b * T, C3, r0, T);
+#endif
+}
+static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cudaStream_t stream) {
+    CUtensorMap qkv128 = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, 128);
+    CUtensorMap qkv64 = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, 64);
+    CUtensorMap do128 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 128);
+    CUtensorMap do64 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 64);
+    dim3 grid(a.B * a.NH_local, (a.T + 127) / 128);
+    mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
+    mt_attention_backward_dkdv_kernel_wgmma<<<grid, 256, MT__ATT_WG_BWD_SMEM, stream>>>(qkv128, qkv64, do64, a);
+    mt__launch_check("mt_attention_backward_dkdv_kernel_wgmma", stream);
+    mt__allow_smem((const void *)mt_attention_backward_dq_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
+    mt_attention_backward_dq_kernel_wgmma<<<grid, 256, MT__ATT_WG_BWD_SMEM, stream>>>(qkv128, do128, qkv64, a);
+    mt__launch_check("mt_attention_backward_dq_kernel_wgmma", stream);
+}
+
 // ---- attention launchers -----------------------------------------------------------------------
 static mt__attention_args mt__attention_setup(int B, int T, int C_local, int NH_local, const mt_dropout *drop,
                                               int head_offset, int NH_global) {
@@ -4577,7 +5043,9 @@ static void mt__attention_backward_launch(const mt__attention_args &a, int dtype
         mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
     }
     size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
-    if (dtype == MT_DTYPE_FP16) {
+    if (mt__attention_wgmma_ok(a, dtype, HS) && mt__aligned16(a.dout16)) {
+        mt__attention_backward_wgmma_launch(a, stream);
+    } else if (dtype == MT_DTYPE_FP16) {
         mt__attention_backward_mma_launch<HS, 1>(a, smem_kv, smem_q, stream);
     } else if (bf16) {
         mt__attention_backward_mma_launch<HS, 0>(a, smem_kv, smem_q, stream);

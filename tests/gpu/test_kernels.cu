@@ -1322,11 +1322,15 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
         snprintf(label, sizeof label, "attention %s out B=%d T=%d NH=%d hs=%d p=%.1f%s", mode, B, T, NH, hs, p, misalign ? " misaligned" : "");
         check_close(label, got, out_dt, nout, tol);
         if (dt == MT_DTYPE_BF16 && hs == 64 && !mt__wgmma_unsupported()) {
-            // the forward above ran the wgmma kernel (bf16, head size 64): the mma.sync one too,
-            // held to the same reference (and the same dropout mask), and to each other at bf16's 1e-2
-            float *d_out2 = dev_nan(nout), *d_lse2 = dev_nan(nlse);
+            // the forward and backward above ran the wgmma kernels (bf16, head size 64): the mma.sync
+            // ones too, held to the same reference (and the same dropout mask), and to each other at
+            // bf16's 1e-2
+            float *d_out2 = dev_nan(nout), *d_lse2 = dev_nan(nlse), *d_dqkv2 = dev_alloc_f(nqkv);
+            dev_set(d_dqkv2, dqkv0, nqkv);
             mt__attention_wgmma = 0;
             mt_attention_forward_gpu(d_out2, d_lse2, d_qkv, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+            mt_attention_backward_gpu(d_dqkv2, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset,
+                                      NH_global, dt, 0);
             mt__attention_wgmma = 1;
             float *got2 = dev_download(d_out2, nout);
             snprintf(label, sizeof label, "attention bf16 out, mma.sync kernel B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
@@ -1334,7 +1338,13 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             snprintf(label, sizeof label, "attention bf16 out, wgmma against mma.sync B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
             check_close(label, got, got2, nout, tol);
             free(got2);
-            dev_free(d_out2); dev_free(d_lse2);
+            float *dq_w = dev_download(d_dqkv, nqkv), *dq_m = dev_download(d_dqkv2, nqkv);
+            snprintf(label, sizeof label, "attention bf16 dqkv, mma.sync kernels B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
+            check_close(label, dq_m, dqkv_dt, nqkv, tol);
+            snprintf(label, sizeof label, "attention bf16 dqkv, wgmma against mma.sync B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
+            check_close(label, dq_w, dq_m, nqkv, tol);
+            free(dq_w); free(dq_m);
+            dev_free(d_out2); dev_free(d_lse2); dev_free(d_dqkv2);
         }
         free(got);
         got = dev_download(d_lse, nlse);
@@ -1421,6 +1431,7 @@ MT_TEST(attention) {
     attention_case(2, 77, 2, 64, 0.1f, 0, 2, 1);    // tensors not 16-byte aligned
     attention_case(1, 1024, 12, 64, 0.0f, 0, 12, 0);   // GPT-2 small, one sample
     attention_case(2, 129, 2, 64, 0.1f, 0, 2, 0);    // one row past the forward's 128-query tile
+    attention_case(1, 300, 2, 64, 0.1f, 1, 4, 0);    // the backward's 4-stage rings wrap; heads 1..2 of 4
 }
 
 MT_TEST(gelu_residual) {
