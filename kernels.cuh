@@ -2508,12 +2508,16 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
 }
 // the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
-// GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer)
+// GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer),
+// the 16-bit store after the qkv forward (both k inner) and the attention projection's dinp (A k
+// inner, B k outer)
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
-    if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16 ||
-        g.epilogue == MT__EPI_STORE16_GELU16) {
+    if (g.epilogue == MT__EPI_STORE16 && a_k_inner && !b_k_inner) {   // the attention projection's dinp (datty)
+        mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
+    } else if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16 ||
+               g.epilogue == MT__EPI_STORE16_GELU16) {
         if (!a_k_inner || !b_k_inner) mt_fatal("internal: the forward's epilogues are built for its layout only");
         if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
         else if (g.epilogue == MT__EPI_GELU16)
@@ -3054,11 +3058,12 @@ static void mt__gelu_rounded(void *out, const void *inp, int inp16, size_t n, in
 // The input: inp_t, already in T (a layer's ln1 / ln2 as the layernorm stored it), read as is; else
 // inp, rounded into a copy; else (both NULL) gelu(gelu_inp), remade here rounded (the training MLP
 // keeps only the GELU's input). gelu16: gelu_inp holds T values (the fc output kept in 16 bits), and
-// dinp receives T values too (the GELU_GRAD16 epilogue)
+// dinp receives T values too (the GELU_GRAD16 epilogue). dinp16 (no GELU): dinp receives T values
+// (the STORE16 epilogue: the attention output's gradient, megatron.h's mt_datty_gemm_dtype)
 template <typename T>
 static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const T *dout16, int ld_dout,
                                               const float *inp, const T *inp_t, const float *weight,
-                                              const void *gelu_inp, int gelu16, int BT, int C, int OC,
+                                              const void *gelu_inp, int gelu16, int dinp16, int BT, int C, int OC,
                                               cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16;
@@ -3071,8 +3076,8 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
         mt__gelu_rounded(inp16, gelu_inp, gelu16, (size_t)BT * C, mt__f16_flag(inp16), stream);
     }
     if (dinp) {   // '='
-        int op = !gelu_inp ? MT__EPI_NONE : gelu16 ? MT__EPI_GELU_GRAD16 : MT__EPI_GELU_GRAD;
-        mt__epilogue epi = {op, gelu_inp, NULL};
+        int op = gelu_inp ? (gelu16 ? MT__EPI_GELU_GRAD16 : MT__EPI_GELU_GRAD) : dinp16 ? MT__EPI_STORE16 : MT__EPI_NONE;
+        mt__epilogue epi = {op, gelu_inp, dinp16 ? (void *)dinp : NULL};   // (STORE16 writes at c2 only)
         mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
                            stream);
     }
@@ -3082,8 +3087,8 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                      const T *inp_t, const float *weight, const void *gelu_inp, int gelu16, int BT,
-                                      int C, int OC, cudaStream_t stream) {
+                                      const T *inp_t, const float *weight, const void *gelu_inp, int gelu16,
+                                      int dinp16, int BT, int C, int OC, cudaStream_t stream) {
     T *dout16;
     if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
         MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
@@ -3092,8 +3097,8 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
         if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
     }
-    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, gelu16, BT, C, OC,
-                                         stream);
+    mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp, inp_t, weight, gelu_inp, gelu16, dinp16, BT,
+                                         C, OC, stream);
     mt__rounded_free(dout16, stream);
 }
 // the backward from a gradient already in 16 bits (grad_dtype MT_DTYPE_BF16 or FP16: (BT, OC)
@@ -3109,7 +3114,7 @@ static void mt__matmul_backward_dout16(float *dinp, float *dweight, float *dbias
                                        cudaStream_t stream) {
     if (dbias) mt__column_sum16_add<T>(dbias, dout16, BT, OC, stream);
     mt__matmul_backward_wgmma_rounded<T>(dinp, dweight, dout16, OC, inp16 ? NULL : inp, (const T *)inp16, weight, NULL,
-                                         0, BT, C, OC, stream);
+                                         0, 0, BT, C, OC, stream);
 }
 void mt_matmul_backward_dout16_gpu(float *dinp, float *dweight, float *dbias, const void *dout16, const float *inp,
                                    const void *inp16, const float *weight, int BT, int C, int OC, int grad_dtype,
@@ -3130,9 +3135,10 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
                             cudaStream_t stream) {
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && BT > 0 && C > 0 && OC > 0) {
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, BT, C, OC, stream);
-        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, BT, C, OC,
-                                                      stream);
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 0, BT, C, OC,
+                                              stream);
+        else mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 0, BT, C,
+                                                      OC, stream);
         return;
     }
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
@@ -3152,11 +3158,29 @@ void mt_matmul_backward_inp16_gpu(float *dinp, float *dweight, float *dbias, con
         mt_fatal("internal: a matmul backward from a 16-bit input off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
                  dtype);
     if (dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, 0, BT,
-                                          C, OC, stream);
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, NULL, (const __half *)inp16, weight, NULL, 0, 0,
+                                          BT, C, OC, stream);
     else
         mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, NULL, (const __nv_bfloat16 *)inp16, weight,
-                                                 NULL, 0, BT, C, OC, stream);
+                                                 NULL, 0, 0, BT, C, OC, stream);
+}
+
+// the same as mt_matmul_backward_gpu on the wgmma rung, with dinp written in dtype's 16 bits
+// (MT_DTYPE_BF16 / FP16; dinp 16-byte aligned, half its floats used): the attention projection's
+// backward, whose input gradient only the attention's backward reads, in 16 bits (megatron.h's
+// mt_datty_gemm_dtype says when; anywhere else is an internal error). The same values as the fp32
+// dinp rounded; dweight and dbias as mt_matmul_backward_gpu's
+void mt_matmul_backward_dinp16_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                   const float *weight, int BT, int C, int OC, int dtype, cudaStream_t stream) {
+    if (BT <= 0 || C <= 0 || OC <= 0) return;
+    if (C % 8 != 0 || OC % 8 != 0 || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) || !mt__aligned16(dinp))
+        mt_fatal("internal: a matmul backward into a 16-bit dinp off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
+                 dtype);
+    if (dtype == MT_DTYPE_FP16)
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 1, BT, C, OC, stream);
+    else
+        mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 1, BT, C, OC,
+                                                 stream);
 }
 
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
@@ -3208,10 +3232,10 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0) {
         if (gelu16 && gelu_dtype != dtype) mt_fatal("internal: the GELU's input in dtype %d, the GEMMs in %d", gelu_dtype, dtype);
         if (dtype == MT_DTYPE_FP16)
-            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, BT, C, OC,
+            mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, 0, BT, C, OC,
                                               stream);
         else
-            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, BT,
+            mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, gelu_inp, gelu16, 0, BT,
                                                      C, OC, stream);
         return;
     }
@@ -3502,6 +3526,8 @@ __global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention
 
 // D[b,h,t] = sum_d dout[b,t,h*hs+d] * out[b,t,h*hs+d]; one warp per (b, t, h). Writes '='.
 // (The scalar version: any alignment. mt_attention_backward_preprocess_vec_kernel below is the fast one.)
+// DOUT16 as there: dO from a.dout16 (1 bf16, 2 fp16), or a.dout (0)
+template <int DOUT16>
 __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, int hs) {
     size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
@@ -3510,8 +3536,10 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
     size_t bt = w / a.NH_local;
     int t = (int)(bt % a.T), b = (int)(bt / a.T);
     const float *o = a.out + bt * a.C_local + h * hs, *d = a.dout + bt * a.C_local + h * hs;
+    const __nv_bfloat16 *d16 = a.dout16 + bt * a.C_local + h * hs;
     float s = 0.0f;
-    for (int i = lane; i < hs; i += 32) s += o[i] * d[i];
+    for (int i = lane; i < hs; i += 32)
+        s += o[i] * (DOUT16 == 1 ? mt__to_float(d16[i]) : DOUT16 == 2 ? mt__to_float(((const __half *)d16)[i]) : d[i]);
     s = mt__warp_sum(s);
     if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
 }
@@ -3521,19 +3549,30 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
 // TB/s). A head is hs/4 consecutive float4s, and hs/4 divides 32 (hs = 16..128), so for each v
 // the lanes fall into groups of hs/4, one head each: xor-shuffles within a group add its products
 // (each lane's float4 first). C_local % 4 == 0, 16-byte aligned rows.
-template <int NV>
+// DOUT16: dO comes as 16-bit values only (a.dout16; 1 bf16, 2 fp16: a training layer's datty,
+// megatron.h's mt_datty_gemm_dtype), 4 in one 8-byte load, widened exactly; 0: fp32 (a.dout)
+template <typename T>
+__device__ static inline float4 mt__widen4(uint2 u) {
+    const T *x = (const T *)&u;
+    return make_float4(mt__to_float(x[0]), mt__to_float(x[1]), mt__to_float(x[2]), mt__to_float(x[3]));
+}
+template <int NV, int DOUT16>
 __global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a, int hs) {
     size_t bt = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32, group = hs / 4, C4 = a.C_local / 4;
     if (bt >= (size_t)a.B * a.T) return;
     int t = (int)(bt % a.T), b = (int)(bt / a.T);
     const float4 *o4 = (const float4 *)(a.out + bt * a.C_local), *d4 = (const float4 *)(a.dout + bt * a.C_local);
+    const uint2 *d16 = (const uint2 *)(a.dout16 + bt * a.C_local);
     float4 o[NV], d[NV];
     #pragma unroll
     for (int v = 0; v < NV; v++) {
         int j = lane + 32 * v;
         o[v] = j < C4 ? o4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        d[v] = j < C4 ? d4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (j >= C4) d[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else if (DOUT16 == 1) d[v] = mt__widen4<__nv_bfloat16>(d16[j]);
+        else if (DOUT16 == 2) d[v] = mt__widen4<__half>(d16[j]);
+        else d[v] = d4[j];
     }
     #pragma unroll
     for (int v = 0; v < NV; v++) {
@@ -5031,15 +5070,25 @@ template <int HS>
 static void mt__attention_backward_launch(const mt__attention_args &a, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
     size_t rows = (size_t)a.B * a.T * a.NH_local, bt = (size_t)a.B * a.T;
-    int vec = a.C_local % 4 == 0 && mt__aligned16(a.out) && mt__aligned16(a.dout);
+    // dO: a.dout (fp32), or only a.dout16 (a training layer's datty in 16 bits): DOUT16 1 bf16, 2 fp16
+    int d16 = a.dout ? 0 : dtype == MT_DTYPE_FP16 ? 2 : 1;
+    int vec = a.C_local % 4 == 0 && mt__aligned16(a.out) &&
+              (d16 ? (uintptr_t)a.dout16 % 8 == 0 : mt__aligned16(a.dout));
+    unsigned vec_blocks = mt__blocks(bt * 32, 256), blocks = mt__blocks(rows * 32, 256);
     if (vec && a.C_local <= 32 * 4 * 8) {
-        mt_attention_backward_preprocess_vec_kernel<8><<<mt__blocks(bt * 32, 256), 256, 0, stream>>>(a, HS);
+        if (d16 == 1) mt_attention_backward_preprocess_vec_kernel<8, 1><<<vec_blocks, 256, 0, stream>>>(a, HS);
+        else if (d16 == 2) mt_attention_backward_preprocess_vec_kernel<8, 2><<<vec_blocks, 256, 0, stream>>>(a, HS);
+        else mt_attention_backward_preprocess_vec_kernel<8, 0><<<vec_blocks, 256, 0, stream>>>(a, HS);
         mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
     } else if (vec && a.C_local <= 32 * 4 * 16) {
-        mt_attention_backward_preprocess_vec_kernel<16><<<mt__blocks(bt * 32, 256), 256, 0, stream>>>(a, HS);
+        if (d16 == 1) mt_attention_backward_preprocess_vec_kernel<16, 1><<<vec_blocks, 256, 0, stream>>>(a, HS);
+        else if (d16 == 2) mt_attention_backward_preprocess_vec_kernel<16, 2><<<vec_blocks, 256, 0, stream>>>(a, HS);
+        else mt_attention_backward_preprocess_vec_kernel<16, 0><<<vec_blocks, 256, 0, stream>>>(a, HS);
         mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
     } else {
-        mt_attention_backward_preprocess_kernel<<<mt__blocks(rows * 32, 256), 256, 0, stream>>>(a, HS);
+        if (d16 == 1) mt_attention_backward_preprocess_kernel<1><<<blocks, 256, 0, stream>>>(a, HS);
+        else if (d16 == 2) mt_attention_backward_preprocess_kernel<2><<<blocks, 256, 0, stream>>>(a, HS);
+        else mt_attention_backward_preprocess_kernel<0><<<blocks, 256, 0, stream>>>(a, HS);
         mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
     }
     size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
@@ -5107,7 +5156,9 @@ void mt_attention_forward16_gpu(float *out, float *lse, const void *qkv16, int B
 // writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
 // qkv16_in as mt__attention_forward_gpu's. dqkv16: dqkv is written in dtype's 16 bits (half its
 // floats; 16-byte aligned): the training's, for the qkv GEMM's backward (megatron.h's mt_dqkv_gemm_dtype)
-static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dout, const float *qkv,
+// dout16_in: dout holds dtype's 16-bit values (16-byte aligned: a training layer's datty, megatron.h's
+// mt_datty_gemm_dtype), read as they are: no rounded copy, and D sums them
+static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dout, int dout16_in, const float *qkv,
                                        const void *qkv16_in, const float *out, const float *lse, int B, int T,
                                        int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                        int NH_global, int dtype, cudaStream_t stream) {
@@ -5118,19 +5169,21 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
         mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
     if (dqkv16 && (!bf16 || !mt__aligned16(dqkv)))
         mt_fatal("internal: a 16-bit dqkv with dtype %d or unaligned", dtype);
+    if (dout16_in && (!bf16 || !mt__aligned16(dout)))
+        mt_fatal("internal: a 16-bit dout with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
-    a.dout = mt__staged(dout, n_out, bf16, 1, stream);
+    a.dout = dout16_in ? NULL : mt__staged(dout, n_out, bf16, 1, stream);
     a.dqkv = dqkv16 ? NULL : mt__staged(dqkv, n_qkv, bf16, 0, stream);
     a.dqkv16 = dqkv16 ? (unsigned short *)dqkv : NULL;
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
     MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
     __nv_bfloat16 *qkv16 = bf16 && !qkv16_in ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
-    __nv_bfloat16 *dout16 = bf16 ? mt__attention_operand(dout, n_out, dtype, stream) : NULL;
+    __nv_bfloat16 *dout16 = bf16 && !dout16_in ? mt__attention_operand(dout, n_out, dtype, stream) : NULL;
     a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
-    a.dout16 = dout16;
+    a.dout16 = dout16_in ? (const __nv_bfloat16 *)dout : dout16;
     switch (C_local / NH_local) {
     case 16: mt__attention_backward_launch<16>(a, dtype, stream); break;
     case 32: mt__attention_backward_launch<32>(a, dtype, stream); break;
@@ -5141,24 +5194,29 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
     if (dout16) MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
     MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
     if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
-    mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
+    if (!dout16_in) mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
     if (!dqkv16) mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
 }
 void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_backward_gpu(dqkv, 0, dout, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset,
+    mt__attention_backward_gpu(dqkv, 0, dout, 0, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset,
                                NH_global, dtype, stream);
 }
 // the same from qkv16 (qkv in dtype's 16 bits, as mt_attention_forward16_gpu); dqkv_dtype: how to
-// write dqkv, MT_DTYPE_FP32 or dtype's 16 bits (the training's, megatron.h's mt_dqkv_gemm_dtype)
-void mt_attention_backward16_gpu(float *dqkv, int dqkv_dtype, const float *dout, const void *qkv16, const float *out,
-                                 const float *lse, int B, int T, int C_local, int NH_local, const mt_dropout *drop,
-                                 int head_offset, int NH_global, int dtype, cudaStream_t stream) {
+// write dqkv, MT_DTYPE_FP32 or dtype's 16 bits (the training's, megatron.h's mt_dqkv_gemm_dtype);
+// dout_dtype: how dout is stored, MT_DTYPE_FP32 or dtype's 16 bits (16-byte aligned: the training's
+// datty, megatron.h's mt_datty_gemm_dtype)
+void mt_attention_backward16_gpu(float *dqkv, int dqkv_dtype, const float *dout, int dout_dtype, const void *qkv16,
+                                 const float *out, const float *lse, int B, int T, int C_local, int NH_local,
+                                 const mt_dropout *drop, int head_offset, int NH_global, int dtype,
+                                 cudaStream_t stream) {
     if (dqkv_dtype != MT_DTYPE_FP32 && dqkv_dtype != dtype)
         mt_fatal("internal: dqkv in dtype %d, the attention in %d", dqkv_dtype, dtype);
-    mt__attention_backward_gpu(dqkv, dqkv_dtype != MT_DTYPE_FP32, dout, NULL, qkv16, out, lse, B, T, C_local, NH_local,
-                               drop, head_offset, NH_global, dtype, stream);
+    if (dout_dtype != MT_DTYPE_FP32 && dout_dtype != dtype)
+        mt_fatal("internal: dout in dtype %d, the attention in %d", dout_dtype, dtype);
+    mt__attention_backward_gpu(dqkv, dqkv_dtype != MT_DTYPE_FP32, dout, dout_dtype != MT_DTYPE_FP32, NULL, qkv16, out,
+                               lse, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -6808,10 +6866,15 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
-                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
+void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias, const float *dout,
+                        mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C,
+                        int OC) {
     double t0 = mt__profile_begin(r);
-    if (dout_dtype != MT_DTYPE_FP32)
+    if (dinp_dtype != MT_DTYPE_FP32) {   // (the attention projection's: fp32 dout and inp)
+        if (dout_dtype != MT_DTYPE_FP32 || inp_dtype != MT_DTYPE_FP32)
+            mt_fatal("internal: a 16-bit dinp from a 16-bit dout or input");
+        mt_matmul_backward_dinp16_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, dinp_dtype, mt__stream(r));
+    } else if (dout_dtype != MT_DTYPE_FP32)
         mt_matmul_backward_dout16_gpu(dinp, dweight, dbias, dout, inp_dtype == MT_DTYPE_FP32 ? inp : NULL,
                                       inp_dtype == MT_DTYPE_FP32 ? NULL : inp, weight, BT, C, OC, dout_dtype,
                                       mt__stream(r));
@@ -6894,6 +6957,11 @@ mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) {
     const mt_dims *d = &r->dims;
     return mt_dqkv_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C, 3 * d->C_tp);
 }
+// and the attention output's gradient as the attention's backward wants it (mt_datty_gemm_dtype)
+mt_dtype mt_datty_storage_dtype(const mt_rank *r) {
+    const mt_dims *d = &r->dims;
+    return mt_datty_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C_tp, d->C);
+}
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
@@ -6918,14 +6986,15 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
                                   mt__stream(r));
     mt__profile_end(r, "attention forward", t0);
 }
-void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
-                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
-                           const mt_dropout *drop, int head_offset, int NH_global) {
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
+                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
+                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
     if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)
-        mt_attention_backward16_gpu(dqkv, dqkv_dtype, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
-                                    NH_global, r->dev.dtype, mt__stream(r));
-    else if (dqkv_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit dqkv from fp32 attention");
+        mt_attention_backward16_gpu(dqkv, dqkv_dtype, dout, dout_dtype, qkv, out, lse, B, T, C_local, NH_local, drop,
+                                    head_offset, NH_global, r->dev.dtype, mt__stream(r));
+    else if (dqkv_dtype != MT_DTYPE_FP32 || dout_dtype != MT_DTYPE_FP32)
+        mt_fatal("internal: a 16-bit dqkv or dout with fp32 attention");
     else mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                    r->dev.dtype, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
@@ -7034,7 +7103,8 @@ void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, 
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local) {
     if (logits_dtype == MT_DTYPE_FP32) {   // fp32 in place: the plain matmul backward
-        mt_matmul_backward(r, dinp, dweight, NULL, dlogits, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, C, V_local);
+        mt_matmul_backward(r, dinp, MT_DTYPE_FP32, dweight, NULL, dlogits, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT,
+                           C, V_local);
         return;
     }
     double t0 = mt__profile_begin(r);

@@ -738,7 +738,8 @@ size_t mt_gpu_column_sum_scratch(int M, int N);
 size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias, mt_gemm_impl impl, mt_dtype dtype,
                                            int w16);
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16, int w16);
-size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype);
+/* dout16: dout comes in 16 bits already (a training layer's datty, mt_datty_gemm_dtype): no rounded copy */
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16);
 size_t mt_gpu_matmul_forward16_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16, int w16);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
@@ -755,6 +756,10 @@ mt_dtype mt_fch_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int
    the wgmma rung runs the qkv GEMM's backward (C, qkv_OC multiples of 8, more rows than a GEMV
    takes, bf16 / fp16), else fp32 */
 mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC);
+/* a training layer's attention output gradient datty (B,T,C_tp) as the GPU writes it: 16 bits where
+   the wgmma rung runs the attention projection's backward (C_tp, C multiples of 8, more rows than
+   a GEMV takes, bf16 / fp16), else fp32 */
+mt_dtype mt_datty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C);
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype, int w16);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
@@ -797,9 +802,12 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
                        int OC);
 /* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a layer's ln1 / ln2 in mt_ln_storage_dtype);
-   dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype) */
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
-                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC);
+   dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype);
+   dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
+   mt_datty_storage_dtype) */
+void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias, const float *dout,
+                        mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C,
+                        int OC);
 void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp, const float *weight, const float *bias,
                             int BT, int C, int OC);
 /* the MLP's fc-proj backward through the GELU: dinp = (dout @ weight) * gelu'(gelu_inp) ('='), dweight +=
@@ -841,10 +849,16 @@ mt_dtype mt_fch_storage_dtype(const mt_rank *r);
 mt_dtype mt_dqkv_storage_dtype(const mt_rank *r);
 void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
-/* dqkv is written in dqkv_dtype (a training layer's: mt_dqkv_storage_dtype) */
-void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
-                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
-                           const mt_dropout *drop, int head_offset, int NH_global);
+/* a training layer's datty (B,T,C_tp), the attention output's gradient, from the attention
+   projection's backward to the attention's: fp32 on the CPU; on the GPU mt_datty_gemm_dtype for
+   the rung this build runs (16 bits in half the floats); like mt_ln_storage_dtype, before
+   mt_device_init too */
+mt_dtype mt_datty_storage_dtype(const mt_rank *r);
+/* dqkv is written in dqkv_dtype (a training layer's: mt_dqkv_storage_dtype); dout is stored in
+   dout_dtype (MT_DTYPE_FP32, or a training layer's datty in mt_datty_storage_dtype) */
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
+                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
+                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
@@ -1031,8 +1045,10 @@ void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, co
                                  int V_tp);
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC);
-void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *weight, int BT, int K_tp, int OC);
+/* dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
+   mt_datty_storage_dtype) */
+void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, const float *weight, int BT, int K_tp, int OC);
 /* the MLP's pair with its GELU fused: column-parallel fc, pre = X A_r + b_r and out = gelu(pre);
    and row-parallel fc-proj's backward taken on through that GELU: dinp = dL/d pre (pre = gelu_inp) */
 void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
@@ -7588,13 +7604,23 @@ int mt_weights16_wanted(mt_gemm_impl impl, mt_dtype dtype, int use) {
 mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, int qkv_OC) {
     return mt_fch_gemm_dtype(impl, dtype, BT, C, qkv_OC);
 }
+// And for the attention output's gradient datty (BT, C_tp): the attention projection's input
+// gradient, read only by the attention's backward, whose tensor-core kernels round it to their
+// 16-bit type (for every product, and for D = rowsum(dO * O) on the CPU's emulation). Where that
+// projection's backward runs on the wgmma rung its GEMM writes datty in 16 bits from its epilogue
+// (kernels.cuh, MT__EPI_STORE16): no fp32 write, no rounded copy (10 bytes an element less moved:
+// 0.25 GB a layer at GPT-2 small's B = 16), and D reads 16-bit values. (the fc output's condition,
+// with the projection's K = C_tp for C and its OC = C for F)
+mt_dtype mt_datty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C) {
+    return mt_fch_gemm_dtype(impl, dtype, BT, C_tp, C);
+}
 // (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
 // 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
 // mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
-size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype) {
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16) {
     if (B == 0 || T == 0) return 0;
     size_t dsum = (size_t)B * NH_local * T * sizeof(float);
-    if (dtype == MT_DTYPE_FP32) return dsum;
+    if (dtype == MT_DTYPE_FP32 || dout16) return dsum;
     return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
 }
 // mt_matmul_forward16_gpu (qkv; the LM head's logits): the plain forward GEMM (its epilogue stores
@@ -7649,7 +7675,8 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     int dfch16 = mt_fch_storage_dtype(r) != MT_DTYPE_FP32;   // fch's gradient in 16 bits as fch: no copy
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt, ln16, dfch16, w16);   // fc
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
-    op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt);
+    int datty16 = mt_datty_storage_dtype(r) != MT_DTYPE_FP32;   // datty in 16 bits: no copy of it
+    op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt, datty16);
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0, 0, w16);   // attention projection
     int dqkv16 = mt_dqkv_storage_dtype(r) != MT_DTYPE_FP32;   // dqkv in 16 bits: no copy either
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16, dqkv16, w16);   // qkv
@@ -7748,8 +7775,10 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *we
     mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_matmul_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, mt_dtype dout_dtype,
-                        const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C, int OC) {
+void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias, const float *dout,
+                        mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C,
+                        int OC) {
+    mt__cpu_fp32_storage(dinp_dtype, "a matmul's input gradient");
     mt__cpu_fp32_storage(inp_dtype, "a matmul's input");
     mt__cpu_fp32_storage(dout_dtype, "a matmul's output gradient");
     mt__count_gpu_scratch(r, mt_gpu_matmul_backward_scratch(BT, C, OC, dinp != NULL, dbias != NULL,
@@ -7810,6 +7839,7 @@ mt_dtype mt_qkv_storage_dtype(const mt_config *cfg) { (void)cfg; return MT_DTYPE
 mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 mt_dtype mt_fch_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+mt_dtype mt_datty_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
@@ -7824,11 +7854,16 @@ void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, 
                                      r->dev.dtype);
 }
 
-void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, const float *qkv,
-                           const float *out, const float *lse, int B, int T, int C_local, int NH_local,
-                           const mt_dropout *drop, int head_offset, int NH_global) {
+void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
+                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
+                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     mt__cpu_fp32_storage(dqkv_dtype, "the attention's input gradient");
-    mt__count_gpu_scratch(r, mt_gpu_attention_backward_scratch(B, T, C_local, NH_local, r->dev.dtype));
+    mt__cpu_fp32_storage(dout_dtype, "the attention's output gradient");
+    // (where the GPU keeps datty in 16 bits, D = rowsum(dO * O) there reads the rounded dO, as the
+    // emulation below does anyway: it rounds dout for every product and for D)
+    mt_dtype gpu_datty = mt_datty_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, B * T, C_local, r->dims.C);
+    mt__count_gpu_scratch(r, mt_gpu_attention_backward_scratch(B, T, C_local, NH_local, r->dev.dtype,
+                                                               gpu_datty != MT_DTYPE_FP32));
     mt_attention_backward_rounded_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
                                       NH_global, r->dev.dtype);
     // the values the GPU keeps: dqkv in 16 bits where mt_dqkv_gemm_dtype says so for its rung
@@ -8219,7 +8254,7 @@ static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight
     float *d = sp ? r->scratch.sp_partial : dinp;
     const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
     if (lm_head) mt_lm_head_backward(r, d, dweight, dout, dout_dtype, x, weight, BT, K, OC_tp);
-    else mt_matmul_backward(r, d, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp);
+    else mt_matmul_backward(r, d, MT_DTYPE_FP32, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp);
     if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
     else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
 }
@@ -8286,10 +8321,11 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // scratch first, and everything above holds, db included: it is summed over the whole gathered
 // dY, so it is whole and the same on every TP rank (Megatron sums its shard and all-reduces the
 // bias with the layernorms instead; the all-gather is already paid for here).
-void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *weight, int BT, int K_tp, int OC) {
+void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, const float *weight, int BT, int K_tp, int OC) {
     dout = mt__whole_sequence_grad(r, dout, OC);
-    mt_matmul_backward(r, dinp, dweight, dbias, dout, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, K_tp, OC);
+    mt_matmul_backward(r, dinp, dinp_dtype, dweight, dbias, dout, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, K_tp,
+                       OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8930,10 +8966,12 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
                              r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     dbranch = mt__branch_grad(r, s->out_c, s->dresidual, &hid_drop, B, BTC_sp);
-    mt_row_parallel_linear_backward(r, s->datty, dl_attprojw, dl_attprojb, dbranch, l_atty, l_attprojw, BT, C_tp, C);
+    mt_dtype datty_dtype = mt_datty_storage_dtype(r);   // (16 bits where the attention reads it so)
+    mt_row_parallel_linear_backward(r, s->datty, datty_dtype, dl_attprojw, dl_attprojb, dbranch, l_atty, l_attprojw, BT,
+                                    C_tp, C);
     mt_dtype dqkv_dtype = mt_dqkv_storage_dtype(r);   // (16 bits where the qkv GEMM reads it so)
-    mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, l_qkv, l_atty, l_lse, B, T, C_tp, r->dims.NH_tp, &attn_drop,
-                          r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
+    mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, datty_dtype, l_qkv, l_atty, l_lse, B, T, C_tp,
+                          r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, dqkv_dtype, l_ln1, ln_dtype, l_qkvw, BT, C,
                                        3 * C_tp);
     mt_layernorm_backward(r, s->dresidual, dl_ln1w, dl_ln1b, s->dln, x, l_ln1w, l_ln1_mean, l_ln1_rstd, B, T_sp, C);
