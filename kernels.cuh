@@ -24,7 +24,8 @@
  *                                on the device, fill / zero / fp32<->bf16 and fp32->fp16 casts
  *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
  *                                naive, tiled, mma, wgmma), dropout, attention (FlashAttention-2, fp32 and
- *                                mma), attention over the KV cache (generation), GELU, residual, vocab-parallel
+ *                                mma; forward and backward on wgmma, FA3's layout), attention over the KV
+ *                                cache (generation), GELU, residual, vocab-parallel
  *                                cross-entropy, AdamW
  *   6. OPTIMIZER, CLIPPING       sum of squares (the gradient norm, in double), scale, loss
  *                                scaling's unscale-and-check (one pass, an inf/NaN flag)
@@ -362,6 +363,7 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_dropout_kernel                       one thread per element, mask from the counter RNG
 //   mt_attention_*_kernel                   FlashAttention-2: fp32 (CUDA cores, the reading version)
 //   mt_attention_*_kernel_mma                 and bf16 tensor cores; never stores the T x T matrix
+//   mt_attention_*_kernel_wgmma               and on wgmma + TMA (Hopper, bf16, head size 64): FA3
 //   mt_gelu_forward_kernel / _backward      one thread per element (forward: a float4 per thread
 //   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
 //   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
