@@ -3998,6 +3998,56 @@ __device__ static inline void mt__att_wgmma_pv(float d[32], const uint32_t a[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b)
                  : "memory");
 }
+// the accumulator layout -> the register-A fragment layout: s holds a 64 x 64 tile (wgmma's
+// accumulators, above), x the 4 k16 fragments of 16 columns each (bf16 pairs) that a register-A
+// wgmma reads: P for O += P V, and the backward's P'^T, dS^T, dS
+__device__ static inline void mt__att_acc_to_a(uint32_t (&x)[4][4], const float (&s)[32]) {
+    #pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        x[kk][0] = mt__pack16x2<0>(s[8 * kk + 0], s[8 * kk + 1]);   // row g,   columns 16kk + 2q, +1
+        x[kk][1] = mt__pack16x2<0>(s[8 * kk + 2], s[8 * kk + 3]);   // row g+8, columns 16kk + 2q, +1
+        x[kk][2] = mt__pack16x2<0>(s[8 * kk + 4], s[8 * kk + 5]);   // row g,   columns 16kk + 8 + 2q, +1
+        x[kk][3] = mt__pack16x2<0>(s[8 * kk + 6], s[8 * kk + 7]);   // row g+8, columns 16kk + 8 + 2q, +1
+    }
+}
+// THE RING of the wgmma attention kernels (the forward, dQ, dK/dV): the tiles a block streams go
+// through STAGES stages; full[s] at bars + 8s completes on thread 0's arrive.expect_tx and the
+// TMA's bytes, empty[s] at bars + 8 (STAGES + s) on lane 0 of each of the block's 8 warps; `once`
+// (count 1) on the tiles the block loads once. Thread 0 inits them, before a __syncthreads.
+template <int STAGES>
+__device__ static inline void mt__att_ring_init(uint32_t bars, uint32_t once) {
+    for (int s = 0; s < STAGES; s++) {
+        mt__mbar_init(bars + 8 * s, 1);              // full: thread 0's arrive.expect_tx + the TMA's bytes
+        mt__mbar_init(bars + 8 * (STAGES + s), 8);   // empty: lane 0 of each of the 8 warps
+    }
+    mt__mbar_init(once, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the TMA unit
+}
+// thread 0: request every tile whose stage is free, in order (next: the next tile to request, of n);
+// need >= 0: block until tile `need` is requested. No producer warp: the kernels call this after
+// issuing their own wgmmas, so it tops the ring up without blocking (mbarrier.test_wait) unless a
+// tile they are about to wait for has not been requested yet. issue(j): tile j into stage j % STAGES
+template <int STAGES, typename Issue>
+__device__ static inline void mt__att_ring_refill(uint32_t bars, int &next, int n, int need, Issue issue) {
+    while (next < n) {
+        int j_old = next - STAGES;   // the tile that last used the stage
+        if (j_old >= 0) {
+            uint32_t empty = bars + 8 * (STAGES + j_old % STAGES), par = (j_old / STAGES) & 1;
+            if (next > need) {
+                if (!mt__mbar_test(empty, par)) return;   // not free yet: try again later
+            } else {
+                mt__mbar_wait(empty, par);
+            }
+        }
+        issue(next++);
+    }
+}
+// this warp is done with tile j's stage (its wgmmas have completed): lane 0 gives it back
+template <int STAGES>
+__device__ static inline void mt__att_ring_release(uint32_t bars, int j, int lane) {
+    __syncwarp();
+    if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + j % STAGES));
+}
 // the softmax of one S tile in registers. s: S (this thread: rows r0 and r0 + 8, columns 8n + 2q,
 // +1), overwritten; p: P as the register-A fragments of PV (bf16 pairs, 4 registers per 16 keys);
 // m: running row max (raw units); rsum: this tile's row sums over this thread's columns; corr:
@@ -4039,13 +4089,7 @@ __device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, 
             }
         rsum[half] = sum;
     }
-    #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {   // accumulator layout -> register-A fragment layout
-        p[kk][0] = mt__pack16x2<0>(s[8 * kk + 0], s[8 * kk + 1]);   // row g,   keys 16kk + 2q, +1
-        p[kk][1] = mt__pack16x2<0>(s[8 * kk + 2], s[8 * kk + 3]);   // row g+8, keys 16kk + 2q, +1
-        p[kk][2] = mt__pack16x2<0>(s[8 * kk + 4], s[8 * kk + 5]);   // row g,   keys 16kk + 8 + 2q, +1
-        p[kk][3] = mt__pack16x2<0>(s[8 * kk + 6], s[8 * kk + 7]);   // row g+8, keys 16kk + 8 + 2q, +1
-    }
+    mt__att_acc_to_a(p, s);   // (columns: keys)
 }
 // grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_SMEM bytes of dynamic shared memory.
 // map_q: boxes of 128 rows x 64; map_kv: 64 rows x 64; both over qkv16 as a 3-D tensor (3C, T, B).
@@ -4071,14 +4115,7 @@ __global__ void __launch_bounds__(256, 2)
     // the tiles with a visible key for some row of this warpgroup: the first n_act of the block's
     const int n_act = wg_lo >= T ? 0 : min(n_kt, wg_hi / BN + 1);
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mt__mbar_init(bars + 8 * s, 1);              // full: thread 0's arrive.expect_tx + the TMA's bytes
-            mt__mbar_init(bars + 8 * (STAGES + s), 8);   // empty: lane 0 of each of the 8 warps
-        }
-        mt__mbar_init(q_bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the TMA unit
-    }
+    if (threadIdx.x == 0) mt__att_ring_init<STAGES>(bars, q_bar);
     __syncthreads();   // the barriers exist before anyone waits on them
 
     // ---- the copies (thread 0 only) ----
@@ -4089,21 +4126,7 @@ __global__ void __launch_bounds__(256, 2)
         mt__tma_load_3d(k, &map_kv, C + h * HS, j * BN, b, full);
         mt__tma_load_3d(k + KV_BYTES, &map_kv, 2 * C + h * HS, j * BN, b, full);
     };
-    // request every tile whose stage is free; need >= 0: block until tile `need` is requested
-    auto refill = [&](int need) {
-        while (next_load < n_kt) {
-            int j_old = next_load - STAGES;   // the tile that last used the stage
-            if (j_old >= 0) {
-                uint32_t empty = bars + 8 * (STAGES + j_old % STAGES), par = (j_old / STAGES) & 1;
-                if (next_load > need) {
-                    if (!mt__mbar_test(empty, par)) return;   // not free yet: try again later
-                } else {
-                    mt__mbar_wait(empty, par);
-                }
-            }
-            issue(next_load++);
-        }
-    };
+    auto refill = [&](int need) { mt__att_ring_refill<STAGES>(bars, next_load, n_kt, need, issue); };
     if (threadIdx.x == 0) {
         mt__tma_prefetch_map(&map_q);
         mt__tma_prefetch_map(&map_kv);
@@ -4135,10 +4158,7 @@ __global__ void __launch_bounds__(256, 2)
         #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) mt__att_wgmma_pv(o, pj[kk], mt__wgmma_desc(v + 2048 * kk, 64 * ROW_BYTES, 1024));
     };
-    auto release = [&](int j) {   // this warp is done with tile j's stage (its wgmmas have completed)
-        __syncwarp();
-        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + j % STAGES));
-    };
+    auto release = [&](int j) { mt__att_ring_release<STAGES>(bars, j, lane); };
     auto wait_full = [&](int j) {
         if (threadIdx.x == 0) refill(j);   // tile j must have been requested (else: deadlock)
         mt__mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
@@ -4532,17 +4552,6 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
 // columns' lse and D (the dK/dV kernel's) | mbarriers
 static const int MT__ATT_WG_BWD_SMEM = 1024 + 2 * 128 * 128 + MT__ATT_WG_STAGES * 2 * MT__ATT_WG_KEYS * 128 + 2048 +
                                        8 * (2 * MT__ATT_WG_STAGES + 1);
-// the accumulator layout -> the register-A fragment layout (as the forward's P): s holds a 64 x 64
-// tile, 4 k16 fragments of 16 columns each
-__device__ static inline void mt__att_acc_to_a(uint32_t (&x)[4][4], const float (&s)[32]) {
-    #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        x[kk][0] = mt__pack16x2<0>(s[8 * kk + 0], s[8 * kk + 1]);   // row g,   columns 16kk + 2q, +1
-        x[kk][1] = mt__pack16x2<0>(s[8 * kk + 2], s[8 * kk + 3]);   // row g+8, columns 16kk + 2q, +1
-        x[kk][2] = mt__pack16x2<0>(s[8 * kk + 4], s[8 * kk + 5]);   // row g,   columns 16kk + 8 + 2q, +1
-        x[kk][3] = mt__pack16x2<0>(s[8 * kk + 6], s[8 * kk + 7]);   // row g+8, columns 16kk + 8 + 2q, +1
-    }
-}
 // two 64 x 64 products of one warpgroup from shared memory, K-major, 4 k16 steps each (async):
 // d1 = A1 B1^T, d2 = A2 B2^T, every operand a 128-byte-swizzled block of 64-element rows
 __device__ static inline void mt__att_wgmma_ss_pair(float (&d1)[32], uint32_t a1, uint32_t b1, float (&d2)[32],
@@ -4613,14 +4622,7 @@ __global__ void __launch_bounds__(256, 1)
     const int r0 = wg_lo + 16 * warp + lane / 4;          // this thread's rows: r0 and r0 + 8
     const int n_act = wg_lo >= T ? 0 : min(n_kt, wg_hi / BN + 1);
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mt__mbar_init(bars + 8 * s, 1);
-            mt__mbar_init(bars + 8 * (STAGES + s), 8);
-        }
-        mt__mbar_init(q_bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0) mt__att_ring_init<STAGES>(bars, q_bar);
     __syncthreads();
     // ---- the copies (thread 0 only), as the forward's ----
     int next_load = 0;
@@ -4630,20 +4632,7 @@ __global__ void __launch_bounds__(256, 1)
         mt__tma_load_3d(k, &map_kv, C + h * HS, j * BN, b, full);
         mt__tma_load_3d(k + KV_BYTES, &map_kv, 2 * C + h * HS, j * BN, b, full);
     };
-    auto refill = [&](int need) {
-        while (next_load < n_kt) {
-            int j_old = next_load - STAGES;
-            if (j_old >= 0) {
-                uint32_t empty = bars + 8 * (STAGES + j_old % STAGES), par = (j_old / STAGES) & 1;
-                if (next_load > need) {
-                    if (!mt__mbar_test(empty, par)) return;
-                } else {
-                    mt__mbar_wait(empty, par);
-                }
-            }
-            issue(next_load++);
-        }
-    };
+    auto refill = [&](int need) { mt__att_ring_refill<STAGES>(bars, next_load, n_kt, need, issue); };
     if (threadIdx.x == 0) {
         mt__tma_prefetch_map(&map_q);
         mt__tma_prefetch_map(&map_do);
@@ -4673,10 +4662,7 @@ __global__ void __launch_bounds__(256, 1)
         uint32_t k = ring + (j % STAGES) * STAGE_BYTES;
         mt__att_wgmma_ss_pair(sacc, q_wg, k, dpacc, do_wg, k + KV_BYTES);
     };
-    auto release = [&](int j) {
-        __syncwarp();
-        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + j % STAGES));
-    };
+    auto release = [&](int j) { mt__att_ring_release<STAGES>(bars, j, lane); };
     auto wait_full = [&](int j) {
         if (threadIdx.x == 0) refill(j);
         mt__mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
@@ -4798,14 +4784,7 @@ __global__ void __launch_bounds__(256, 1)
     // diagonal), none when its keys are all past T
     const int i_first = wg_lo >= T ? n_t : min(wg, n_t);
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mt__mbar_init(bars + 8 * s, 1);
-            mt__mbar_init(bars + 8 * (STAGES + s), 8);
-        }
-        mt__mbar_init(kv_bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0) mt__att_ring_init<STAGES>(bars, kv_bar);
     __syncthreads();
     int next_load = 0;
     auto issue = [&](int i) {
@@ -4814,20 +4793,7 @@ __global__ void __launch_bounds__(256, 1)
         mt__tma_load_3d(qs, &map_q, h * HS, (j_first + i) * BN, b, full);
         mt__tma_load_3d(qs + Q_BYTES, &map_do, h * HS, (j_first + i) * BN, b, full);
     };
-    auto refill = [&](int need) {
-        while (next_load < n_t) {
-            int i_old = next_load - STAGES;
-            if (i_old >= 0) {
-                uint32_t empty = bars + 8 * (STAGES + i_old % STAGES), par = (i_old / STAGES) & 1;
-                if (next_load > need) {
-                    if (!mt__mbar_test(empty, par)) return;
-                } else {
-                    mt__mbar_wait(empty, par);
-                }
-            }
-            issue(next_load++);
-        }
-    };
+    auto refill = [&](int need) { mt__att_ring_refill<STAGES>(bars, next_load, n_t, need, issue); };
     if (threadIdx.x == 0) {
         mt__tma_prefetch_map(&map_kv);
         mt__tma_prefetch_map(&map_q);
@@ -4855,10 +4821,7 @@ __global__ void __launch_bounds__(256, 1)
         mt__att_wgmma_rs(dv, pi, qs + Q_BYTES);   // dV += P'^T dO_i
         mt__att_wgmma_rs(dk, dsi, qs);            // dK += dS^T Q_i
     };
-    auto release = [&](int i) {
-        __syncwarp();
-        if (lane == 0) mt__mbar_arrive(bars + 8 * (STAGES + i % STAGES));
-    };
+    auto release = [&](int i) { mt__att_ring_release<STAGES>(bars, i, lane); };
     auto wait_full = [&](int i) {
         if (threadIdx.x == 0) refill(i);
         mt__mbar_wait(bars + 8 * (i % STAGES), (i / STAGES) & 1);
