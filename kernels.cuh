@@ -274,14 +274,28 @@ void mt_cast_f32_to_bf16_gpu(__nv_bfloat16 *out, const float *inp, size_t n, cud
 //   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // computed in the equal sigmoid form: 0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)), so
 //   gelu(x) = x s,  gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-// with the fast exponential (ex2.approx) and reciprocal: about 8 instructions where tanhf takes
-// about 20 and a branch. The fused GEMM epilogues run it on 128 outputs a thread per tile after a
-// mainloop of only 12 k-steps (K = 768), so it is a visible share of those GEMMs (docs/perf.md).
-// It agrees with the CPU's tanh form to a few ulps of x (and does not cancel for x << 0, where
-// 1 + tanh(u) does: there the CPU's is the less exact one).
+// with the hardware's exponential and reciprocal (ex2.approx, rcp.approx, flushing subnormals: no
+// range fix-ups) and the constants folded, exp(-2u) = 2^(x (a + b x^2)) with a = -2 log2(e)
+// sqrt(2/pi), b = 0.044715 a: 5 arithmetic instructions and 2 special-function ones an element,
+// where tanhf takes about 20 and a branch (and __expf / __fdividef, before, about 13: each added its
+// range checks). The fused GEMM epilogues run it on 128 outputs a thread per tile after a mainloop
+// of only 12 k-steps (K = 768), so it is a visible share of those GEMMs (docs/perf.md). It agrees
+// with the CPU's tanh form to a few ulps of x (and does not cancel for x << 0, where 1 + tanh(u)
+// does: there the CPU's is the less exact one). The limits come out right: for u << 0 the power
+// overflows to inf and s = rcp(inf) = 0; for u >> 0 it flushes to 0 and s = 1.
+__device__ static inline float mt__ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ static inline float mt__rcp_ftz(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ static inline float mt__gelu_sigmoid(float x) {   // s, of u(x)
-    float u = MT_GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x);
-    return __fdividef(1.0f, 1.0f + __expf(-2.0f * u));   // exp overflows to inf for u << 0: s = 0
+    const float a = -2.0f * 1.4426950408889634f * MT_GELU_SCALING_FACTOR, b = 0.044715f * a;
+    return mt__rcp_ftz(1.0f + mt__ex2_ftz(x * fmaf(b, x * x, a)));
 }
 __device__ static inline float mt__gelu(float x) { return x * mt__gelu_sigmoid(x); }
 __device__ static inline float mt__gelu_grad(float x) {
@@ -1776,6 +1790,30 @@ __device__ static inline void mt__tma_load_2d(uint32_t dst, const CUtensorMap *m
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"((uint64_t)map), "r"(x0), "r"(x1), "r"(bar) : "memory");
 }
+// the same box, multicast: it lands at dst in every block of the cluster named in cta_mask (bit r =
+// cluster rank r), and completes its bytes on the mbarrier at the same offset `bar` in each of them
+__device__ static inline void mt__tma_load_2d_multicast(uint32_t dst, const CUtensorMap *map, int x0, int x1, uint32_t bar,
+                                                        uint16_t cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(x0), "r"(x1), "r"(bar), "h"(cta_mask) : "memory");
+}
+// thread block clusters: this block's rank in its cluster; every thread of the cluster meets (arrive,
+// then wait: the writes before are visible to the cluster after); arrive on the mbarrier at offset
+// `bar` of the cluster's block `rank` (the address mapped into that block's shared memory window)
+__device__ static inline uint32_t mt__cluster_rank(void) {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ static inline void mt__cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ static inline void mt__mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
 // fetch a tensor map (it lives in kernel-parameter space) into the TMA unit's cache ahead of use
 __device__ static inline void mt__tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
@@ -1946,13 +1984,16 @@ __device__ static inline void mt__wgmma_tile_origin(const mt__wgmma_args &g, int
 //       blockIdx.x + n * gridDim.x. Each range covers the tail of one tile, whole tiles, the head of
 //       another: every block does the same number of k-steps (to +-1), whatever the tile count.
 //       Piece (worker w, tile t) writes slot w * sk_slots + (t - first tile of w).
-typedef struct { int u; long long x, end; } mt__wgmma_cursor;
+// With the ping-pong schedule the blocks work in cluster pairs, and both blocks of a pair take the
+// same units (each its 64-row half of the tile): pair p = blockIdx.x / 2 does units p, p + grid / 2, ...
+typedef struct { int u, stride; long long x, end; } mt__wgmma_cursor;
 typedef struct { int tile, k_begin, steps; long long slot; } mt__wgmma_piece;
 __host__ __device__ static inline long long mt__sk_start(const mt__wgmma_args &g, int w) {
     return (long long)w * g.sk_total / g.sk_workers;
 }
-__device__ static inline void mt__wgmma_begin(const mt__wgmma_args &g, mt__wgmma_cursor *c) {
-    c->u = blockIdx.x;
+__device__ static inline void mt__wgmma_begin(const mt__wgmma_args &g, mt__wgmma_cursor *c, int pair) {
+    c->u = pair ? blockIdx.x / 2 : blockIdx.x;
+    c->stride = pair ? gridDim.x / 2 : gridDim.x;
     if (g.sk_workers) { c->x = mt__sk_start(g, c->u); c->end = mt__sk_start(g, c->u + 1); }
 }
 // the next piece of this block's work; 0 when there is none
@@ -1960,7 +2001,7 @@ __device__ static inline int mt__wgmma_next(const mt__wgmma_args &g, mt__wgmma_c
     if (!g.sk_workers) {
         if (c->u >= g.tiles_m * g.tiles_n * g.splits) return 0;
         int u = c->u;
-        c->u += gridDim.x;
+        c->u += c->stride;
         p->tile = u / g.splits;
         p->k_begin = (u % g.splits) * g.k_per_split;
         int k_end = min(g.K, p->k_begin + g.k_per_split);
@@ -1969,7 +2010,7 @@ __device__ static inline int mt__wgmma_next(const mt__wgmma_args &g, mt__wgmma_c
         return 1;
     }
     while (c->x >= c->end) {   // this worker's range is done (or empty): the block's next worker
-        c->u += gridDim.x;
+        c->u += c->stride;
         if (c->u >= g.sk_workers) return 0;
         c->x = mt__sk_start(g, c->u);
         c->end = mt__sk_start(g, c->u + 1);
@@ -2076,20 +2117,30 @@ __device__ static inline void mt__stg_in16(uint8_t *st, const unsigned short *x,
         *(uint4 *)(st + mt__stg_at<128>(r, 16 * ch)) = v;
     }
 }
+// the bias of one chunk's columns (64: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs, j = col0
+// + 64 ch + 8 n + 2 (lane % 4), + 1), zeros without one. The caller loads the next chunk's while it
+// works on this one: a load of global memory takes ~0.5-1 us, and issued at the chunk's start it
+// held the whole warp there (Nsight Compute's stall sampling: 17% of the epilogue's samples)
+__device__ static inline void mt__wgmma_bias_chunk(const mt__wgmma_args &g, float2 b[8], int col0, int ch, int lane) {
+    #pragma unroll
+    for (int n = 0; n < 8; n++) {
+        int j = col0 + 64 * ch + 8 * n + 2 * (lane % 4);
+        b[n] = g.bias && j < g.N ? *(const float2 *)(g.bias + j) : make_float2(0.0f, 0.0f);
+    }
+}
 // one chunk (64 columns: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs) of a warp's 16 rows
-// through the piece st: the same values and roundings as the unstaged epilogue below, in the same
-// order (v = sum + bias, then old + v or v gelu'(x))
+// through the piece st, with its bias b (mt__wgmma_bias_chunk): the same values and roundings as the
+// unstaged epilogue below, in the same order (v = sum + bias, then old + v or v gelu'(x))
 template <int F16, int EPI>
-__device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, const float *d, int ch, uint8_t *st,
-                                                       int i_base, int col0, int lane) {
+__device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, const float *d, int ch, const float2 b[8],
+                                                       uint8_t *st, int i_base, int col0, int lane) {
     int gq = lane / 4, tq = lane % 4, jb = col0 + 64 * ch;
     float2 v0[8], v1[8];   // row gq, row gq + 8 (of the warp's 16); columns jb + 8n + 2tq, + 1
     #pragma unroll
     for (int n = 0; n < 8; n++) {
-        int j = jb + 8 * n + 2 * tq, e = 4 * (8 * ch + n);
-        float2 b = g.bias && j < g.N ? *(const float2 *)(g.bias + j) : make_float2(0.0f, 0.0f);
-        v0[n] = make_float2(d[e] + b.x, d[e + 1] + b.y);
-        v1[n] = make_float2(d[e + 2] + b.x, d[e + 3] + b.y);
+        int e = 4 * (8 * ch + n);
+        v0[n] = make_float2(d[e] + b[n].x, d[e + 1] + b[n].y);
+        v1[n] = make_float2(d[e + 2] + b[n].x, d[e + 3] + b[n].y);
     }
     if (EPI == MT__EPI_GELU_GRAD16) {   // C = v gelu'(x), x the GELU's input in 16 bits
         mt__stg_in16(st, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
@@ -2173,16 +2224,54 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
     }
 }
 
+// THE PING-PONG SCHEDULE (PING = 1; docs/perf.md has the measurements that chose it). With the
+// 128 x 256 tile both consumer warpgroups finish a tile's k-steps together and then both run the
+// epilogue, while the tensor cores have nothing to do: at K = 768 (12 k-steps) the epilogue is
+// ~4-5 us of instructions a tile (the GELU, the rounding, the staging), issue-bound, not
+// memory-bound (Nsight Compute, fc's forward: 0.35 instructions a cycle per scheduler, DRAM 22%
+// busy). Ping-pong gives each consumer warpgroup a tile of its own, the block's pieces dealt out in
+// turn (piece n to warpgroup n % 2): while one warpgroup's epilogue runs, the other's products keep
+// the tensor cores busy (CUTLASS's "ping-pong" kernel).
+//   Each warpgroup's tile is 64 x 256 (the same m64n256k16 product and register layout as before,
+// so the epilogue code is the same). Alone, that would read B's 256 x 64 stage from L2 for 64 rows
+// instead of 128, 1.4 times the operand traffic, and measured so it gained nothing (the k-loop
+// then waits on L2). So the blocks work in CLUSTER PAIRS (a thread block cluster of 2, on two
+// SMs of one GPC): both blocks of a pair take the same 128 x 256 unit of the plan, rank r its rows
+// 64 r .. 64 r + 63, and each block's producer loads its own 64 rows of A plus HALF of B (rows 128 r
+// .. 128 r + 127 of the 256) multicast into both blocks' rings (one L2 read, two copies): per block
+// and k-step 8 + 16 KB from L2, the cooperative tile's traffic per output again. Consequences:
+//   - full[s] still expects a whole stage (8 + 32 KB): its own A, its own half of B, the partner's
+//     half (whose bytes may land before this block's producer has announced the phase: the
+//     transaction count simply goes below zero until it does);
+//   - a stage may only be refilled when the readers in BOTH blocks are done with it (the refill
+//     writes into both): empty[s] counts 8 arrivals, the 4 warps of the warpgroup that read it in
+//     this block and in the partner (each arrives on both blocks' barriers, the partner's through
+//     its cluster address, mapa);
+//   - the pair starts only when both blocks' barriers exist and ends only when no arrival from the
+//     partner is still on its way (a cluster barrier, every thread, at both ends).
+//   Both blocks deal their pieces to warpgroups the same way, so the same warpgroup reads stage s in
+// both. One rule keeps the ring's mbarrier parities right: a warpgroup may only start waiting for
+// its piece's stages once the other warpgroup has waited for all of the previous piece's (a wait on
+// a phase two rounds ahead would read the parity of an older round as done). So after its last wait
+// of piece n the warpgroup signals named barrier 1 + n % 2 (bar.arrive; 256 = both warpgroups'
+// threads) and the other one waits on it (bar.sync) before piece n + 1: arrivals and waits pair up
+// one to one (none after the block's last piece).
+//
 // F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
 // only where asked: with the GELU's code in every GEMM's epilogue behind a runtime switch, the
 // plain GEMMs ran 37% slower (docs/perf.md)
 // NWG: consumer warpgroups, 2 (the 128 x 256 tile) or 3 (192 x 192: see TWO TILE SHAPES)
-template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG>
+// PING: 1 = the ping-pong schedule above (NWG = 2, the 128 x 256 plan, launched in clusters of 2)
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG, int PING = 0>
 __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
     mt_matmul_kernel4_wgmma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                             mt__wgmma_args g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)   // sm_90a only: wgmma and setmaxnreg exist nowhere else
-    const int BM = mt__wg_bm(NWG), BN = mt__wg_bn(NWG), A_BYTES = BM * MT__WG_BK * 2, B_BYTES = BN * MT__WG_BK * 2;
+    static_assert(!PING || NWG == 2, "ping-pong runs two consumer warpgroups");
+    // BM: the rows of A a block loads a k-step (ping-pong: its half of the unit's 128)
+    const int BM = PING ? 64 : mt__wg_bm(NWG), BN = mt__wg_bn(NWG), A_BYTES = BM * MT__WG_BK * 2,
+              B_BYTES = BN * MT__WG_BK * 2;
+    const uint32_t rank = PING ? mt__cluster_rank() : 0;   // ping-pong: which block of the pair
     extern __shared__ uint8_t mt__wg_smem_raw[];
     // the ring, 1024-byte aligned (the 128-byte swizzle repeats every 1024 bytes)
     uint32_t base = (mt__smem_u32(mt__wg_smem_raw) + 1023) & ~1023u;
@@ -2196,52 +2285,77 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < MT__WG_STAGES; s++) {
             mt__mbar_init(full0 + 8 * s, 1);          // the producer's arrive (+ the TMA's bytes)
-            mt__mbar_init(empty0 + 8 * s, 4 * NWG);   // lane 0 of each consumer warp
+            // lane 0 of each warp that reads the stage (ping-pong: one warpgroup, in both blocks of the pair)
+            mt__mbar_init(empty0 + 8 * s, PING ? 8 : 4 * NWG);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the TMA unit
     }
     __syncthreads();
+    if (PING) mt__cluster_sync();   // the partner's barriers exist before anything arrives on them
 
     if (threadIdx.x < 128) {
         // ---------------- producer warpgroup: one thread feeds the ring ----------------
         mt__setmaxnreg_dec<40>();
-        if (threadIdx.x != 0) return;
-        mt__tma_prefetch_map(&map_a);
-        mt__tma_prefetch_map(&map_b);
-        int it = 0;
-        mt__wgmma_cursor cur;
-        mt__wgmma_piece pc;
-        mt__wgmma_begin(g, &cur);
-        while (mt__wgmma_next(g, &cur, &pc)) {
-            int row0, col0;
-            mt__wgmma_tile_origin(g, pc.tile, &row0, &col0);
-            for (int t = 0; t < pc.steps; t++, it++) {
-                int s = it % MT__WG_STAGES, round = it / MT__WG_STAGES;
-                if (round > 0) mt__mbar_wait(empty0 + 8 * s, (round - 1) & 1);   // consumers done with s
-                uint32_t full = full0 + 8 * s, a = ring_a + s * A_BYTES, b = ring_b + s * B_BYTES;
-                mt__mbar_arrive_expect_tx(full, A_BYTES + B_BYTES);
-                int k0 = pc.k_begin + t * MT__WG_BK;
-                if (A_K_INNER) mt__tma_load_2d(a, &map_a, k0, row0, full);   // box {64 k, BM rows}
-                else
-                    for (int h = 0; h < BM / 64; h++) mt__tma_load_2d(a + h * 8192, &map_a, row0 + 64 * h, k0, full);
-                if (B_K_INNER) mt__tma_load_2d(b, &map_b, k0, col0, full);   // box {64 k, BN rows}
-                else
-                    for (int h = 0; h < BN / 64; h++) mt__tma_load_2d(b + h * 8192, &map_b, col0 + 64 * h, k0, full);
+        if (threadIdx.x == 0) {
+            mt__tma_prefetch_map(&map_a);
+            mt__tma_prefetch_map(&map_b);
+            int it = 0;
+            mt__wgmma_cursor cur;
+            mt__wgmma_piece pc;
+            mt__wgmma_begin(g, &cur, PING);
+            while (mt__wgmma_next(g, &cur, &pc)) {
+                int row0, col0;
+                mt__wgmma_tile_origin(g, pc.tile, &row0, &col0);
+                row0 += BM * rank;   // ping-pong: this block's half of the unit's rows
+                for (int t = 0; t < pc.steps; t++, it++) {
+                    int s = it % MT__WG_STAGES, round = it / MT__WG_STAGES;
+                    if (round > 0) mt__mbar_wait(empty0 + 8 * s, (round - 1) & 1);   // consumers done with s
+                    uint32_t full = full0 + 8 * s, a = ring_a + s * A_BYTES, b = ring_b + s * B_BYTES;
+                    mt__mbar_arrive_expect_tx(full, A_BYTES + B_BYTES);
+                    int k0 = pc.k_begin + t * MT__WG_BK;
+                    if (A_K_INNER) mt__tma_load_2d(a, &map_a, k0, row0, full);   // box {64 k, BM rows}
+                    else
+                        for (int h = 0; h < BM / 64; h++) mt__tma_load_2d(a + h * 8192, &map_a, row0 + 64 * h, k0, full);
+                    if (PING) {   // half of B, into both blocks: box {64 k, 128 rows}, or two boxes {64 rows, 64 k}
+                        if (B_K_INNER) mt__tma_load_2d_multicast(b + rank * 16384, &map_b, k0, col0 + 128 * rank, full, 3);
+                        else
+                            for (int h = 2 * rank; h < 2 * rank + 2; h++)
+                                mt__tma_load_2d_multicast(b + h * 8192, &map_b, col0 + 64 * h, k0, full, 3);
+                    } else if (B_K_INNER) mt__tma_load_2d(b, &map_b, k0, col0, full);   // box {64 k, BN rows}
+                    else
+                        for (int h = 0; h < BN / 64; h++) mt__tma_load_2d(b + h * 8192, &map_b, col0 + 64 * h, k0, full);
+                }
             }
         }
+        if (PING) mt__cluster_sync();   // (every thread of the pair meets once more at the end)
         return;
     }
 
     // ---------------- consumer warpgroups 1 .. NWG: the tensor cores, then C ----------------
     // (registers: 65,536 an SM; 128 producer threads keep 40: 2 x 128 consumers may take 232, 3 x 128 152)
     mt__setmaxnreg_inc<NWG == 2 ? 232 : 152>();
-    const int wg = threadIdx.x / 128 - 1;            // which 64-row half of the tile
+    const int wg = threadIdx.x / 128 - 1;            // which consumer warpgroup
+    const int half = PING ? rank : wg;               // which 64-row half of the unit's tile it computes
     const int lt = threadIdx.x % 128, warp = lt / 32, lane = threadIdx.x % 32;
+    // a stage has been read: lane 0 of each warp says so (ping-pong: to both blocks of the pair)
+    auto release = [&](int stage) {
+        if (lane != 0) return;
+        if (PING) {
+            mt__mbar_arrive_cluster(empty0 + 8 * stage, 0);
+            mt__mbar_arrive_cluster(empty0 + 8 * stage, 1);
+        } else mt__mbar_arrive(empty0 + 8 * stage);
+    };
     int it = 0;
     mt__wgmma_cursor cur;
     mt__wgmma_piece pc;
-    mt__wgmma_begin(g, &cur);
-    while (mt__wgmma_next(g, &cur, &pc)) {
+    mt__wgmma_begin(g, &cur, PING);
+    for (int piece = 0; mt__wgmma_next(g, &cur, &pc); piece++) {
+        if (PING && piece % 2 != wg) {   // the other warpgroup's piece: its stages go by
+            it += pc.steps;
+            continue;
+        }
+        // ping-pong: the previous piece's warpgroup has waited for all its stages (see THE PING-PONG SCHEDULE)
+        if (PING && piece > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + (piece - 1) % 2) : "memory");
         int row0, col0, steps = pc.steps;
         mt__wgmma_tile_origin(g, pc.tile, &row0, &col0);
         float d[BN / 2];
@@ -2250,7 +2364,7 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
         for (int t = 0; t < steps; t++, it++) {
             int s = it % MT__WG_STAGES;
             mt__mbar_wait(full0 + 8 * s, (it / MT__WG_STAGES) & 1);   // the TMA has landed stage s
-            uint32_t a = ring_a + s * A_BYTES + wg * 8192, b = ring_b + s * B_BYTES;
+            uint32_t a = ring_a + s * A_BYTES + (PING ? 0 : wg) * 8192, b = ring_b + s * B_BYTES;
             mt__wgmma_fence();
             #pragma unroll
             for (int kk = 0; kk < MT__WG_BK / 16; kk++) {
@@ -2262,15 +2376,22 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
             }
             mt__wgmma_commit();
             mt__wgmma_wait<1>();   // the previous stage's group is finished: give that stage back
-            if (t > 0 && lane == 0) mt__mbar_arrive(empty0 + 8 * ((it - 1) % MT__WG_STAGES));
+            if (t > 0) release((it - 1) % MT__WG_STAGES);
         }
+        if (PING) {   // this piece's waits are done: the other warpgroup may start on the next piece, if any
+            mt__wgmma_cursor peek = cur;
+            mt__wgmma_piece next;
+            if (mt__wgmma_next(g, &peek, &next)) asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + piece % 2) : "memory");
+        }
+        float2 bias_next[8] = {};   // the staged epilogue's first chunk of bias, on its way while the last products finish
+        if (NWG == 2 && g.stage_ok && pc.slot < 0) mt__wgmma_bias_chunk(g, bias_next, col0, 0, lane);
         mt__wgmma_wait<0>();
-        if (steps > 0 && lane == 0) mt__mbar_arrive(empty0 + 8 * ((it - 1) % MT__WG_STAGES));
+        if (steps > 0) release((it - 1) % MT__WG_STAGES);
         #pragma unroll
         for (int r = 0; r < BN / 2; r++) mt__reg_fence(d[r]);
 
         if (pc.slot >= 0) {   // a partial: to its scratch slot, float4 q of all 128 threads side by side
-            float4 *mine = (float4 *)g.workspace + ((size_t)pc.slot * NWG + wg) * (BN / 8 * 128);
+            float4 *mine = (float4 *)g.workspace + ((size_t)pc.slot * (mt__wg_bm(NWG) / 64) + half) * (BN / 8 * 128);
             #pragma unroll
             for (int q = 0; q < BN / 8; q++) __stcg(mine + q * 128 + lt, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
             continue;
@@ -2283,11 +2404,16 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
         if (NWG == 2 && g.stage_ok) {   // through shared memory (above), 64 columns at a time
             uint8_t *st = staging + (wg * 4 + warp) * MT__WG_STAGE_PIECE;
             #pragma unroll
-            for (int ch = 0; ch < 4; ch++)
-                if (col0 + 64 * ch < g.N) mt__wgmma_epilogue_chunk<F16, EPI>(g, d, ch, st, row0 + 64 * wg + 16 * warp, col0, lane);
+            for (int ch = 0; ch < 4; ch++) {
+                float2 b[8];   // this chunk's bias (loaded during the last one, or the k-loop's end)
+                #pragma unroll
+                for (int n = 0; n < 8; n++) b[n] = bias_next[n];
+                if (ch < 3) mt__wgmma_bias_chunk(g, bias_next, col0, ch + 1, lane);
+                if (col0 + 64 * ch < g.N) mt__wgmma_epilogue_chunk<F16, EPI>(g, d, ch, b, st, row0 + 64 * half + 16 * warp, col0, lane);
+            }
             continue;
         }
-        int i0 = row0 + 64 * wg + 16 * warp + lane / 4, j0 = col0 + 2 * (lane % 4);
+        int i0 = row0 + 64 * half + 16 * warp + lane / 4, j0 = col0 + 2 * (lane % 4);
         // column pairs handled together: 8 (48 registers of loads in flight); 4 where three consumer
         // warpgroups leave 152 registers a thread
         const int GROUP = NWG == 2 ? 8 : 4;
@@ -2380,6 +2506,7 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
             }
         }
     }
+    if (PING) mt__cluster_sync();   // the partner's last arrivals on this block's barriers have landed
 #endif
 }
 
@@ -2500,14 +2627,50 @@ static CUtensorMap mt__wgmma_map(const void *x, int f16, int rows, int K, int ld
 // THE PLAN for a GEMM (one block per tile, or split-K in S slices, or stream-K) is
 // mt_wgmma_plan_make's, megatron.h section 3: its cost model is explained there, and the memory
 // plan counts the partial tiles of the same plan.
-template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG = 2>
+// grid: the blocks (the plan's units, at most one an SM). PING: in clusters of 2, both blocks of a
+// pair on the same unit: 2 x min(units, the pairs that fit at once), asked of the runtime once (an
+// H200's 132 SMs make 66 pairs where every GPC has an even number of them)
+template <int A_K_INNER, int B_K_INNER, int F16, int EPI, int NWG = 2, int PING = 0>
 static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g, int grid,
                                   cudaStream_t stream) {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, mt__wg_smem(NWG)));
-    mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG>
-        <<<grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream>>>(map_a, map_b, g);
+    auto kernel = mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG, PING>;
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mt__wg_smem(NWG)));
+    if (!PING) {
+        kernel<<<grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream>>>(map_a, map_b, g);
+        mt__launch_check("mt_matmul_kernel4_wgmma", stream);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(mt__wg_threads(NWG));
+    cfg.dynamicSmemBytes = mt__wg_smem(NWG);
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    static int pairs = 0;   // (per instantiation)
+    if (pairs == 0) {
+        cfg.gridDim = dim3(2 * MT__WG_SMS);
+        MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pairs, kernel, &cfg));
+        if (pairs < 1) mt_fatal("--gemm wgmma: no cluster of 2 blocks fits on this GPU (the ping-pong GEMM)\n"
+                                "hint: MT_WGMMA_PINGPONG=0");
+    }
+    cfg.gridDim = dim3(2 * (grid < pairs ? grid : pairs));
+    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, g));
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
+}
+// the ping-pong schedule is built for training's bf16 forward and input-gradient GEMMs only, on the
+// 128 x 256 tile's plan: the
+// forward's layout (both k inner) plain, with the 16-bit store (qkv) or the GELU (fc); the input
+// gradient's (A k inner, B k outer) plain, with the 16-bit store (datty) or the GELU's derivative
+// (fc-proj's dinp). mt__wgmma_pingpong_built says which; elsewhere the two warpgroups share each tile.
+static int mt__wgmma_pingpong_built(int f16, int a_k_inner, int b_k_inner, int op) {
+    if (f16 || !a_k_inner) return 0;
+    if (b_k_inner) return op == MT__EPI_NONE || op == MT__EPI_STORE16 || op == MT__EPI_STORE16_GELU16;
+    return op == MT__EPI_NONE || op == MT__EPI_STORE16 || op == MT__EPI_GELU_GRAD16;
 }
 // the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
 // GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer),
@@ -2515,7 +2678,23 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
 // inner, B k outer)
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
-                                         int grid, int a_k_inner, int b_k_inner, cudaStream_t stream) {
+                                         int grid, int a_k_inner, int b_k_inner, int ping, cudaStream_t stream) {
+    if (ping) {   // the ping-pong schedule (mt__wgmma_pingpong_built has said yes)
+        if (F16 || !a_k_inner) mt_fatal("internal: no ping-pong GEMM for this layout");
+        if (b_k_inner && g.epilogue == MT__EPI_NONE) mt__gemm_wgmma_launch<1, 1, 0, MT__EPI_NONE, 2, 1>(map_a, map_b, g, grid, stream);
+        else if (b_k_inner && g.epilogue == MT__EPI_STORE16)
+            mt__gemm_wgmma_launch<1, 1, 0, MT__EPI_STORE16, 2, 1>(map_a, map_b, g, grid, stream);
+        else if (b_k_inner && g.epilogue == MT__EPI_STORE16_GELU16)
+            mt__gemm_wgmma_launch<1, 1, 0, MT__EPI_STORE16_GELU16, 2, 1>(map_a, map_b, g, grid, stream);
+        else if (!b_k_inner && g.epilogue == MT__EPI_NONE)
+            mt__gemm_wgmma_launch<1, 0, 0, MT__EPI_NONE, 2, 1>(map_a, map_b, g, grid, stream);
+        else if (!b_k_inner && g.epilogue == MT__EPI_STORE16)
+            mt__gemm_wgmma_launch<1, 0, 0, MT__EPI_STORE16, 2, 1>(map_a, map_b, g, grid, stream);
+        else if (!b_k_inner && g.epilogue == MT__EPI_GELU_GRAD16)
+            mt__gemm_wgmma_launch<1, 0, 0, MT__EPI_GELU_GRAD16, 2, 1>(map_a, map_b, g, grid, stream);
+        else mt_fatal("internal: no ping-pong GEMM for this epilogue");
+        return;
+    }
     if (g.epilogue == MT__EPI_STORE16 && a_k_inner && !b_k_inner) {   // the attention projection's dinp (datty)
         mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
     } else if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16 ||
@@ -2544,6 +2723,21 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
 static int mt__wgmma_staged_epilogue = 1;
 // 1: every plain k-outer GEMM on the 192 x 192 tile, whatever the plan would choose (tests)
 static int mt__wgmma_force_192 = 0;
+// where the ping-pong schedule runs (THE PING-PONG SCHEDULE): 0 nowhere, 1 where it is built and the
+// 128 x 256 plan has one k-slice and K <= 1024 (the epilogue-heavy products: the forwards at K = C,
+// fc-proj's and the attention projection's input gradients), 2 wherever it is built and the plan has
+// one k-slice. -1: not read yet (MT_WGMMA_PINGPONG, default 0: measured no faster, docs/perf.md).
+// mt__wgmma_force_pingpong = 1 (tests):
+// wherever it is built, whatever the plan (split-K and stream-K included)
+static int mt__wgmma_pingpong = -1;
+static int mt__wgmma_force_pingpong = 0;
+static int mt__wgmma_pingpong_mode(void) {
+    if (mt__wgmma_pingpong < 0) {
+        const char *env = getenv("MT_WGMMA_PINGPONG");
+        mt__wgmma_pingpong = env && *env ? atoi(env) : 0;
+    }
+    return mt__wgmma_pingpong;
+}
 // mt__gemm_wgmma with the plan chosen by the caller, for tests: want_splits = 0: mt__wgmma_splits
 // (megatron.h) decides; S > 0: S k-slices (1 = none); -1: stream-K. a and b are bf16, or fp16 when f16 = 1
 // (the two typed overloads below are what callers use).
@@ -2563,8 +2757,14 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     int plain = epi == NULL || epi->op == MT__EPI_NONE;   // the 192 x 192 tile: plain k-outer products only
     mt_wgmma_plan_make(&plan, M, N, K, want_splits,
                        !a_k_inner && !b_k_inner && plain ? (mt__wgmma_force_192 ? 2 : 1) : 0);
-    CUtensorMap map_a = mt__wgmma_map(a, f16, M, Kmap, lda, a_k_inner, plan.bm);
-    CUtensorMap map_b = mt__wgmma_map(b, f16, N, Kmap, ldb, b_k_inner, plan.bn);
+    int ping = 0;   // the ping-pong schedule: the same plan, each unit on a cluster pair (above)
+    if (plan.bm == MT__WG_BM && mt__wgmma_pingpong_built(f16, a_k_inner, b_k_inner, epi ? epi->op : MT__EPI_NONE)) {
+        int mode = mt__wgmma_pingpong_mode();
+        ping = mt__wgmma_force_pingpong || (plan.splits == 1 && !plan.stream_k && (mode == 2 || (mode == 1 && K <= 1024)));
+    }
+    // (ping-pong: a block loads its 64 rows of A and half of B, 128 rows, a k-step)
+    CUtensorMap map_a = mt__wgmma_map(a, f16, M, Kmap, lda, a_k_inner, ping ? 64 : plan.bm);
+    CUtensorMap map_b = mt__wgmma_map(b, f16, N, Kmap, ldb, b_k_inner, ping ? 128 : plan.bn);
     mt__wgmma_args g;
     memset(&g, 0, sizeof g);
     g.c = c; g.bias = bias; g.M = M; g.N = N; g.K = K; g.ldc = ldc; g.accumulate = accumulate;
@@ -2612,8 +2812,8 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     MT_CUDA_CHECK(cudaGetDevice(&dev));
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     int grid = (int)(units < (size_t)sms ? units : (size_t)sms);
-    if (f16) mt__gemm_wgmma_launch_layout<1>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
-    else mt__gemm_wgmma_launch_layout<0>(map_a, map_b, g, grid, a_k_inner, b_k_inner, stream);
+    if (f16) mt__gemm_wgmma_launch_layout<1>(map_a, map_b, g, grid, a_k_inner, b_k_inner, ping, stream);
+    else mt__gemm_wgmma_launch_layout<0>(map_a, map_b, g, grid, a_k_inner, b_k_inner, ping, stream);
     if (slots) {
         size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * plan.bm * plan.bn / 4;   // one thread per float4 of a tile
         mt_matmul_kernel4_splitk_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(g);

@@ -70,6 +70,8 @@ struct Prob {
     int M, N, K, lda, ldb, ldc, a_k_inner, b_k_inner, accumulate, has_bias;
     int plan;   // 0: the launcher's choice; S > 0: S k-slices; -1: stream-K
     int force192;   // 1: the 192 x 192 tile (k-outer operands only; else the plan's choice)
+    int pingpong;   // -1: the launcher's choice (MT_WGMMA_PINGPONG); 0: never; 1: the ping-pong schedule
+                    // wherever it is built (A k inner), with any plan
 };
 static const uint32_t SEED_A = 11, SEED_B = 22, SEED_C = 33, SEED_BIAS = 44;
 static size_t a_elems(const Prob &p) { return p.a_k_inner ? (size_t)p.M * p.lda : (size_t)p.K * p.lda; }
@@ -106,9 +108,14 @@ struct Dev {
     void reset_c() { fill_f32(c, c_elems, SEED_C); }   // C's old values (and the padding beyond N)
     void run(const Prob &p, cudaStream_t s = 0) {
         mt__wgmma_force_192 = p.force192;
+        int mode = mt__wgmma_pingpong_mode();
+        if (p.pingpong == 0) mt__wgmma_pingpong = 0;
+        mt__wgmma_force_pingpong = p.pingpong == 1;
         mt__gemm_wgmma_splits(c, a, b, p.has_bias ? bias : NULL, p.M, p.N, p.K, p.lda, p.ldb, p.ldc, p.a_k_inner,
                               p.b_k_inner, p.accumulate, p.plan, s);
         mt__wgmma_force_192 = 0;
+        mt__wgmma_force_pingpong = 0;
+        mt__wgmma_pingpong = mode;
     }
     void release() { cudaFree(a); cudaFree(b); cudaFree(c); cudaFree(bias); }
 };
@@ -167,6 +174,7 @@ static void check_prob(const Prob &p, int all, int samples, const char *tag) {
     else if (p.plan < 0) snprintf(plan, sizeof plan, "stream-K");
     else snprintf(plan, sizeof plan, "split %d", p.plan);
     if (p.force192) snprintf(plan + strlen(plan), sizeof plan - strlen(plan), " 192");
+    if (p.pingpong >= 0) snprintf(plan + strlen(plan), sizeof plan - strlen(plan), p.pingpong ? " pp" : " coop");
     check(bad == 0 && pad_bad == 0,
           "%-16s %s %-8s M=%-5d N=%-5d K=%-5d lda=%-5d ldb=%-5d ldc=%-5d acc=%d bias=%d: %ld outputs, max |err|/S = %.2e "
           "(tol %.2e)%s",
@@ -186,6 +194,7 @@ static Prob make_prob(int M, int N, int K, int a_k_inner, int b_k_inner, int acc
     p.ldc = N + ldc_pad;
     p.plan = 0;
     p.force192 = 0;
+    p.pingpong = -1;
     return p;
 }
 
@@ -263,6 +272,14 @@ int main(int argc, char **argv) {
                     p.plan = mode == 3 ? -1 : 3;
                     check_prob(p, 1, 0, "small");
                 }
+                if (lay >= 2 && (mode == 3 || mode == 0))   // A k inner: the ping-pong schedule and the
+                    for (int plan : {1, 3, -1})                // 128 x 256 tile, each forced, unsplit, split, stream-K
+                        for (int pp : {0, 1}) {
+                            p.plan = plan;
+                            p.pingpong = pp;
+                            check_prob(p, 1, 0, "small");
+                            p.pingpong = -1;
+                        }
                 if (lay == 0)   // both k outer: the 192 x 192 tile too, unsplit, split, stream-K
                     for (int plan : {1, 3, -1}) {
                         p.plan = plan;
@@ -292,6 +309,12 @@ int main(int argc, char **argv) {
     for (auto &s : shapes) {
         Prob p = make_prob(s.M, s.N, s.K, s.a_k_inner, s.b_k_inner, s.accumulate, s.accumulate ? 0 : 1, 0, 0);
         check_prob(p, 0, s.K > 10000 ? 600 : 2000, s.name);
+        if (s.a_k_inner && s.K <= 3072)   // the forwards and input gradients: both schedules, forced
+            for (int pp : {0, 1}) {
+                p.pingpong = pp;
+                check_prob(p, 0, 2000, s.name);
+                p.pingpong = -1;
+            }
         if (s.M < BT && s.M < 10000) {   // the small weight gradients: every schedule
             for (int plan : {-1, 1, 3}) {
                 p.plan = plan;
@@ -357,6 +380,14 @@ int main(int argc, char **argv) {
             printf("%-16s %6d %6d %6d %3s %7s | %9.3f %9.1f | %9.3f %9.1f | %5.0f%%\n", s.name, p.M, p.N, p.K, lname(p), plan,
                    ours, flop / ours * 1e-9, theirs, flop / theirs * 1e-9, 100.0 * theirs / ours);
             fflush(stdout);
+            if (s.a_k_inner && s.K < 10000)   // the forwards and input gradients: each schedule
+                for (int pp : {0, 1}) {
+                    p.pingpong = pp;
+                    float t = time_ms([&] { d.run(p); }, 20);
+                    printf("%-16s %6s %6s %6s %3s %7s | %9.3f %9.1f |\n", "  (forced)", "", "", "", "", pp ? "pp" : "coop", t,
+                           flop / t * 1e-9);
+                    p.pingpong = -1;
+                }
             if (!s.a_k_inner && sp != 1)   // the weight gradients: what each schedule gives (128 x 256 tiles)
                 for (int force : {-1, 1, 2, 3, 4, 7, 11}) {
                     float t = time_ms([&] {

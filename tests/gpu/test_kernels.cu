@@ -775,7 +775,11 @@ MT_TEST(matmul_gelu) {
 // order, so the same bits, in the whole output buffers (row stride N + 8: the 8 columns past N of
 // every row, never written, must come back untouched; ragged M and N: the tile's and the chunk's
 // edges). From the same starting contents (accumulate reads C).
-static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f16) {
+// pp = 1: instead, the ping-pong schedule (cluster pairs, a 64 x 256 half of the unit a consumer
+// warpgroup) against the cooperative 128 x 256 tile (both staged; the same plan, the same products in
+// the same k order a row: the same bits), with the k-slices `splits` (0: the plan's; 3: three
+// slices; -1: stream-K) for both
+static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f16, int pp = 0, int splits = 0) {
     int ldc = N + 8, a_k = 1, b_k = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? 0 : 1;
     int ldb = b_k ? K : N;   // B (N x K) k inner: rows of K; k outer (dinp's layout): K rows of N
     size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * ldc;
@@ -793,27 +797,34 @@ static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f
     int sixteen_aux = op == MT__EPI_GELU_GRAD16;
     mt__epilogue epi = {op, sixteen_aux ? (const void *)x16 : (const void *)dx, NULL};
     float *got[2][2];   // [staged][c, c2]
-    for (int staged = 0; staged < 2; staged++) {
+    int mode = mt__wgmma_pingpong_mode();
+    for (int staged = 0; staged < 2; staged++) {   // (pp: 0 = the 128 x 256 tile, 1 = ping-pong)
         float *dc = dev_upload(hc, nc), *dc2 = dev_upload(hc, nc);
         epi.c2 = dc2;
-        mt__wgmma_staged_epilogue = staged;
+        mt__wgmma_staged_epilogue = pp ? 1 : staged;
+        mt__wgmma_pingpong = pp ? 0 : mode;
+        mt__wgmma_force_pingpong = pp && staged;
         const float *bias = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? NULL : dbias;
-        mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, ldb, ldc, a_k, b_k, accumulate, 0,
+        mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, ldb, ldc, a_k, b_k, accumulate, splits,
                            op == MT__EPI_NONE ? NULL : &epi, 0);
         got[staged][0] = dev_download(dc, nc);
         got[staged][1] = dev_download(dc2, nc);
         dev_free(dc); dev_free(dc2);
     }
     mt__wgmma_staged_epilogue = 1;
+    mt__wgmma_pingpong = mode;
+    mt__wgmma_force_pingpong = 0;
     const char *names[] = {"none", "gelu", "gelu_grad", "gelu16", "store16", "store16_gelu16", "gelu_grad16"};
     for (int out = 0; out < 2; out++) {
         int same = memcmp(got[0][out], got[1][out], nc * sizeof(float)) == 0;
-        mt_expect(same, "wgmma epilogue %s%s %s M=%d N=%d K=%d: %s staged differs from unstaged", names[op],
-                  accumulate ? " (accumulate)" : "", f16 ? "fp16" : "bf16", M, N, K, out ? "c2" : "c");
+        mt_expect(same, "wgmma epilogue %s%s %s M=%d N=%d K=%d splits %d: %s %s", names[op],
+                  accumulate ? " (accumulate)" : "", f16 ? "fp16" : "bf16", M, N, K, splits, out ? "c2" : "c",
+                  pp ? "ping-pong differs from the 128 x 256 tile" : "staged differs from unstaged");
         if (!same)
             for (size_t i = 0, shown = 0; i < nc && shown < 3; i++)
                 if (memcmp(&got[0][out][i], &got[1][out][i], 4) != 0) {
-                    printf("    [%zu] (row %zu col %zu): unstaged %g staged %g\n", i, i / ldc, i % ldc, got[0][out][i], got[1][out][i]);
+                    printf("    [%zu] (row %zu col %zu): %s %g %s %g\n", i, i / ldc, i % ldc, pp ? "128 x 256" : "unstaged",
+                           got[0][out][i], pp ? "ping-pong" : "staged", got[1][out][i]);
                     shown++;
                 }
         free(got[0][out]); free(got[1][out]);
@@ -830,6 +841,27 @@ MT_TEST(wgmma_staged_epilogue) {
                 wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 0, f16);
                 if (op == MT__EPI_NONE) wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 1, f16);
             }
+}
+// the ping-pong schedule (kernels.cuh, THE PING-PONG SCHEDULE) against the cooperative tile, bit
+// for bit, in the layouts and epilogues it is built for (bf16, A k inner): ragged shapes (an odd
+// number of 64-row halves: the pair's second block reads rows past M as zeros), one unit a pair,
+// and many (20000 rows: 157 units on 66 pairs, 2 or 3 each, so both warpgroups hand over several
+// times and some pairs end on an odd count; 16384 x 768: 6 units a pair); split-K and stream-K
+// (each block its half of the partial) for the plain product
+MT_TEST(wgmma_pingpong) {
+    if (mt__wgmma_unsupported()) { printf("  SKIPPED: no wgmma rung on this GPU or binary\n"); return; }
+    int shapes[][3] = {{300, 520, 200}, {129, 264, 768}, {1000, 3072, 768}, {77, 8, 64}, {20000, 256, 136},
+                       {16384, 768, 768}};
+    int ops[] = {MT__EPI_NONE, MT__EPI_STORE16, MT__EPI_STORE16_GELU16, MT__EPI_GELU_GRAD16};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int op : ops) {
+            wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 0, 0, 1);
+            if (op == MT__EPI_NONE) {
+                wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 1, 0, 1);
+                wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 1, 0, 1, 3);
+                wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 0, 0, 1, -1);
+            }
+        }
 }
 
 // generation (megatron.h §11): attention over the KV cache and the greedy argmax
@@ -2105,6 +2137,7 @@ int main(int argc, char **argv) {
         run("matmul", test_matmul);
         run("matmul_gelu", test_matmul_gelu);
         run("wgmma_staged_epilogue", test_wgmma_staged_epilogue);
+        run("wgmma_pingpong", test_wgmma_pingpong);
         run("dropout", test_dropout);
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
