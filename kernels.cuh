@@ -2224,12 +2224,12 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
     }
 }
 
-// THE PING-PONG SCHEDULE (PING = 1; docs/perf.md has the measurements that chose it). With the
-// 128 x 256 tile both consumer warpgroups finish a tile's k-steps together and then both run the
-// epilogue, while the tensor cores have nothing to do: at K = 768 (12 k-steps) the epilogue is
-// ~4-5 us of instructions a tile (the GELU, the rounding, the staging), issue-bound, not
-// memory-bound (Nsight Compute, fc's forward: 0.35 instructions a cycle per scheduler, DRAM 22%
-// busy). Ping-pong gives each consumer warpgroup a tile of its own, the block's pieces dealt out in
+// THE PING-PONG SCHEDULE (PING = 1; opt-in, MT_WGMMA_PINGPONG=1: correct, and measured no faster,
+// see the end of this comment and docs/perf.md). With the 128 x 256 tile both consumer warpgroups
+// finish a tile's k-steps together and then both run the epilogue, while the tensor cores have
+// nothing to do: at K = 768 (12 k-steps) the epilogue takes ~45% of the fc forward's time (the
+// GELU, the rounding, the staging), issue- and latency-bound, not memory-bound (Nsight Compute:
+// 0.35 instructions a cycle per scheduler, DRAM 22% busy). Ping-pong gives each consumer warpgroup a tile of its own, the block's pieces dealt out in
 // turn (piece n to warpgroup n % 2): while one warpgroup's epilogue runs, the other's products keep
 // the tensor cores busy (CUTLASS's "ping-pong" kernel).
 //   Each warpgroup's tile is 64 x 256 (the same m64n256k16 product and register layout as before,
@@ -2256,6 +2256,10 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
 // of piece n the warpgroup signals named barrier 1 + n % 2 (bar.arrive; 256 = both warpgroups'
 // threads) and the other one waits on it (bar.sync) before piece n + 1: arrivals and waits pair up
 // one to one (none after the block's last piece).
+//   MEASURED: the fc forward 197 -> 195 us, the LM head's forward slower. One warp a scheduler runs
+// a 64 x 256 epilogue with nothing to hide its latencies, and that takes longer than the other
+// warpgroup's k-loop, so a warpgroup's period stays k-loop + epilogue. Kept, tested bit for bit
+// against the cooperative tile (test_kernels' wgmma_pingpong), for a shorter epilogue to pay off on.
 //
 // F16: 0 = bf16 operands (--bf16), 1 = fp16 (--fp16). EPI: the epilogue (MT__EPI_*), compiled in
 // only where asked: with the GELU's code in every GEMM's epilogue behind a runtime switch, the
