@@ -2229,9 +2229,10 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
 // finish a tile's k-steps together and then both run the epilogue, while the tensor cores have
 // nothing to do: at K = 768 (12 k-steps) the epilogue takes ~45% of the fc forward's time (the
 // GELU, the rounding, the staging), issue- and latency-bound, not memory-bound (Nsight Compute:
-// 0.35 instructions a cycle per scheduler, DRAM 22% busy). Ping-pong gives each consumer warpgroup a tile of its own, the block's pieces dealt out in
-// turn (piece n to warpgroup n % 2): while one warpgroup's epilogue runs, the other's products keep
-// the tensor cores busy (CUTLASS's "ping-pong" kernel).
+// 0.35 instructions a cycle per scheduler, DRAM 22% busy). Ping-pong gives each consumer warpgroup
+// a tile of its own, the block's pieces dealt out in turn (piece n to warpgroup n % 2): while one
+// warpgroup's epilogue runs, the other's products keep the tensor cores busy (CUTLASS's
+// "ping-pong" kernel).
 //   Each warpgroup's tile is 64 x 256 (the same m64n256k16 product and register layout as before,
 // so the epilogue code is the same). Alone, that would read B's 256 x 64 stage from L2 for 64 rows
 // instead of 128, 1.4 times the operand traffic, and measured so it gained nothing (the k-loop
