@@ -2668,10 +2668,10 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
 }
 // the ping-pong schedule is built for training's bf16 forward and input-gradient GEMMs only, on the
-// 128 x 256 tile's plan: the
-// forward's layout (both k inner) plain, with the 16-bit store (qkv) or the GELU (fc); the input
-// gradient's (A k inner, B k outer) plain, with the 16-bit store (datty) or the GELU's derivative
-// (fc-proj's dinp). mt__wgmma_pingpong_built says which; elsewhere the two warpgroups share each tile.
+// 128 x 256 tile's plan: the forward's layout (both k inner) plain, with the 16-bit store (qkv) or
+// the GELU (fc); the input gradient's (A k inner, B k outer) plain, with the 16-bit store (datty) or
+// the GELU's derivative (fc-proj's dinp). mt__wgmma_pingpong_built says which (the dispatch in
+// mt__gemm_wgmma_launch_layout below lists the same six); elsewhere the two warpgroups share each tile.
 static int mt__wgmma_pingpong_built(int f16, int a_k_inner, int b_k_inner, int op) {
     if (f16 || !a_k_inner) return 0;
     if (b_k_inner) return op == MT__EPI_NONE || op == MT__EPI_STORE16 || op == MT__EPI_STORE16_GELU16;
@@ -2732,8 +2732,8 @@ static int mt__wgmma_force_192 = 0;
 // 128 x 256 plan has one k-slice and K <= 1024 (the epilogue-heavy products: the forwards at K = C,
 // fc-proj's and the attention projection's input gradients), 2 wherever it is built and the plan has
 // one k-slice. -1: not read yet (MT_WGMMA_PINGPONG, default 0: measured no faster, docs/perf.md).
-// mt__wgmma_force_pingpong = 1 (tests):
-// wherever it is built, whatever the plan (split-K and stream-K included)
+// mt__wgmma_force_pingpong = 1 (tests): wherever it is built, whatever the plan (split-K and
+// stream-K included)
 static int mt__wgmma_pingpong = -1;
 static int mt__wgmma_force_pingpong = 0;
 static int mt__wgmma_pingpong_mode(void) {
