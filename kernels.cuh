@@ -908,7 +908,7 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
     mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
 // The same with each row in registers (C % 4 == 0, C <= 128 NV, 16-byte aligned rows): a lane holds
-// float4 j = lane + 32 v (v < NV) of the row's dout and inp, all loaded before the first sum, so a
+// float4 j = lane + 32 v (v < NV) of the row's dout, inp and dinp, all loaded before the first sum, so a
 // warp has the whole row in flight at once instead of one float per lane (the loop above waits on
 // each load: ~2.3 TB/s at GPT-2 small's shape); the second pass reads registers. The same sums in
 // the same per-channel order for dweight and dbias (the warp's rows in order, then the block's
@@ -930,12 +930,13 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
     for (int row = blockIdx.x * MT__LN_ROWS_PER_BLOCK + warp; row < row_end; row += nwarps) {
         const float4 *dout4 = (const float4 *)(dout + (size_t)row * C), *inp4 = (const float4 *)(inp + (size_t)row * C);
         float4 *dinp4 = (float4 *)(dinp + (size_t)row * C);
-        float4 g[NV], x[NV];   // dout and inp of my channels
+        float4 g[NV], x[NV], d[NV];   // dout, inp and the dinp being added to, of my channels
         #pragma unroll
         for (int v = 0; v < NV; v++) {
             int j = lane + 32 * v;
             g[v] = j < C4 ? dout4[j] : zero;
             x[v] = j < C4 ? inp4[j] : zero;
+            d[v] = j < C4 ? dinp4[j] : zero;   // (loaded with the others: one round trip a row, not two)
         }
         float mean_r = mean[row], rstd_r = rstd[row];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
@@ -956,9 +957,9 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
         for (int v = 0; v < NV; v++) {
             int j = lane + 32 * v;
             if (j >= C4) continue;
-            float4 w = w4[j], d = dinp4[j], dw = dw_acc[j], db = db_acc[j];
+            float4 w = w4[j], dw = dw_acc[j], db = db_acc[j];
             float gv[4] = {g[v].x, g[v].y, g[v].z, g[v].w}, xv[4] = {x[v].x, x[v].y, x[v].z, x[v].w};
-            float wv[4] = {w.x, w.y, w.z, w.w}, dv[4] = {d.x, d.y, d.z, d.w};
+            float wv[4] = {w.x, w.y, w.z, w.w}, dv[4] = {d[v].x, d[v].y, d[v].z, d[v].w};
             float dwv[4] = {dw.x, dw.y, dw.z, dw.w}, dbv[4] = {db.x, db.y, db.z, db.w};
             #pragma unroll
             for (int k = 0; k < 4; k++)
@@ -1019,7 +1020,12 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_layernorm_backward_scratch(N, C), stream));
     float *partial_dbias = partial + (size_t)nblocks * C;
     int vec = C % 4 == 0 && mt__aligned16(dinp) && mt__aligned16(dout) && mt__aligned16(inp) && mt__aligned16(weight);
-    if (vec && C <= 32 * 4 * 8) {
+    if (vec && C <= 32 * 4 * 6) {   // (GPT-2 small's 768: six float4 a lane, no idle registers)
+        mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<6>, smem);
+        mt_layernorm_backward_vec_kernel<6><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
+                                                                                   inp, weight, mean, rstd, N, C);
+        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+    } else if (vec && C <= 32 * 4 * 8) {
         mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<8>, smem);
         mt_layernorm_backward_vec_kernel<8><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
                                                                                    inp, weight, mean, rstd, N, C);
@@ -1719,9 +1725,10 @@ typedef struct {
     long long sk_total;      // stream-K: tiles * steps_tile
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
     int epilogue;            // MT__EPI_*: what the epilogue does with v = sum + bias besides storing it
-    const void *aux;         // MT__EPI_GELU_GRAD(16): the GELU's input, (M, N) with row stride ldc
+    const void *aux;         // MT__EPI_GELU_GRAD(16)(_GELU16): the GELU's input, (M, N) with row stride ldc
     void *c2;                // MT__EPI_GELU(16): gelu(v) also goes here, (M, N) with row stride ldc: fp32
-                             // (GELU), or 16 bits (GELU16: bf16, or fp16 where c2_f16 = 1)
+                             // (GELU), or 16 bits (GELU16: bf16, or fp16 where c2_f16 = 1); GELU_GRAD16_GELU16:
+                             // gelu(aux) in 16 bits
     int c2_f16;
 } mt__wgmma_args;
 // the fused epilogues (accumulate = 0): the MLP's GELU after the fc GEMM, and its derivative after
@@ -1736,14 +1743,18 @@ typedef struct {
 // GELU_GRAD16: GELU_GRAD with aux, the GELU's input, in 16 bits (the fc output kept so), and C
 // rounded to 16 bits at c (the fc output's gradient, kept so for the fc backward's GEMMs and bias
 // gradient, which read it as is: megatron.h's mt_fch_storage_dtype)
+// GELU_GRAD16_GELU16: GELU_GRAD16, and gelu(aux) rounded to 16 bits at c2: the GELU's output remade
+// from the input the epilogue reads anyway, for fc-proj's weight gradient, the next GEMM (the same
+// bits as mt__gelu_rounded's pass over aux, which it saves: a read and a write of (M, N) 16-bit
+// values and a launch, per layer)
 enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4,
-       MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6 };
+       MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6, MT__EPI_GELU_GRAD16_GELU16 = 7 };
 typedef struct {
     int op;             // MT__EPI_*
-    const void *aux;    // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc (GELU_GRAD16: in 16 bits)
+    const void *aux;    // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc (GELU_GRAD16(_GELU16): in 16 bits)
     void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits;
                         // MT__EPI_STORE16: C in 16 bits (then c is not written); STORE16_GELU16: gelu in 16
-                        // bits (and c holds C in 16 bits)
+                        // bits (and c holds C in 16 bits); GELU_GRAD16_GELU16: gelu(aux) in 16 bits
 } mt__epilogue;
 
 // ---- PTX helpers (mbarrier, TMA: sm_90; wgmma, setmaxnreg: sm_90a only, used only inside the
@@ -2054,10 +2065,12 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
     if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(((const float *)g.aux)[at]);
-    if (EPI == MT__EPI_GELU_GRAD16) {   // 16 bits in, 16 bits out (no accumulate)
-        if (g.c2_f16) ((__half *)g.c)[at] = __float2half_rn(v * mt__gelu_grad(__half2float(((const __half *)g.aux)[at])));
-        else ((__nv_bfloat16 *)g.c)[at] =
-                 __float2bfloat16_rn(v * mt__gelu_grad(__bfloat162float(((const __nv_bfloat16 *)g.aux)[at])));
+    if (EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {   // 16 bits in, 16 bits out (no accumulate)
+        float x = g.c2_f16 ? __half2float(((const __half *)g.aux)[at]) : __bfloat162float(((const __nv_bfloat16 *)g.aux)[at]);
+        if (g.c2_f16) ((__half *)g.c)[at] = __float2half_rn(v * mt__gelu_grad(x));
+        else ((__nv_bfloat16 *)g.c)[at] = __float2bfloat16_rn(v * mt__gelu_grad(x));
+        if (EPI == MT__EPI_GELU_GRAD16_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(x));
+        if (EPI == MT__EPI_GELU_GRAD16_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(x));
         return;
     }
     *c = g.accumulate ? *c + v : v;
@@ -2142,7 +2155,9 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
         v0[n] = make_float2(d[e] + b[n].x, d[e + 1] + b[n].y);
         v1[n] = make_float2(d[e + 2] + b[n].x, d[e + 3] + b[n].y);
     }
-    if (EPI == MT__EPI_GELU_GRAD16) {   // C = v gelu'(x), x the GELU's input in 16 bits
+    const bool remake = EPI == MT__EPI_GELU_GRAD16_GELU16;   // gelu(x) at c2 as well
+    uint32_t gx0[remake ? 8 : 1], gx1[remake ? 8 : 1];      // (its 16-bit pairs, rows gq and gq + 8)
+    if (EPI == MT__EPI_GELU_GRAD16 || remake) {   // C = v gelu'(x), x the GELU's input in 16 bits
         mt__stg_in16(st, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
         __syncwarp();
         #pragma unroll
@@ -2151,6 +2166,10 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
             float2 x1 = mt__unpack16x2<F16>(*(const uint32_t *)(st + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)));
             v0[n] = make_float2(v0[n].x * mt__gelu_grad(x0.x), v0[n].y * mt__gelu_grad(x0.y));
             v1[n] = make_float2(v1[n].x * mt__gelu_grad(x1.x), v1[n].y * mt__gelu_grad(x1.y));
+            if (remake) {
+                gx0[n] = mt__pack16x2<F16>(mt__gelu(x0.x), mt__gelu(x0.y));
+                gx1[n] = mt__pack16x2<F16>(mt__gelu(x1.x), mt__gelu(x1.y));
+            }
         }
         __syncwarp();   // read before the piece is written again
     } else if (EPI == MT__EPI_GELU_GRAD || g.accumulate) {   // C = v gelu'(x), or C = old + v
@@ -2170,13 +2189,18 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
         }
         __syncwarp();
     }
-    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_STORE16_GELU16) {   // C in 16 bits
-        // (STORE16 at c2; the others at c); STORE16_GELU16: gelu of the rounded values at c2, from the piece's second half
+    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_STORE16_GELU16 || remake) {   // C in 16 bits
+        // (STORE16 at c2; the others at c); STORE16_GELU16: gelu of the rounded values at c2, from the piece's
+        // second half; GELU_GRAD16_GELU16: gelu(x) at c2, the same way
         #pragma unroll
         for (int n = 0; n < 8; n++) {
             uint32_t f0 = mt__pack16x2<F16>(v0[n].x, v0[n].y), f1 = mt__pack16x2<F16>(v1[n].x, v1[n].y);
             *(uint32_t *)(st + mt__stg_at<128>(gq, 16 * n + 4 * tq)) = f0;
             *(uint32_t *)(st + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)) = f1;
+            if (remake) {
+                *(uint32_t *)(st + 2048 + mt__stg_at<128>(gq, 16 * n + 4 * tq)) = gx0[n];
+                *(uint32_t *)(st + 2048 + mt__stg_at<128>(gq + 8, 16 * n + 4 * tq)) = gx1[n];
+            }
             if (EPI == MT__EPI_STORE16_GELU16) {
                 float2 r0 = mt__unpack16x2<F16>(f0), r1 = mt__unpack16x2<F16>(f1);
                 *(uint32_t *)(st + 2048 + mt__stg_at<128>(gq, 16 * n + 4 * tq)) =
@@ -2188,7 +2212,7 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
         __syncwarp();
         mt__stg_out16(st, (unsigned short *)(EPI == MT__EPI_STORE16 ? g.c2 : (void *)g.c), g.ldc, i_base, jb, g.M, g.N,
                       lane);
-        if (EPI == MT__EPI_STORE16_GELU16)
+        if (EPI == MT__EPI_STORE16_GELU16 || remake)
             mt__stg_out16(st + 2048, (unsigned short *)g.c2, g.ldc, i_base, jb, g.M, g.N, lane);
         __syncwarp();
     } else {   // C in fp32
@@ -2441,7 +2465,7 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
                     int j = j0 + 8 * (n0 + n), in_n = j < g.N;
                     float2 zero = make_float2(0.0f, 0.0f);
                     bias[n] = g.bias && in_n ? *(const float2 *)(g.bias + j) : zero;
-                    if (EPI == MT__EPI_GELU_GRAD16) {
+                    if (EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {
                         old0[n] = in_n && in0 ? mt__unpack16x2<F16>(h0[j / 2]) : zero;
                         old1[n] = in_n && in1 ? mt__unpack16x2<F16>(h1[j / 2]) : zero;
                         continue;
@@ -2455,20 +2479,26 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
                     if (j >= g.N) continue;
                     float2 v0 = make_float2(d[e] + bias[n].x, d[e + 1] + bias[n].y);
                     float2 v1 = make_float2(d[e + 2] + bias[n].x, d[e + 3] + bias[n].y);
-                    if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_GELU_GRAD16) {   // C = v gelu'(x)
-                        v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));
+                    if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {
+                        v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));   // C = v gelu'(x)
                         v1 = make_float2(v1.x * mt__gelu_grad(old1[n].x), v1.y * mt__gelu_grad(old1[n].y));
                     } else if (g.accumulate) {
                         v0 = make_float2(old0[n].x + v0.x, old0[n].y + v0.y);
                         v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
                     }
-                    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16) {   // C in 16 bits, two in one 4-byte store
-                        // (STORE16 at c2; GELU_GRAD16 at c, which holds 16-bit values then)
+                    if (EPI == MT__EPI_STORE16 || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {
+                        // C in 16 bits, two in one 4-byte store (STORE16 at c2; GELU_GRAD16 at c, which
+                        // holds 16-bit values then; GELU_GRAD16_GELU16 also gelu(x) at c2)
                         unsigned short *q0 = (unsigned short *)(EPI == MT__EPI_STORE16 ? g.c2 : (void *)g.c) +
                                              (size_t)i0 * g.ldc + j;
                         unsigned short *q1 = q0 + (size_t)8 * g.ldc;
                         if (in0) *(uint32_t *)q0 = mt__pack16x2<F16>(v0.x, v0.y);
                         if (in1) *(uint32_t *)q1 = mt__pack16x2<F16>(v1.x, v1.y);
+                        if (EPI == MT__EPI_GELU_GRAD16_GELU16) {
+                            unsigned short *p0 = (unsigned short *)g.c2 + (size_t)i0 * g.ldc + j, *p1 = p0 + (size_t)8 * g.ldc;
+                            if (in0) *(uint32_t *)p0 = mt__pack16x2<F16>(mt__gelu(old0[n].x), mt__gelu(old0[n].y));
+                            if (in1) *(uint32_t *)p1 = mt__pack16x2<F16>(mt__gelu(old1[n].x), mt__gelu(old1[n].y));
+                        }
                         continue;
                     }
                     if (EPI == MT__EPI_STORE16_GELU16) {   // C in 16 bits at c, gelu of those values at c2
@@ -2567,6 +2597,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
         else if (g.epilogue == MT__EPI_GELU_GRAD) mt__wgmma_store1<MT__EPI_GELU_GRAD>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_STORE16_GELU16) mt__wgmma_store1<MT__EPI_STORE16_GELU16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD16) mt__wgmma_store1<MT__EPI_GELU_GRAD16>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_GELU_GRAD16_GELU16) mt__wgmma_store1<MT__EPI_GELU_GRAD16_GELU16>(g, ie, je, v[e]);
         else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
     }
 }
@@ -2711,10 +2742,13 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
         else if (g.epilogue == MT__EPI_STORE16_GELU16)
             mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16_GELU16>(map_a, map_b, g, grid, stream);
         else mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
-    } else if (g.epilogue == MT__EPI_GELU_GRAD || g.epilogue == MT__EPI_GELU_GRAD16) {
+    } else if (g.epilogue == MT__EPI_GELU_GRAD || g.epilogue == MT__EPI_GELU_GRAD16 ||
+               g.epilogue == MT__EPI_GELU_GRAD16_GELU16) {
         if (!a_k_inner || b_k_inner) mt_fatal("internal: the GELU-gradient epilogue is built for dinp's layout only");
         if (g.epilogue == MT__EPI_GELU_GRAD) mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD>(map_a, map_b, g, grid, stream);
-        else mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD16>(map_a, map_b, g, grid, stream);
+        else if (g.epilogue == MT__EPI_GELU_GRAD16)
+            mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD16>(map_a, map_b, g, grid, stream);
+        else mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_GELU_GRAD16_GELU16>(map_a, map_b, g, grid, stream);
     } else if (g.bm == mt__wg_bm(3)) {   // the 192 x 192 tile: the weight gradients' layout only
         if (a_k_inner || b_k_inner) mt_fatal("internal: the 192 x 192 tile is built for k-outer operands only");
         mt__gemm_wgmma_launch<0, 0, F16, MT__EPI_NONE, 3>(map_a, map_b, g, grid, stream);
@@ -2777,21 +2811,23 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     if (epi && epi->op != MT__EPI_NONE) {
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
         g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
-        int grad = epi->op == MT__EPI_GELU_GRAD || epi->op == MT__EPI_GELU_GRAD16;
+        int remake = epi->op == MT__EPI_GELU_GRAD16_GELU16;
+        int grad = epi->op == MT__EPI_GELU_GRAD || epi->op == MT__EPI_GELU_GRAD16 || remake;
         const void *other = grad ? epi->aux : (const void *)epi->c2;
         int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16 || epi->op == MT__EPI_STORE16_GELU16 ||
-                      epi->op == MT__EPI_GELU_GRAD16;
+                      epi->op == MT__EPI_GELU_GRAD16 || remake;
         if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
-        // STORE16_GELU16, GELU_GRAD16: c holds 16-bit values too, stored in pairs (4 bytes)
-        if (epi->op == MT__EPI_STORE16_GELU16 || epi->op == MT__EPI_GELU_GRAD16) g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 &&
-                                                             (uintptr_t)other % 4 == 0 &&
-                                                             (bias == NULL || (uintptr_t)bias % 8 == 0);
+        // STORE16_GELU16, GELU_GRAD16(_GELU16): c holds 16-bit values too, stored in pairs (4 bytes)
+        if (epi->op == MT__EPI_STORE16_GELU16 || epi->op == MT__EPI_GELU_GRAD16 || remake)
+            g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 && (uintptr_t)other % 4 == 0 &&
+                          (!remake || (uintptr_t)epi->c2 % 4 == 0) && (bias == NULL || (uintptr_t)bias % 8 == 0);
     }
     {   // the staged epilogue: whole 16-byte pieces of every row it writes or reads
         int op = epi ? epi->op : MT__EPI_NONE;
         const void *c2 = op == MT__EPI_GELU || op == MT__EPI_GELU16 || op == MT__EPI_STORE16 ||
-                                 op == MT__EPI_STORE16_GELU16 ? epi->c2 : NULL;
-        const void *aux = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? epi->aux : NULL;
+                                 op == MT__EPI_STORE16_GELU16 || op == MT__EPI_GELU_GRAD16_GELU16 ? epi->c2 : NULL;
+        const void *aux = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 || op == MT__EPI_GELU_GRAD16_GELU16
+                              ? epi->aux : NULL;
         g.stage_ok = N % 8 == 0 && ldc % 8 == 0 && mt__aligned16(c) && (c2 == NULL || mt__aligned16(c2)) &&
                      (aux == NULL || mt__aligned16(aux)) && (bias == NULL || (uintptr_t)bias % 8 == 0) &&
                      mt__wgmma_staged_epilogue;
@@ -3274,17 +3310,21 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
                                               cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
     T *inp16;
+    // the GELU remade by dinp's epilogue, which reads its 16-bit input anyway (GELU_GRAD16_GELU16)
+    int remake = !inp_t && !inp && gelu16 && dinp;
     if (inp_t) {
         inp16 = (T *)inp_t;   // (not borrowed: not freed below)
     } else if (inp) {
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
     } else {
         MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
-        mt__gelu_rounded(inp16, gelu_inp, gelu16, (size_t)BT * C, mt__f16_flag(inp16), stream);
+        if (!remake) mt__gelu_rounded(inp16, gelu_inp, gelu16, (size_t)BT * C, mt__f16_flag(inp16), stream);
     }
     if (dinp) {   // '='
-        int op = gelu_inp ? (gelu16 ? MT__EPI_GELU_GRAD16 : MT__EPI_GELU_GRAD) : dinp16 ? MT__EPI_STORE16 : MT__EPI_NONE;
-        mt__epilogue epi = {op, gelu_inp, dinp16 ? (void *)dinp : NULL};   // (STORE16 writes at c2 only)
+        int op = gelu_inp ? (gelu16 ? (remake ? MT__EPI_GELU_GRAD16_GELU16 : MT__EPI_GELU_GRAD16) : MT__EPI_GELU_GRAD)
+                          : dinp16 ? MT__EPI_STORE16 : MT__EPI_NONE;
+        // (STORE16 writes at c2 only; GELU_GRAD16_GELU16 writes the remade GELU there)
+        mt__epilogue epi = {op, gelu_inp, dinp16 ? (void *)dinp : remake ? (void *)inp16 : NULL};
         mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
                            stream);
     }
@@ -7685,6 +7725,17 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
     m->pool_reserved = (size_t)v;
     MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &v));
     m->pool_reserved_peak = (size_t)v;
+    // the graph memory pool: the work recorded as CUDA graphs (below) borrows its scratch there, in
+    // the graph allocator's own granularity (160 MiB held for GPT-2 small at B = 16 and at B = 8 alike,
+    // measured on an H200), after the stream-ordered
+    // pool gave its copy back. pool_used stays the stream pool's (what the launchers borrow as
+    // queued: the plan's kernel scratch); the backing memory counts both: now, added; at most, the
+    // stream pool's peak (a step queued op by op) or what it holds now with the graphs' on top
+    uint64_t g = 0, g_high = 0;
+    MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemCurrent, &g));
+    MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemHigh, &g_high));
+    if (m->pool_reserved + (size_t)g_high > m->pool_reserved_peak) m->pool_reserved_peak = m->pool_reserved + (size_t)g_high;
+    m->pool_reserved += (size_t)g;
     m->context = r->dev.context_bytes;
     size_t free_b = 0, total_b = 0;
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -7693,14 +7744,21 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
     return 1;
 }
 // CUDA graphs: the rank's stream is captured in thread-local mode (other rank threads keep
-// launching on their own streams meanwhile); a graph is instantiated once and replayed
-static MT_THREAD_LOCAL int mt__capturing;
-void mt_device_capture_begin(mt_rank *r) {
+// launching on their own streams meanwhile); a graph is instantiated once and replayed.
+// A launcher's cudaMallocAsync inside a capture becomes an allocation of the graph's own memory
+// pool (the CUDA programming guide, "graph memory nodes"), not of the stream-ordered pool that
+// served the same work while it ran as queued. A plain capture (the training step's chunks,
+// replayed every step from then on) gives back what the stream-ordered pool kept for it, so the
+// two pools do not both hold the step's kernel scratch; mt_device_memory_measure counts both.
+// (A decode step's capture keeps it: the next prompt's prefill borrows from that pool again.)
+static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
+void mt_device_capture_begin(mt_rank *r, int programmatic) {
+    mt__capturing_plain = !programmatic;
     const char *env = getenv("MT_CUDA_GRAPH");
     mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
     if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
     const char *pdl = getenv("MT_PDL");   // MT_PDL=0: the step's kernels one after another, as outside a graph
-    mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
+    mt__pdl_on = programmatic && mt__capturing && !(pdl && atoi(pdl) == 0);
 }
 void *mt_device_capture_end(mt_rank *r) {
     if (!mt__capturing) return NULL;
@@ -7711,6 +7769,11 @@ void *mt_device_capture_end(mt_rank *r) {
     cudaGraphExec_t exec;
     MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     MT_CUDA_CHECK(cudaGraphDestroy(graph));
+    if (mt__capturing_plain) {
+        cudaMemPool_t pool;
+        MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r->dev.device));
+        MT_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));   // (only what no allocation holds now)
+    }
     return (void *)exec;
 }
 void mt_device_graph_launch(mt_rank *r, void *graph) {

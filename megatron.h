@@ -957,6 +957,8 @@ typedef struct {
     size_t allocated, allocated_peak;           // cudaMalloc'd through mt_buffer_alloc*: now, at most
     size_t pool_used, pool_used_peak;           // lent by the stream-ordered pool (kernel scratch): now, at most
     size_t pool_reserved, pool_reserved_peak;   // the pool's backing memory (kept, not returned): now, at most
+                                                // (reserved: with the CUDA graphs' memory pool, where section
+                                                // 8's recorded chunks borrow the same scratch)
     size_t context;                             // in use on the GPU before the first allocation (dev.context_bytes)
     size_t in_use, total;                       // the whole GPU now (cudaMemGetInfo): in use, size
 } mt_device_memory;
@@ -966,8 +968,12 @@ void mt_device_check_precision(const mt_config *cfg);
    not run, and capture_end returns it as one launchable graph; graph_launch replays it. Where there
    is nothing to record (the CPU build; MT_CUDA_GRAPH=0, MT_PROFILE=1 or MT_SYNC_DEBUG=1 on the GPU)
    the work runs as it is queued and capture_end returns NULL. The work must be collective-free and
-   read its varying inputs from device buffers. Generation's decode step uses it (section 11). */
-void mt_device_capture_begin(mt_rank *r);
+   read its varying inputs from device buffers. programmatic = 1: every kernel queued is launched
+   with programmatic dependent launch (kernels.cuh: each must wait with griddepcontrol before it
+   touches what the kernel ahead writes; only the decode step's kernels do); 0: plain stream order.
+   Generation's decode step (section 11, programmatic) and the training step's chunks (section 8,
+   plain) use it. */
+void mt_device_capture_begin(mt_rank *r, int programmatic);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
 void mt_device_graph_free(void *graph);
@@ -1377,6 +1383,23 @@ typedef struct {
                                 // layers run without sequence parallelism (as Megatron's inference)
 } mt_step_state;
 
+/* the training step's chunks recorded as CUDA graphs (GPU build; section 8's mt__run_chunk): one
+   entry per distinct piece of work (activation slot, chunk, forward or backward, training or
+   evaluation, loss scale), its graph made the second time that work is queued, then replayed */
+typedef struct {
+    const void *slot;           // the activation slot: its buffers are the work's inputs and outputs
+    int chunk, backward, training;
+    float loss_scale;           // fp16: the head's gradient starts from it, a kernel argument
+    int runs;                   // times this work was queued
+    int recorded;               // 1: recorded once (graph may be NULL: nothing to record, MT_CUDA_GRAPH=0)
+    void *graph;
+} mt_chunk_graph;
+enum { MT_CHUNK_GRAPHS = 16 };  // entries; past that, the work runs as queued
+typedef struct {
+    mt_chunk_graph entry[MT_CHUNK_GRAPHS];
+    int count;
+} mt_step_graphs;
+
 typedef struct {                // bytes of this rank's memory, per kind (printed at start)
     size_t params, grads, optimizer, activations, scratch;   // the buffers allocated once (scratch: "workspace")
     size_t kernel_scratch;      // the most the GPU's launchers borrow at once during a step (0 on the CPU build)
@@ -1399,6 +1422,7 @@ struct mt_rank {
     mt_optimizer optim;
     mt_grad_buckets buckets;    // --overlap-grad-reduce (section 7)
     mt_step_state state;
+    mt_step_graphs graphs;      // the step's chunks as CUDA graphs (section 8)
     mt_memory_report memory;
     mt_span_log *timeline;      // §1's span recorder for --timeline (NULL: off); mt_rank_set_timeline
 };
@@ -8060,7 +8084,7 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
 }
 
 // CUDA graphs: nothing to record on the CPU; the work ran as it was queued
-void mt_device_capture_begin(mt_rank *r) { (void)r; }
+void mt_device_capture_begin(mt_rank *r, int programmatic) { (void)r; (void)programmatic; }
 void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
@@ -9858,6 +9882,81 @@ static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, mt__s
     mt_span_add(r->timeline, &sp);
 }
 
+// ---------------------------------------------------------------------------------------------
+// THE STEP AS CUDA GRAPHS (GPU build)
+// ---------------------------------------------------------------------------------------------
+// A chunk's forward queues ~190 kernels for GPT-2 small and its backward ~440, the same kernels
+// with the same arguments every iteration: what changes (token ids, targets, the chunk's input from
+// the previous stage, the parameters) is read from device buffers written before it runs. Launched
+// one by one, each kernel costs the host a launch and the GPU a gap before it starts; recorded once
+// as a CUDA graph (section 3's mt_device_capture_begin / _end) the whole chunk is one launch.
+// The work is the same from step to step when
+//   - nothing in it talks to another rank: TP = 1 (the f / g all-reduces sit inside the layers) and
+//     no --overlap-grad-reduce across DP ranks (its buckets start inside the backward);
+//   - no dropout while training: the masks are keyed by the iteration, a kernel argument;
+//   - the same activation slot, chunk, direction, training flag and fp16 loss scale (the entry's key;
+//     a new loss scale records the work again).
+// A work's first run goes as queued (kernels set their attributes, the pools grow), the second is
+// recorded and launched, later ones replay it. The CPU build and MT_CUDA_GRAPH=0 run it as queued.
+static int mt__chunk_graphable(const mt_rank *r) {
+    const mt_config *cfg = r->cfg;
+    if (r->ps.tp_size > 1 || r->ps.pp_size > 1) return 0;
+    if (r->ps.dp_size > 1 && cfg->parallel.overlap_grad_reduce) return 0;
+    if (r->state.training && (cfg->model.hidden_dropout > 0.0f || cfg->model.attention_dropout > 0.0f)) return 0;
+    return 1;
+}
+
+static void mt__chunk_work(mt_rank *r, mt_activations *a, int chunk, int backward) {
+    if (backward) mt__backward_chunk(r, a, chunk);
+    else mt__forward_chunk(r, a, chunk);
+}
+
+static void mt__run_chunk(mt_rank *r, mt_activations *a, int chunk, int backward) {
+    if (!mt__chunk_graphable(r)) {
+        mt__chunk_work(r, a, chunk, backward);
+        return;
+    }
+    mt_step_graphs *gs = &r->graphs;
+    float scale = r->state.training ? r->state.loss_scale : 1.0f;
+    mt_chunk_graph *e = NULL;
+    for (int i = 0; i < gs->count && !e; i++) {
+        mt_chunk_graph *c = &gs->entry[i];
+        if (c->slot == a && c->chunk == chunk && c->backward == backward && c->training == r->state.training) e = c;
+    }
+    if (e && e->loss_scale != scale) {   // fp16's scale moved: this work is new again
+        mt_device_graph_free(e->graph);
+        e->graph = NULL;
+        e->runs = e->recorded = 0;
+        e->loss_scale = scale;
+    }
+    if (!e && gs->count < MT_CHUNK_GRAPHS) {
+        e = &gs->entry[gs->count++];
+        memset(e, 0, sizeof *e);
+        e->slot = a;
+        e->chunk = chunk;
+        e->backward = backward;
+        e->training = r->state.training;
+        e->loss_scale = scale;
+    }
+    if (e && e->graph) {
+        mt_device_graph_launch(r, e->graph);
+    } else if (e && e->runs == 1 && !e->recorded) {
+        mt_device_capture_begin(r, 0);
+        mt__chunk_work(r, a, chunk, backward);
+        e->graph = mt_device_capture_end(r);
+        e->recorded = 1;
+        mt_device_graph_launch(r, e->graph);   // (NULL: nothing was recorded, the work ran as queued)
+    } else {
+        mt__chunk_work(r, a, chunk, backward);
+    }
+    if (e) e->runs++;
+}
+
+static void mt__chunk_graphs_free(mt_rank *r) {
+    for (int i = 0; i < r->graphs.count; i++) mt_device_graph_free(r->graphs.entry[i].graph);
+    memset(&r->graphs, 0, sizeof r->graphs);
+}
+
 // run one step of a schedule
 static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
     int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
@@ -9877,7 +9976,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
         mt__span_start t0 = mt__work_start(r);
-        mt__forward_chunk(r, a, st.chunk);
+        mt__run_chunk(r, a, st.chunk, 0);
         mt__work_span(r, MT_SPAN_FORWARD, st, t0);
         if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
             int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
@@ -9890,7 +9989,7 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
         if (!mt__is_last_virtual(r, st.chunk))
             mt__recv(r, r->scratch.dresidual, BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(1, st.mb, st.chunk));
         mt__span_start t0 = mt__work_start(r);
-        mt__backward_chunk(r, a, st.chunk);
+        mt__run_chunk(r, a, st.chunk, 1);
         mt__work_span(r, MT_SPAN_BACKWARD, st, t0);
         if (!mt__is_first_virtual(r, st.chunk)) {
             int prev_chunk = s > 0 ? st.chunk : st.chunk - 1;
@@ -10051,6 +10150,7 @@ void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
 
 void mt_rank_free(mt_rank *r) {
     mt__rank_own_buffers(r, 0);
+    mt__chunk_graphs_free(r);   // (before the buffers their work reads)
     if (r->timeline) mt_device_clock_free(r->timeline);   // its events, on this rank's GPU
     mt_activations_free(r);
     mt_grad_buckets_free(r);
@@ -12930,7 +13030,7 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
     } else if (graphable && g->graphs[slot]) {
         mt_device_graph_launch(r, g->graphs[slot]);
     } else {
-        if (graphable) mt_device_capture_begin(r);
+        if (graphable) mt_device_capture_begin(r, 1);
         for (int chunk = 0; chunk < r->ps.vp_size; chunk++) {
             if (mt__is_first_virtual(r, chunk)) {
                 // x = wte[token] + wpe[position]; vocab-parallel, g's all-reduce sums the TP ranks'

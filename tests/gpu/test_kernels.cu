@@ -780,7 +780,8 @@ MT_TEST(matmul_gelu) {
 // the same k order a row: the same bits), with the k-slices `splits` (0: the plan's; 3: three
 // slices; -1: stream-K) for both
 static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f16, int pp = 0, int splits = 0) {
-    int ldc = N + 8, a_k = 1, b_k = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? 0 : 1;
+    int grad = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 || op == MT__EPI_GELU_GRAD16_GELU16;
+    int ldc = N + 8, a_k = 1, b_k = grad ? 0 : 1;
     int ldb = b_k ? K : N;   // B (N x K) k inner: rows of K; k outer (dinp's layout): K rows of N
     size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * ldc;
     float *ha = host_random(na, -1, 1), *hb = host_random(nb, -1, 1), *hbias = host_random(N, -1, 1);
@@ -794,7 +795,7 @@ static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f
         mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)a16, da, na, 0); mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)b16, db, nb, 0);
         mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)x16, dx, nc, 0);
     }
-    int sixteen_aux = op == MT__EPI_GELU_GRAD16;
+    int sixteen_aux = op == MT__EPI_GELU_GRAD16 || op == MT__EPI_GELU_GRAD16_GELU16;
     mt__epilogue epi = {op, sixteen_aux ? (const void *)x16 : (const void *)dx, NULL};
     float *got[2][2];   // [staged][c, c2]
     int mode = mt__wgmma_pingpong_mode();
@@ -804,7 +805,7 @@ static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f
         mt__wgmma_staged_epilogue = pp ? 1 : staged;
         mt__wgmma_pingpong = pp ? 0 : mode;
         mt__wgmma_force_pingpong = pp && staged;
-        const float *bias = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 ? NULL : dbias;
+        const float *bias = grad ? NULL : dbias;
         mt__gemm_wgmma_any(dc, a16, b16, f16, bias, M, N, K, K, ldb, ldc, a_k, b_k, accumulate, splits,
                            op == MT__EPI_NONE ? NULL : &epi, 0);
         got[staged][0] = dev_download(dc, nc);
@@ -814,7 +815,8 @@ static void wgmma_staged_case(int M, int N, int K, int op, int accumulate, int f
     mt__wgmma_staged_epilogue = 1;
     mt__wgmma_pingpong = mode;
     mt__wgmma_force_pingpong = 0;
-    const char *names[] = {"none", "gelu", "gelu_grad", "gelu16", "store16", "store16_gelu16", "gelu_grad16"};
+    const char *names[] = {"none", "gelu", "gelu_grad", "gelu16", "store16", "store16_gelu16", "gelu_grad16",
+                           "gelu_grad16_gelu16"};
     for (int out = 0; out < 2; out++) {
         int same = memcmp(got[0][out], got[1][out], nc * sizeof(float)) == 0;
         mt_expect(same, "wgmma epilogue %s%s %s M=%d N=%d K=%d splits %d: %s %s", names[op],
@@ -836,11 +838,59 @@ MT_TEST(wgmma_staged_epilogue) {
     if (mt__wgmma_unsupported()) { printf("  SKIPPED: no wgmma rung on this GPU or binary\n"); return; }
     int shapes[][3] = {{300, 520, 200}, {129, 264, 768}, {1000, 3072, 768}, {77, 8, 64}, {256, 256, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int op = 0; op <= MT__EPI_GELU_GRAD16; op++)
+        for (int op = 0; op <= MT__EPI_GELU_GRAD16_GELU16; op++)
             for (int f16 = 0; f16 < 2; f16++) {
                 wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 0, f16);
                 if (op == MT__EPI_NONE) wgmma_staged_case(shapes[s][0], shapes[s][1], shapes[s][2], op, 1, f16);
             }
+}
+// GELU_GRAD16_GELU16 (fc-proj's input gradient remaking the GELU's output for the weight gradient):
+// its C bit for bit GELU_GRAD16's, its c2 bit for bit mt__gelu_rounded's pass over the same 16-bit
+// input (which it replaces), in the whole (M, N + 8) buffers, staged and unstaged, unsplit, in 3
+// k-slices and stream-K (the finish's one-output path), bf16 and fp16
+MT_TEST(wgmma_gelu_remake) {
+    if (mt__wgmma_unsupported()) { printf("  SKIPPED: no wgmma rung on this GPU or binary\n"); return; }
+    int shapes[][3] = {{300, 520, 200}, {1000, 3072, 768}, {77, 8, 64}, {2048, 3072, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int staged = 0; staged < 2; staged++)
+                for (int splits : {0, 3, -1}) {
+                    int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ldc = N + 8;
+                    size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * ldc;
+                    float *ha = host_random(na, -1, 1), *hb = host_random(nb, -1, 1), *hx = host_random(nc, -3, 3);
+                    float *hc = host_random(nc, -2, 2);
+                    float *da = dev_upload(ha, na), *db = dev_upload(hb, nb), *dx = dev_upload(hx, nc);
+                    void *a16 = dev_alloc(na * 2 + 16), *b16 = dev_alloc(nb * 2 + 16), *x16 = dev_alloc(nc * 2 + 16);
+                    if (f16) {
+                        mt_cast_f32_to_f16_gpu((__half *)a16, da, na, 0); mt_cast_f32_to_f16_gpu((__half *)b16, db, nb, 0);
+                        mt_cast_f32_to_f16_gpu((__half *)x16, dx, nc, 0);
+                    } else {
+                        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)a16, da, na, 0);
+                        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)b16, db, nb, 0);
+                        mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)x16, dx, nc, 0);
+                    }
+                    // the c buffers hold 16-bit values at row stride ldc: half of each fp32 buffer is used
+                    float *c_ref = dev_upload(hc, nc), *c_new = dev_upload(hc, nc), *g_ref = dev_upload(hc, nc),
+                          *g_new = dev_upload(hc, nc);
+                    mt__wgmma_staged_epilogue = staged;
+                    mt__epilogue ref = {MT__EPI_GELU_GRAD16, x16, NULL}, fused = {MT__EPI_GELU_GRAD16_GELU16, x16, g_new};
+                    mt__gemm_wgmma_any(c_ref, a16, b16, f16, NULL, M, N, K, K, N, ldc, 1, 0, 0, splits, &ref, 0);
+                    mt__gemm_wgmma_any(c_new, a16, b16, f16, NULL, M, N, K, K, N, ldc, 1, 0, 0, splits, &fused, 0);
+                    mt__wgmma_staged_epilogue = 1;
+                    mt__gelu_rounded(g_ref, x16, 1, nc, f16, 0);   // (the whole buffer: the 8 columns past N too)
+                    float *hc_ref = dev_download(c_ref, nc), *hc_new = dev_download(c_new, nc);
+                    unsigned short *hg_ref = (unsigned short *)dev_download(g_ref, nc),
+                                   *hg_new = (unsigned short *)dev_download(g_new, nc);
+                    int same_c = memcmp(hc_ref, hc_new, nc * sizeof(float)) == 0, same_g = 1;
+                    for (int i = 0; i < M && same_g; i++)   // c2: the M x N outputs (the rest was never written)
+                        same_g = memcmp(hg_ref + (size_t)i * ldc, hg_new + (size_t)i * ldc, (size_t)N * 2) == 0;
+                    mt_expect(same_c && same_g, "gelu_grad16_gelu16 %s %s M=%d N=%d K=%d splits %d: %s%s", f16 ? "fp16" : "bf16",
+                              staged ? "staged" : "unstaged", M, N, K, splits, same_c ? "" : "C differs from GELU_GRAD16's ",
+                              same_g ? "" : "c2 differs from mt__gelu_rounded's");
+                    free(ha); free(hb); free(hx); free(hc); free(hc_ref); free(hc_new); free(hg_ref); free(hg_new);
+                    dev_free(da); dev_free(db); dev_free(dx); dev_free(a16); dev_free(b16); dev_free(x16);
+                    dev_free(c_ref); dev_free(c_new); dev_free(g_ref); dev_free(g_new);
+                }
 }
 // the ping-pong schedule (kernels.cuh, THE PING-PONG SCHEDULE) against the cooperative tile, bit
 // for bit, in the layouts and epilogues it is built for (bf16, A k inner): ragged shapes (an odd
@@ -2137,6 +2187,7 @@ int main(int argc, char **argv) {
         run("matmul", test_matmul);
         run("matmul_gelu", test_matmul_gelu);
         run("wgmma_staged_epilogue", test_wgmma_staged_epilogue);
+        run("wgmma_gelu_remake", test_wgmma_gelu_remake);
         run("wgmma_pingpong", test_wgmma_pingpong);
         run("dropout", test_dropout);
         run("copy_strided", test_copy_strided);

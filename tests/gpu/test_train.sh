@@ -2,7 +2,8 @@
 # make test-gpu, part 2: 20 training steps on the GPU build against the CPU build.
 # The same model, data, seed and layout; the losses must agree within the arithmetic's
 # tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2 (also with
-# --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2.
+# --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2; then
+# checkpoint resume, recompute, the timeline and the CUDA graphs of the step against plain runs.
 # Prints "N passed, N failed" at the end.
 set -u
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -65,6 +66,20 @@ done
 ./tests/gpu/compare_logs build/gpu_1gpu_bf16.log build/gpu_timeline.log 0 timeline_losses &&
 python3 tests/gpu/check_timeline.py build/gpu_timeline.json build/gpu_timeline.log 2 2 && passed=$((passed + 1)) || {
   echo "GPU timeline check failed"; tail -3 build/gpu_timeline.log; failed=$((failed + 1)); }
+# the step's chunks as CUDA graphs (megatron.h section 8, on by default): a replay runs the same
+# kernels with the same arguments as the chunk queued op by op, so every loss equals the run with
+# MT_CUDA_GRAPH=0 (tolerance 0): bf16 with evaluation every 5 steps (its forward recorded too; the
+# validation lines must be equal as well), and fp16, whose dynamic loss scale moves in the first
+# steps (each new scale records the backward again)
+for gc in "bf16_eval|--bf16 --eval-interval 5 --eval-iters 3" "fp16|--fp16"; do
+  label=${gc%%|*}; flags=${gc#*|}
+  ./train_gpt_cuda $M $flags > build/gpu_graph_$label.log 2>&1 &&
+  MT_CUDA_GRAPH=0 ./train_gpt_cuda $M $flags > build/gpu_nograph_$label.log 2>&1 &&
+  ./tests/gpu/compare_logs build/gpu_nograph_$label.log build/gpu_graph_$label.log 0 graph_$label &&
+  [ "$(grep 'validation loss' build/gpu_graph_$label.log)" = "$(grep 'validation loss' build/gpu_nograph_$label.log)" ] &&
+  passed=$((passed + 1)) || {
+    echo "GPU graph $label differs or failed"; tail -3 build/gpu_graph_$label.log; failed=$((failed + 1)); }
+done
 [ "$skipped" -eq 0 ] || echo "$skipped checks SKIPPED for want of a second GPU (run make test-gpu on 2 GPUs for them)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
