@@ -2556,6 +2556,19 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
     int lt = (int)(e % 128), q = (int)(e / 128 % groups), wg = (int)(e / (128 * groups) % (g.bm / 64)),
         t = (int)(e / per_tile);
     const float4 *base = (const float4 *)g.workspace + wg * (groups * 128) + q * 128 + lt;   // + slot * per_tile
+    int row0, col0;
+    mt__wgmma_tile_origin(g, t, &row0, &col0);
+    int i = row0 + 64 * wg + 16 * (lt / 32) + (lt % 32) / 4, j = col0 + 8 * q + 2 * (lt % 4);
+    // the weight gradients' path (below): C's old values loaded first, in flight with the partials
+    // (they do not depend on them: one round trip to memory a thread instead of two)
+    int plain2 = g.store2_ok && g.epilogue == MT__EPI_NONE;
+    float2 zero = make_float2(0.0f, 0.0f), old0 = zero, old1 = zero;
+    float *c0 = g.c + (size_t)i * g.ldc + j, *c1 = c0 + (size_t)8 * g.ldc;
+    int in0 = i < g.M, in1 = i + 8 < g.M;
+    if (plain2 && j < g.N && g.accumulate) {
+        if (in0) old0 = *(const float2 *)c0;
+        if (in1) old1 = *(const float2 *)c1;
+    }
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!g.sk_workers) {
 #pragma unroll 4   // four partials in flight, added in z order
@@ -2573,17 +2586,10 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
             s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
         }
     }
-    int row0, col0;
-    mt__wgmma_tile_origin(g, t, &row0, &col0);
-    int i = row0 + 64 * wg + 16 * (lt / 32) + (lt % 32) / 4, j = col0 + 8 * q + 2 * (lt % 4);
     float v[4] = {s.x, s.y, s.z, s.w};
-    if (g.store2_ok && g.epilogue == MT__EPI_NONE) {   // the weight-gradients: float2 pairs (j, j+1) of
-        if (j >= g.N) return;                           // rows i and i+8, both reads before either write
-        float2 zero = make_float2(0.0f, 0.0f), b = g.bias ? *(const float2 *)(g.bias + j) : zero;
-        float *c0 = g.c + (size_t)i * g.ldc + j, *c1 = c0 + (size_t)8 * g.ldc;
-        int in0 = i < g.M, in1 = i + 8 < g.M;
-        float2 old0 = g.accumulate && in0 ? *(const float2 *)c0 : zero;
-        float2 old1 = g.accumulate && in1 ? *(const float2 *)c1 : zero;
+    if (plain2) {   // the weight-gradients: float2 pairs (j, j+1) of rows i and i+8, both read (above)
+        if (j >= g.N) return;   // before either write
+        float2 b = g.bias ? *(const float2 *)(g.bias + j) : zero;
         float2 v0 = make_float2(v[0] + b.x, v[1] + b.y), v1 = make_float2(v[2] + b.x, v[3] + b.y);   // as store1:
         if (in0) *(float2 *)c0 = g.accumulate ? make_float2(old0.x + v0.x, old0.y + v0.y) : v0;   // old + (v + bias)
         if (in1) *(float2 *)c1 = g.accumulate ? make_float2(old1.x + v1.x, old1.y + v1.y) : v1;
