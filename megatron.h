@@ -9885,7 +9885,7 @@ static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, mt__s
 // ---------------------------------------------------------------------------------------------
 // THE STEP AS CUDA GRAPHS (GPU build)
 // ---------------------------------------------------------------------------------------------
-// A chunk's forward queues ~190 kernels for GPT-2 small and its backward ~440, the same kernels
+// A chunk's forward queues ~115 kernels for GPT-2 small and its backward ~345, the same kernels
 // with the same arguments every iteration: what changes (token ids, targets, the chunk's input from
 // the previous stage, the parameters) is read from device buffers written before it runs. Launched
 // one by one, each kernel costs the host a launch and the GPU a gap before it starts; recorded once
