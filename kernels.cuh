@@ -2799,11 +2799,12 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         mt_fatal("--gemm wgmma: leading dimension too small (lda %d, ldb %d, ldc %d for M %d N %d K %d)", lda, ldb, ldc, M, N, K);
     int Kmap = K > 0 ? K : 1;   // K = 0: no k-step runs, the maps are never read, but must be valid
     mt_wgmma_plan plan;   // tiles, k-slices or stream-K: the same plan the memory plan counts
-    int plain = epi == NULL || epi->op == MT__EPI_NONE;   // the 192 x 192 tile: plain k-outer products only
+    int op = epi ? epi->op : MT__EPI_NONE;
+    int plain = op == MT__EPI_NONE;   // the 192 x 192 tile: plain k-outer products only
     mt_wgmma_plan_make(&plan, M, N, K, want_splits,
                        !a_k_inner && !b_k_inner && plain ? (mt__wgmma_force_192 ? 2 : 1) : 0);
     int ping = 0;   // the ping-pong schedule: the same plan, each unit on a cluster pair (above)
-    if (plan.bm == MT__WG_BM && mt__wgmma_pingpong_built(f16, a_k_inner, b_k_inner, epi ? epi->op : MT__EPI_NONE)) {
+    if (plan.bm == MT__WG_BM && mt__wgmma_pingpong_built(f16, a_k_inner, b_k_inner, op)) {
         int mode = mt__wgmma_pingpong_mode();
         ping = mt__wgmma_force_pingpong || (plan.splits == 1 && !plan.stream_k && (mode == 2 || (mode == 1 && K <= 1024)));
     }
@@ -2814,26 +2815,25 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     memset(&g, 0, sizeof g);
     g.c = c; g.bias = bias; g.M = M; g.N = N; g.K = K; g.ldc = ldc; g.accumulate = accumulate;
     g.store2_ok = (uintptr_t)c % 8 == 0 && ldc % 2 == 0 && N % 2 == 0 && (bias == NULL || (uintptr_t)bias % 8 == 0);
-    if (epi && epi->op != MT__EPI_NONE) {
+    // the epilogues that read the GELU's input (aux); GELU_GRAD16_GELU16 also writes c2
+    int remake = op == MT__EPI_GELU_GRAD16_GELU16;
+    int grad = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 || remake;
+    if (op != MT__EPI_NONE) {
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
-        g.epilogue = epi->op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
-        int remake = epi->op == MT__EPI_GELU_GRAD16_GELU16;
-        int grad = epi->op == MT__EPI_GELU_GRAD || epi->op == MT__EPI_GELU_GRAD16 || remake;
+        g.epilogue = op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
         const void *other = grad ? epi->aux : (const void *)epi->c2;
-        int sixteen = epi->op == MT__EPI_GELU16 || epi->op == MT__EPI_STORE16 || epi->op == MT__EPI_STORE16_GELU16 ||
-                      epi->op == MT__EPI_GELU_GRAD16 || remake;
+        int sixteen = op == MT__EPI_GELU16 || op == MT__EPI_STORE16 || op == MT__EPI_STORE16_GELU16 ||
+                      op == MT__EPI_GELU_GRAD16 || remake;
         if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
         // STORE16_GELU16, GELU_GRAD16(_GELU16): c holds 16-bit values too, stored in pairs (4 bytes)
-        if (epi->op == MT__EPI_STORE16_GELU16 || epi->op == MT__EPI_GELU_GRAD16 || remake)
+        if (op == MT__EPI_STORE16_GELU16 || op == MT__EPI_GELU_GRAD16 || remake)
             g.store2_ok = (uintptr_t)c % 4 == 0 && ldc % 2 == 0 && N % 2 == 0 && (uintptr_t)other % 4 == 0 &&
                           (!remake || (uintptr_t)epi->c2 % 4 == 0) && (bias == NULL || (uintptr_t)bias % 8 == 0);
     }
     {   // the staged epilogue: whole 16-byte pieces of every row it writes or reads
-        int op = epi ? epi->op : MT__EPI_NONE;
         const void *c2 = op == MT__EPI_GELU || op == MT__EPI_GELU16 || op == MT__EPI_STORE16 ||
-                                 op == MT__EPI_STORE16_GELU16 || op == MT__EPI_GELU_GRAD16_GELU16 ? epi->c2 : NULL;
-        const void *aux = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 || op == MT__EPI_GELU_GRAD16_GELU16
-                              ? epi->aux : NULL;
+                                 op == MT__EPI_STORE16_GELU16 || remake ? epi->c2 : NULL;
+        const void *aux = grad ? epi->aux : NULL;
         g.stage_ok = N % 8 == 0 && ldc % 8 == 0 && mt__aligned16(c) && (c2 == NULL || mt__aligned16(c2)) &&
                      (aux == NULL || mt__aligned16(aux)) && (bias == NULL || (uintptr_t)bias % 8 == 0) &&
                      mt__wgmma_staged_epilogue;
@@ -7732,11 +7732,11 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
     MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &v));
     m->pool_reserved_peak = (size_t)v;
     // the graph memory pool: the work recorded as CUDA graphs (below) borrows its scratch there, in
-    // the graph allocator's own granularity (160 MiB held for GPT-2 small at B = 16 and at B = 8 alike,
-    // measured on an H200), after the stream-ordered
-    // pool gave its copy back. pool_used stays the stream pool's (what the launchers borrow as
-    // queued: the plan's kernel scratch); the backing memory counts both: now, added; at most, the
-    // stream pool's peak (a step queued op by op) or what it holds now with the graphs' on top
+    // the graph allocator's own granularity (160 MiB held for GPT-2 small at B = 16 and at B = 8
+    // alike, measured on an H200), after the stream-ordered pool gave its copy back. pool_used stays
+    // the stream pool's (what the launchers borrow as queued: the plan's kernel scratch); the backing
+    // memory counts both: now, added; at most, the stream pool's peak (a step queued op by op) or
+    // what it holds now with the graphs' on top
     uint64_t g = 0, g_high = 0;
     MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemCurrent, &g));
     MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemHigh, &g_high));

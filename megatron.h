@@ -1390,9 +1390,8 @@ typedef struct {
     const void *slot;           // the activation slot: its buffers are the work's inputs and outputs
     int chunk, backward, training;
     float loss_scale;           // fp16: the head's gradient starts from it, a kernel argument
-    int runs;                   // times this work was queued
-    int recorded;               // 1: recorded once (graph may be NULL: nothing to record, MT_CUDA_GRAPH=0)
-    void *graph;
+    int runs;                   // times this work was queued (recorded at the second: runs == 1)
+    void *graph;                // NULL: not recorded yet, or nothing was (the CPU build, MT_CUDA_GRAPH=0)
 } mt_chunk_graph;
 enum { MT_CHUNK_GRAPHS = 16 };  // entries; past that, the work runs as queued
 typedef struct {
@@ -9926,7 +9925,7 @@ static void mt__run_chunk(mt_rank *r, mt_activations *a, int chunk, int backward
     if (e && e->loss_scale != scale) {   // fp16's scale moved: this work is new again
         mt_device_graph_free(e->graph);
         e->graph = NULL;
-        e->runs = e->recorded = 0;
+        e->runs = 0;
         e->loss_scale = scale;
     }
     if (!e && gs->count < MT_CHUNK_GRAPHS) {
@@ -9940,11 +9939,10 @@ static void mt__run_chunk(mt_rank *r, mt_activations *a, int chunk, int backward
     }
     if (e && e->graph) {
         mt_device_graph_launch(r, e->graph);
-    } else if (e && e->runs == 1 && !e->recorded) {
+    } else if (e && e->runs == 1) {   // (once: runs only grows from here)
         mt_device_capture_begin(r, 0);
         mt__chunk_work(r, a, chunk, backward);
         e->graph = mt_device_capture_end(r);
-        e->recorded = 1;
         mt_device_graph_launch(r, e->graph);   // (NULL: nothing was recorded, the work ran as queued)
     } else {
         mt__chunk_work(r, a, chunk, backward);
