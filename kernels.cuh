@@ -115,10 +115,14 @@ static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 // The rule that keeps a chain of such kernels right: EVERY kernel launched so waits, in every
 // thread, before it reads or writes what another kernel of the step touches (a kernel that never
 // waited could end before the one ahead of it, and the one after it would then wait too little).
-// Without the attribute (training, and any launch outside a decode step's capture) both
-// instructions do nothing.
-// mt__pdl_on: set while a decode step is captured (mt_device_capture_begin): mt__launch then adds
-// the attribute. (Thread-local: each rank thread captures its own stream.)
+// Without the attribute (any launch outside a captured graph) both instructions do nothing.
+// mt__pdl_on: set while a decode step or a training chunk is captured (mt_device_capture_begin):
+// mt__launch then adds the attribute. Only kernels launched through mt__launch get it, and each of
+// those starts with mt__pdl_start; a kernel launched with <<<...>>> waits for the whole of the
+// kernel ahead as always, and the kernel after it for the whole of it. In a training chunk that
+// is the wgmma GEMMs, their split-K reduction, the layernorm forward and the residual add: about
+// 200 of the ~460 kernel boundaries of GPT-2 small's step. (Thread-local: each rank thread
+// captures its own stream.)
 static MT_THREAD_LOCAL int mt__pdl_on;
 __device__ static inline void mt__pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -2321,6 +2325,10 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
     }
     __syncthreads();
     if (PING) mt__cluster_sync();   // the partner's barriers exist before anything arrives on them
+    // inside a training chunk's graph the GEMM is launched behind the kernel ahead with programmatic
+    // dependent launch (section 1): the barriers above were set up meanwhile; nothing global is
+    // touched before this wait
+    mt__pdl_start();
 
     if (threadIdx.x < 128) {
         // ---------------- producer warpgroup: one thread feeds the ring ----------------
@@ -2550,6 +2558,7 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
 // slices z = 0, 1, ...; stream-K: workers w = first, ..., last that touched tile t), then writes
 // the four outputs it holds (the wgmma register layout above) with bias / accumulation.
 __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a chunk's graph)
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int per_tile = g.bm * g.bn / 4, groups = g.bn / 8;   // float4s a tile; float4 groups a thread
     if (e >= (size_t)g.tiles_m * g.tiles_n * per_tile) return;
@@ -2678,16 +2687,17 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
     auto kernel = mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG, PING>;
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mt__wg_smem(NWG)));
     if (!PING) {
-        kernel<<<grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream>>>(map_a, map_b, g);
-        mt__launch_check("mt_matmul_kernel4_wgmma", stream);
+        mt__launch("mt_matmul_kernel4_wgmma", kernel, grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream, map_a, map_b, g);
         return;
     }
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 2;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as mt__launch
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.blockDim = dim3(mt__wg_threads(NWG));
     cfg.dynamicSmemBytes = mt__wg_smem(NWG);
     cfg.stream = stream;
@@ -2701,6 +2711,7 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
                                 "hint: MT_WGMMA_PINGPONG=0");
     }
     cfg.gridDim = dim3(2 * (grid < pairs ? grid : pairs));
+    cfg.numAttrs = mt__pdl_on ? 2 : 1;
     MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, g));
     mt__launch_check("mt_matmul_kernel4_wgmma", stream);
 }
@@ -2863,8 +2874,8 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     else mt__gemm_wgmma_launch_layout<0>(map_a, map_b, g, grid, a_k_inner, b_k_inner, ping, stream);
     if (slots) {
         size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * plan.bm * plan.bn / 4;   // one thread per float4 of a tile
-        mt_matmul_kernel4_splitk_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(g);
-        mt__launch_check("mt_matmul_kernel4_splitk_reduce", stream);
+        mt__launch("mt_matmul_kernel4_splitk_reduce", mt_matmul_kernel4_splitk_reduce, (unsigned)((n4 + 255) / 256), 256,
+                   0, stream, g);
         MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));
     }
 }
@@ -6786,6 +6797,137 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_fused16_kernel(float *lo
     }
     mt__ce_row_grad16<F16>(l, V_local, n, local, M, 1.0f / S, dloss);
 }
+// THE ROW STAGED IN SHARED MEMORY. The kernel above reads each row twice, and the second read
+// comes from memory, not L2 (3 passes over 1.65 GB, 1.24 ms at GPT-2 small's batch). Here a block
+// stays on its SM (one block an SM, 512 threads) and walks rows r, r + grid, r + 2 grid, ...; each
+// row is copied once from memory into shared memory (cp.async: 16 bytes a thread per copy, no
+// registers held while the bytes fly), and the next row's copy is already in flight while the
+// threads work on this one: two buffers of V_local 16-bit values (GPT-2's 50,304: 2 x 98 KB). Then
+//   M = max_v l[v],  S = sum_v exp(l[v] - M),  loss = log S + M - l[y],
+//   dl[v] = (exp(l[v] - M) / S - [v == y]) dloss, rounded to 16 bits, written over the row,
+// the max, the sum and the gradient each a pass over shared memory: the row crosses HBM once in,
+// once out (1.65 GB each way). The exponentials are the hardware's, 2^((l - M) log2 e) with
+// ex2.approx (as the GELU's): at ~100,000 exponentials a row the exact expf's ~8 instructions an
+// element would take about as long as the row's bytes; the difference is a few ulps of each term,
+// within the tests' 1e-5 on the sum (against the sum in double) and the 16-bit rounding of the
+// gradient. The padded columns (v >= n) enter as -inf: no part in M or S, a gradient of 0.
+// The rows of V_local 16-bit values, V_local % 8 == 0, 16-byte aligned (the fused kernel's
+// conditions); 2 V_local 16-bit values of shared memory must fit on the SM (else the kernel above).
+#define MT__CE_STAGED_THREADS 512
+template <typename T, int F16>
+__global__ void __launch_bounds__(MT__CE_STAGED_THREADS, 1)
+    mt_cross_entropy_staged16_kernel(float *losses, float *maxv, float *sumexp, float *target_logit, void *logits,
+                                     const int *targets, int BT, int V_local, int vocab_start, int n, float dloss) {
+    extern __shared__ uint4 mt__ce_rows[];   // [2][V_local / 8] pieces of 8 values
+    const int pieces = V_local / 8;
+    const float log2e = 1.4426950408889634f;
+    uint4 *rows = (uint4 *)logits;            // row i's pieces start at rows + i * pieces
+    // start copying row i into buffer b (every thread its pieces), as one cp.async group
+    auto fetch = [&](int i, int b) {
+        if (i < BT)
+            for (int p = threadIdx.x; p < pieces; p += blockDim.x)
+                mt__cp_async16(mt__ce_rows + (size_t)b * pieces + p, rows + (size_t)i * pieces + p, 16);
+        mt__cp_async_commit();   // (an empty group past the last row: the wait below counts groups)
+    };
+    // piece p of a staged row as 8 floats, the padded columns as -inf
+    auto piece8 = [&](const uint4 *row, int p, float e[8]) {
+        if (F16) mt__logits16B((const __half *)(row + p), e);
+        else mt__logits16B((const __nv_bfloat16 *)(row + p), e);
+        if (8 * p + 8 > n) {
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (8 * p + k >= n) e[k] = -INFINITY;
+        }
+    };
+    int b = 0;
+    fetch(blockIdx.x, 0);
+    for (int i = blockIdx.x; i < BT; i += gridDim.x, b ^= 1) {
+        fetch(i + gridDim.x, b ^ 1);   // the next row flies while this one is worked on
+        mt__cp_async_wait<1>();        // this thread's copies of row i have landed ...
+        __syncthreads();               // ... and every other thread's
+        const uint4 *row = mt__ce_rows + (size_t)b * pieces;
+        float m = -INFINITY;
+        for (int p = threadIdx.x; p < pieces; p += blockDim.x) {
+            float e[8];
+            piece8(row, p, e);
+            #pragma unroll
+            for (int k = 0; k < 8; k++) m = fmaxf(m, e[k]);
+        }
+        const float M = mt__block_max(m), ML = M * log2e;
+        float s = 0.0f;
+        for (int p = threadIdx.x; p < pieces; p += blockDim.x) {
+            float e[8], piece = 0.0f;
+            piece8(row, p, e);
+            #pragma unroll
+            for (int k = 0; k < 8; k++) piece += mt__ex2_ftz(fmaf(e[k], log2e, -ML));
+            s += piece;
+        }
+        const float S = mt__block_sum(s), inv = 1.0f / S;
+        const int local = targets[i] - vocab_start;
+        const float lt = local >= 0 && local < n ? mt__to_float(((const T *)row)[local]) : 0.0f;
+        if (threadIdx.x == 0) {
+            maxv[i] = M;
+            sumexp[i] = S;
+            target_logit[i] = lt;
+            losses[i] = logf(S) + M - lt;
+        }
+        uint4 *out = rows + (size_t)i * pieces;
+        for (int p = threadIdx.x; p < pieces; p += blockDim.x) {
+            float e[8];
+            piece8(row, p, e);
+            uint32_t packed[4];
+            #pragma unroll
+            for (int k = 0; k < 8; k += 2) {
+                float p0 = mt__ex2_ftz(fmaf(e[k], log2e, -ML)) * inv, p1 = mt__ex2_ftz(fmaf(e[k + 1], log2e, -ML)) * inv;
+                float d0 = (p0 - (8 * p + k == local ? 1.0f : 0.0f)) * dloss;
+                float d1 = (p1 - (8 * p + k + 1 == local ? 1.0f : 0.0f)) * dloss;
+                packed[k / 2] = mt__pack16x2<F16>(d0, d1);
+            }
+            out[p] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        }
+        __syncthreads();   // every thread is done with buffer b before the next fetch refills it
+    }
+    mt__cp_async_wait<0>();   // (no copy outlives the block)
+}
+// tests: 1 = always the unstaged fused kernel above (both are checked against the CPU)
+static int mt__ce_unstaged = 0;
+// the staged kernel's grid on this GPU for rows of V_local 16-bit values: one block an SM, or 0
+// where the two buffers do not fit (the caller then takes the unstaged kernel)
+template <typename T, int F16>
+static int mt__ce_staged_grid(int V_local) {
+    static MT_THREAD_LOCAL int known_V = -1, known_grid = 0;   // the answer for the last V_local asked
+    if (V_local == known_V) return known_grid;
+    size_t smem = (size_t)2 * V_local * sizeof(T);
+    int dev = 0, sms = 0, optin = 0, per_sm = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    known_V = V_local;
+    known_grid = 0;
+    if (smem > (size_t)optin - 1024) return 0;   // (the block reductions' own 128 bytes, with room)
+    const void *kernel = (const void *)mt_cross_entropy_staged16_kernel<T, F16>;
+    mt__allow_smem(kernel, smem);
+    MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MT__CE_STAGED_THREADS, smem));
+    if (per_sm < 1) return 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    known_grid = sms;
+    return sms;
+}
+template <typename T, int F16>
+static void mt__ce_fused16(float *losses, float *maxv, float *sumexp, float *target_logit, void *logits,
+                           const int *targets, int BT, int V_local, int vocab_start, int n, float dloss,
+                           cudaStream_t stream) {
+    int grid = mt__ce_unstaged ? 0 : mt__ce_staged_grid<T, F16>(V_local);
+    if (grid > 0) {
+        if (grid > BT) grid = BT;
+        mt_cross_entropy_staged16_kernel<T, F16><<<grid, MT__CE_STAGED_THREADS, (size_t)2 * V_local * sizeof(T), stream>>>(
+            losses, maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n, dloss);
+        mt__launch_check("mt_cross_entropy_staged16_kernel", stream);
+        return;
+    }
+    mt_cross_entropy_fused16_kernel<T, F16><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit, logits, targets,
+                                                                  V_local, vocab_start, n, dloss);
+    mt__launch_check("mt_cross_entropy_fused16_kernel", stream);
+}
 // losses and, in place of the 16-bit logits (logits_dtype BF16 or FP16, V_local % 8 == 0, 16-byte
 // aligned rows), their gradient; with maxv, sumexp, target_logit as the max-sums kernel writes them
 void mt_cross_entropy_fused16_gpu(float *losses, float *maxv, float *sumexp, float *target_logit, void *logits,
@@ -6796,13 +6938,11 @@ void mt_cross_entropy_fused16_gpu(float *losses, float *maxv, float *sumexp, flo
         mt_fatal("internal: the fused cross-entropy needs 16-bit logits, V_local %% 8 == 0 and aligned rows");
     int n = mt__real_columns(vocab_start, V_local, V);
     if (logits_dtype == MT_DTYPE_FP16)
-        mt_cross_entropy_fused16_kernel<__half, 1><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit, logits,
-                                                                          targets, V_local, vocab_start, n, dloss);
+        mt__ce_fused16<__half, 1>(losses, maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n, dloss,
+                                  stream);
     else
-        mt_cross_entropy_fused16_kernel<__nv_bfloat16, 0><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit,
-                                                                                 logits, targets, V_local, vocab_start,
-                                                                                 n, dloss);
-    mt__launch_check("mt_cross_entropy_fused16_kernel", stream);
+        mt__ce_fused16<__nv_bfloat16, 0>(losses, maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n,
+                                         dloss, stream);
 }
 // logits_dtype (an mt_dtype): how the logits, and so dlogits in their place, are stored. MT_DTYPE_FP32:
 // the fp32 kernel; BF16 / FP16: mt_cross_entropy_finish16_kernel (V_local % 8 == 0 and 16-byte
@@ -7750,7 +7890,9 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
     return 1;
 }
 // CUDA graphs: the rank's stream is captured in thread-local mode (other rank threads keep
-// launching on their own streams meanwhile); a graph is instantiated once and replayed.
+// launching on their own streams meanwhile); a graph is instantiated once and replayed. Inside it
+// the kernels launched through mt__launch get programmatic dependent launch (section 1), unless
+// MT_PDL=0.
 // A launcher's cudaMallocAsync inside a capture becomes an allocation of the graph's own memory
 // pool (the CUDA programming guide, "graph memory nodes"), not of the stream-ordered pool that
 // served the same work while it ran as queued. A plain capture (the training step's chunks,
@@ -7758,13 +7900,13 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
 // two pools do not both hold the step's kernel scratch; mt_device_memory_measure counts both.
 // (A decode step's capture keeps it: the next prompt's prefill borrows from that pool again.)
 static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
-void mt_device_capture_begin(mt_rank *r, int programmatic) {
-    mt__capturing_plain = !programmatic;
+void mt_device_capture_begin(mt_rank *r, int decode) {
+    mt__capturing_plain = !decode;
     const char *env = getenv("MT_CUDA_GRAPH");
     mt__capturing = !(env && atoi(env) == 0) && !mt__profile_on() && !mt__sync_debug();
     if (mt__capturing) MT_CUDA_CHECK(cudaStreamBeginCapture(mt__stream(r), cudaStreamCaptureModeThreadLocal));
     const char *pdl = getenv("MT_PDL");   // MT_PDL=0: the step's kernels one after another, as outside a graph
-    mt__pdl_on = programmatic && mt__capturing && !(pdl && atoi(pdl) == 0);
+    mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
 }
 void *mt_device_capture_end(mt_rank *r) {
     if (!mt__capturing) return NULL;

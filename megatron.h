@@ -69,8 +69,9 @@
      Run-time switches (environment): MT_TRACE=1 logs every collective and pipeline message;
      MT_SYNC_DEBUG=1 (GPU build) synchronises after every kernel, so a fault names its op;
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
-     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step op by op instead of as a CUDA graph;
-     MT_PDL=0 (GPU build) keeps the graph but without programmatic dependent launch (kernels.cuh, 1.);
+     MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step and the training step's chunks op by op
+     instead of as CUDA graphs; MT_PDL=0 (GPU build) keeps the graphs but without programmatic
+     dependent launch (kernels.cuh, 1.);
      MT_DECODE_ONE_KERNEL=1 (GPU build) runs each decode step at TP = PP = 1 as one persistent kernel
      (kernels.cuh, "a decode step as one kernel"; opt-in: not yet faster), and MT_DECODE_BLOCKS_PER_SM
      sets its blocks per SM (default 2).
@@ -968,12 +969,12 @@ void mt_device_check_precision(const mt_config *cfg);
    not run, and capture_end returns it as one launchable graph; graph_launch replays it. Where there
    is nothing to record (the CPU build; MT_CUDA_GRAPH=0, MT_PROFILE=1 or MT_SYNC_DEBUG=1 on the GPU)
    the work runs as it is queued and capture_end returns NULL. The work must be collective-free and
-   read its varying inputs from device buffers. programmatic = 1: every kernel queued is launched
-   with programmatic dependent launch (kernels.cuh: each must wait with griddepcontrol before it
-   touches what the kernel ahead writes; only the decode step's kernels do); 0: plain stream order.
-   Generation's decode step (section 11, programmatic) and the training step's chunks (section 8,
-   plain) use it. */
-void mt_device_capture_begin(mt_rank *r, int programmatic);
+   read its varying inputs from device buffers. Inside the graph the kernels that wait with
+   griddepcontrol (kernels.cuh, "programmatic dependent launch") start behind the kernel ahead of
+   them, unless MT_PDL=0. decode = 1: generation's decode step (section 11), whose kernel scratch
+   stays with the stream's pool for the next prefill; 0: a training step's chunk (section 8), whose
+   scratch the graph's own pool serves from then on (the stream's pool gives back its copy). */
+void mt_device_capture_begin(mt_rank *r, int decode);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
 void mt_device_graph_free(void *graph);
@@ -8083,7 +8084,7 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
 }
 
 // CUDA graphs: nothing to record on the CPU; the work ran as it was queued
-void mt_device_capture_begin(mt_rank *r, int programmatic) { (void)r; (void)programmatic; }
+void mt_device_capture_begin(mt_rank *r, int decode) { (void)r; (void)decode; }
 void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }

@@ -1711,31 +1711,37 @@ static void cross_entropy16_case(const float *logits, const int *targets, int BT
             // above, and dlogits, rounded to 16 bits, against the CPU's fp32 ones at the scale of
             // dloss (|dlogits| <= dloss): a rounding to bf16 errs by at most 2^-9 of that, fp16 2^-12;
             // allowed 4e-3 and 1e-3
-            void *a16 = dev_alloc(n * sizeof(uint16_t));
-            MT_CUDA_CHECK(cudaMemcpy(a16, bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
-            float *fo[4];   // loss, max, sum, target
-            for (int q = 0; q < 4; q++) fo[q] = dev_nan(BT);
-            mt_cross_entropy_fused16_gpu(fo[0], fo[1], fo[2], fo[3], a16, dt, d_targets, BT, VL, vs, V, dloss, 0);
-            float *dl_cpu = host_copy(rounded, n), *l_cpu = (float *)mt_malloc(BT * sizeof(float), "ref");
-            mt_cross_entropy_finish_cpu(l_cpu, dl_cpu, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
-            float *x = dev_download(fo[0], BT);
-            snprintf(label, sizeof label, "cross-entropy %s fused: losses", name);
-            check_close_scale(label, x, l_cpu, BT, 1e-5, loss_terms); free(x);
-            x = dev_download(fo[1], BT);
-            snprintf(label, sizeof label, "cross-entropy %s fused: max", name);
-            check_close(label, x, maxv, BT, 0.0); free(x);
-            x = dev_download(fo[2], BT);
-            snprintf(label, sizeof label, "cross-entropy %s fused: sums vs double", name);
-            check_close(label, x, sum_double, BT, 1e-5); free(x);
-            x = dev_download(fo[3], BT);
-            snprintf(label, sizeof label, "cross-entropy %s fused: target logit", name);
-            check_close(label, x, tl, BT, 0.0); free(x);
-            x = dev_download16(a16, n, dt);
-            snprintf(label, sizeof label, "cross-entropy %s fused: dlogits in place BT=%d V_local=%d", name, BT, VL);
-            check_close_scale(label, x, dl_cpu, n, dt == MT_DTYPE_BF16 ? 4e-3 : 1e-3, dloss); free(x);
-            free(dl_cpu); free(l_cpu);
-            for (int q = 0; q < 4; q++) dev_free(fo[q]);
-            dev_free(a16);
+            // Both forms: the row staged in shared memory (the default where it fits) and not.
+            for (int staged = 1; staged >= 0; staged--) {
+                mt__ce_unstaged = !staged;
+                const char *form = staged ? "staged" : "unstaged";
+                void *a16 = dev_alloc(n * sizeof(uint16_t));
+                MT_CUDA_CHECK(cudaMemcpy(a16, bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+                float *fo[4];   // loss, max, sum, target
+                for (int q = 0; q < 4; q++) fo[q] = dev_nan(BT);
+                mt_cross_entropy_fused16_gpu(fo[0], fo[1], fo[2], fo[3], a16, dt, d_targets, BT, VL, vs, V, dloss, 0);
+                float *dl_cpu = host_copy(rounded, n), *l_cpu = (float *)mt_malloc(BT * sizeof(float), "ref");
+                mt_cross_entropy_finish_cpu(l_cpu, dl_cpu, maxv, sumexp, tl, targets, BT, VL, vs, V, dloss);
+                float *x = dev_download(fo[0], BT);
+                snprintf(label, sizeof label, "cross-entropy %s fused (%s): losses", name, form);
+                check_close_scale(label, x, l_cpu, BT, 1e-5, loss_terms); free(x);
+                x = dev_download(fo[1], BT);
+                snprintf(label, sizeof label, "cross-entropy %s fused (%s): max", name, form);
+                check_close(label, x, maxv, BT, 0.0); free(x);
+                x = dev_download(fo[2], BT);
+                snprintf(label, sizeof label, "cross-entropy %s fused (%s): sums vs double", name, form);
+                check_close(label, x, sum_double, BT, 1e-5); free(x);
+                x = dev_download(fo[3], BT);
+                snprintf(label, sizeof label, "cross-entropy %s fused (%s): target logit", name, form);
+                check_close(label, x, tl, BT, 0.0); free(x);
+                x = dev_download16(a16, n, dt);
+                snprintf(label, sizeof label, "cross-entropy %s fused (%s): dlogits in place BT=%d V_local=%d", name, form, BT, VL);
+                check_close_scale(label, x, dl_cpu, n, dt == MT_DTYPE_BF16 ? 4e-3 : 1e-3, dloss); free(x);
+                free(dl_cpu); free(l_cpu);
+                for (int q = 0; q < 4; q++) dev_free(fo[q]);
+                dev_free(a16);
+            }
+            mt__ce_unstaged = 0;
         }
         free(rounded); free(bits); free(maxv); free(sumexp); free(tl); free(losses); free(sum_double); free(grad32);
         free(as_f32); free(want);
@@ -1746,7 +1752,9 @@ static void cross_entropy16_case(const float *logits, const int *targets, int BT
 
 MT_TEST(cross_entropy) {
     // BT, V_local, vocab_start, V (real vocabulary; columns >= V are padding)
-    int shapes[][4] = {{1, 5, 0, 5}, {7, 130, 0, 128}, {100, 1000, 1000, 1900}, {50, 64, 128, 100}, {64, 50304, 0, 50257}};
+    int shapes[][4] = {{1, 5, 0, 5}, {7, 130, 0, 128}, {100, 1000, 1000, 1900}, {50, 64, 128, 100}, {64, 50304, 0, 50257},
+                      // more rows than SMs: the staged cross-entropy's blocks take several rows each
+                      {300, 1000, 0, 997}, {270, 50304, 0, 50257}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int BT = shapes[s][0], VL = shapes[s][1], vs = shapes[s][2], V = shapes[s][3];
         size_t n = (size_t)BT * VL;
@@ -2119,6 +2127,14 @@ static void bench(void) {
         report("cross-entropy one pass, bf16 logits", shape, ms, 0, (double)BT * V * 2);
         ms = time_ms([&] { mt_cross_entropy_finish_gpu(loss, out, MT_DTYPE_BF16, mx, se, tl, tok, (int)BT, V, 0, 50257, 1.0f / BT, 0); }, 10);
         report("cross-entropy finish (+dlogits), bf16 logits", shape, ms, 0, 2.0 * BT * V * 2);
+        for (int staged = 0; staged <= 1; staged++) {   // the one-kernel form training runs at TP = 1
+            mt__ce_unstaged = !staged;
+            ms = time_ms([&] { mt_cross_entropy_fused16_gpu(loss, mx, se, tl, out, MT_DTYPE_BF16, tok, (int)BT, V, 0, 50257,
+                                                            1.0f / BT, 0); }, 10);
+            report(staged ? "cross-entropy fused, bf16 logits, row staged" : "cross-entropy fused, bf16 logits, unstaged",
+                   shape, ms, 0, 2.0 * BT * V * 2);
+        }
+        mt__ce_unstaged = 0;
         dev_free(x); dev_free(y); dev_free(z); dev_free(w); dev_free(bb); dev_free(mean); dev_free(rstd); dev_free(dw); dev_free(db);
         dev_free(tok); dev_free(wte); dev_free(wpe); dev_free(mx); dev_free(se); dev_free(tl); dev_free(loss);
     }
