@@ -6977,9 +6977,14 @@ void mt_cross_entropy_finish_gpu(float *losses, void *dlogits, int logits_dtype,
 //   p = p (1 - lr wd);  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/bc1) / (sqrt(v/bc2) + eps)
 // The bias corrections bc1 = 1 - b1^step, bc2 = 1 - b2^step are computed on the host with the
 // CPU's own powf, so both builds use the same two numbers.
+// copy16 (NULL: none): the new p is also written there rounded to 16 bits (bf16, or fp16 with
+// f16 = 1), the same cast mt_cast_f32_to_bf16_gpu / _f16_gpu would make of it afterwards: the
+// parameters' 16-bit copy (mt_device_weights16) is then ready for the next step without a pass of
+// its own (124M parameters: a 0.75 GB read-and-write pass traded for 0.25 GB more writes here).
 __global__ void mt_adamw_kernel(float *__restrict__ param, float *__restrict__ m, float *__restrict__ v,
                                 const float *__restrict__ grad, float grad_scale, size_t n, float lr, float beta1,
-                                float beta2, float eps, float weight_decay, float bc1, float bc2) {
+                                float beta2, float eps, float weight_decay, float bc1, float bc2,
+                                uint16_t *__restrict__ copy16, int f16) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grad[i] * grad_scale;   // the clip's factor (1: none)
@@ -6988,14 +6993,20 @@ __global__ void mt_adamw_kernel(float *__restrict__ param, float *__restrict__ m
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    p = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    param[i] = p;
+    if (copy16) {
+        if (f16) copy16[i] = __half_as_ushort(__float2half_rn(p));
+        else copy16[i] = __bfloat16_as_ushort(__float2bfloat16_rn(p));
+    }
 }
 void mt_adamw_gpu(float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step, cudaStream_t stream) {
+                  float beta1, float beta2, float eps, float weight_decay, int step, uint16_t *copy16, int f16,
+                  cudaStream_t stream) {
     if (n == 0) return;
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
     mt_adamw_kernel<<<mt__blocks(n, 256), 256, 0, stream>>>(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps,
-                                                            weight_decay, bc1, bc2);
+                                                            weight_decay, bc1, bc2, copy16, f16);
     mt__launch_check("mt_adamw_kernel", stream);
 }
 
@@ -7473,7 +7484,17 @@ void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *d
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
               float beta1, float beta2, float eps, float weight_decay, int step) {
     double t0 = mt__profile_begin(r);
-    mt_adamw_gpu(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, weight_decay, step, mt__stream(r));
+    // the parameters' 16-bit copy, where it exists, gets the new values as they are made; once AdamW
+    // has so written every parameter, the next step's mt_device_weights16 has nothing to cast
+    mt_device *d = &r->dev;
+    const float *of = r->model.params_memory;
+    uint16_t *copy16 = NULL;
+    if (d->weights16 && param >= of && param + n <= of + d->weights16_n) {
+        copy16 = (uint16_t *)d->weights16 + (param - of);
+        d->weights16_updated += n;
+    }
+    mt_adamw_gpu(param, m, v, grad, grad_scale, n, lr, beta1, beta2, eps, weight_decay, step, copy16,
+                 d->dtype == MT_DTYPE_FP16, mt__stream(r));
     mt__profile_end(r, "adamw", t0);
 }
 // the sum lands in device memory; one synchronisation brings it to the host
@@ -7694,15 +7715,23 @@ void mt_device_weights16(mt_rank *r, int use) {
         d->decode_work_bytes = 0;
     }
     size_t n = r->model.num_params;
+    if (use == MT_WEIGHTS16_OFF) return;   // (AdamW may now write the copy: weights16_updated counts)
+    // every parameter written into the copy by AdamW since the copy was last made or used (mt_adamw):
+    // it already holds the parameters as they are now
+    int current = d->weights16 && d->weights16_updated == n;
+    d->weights16_updated = 0;
     if (!mt_weights16_wanted((mt_gemm_impl)d->gemm_impl, d->dtype, use) || n == 0) return;
     if (!d->weights16) {
         d->weights16 = mt__device_alloc(r, n * sizeof(uint16_t), "the parameters' 16-bit copy");
         d->weights16_n = n;
     }
-    if (d->dtype == MT_DTYPE_FP16)
+    if (current) {
+        // (nothing to cast)
+    } else if (d->dtype == MT_DTYPE_FP16) {
         mt_cast_f32_to_f16_gpu((__half *)d->weights16, r->model.params_memory, n, mt__stream(r));
-    else
+    } else {
         mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)d->weights16, r->model.params_memory, n, mt__stream(r));
+    }
     d->weights16_on = 1;
     mt__w16.of = r->model.params_memory;
     mt__w16.n = n;

@@ -779,6 +779,8 @@ typedef struct {
     size_t weights16_n;         //   (mt_device_weights16): weights16_n values; NULL until first made
     int weights16_on;           // 1 while the ops read that copy (the CPU build keeps the flag alone:
                                 // its count of the GPU's kernel scratch follows it)
+    size_t weights16_updated;   // GPU: parameters AdamW wrote into the copy as it updated them since the
+                                // copy was last made or lent (mt_adamw); all of them: nothing to cast
     size_t context_bytes;       // GPU build: in use on the GPU before this rank's first allocation (the
                                 // CUDA context, other processes); 0 on the CPU build
     size_t gpu_scratch_high;    // CPU build: the most kernel scratch the GPU's launchers would have borrowed
@@ -989,6 +991,11 @@ void mt_device_graph_free(void *graph);
                             rung, whose few-row GEMV reads 16-bit weights
      MT_WEIGHTS16_OFF       the ops stop reading it (the parameters are about to change); the memory
                             stays for the next step (mt_device_free frees it)
+   The GPU's AdamW (mt_adamw) writes each parameter it updates into the copy as well; where it has
+   so written all of them since the copy was last made or lent, the next STEP or DECODING finds the
+   copy current and casts nothing. Anything else that changes the parameters (a checkpoint's load,
+   the distributed optimizer's all-gather) writes only the fp32 values, and the count of what AdamW
+   wrote then falls short: the copy is made again.
    The parameters must not change while it is on. The CPU build keeps only the flag (r->dev.
    weights16_on, for its count of the GPU's scratch); fp32 and the other rungs: no copy. */
 enum { MT_WEIGHTS16_OFF = 0, MT_WEIGHTS16_STEP = 1, MT_WEIGHTS16_DECODING = 2 };

@@ -1841,9 +1841,24 @@ MT_TEST(adamw) {
         int step = 1 + rand_int(100);
         mt_adamw_cpu(p_ref, m_ref, v_ref, g, clip, n, lr, 0.9f, 0.95f, 1e-8f, wd, step);
         float *d_p = dev_upload(p, n), *d_m = dev_upload(m, n), *d_v = dev_upload(v, n), *d_g = dev_upload(g, n);
-        mt_adamw_gpu(d_p, d_m, d_v, d_g, clip, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, 0);
+        // the 16-bit copy written as the parameters are updated (s = 1: bf16, s = 2: fp16, s = 0: none)
+        int f16 = s == 2;
+        uint16_t *d_copy = s ? (uint16_t *)dev_alloc(n * sizeof(uint16_t)) : NULL;
+        mt_adamw_gpu(d_p, d_m, d_v, d_g, clip, n, lr, 0.9f, 0.95f, 1e-8f, wd, step, d_copy, f16, 0);
         // fp32; the device may fuse a*b+c into one FMA where the CPU rounds twice: 1e-5
-        float *got = dev_download(d_p, n); check_close("adamw param", got, p_ref, n, 1e-5); free(got);
+        float *got = dev_download(d_p, n); check_close("adamw param", got, p_ref, n, 1e-5);
+        if (d_copy) {   // exactly the cast of the updated parameters (the same rounding, bit for bit)
+            uint16_t *c = (uint16_t *)mt_malloc(n * sizeof(uint16_t), "copy");
+            MT_CUDA_CHECK(cudaMemcpy(c, d_copy, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += c[i] != (f16 ? mt_fp16_from_float(got[i]) : mt_bf16_from_float(got[i]));
+            mt_expect(bad == 0, "adamw %s copy n=%zu: %zu of the values differ from the cast of the new parameters",
+                      f16 ? "fp16" : "bf16", n, bad);
+            free(c);
+            dev_free(d_copy);
+        }
+        free(got);
         got = dev_download(d_m, n); check_close("adamw m", got, m_ref, n, 1e-5); free(got);
         got = dev_download(d_v, n); check_close("adamw v", got, v_ref, n, 1e-5); free(got);
         free(p); free(m); free(v); free(g); free(p_ref); free(m_ref); free(v_ref);
@@ -2146,8 +2161,10 @@ static void bench(void) {
         double *ss = (double *)dev_alloc(sizeof(double));
         __nv_bfloat16 *h16 = (__nv_bfloat16 *)dev_alloc(n * sizeof(__nv_bfloat16));
         snprintf(shape, sizeof shape, "n=%zu", n);
-        float ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, 0.5f, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, 0); }, 10);
+        float ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, 0.5f, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, NULL, 0, 0); }, 10);
         report("adamw", shape, ms, 0, 7.0 * n * 4);
+        ms = time_ms([&] { mt_adamw_gpu(p, m, v, g, 0.5f, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, (uint16_t *)h16, 0, 0); }, 10);
+        report("adamw + its bf16 copy", shape, ms, 0, 7.5 * n * 4);
         ms = time_ms([&] { mt_sum_squares_gpu(ss, g, n, 0); }, 10);
         report("sum of squares (grad norm)", shape, ms, 0, 4.0 * n);
         ms = time_ms([&] { mt_cast_f32_to_bf16_gpu(h16, p, n, 0); }, 10);
