@@ -120,9 +120,10 @@ static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 // mt__launch then adds the attribute. Only kernels launched through mt__launch get it, and each of
 // those starts with mt__pdl_start; a kernel launched with <<<...>>> waits for the whole of the
 // kernel ahead as always, and the kernel after it for the whole of it. In a training chunk that
-// is the wgmma GEMMs, their split-K reduction, the layernorm forward and the residual add: about
-// 200 of the ~460 kernel boundaries of GPT-2 small's step. (Thread-local: each rank thread
-// captures its own stream.)
+// is the wgmma GEMMs and their split-K reduction, the layernorm forward and backward (with its
+// reduction), the column sums of the bias gradients, the wgmma attention (forward, D, dK/dV, dQ),
+// the cross-entropy and the residual add: most of the ~460 kernel boundaries of GPT-2 small's
+// step. (Thread-local: each rank thread captures its own stream.)
 static MT_THREAD_LOCAL int mt__pdl_on;
 __device__ static inline void mt__pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -890,6 +891,7 @@ __global__ void mt_layernorm_backward_kernel(float *__restrict__ dinp, float *__
                                              const float *__restrict__ inp, const float *__restrict__ weight,
                                              const float *__restrict__ mean, const float *__restrict__ rstd, int N,
                                              int C) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     extern __shared__ float mt__ln_smem[];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     float *dw_acc = mt__ln_smem + (size_t)warp * C;            // this warp's dweight slice
@@ -923,6 +925,7 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
                                                  const float *__restrict__ inp, const float *__restrict__ weight,
                                                  const float *__restrict__ mean, const float *__restrict__ rstd,
                                                  int N, int C) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     extern __shared__ float mt__ln_smem[];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32, C4 = C / 4;
     float4 *dw_acc = (float4 *)(mt__ln_smem + (size_t)warp * C);            // this warp's dweight slice
@@ -986,6 +989,7 @@ __global__ void __launch_bounds__(1024) mt_layernorm_backward_reduce_kernel(floa
                                                                             const float *__restrict__ partial_dweight,
                                                                             const float *__restrict__ partial_dbias,
                                                                             int nblocks, int C) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     __shared__ float sums[2][32][33];
     int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 31) / 32;
     int k0 = threadIdx.y * per, k1 = min(nblocks, k0 + per);
@@ -1026,28 +1030,23 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     int vec = C % 4 == 0 && mt__aligned16(dinp) && mt__aligned16(dout) && mt__aligned16(inp) && mt__aligned16(weight);
     if (vec && C <= 32 * 4 * 6) {   // (GPT-2 small's 768: six float4 a lane, no idle registers)
         mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<6>, smem);
-        mt_layernorm_backward_vec_kernel<6><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
-                                                                                   inp, weight, mean, rstd, N, C);
-        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+        mt__launch("mt_layernorm_backward_vec_kernel", mt_layernorm_backward_vec_kernel<6>, nblocks, nwarps * 32, smem,
+                   stream, dinp, partial, partial_dbias, dout, inp, weight, mean, rstd, N, C);
     } else if (vec && C <= 32 * 4 * 8) {
         mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<8>, smem);
-        mt_layernorm_backward_vec_kernel<8><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
-                                                                                   inp, weight, mean, rstd, N, C);
-        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+        mt__launch("mt_layernorm_backward_vec_kernel", mt_layernorm_backward_vec_kernel<8>, nblocks, nwarps * 32, smem,
+                   stream, dinp, partial, partial_dbias, dout, inp, weight, mean, rstd, N, C);
     } else if (vec && C <= 32 * 4 * 16) {
         mt__allow_smem((const void *)mt_layernorm_backward_vec_kernel<16>, smem);
-        mt_layernorm_backward_vec_kernel<16><<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout,
-                                                                                    inp, weight, mean, rstd, N, C);
-        mt__launch_check("mt_layernorm_backward_vec_kernel", stream);
+        mt__launch("mt_layernorm_backward_vec_kernel", mt_layernorm_backward_vec_kernel<16>, nblocks, nwarps * 32, smem,
+                   stream, dinp, partial, partial_dbias, dout, inp, weight, mean, rstd, N, C);
     } else {
         mt__allow_smem((const void *)mt_layernorm_backward_kernel, smem);
-        mt_layernorm_backward_kernel<<<nblocks, nwarps * 32, smem, stream>>>(dinp, partial, partial_dbias, dout, inp,
-                                                                             weight, mean, rstd, N, C);
-        mt__launch_check("mt_layernorm_backward_kernel", stream);
+        mt__launch("mt_layernorm_backward_kernel", mt_layernorm_backward_kernel, nblocks, nwarps * 32, smem, stream,
+                   dinp, partial, partial_dbias, dout, inp, weight, mean, rstd, N, C);
     }
-    mt_layernorm_backward_reduce_kernel<<<(C + 31) / 32, dim3(32, 32), 0, stream>>>(
-        dweight, dbias, partial, partial_dbias, nblocks, C);
-    mt__launch_check("mt_layernorm_backward_reduce_kernel", stream);
+    mt__launch("mt_layernorm_backward_reduce_kernel", mt_layernorm_backward_reduce_kernel, (C + 31) / 32, dim3(32, 32),
+               0, stream, dweight, dbias, partial, partial_dbias, nblocks, C);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
@@ -1442,6 +1441,7 @@ __global__ void mt_matmul_splitk_reduce_kernel(mt__gemm_args g, int splits) {
 // (MT__COLSUM_ROWS = 256 rows per chunk: megatron.h's, section 3, which sizes the partials)
 __global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const float *__restrict__ src, int M,
                                              int N) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     __shared__ float sums[8][33];
     int n = blockIdx.x * 32 + threadIdx.x;
     int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
@@ -1459,6 +1459,7 @@ __global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const 
 }
 __global__ void mt_column_sum_finish_kernel(float *__restrict__ dst, const float *__restrict__ partial, int chunks,
                                             int N) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     float s = 0.0f;
@@ -1473,6 +1474,7 @@ __global__ void mt_column_sum_finish_kernel(float *__restrict__ dst, const float
 template <typename T>
 __global__ void mt_column_sum_partial_vec4_kernel(float *__restrict__ partial, const float *__restrict__ src,
                                                   T *__restrict__ copy16, int M, int N) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     __shared__ float4 sums[8][32];
     int n = 4 * (blockIdx.x * 32 + threadIdx.x);
     int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
@@ -1505,6 +1507,7 @@ __global__ void mt_column_sum_partial_vec4_kernel(float *__restrict__ partial, c
 // same chunks and the same order per column as the fp32 kernels, the sums in fp32.
 template <typename T>
 __global__ void mt_column_sum16_partial_kernel(float *__restrict__ partial, const T *__restrict__ src, int M, int N) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     __shared__ float4 sums[8][2][32];
     int n = 8 * (blockIdx.x * 32 + threadIdx.x);
     int m_begin = blockIdx.y * MT__COLSUM_ROWS, m_end = min(M, m_begin + MT__COLSUM_ROWS);
@@ -1541,10 +1544,10 @@ static void mt__column_sum16_add(float *dst, const T *src, int M, int N, cudaStr
     float *partial;
     MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream));   // (chunks, N)
     dim3 grid((N / 8 + 31) / 32, chunks);
-    mt_column_sum16_partial_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
-    mt__launch_check("mt_column_sum16_partial_kernel", stream);
-    mt_column_sum_finish_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dst, partial, chunks, N);
-    mt__launch_check("mt_column_sum_finish_kernel", stream);
+    mt__launch("mt_column_sum16_partial_kernel", mt_column_sum16_partial_kernel<T>, grid, dim3(32, 8), 0, stream,
+               partial, src, M, N);
+    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
+               partial, chunks, N);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 // copy16: NULL, or also write src rounded to T there (same layout; needs the float4 path)
@@ -1556,16 +1559,16 @@ static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int
     int vec = N % 4 == 0 && mt__aligned16(src) && (!copy16 || (uintptr_t)copy16 % 8 == 0);
     if (vec) {
         dim3 grid((N / 4 + 31) / 32, chunks);
-        mt_column_sum_partial_vec4_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(partial, src, copy16, M, N);
-        mt__launch_check("mt_column_sum_partial_vec4_kernel", stream);
+        mt__launch("mt_column_sum_partial_vec4_kernel", mt_column_sum_partial_vec4_kernel<T>, grid, dim3(32, 8), 0,
+                   stream, partial, src, copy16, M, N);
     } else {
         if (copy16) mt_fatal("internal: the fused column sum and cast needs N %% 4 == 0 and aligned rows");
         dim3 grid((N + 31) / 32, chunks);
-        mt_column_sum_partial_kernel<<<grid, dim3(32, 8), 0, stream>>>(partial, src, M, N);
-        mt__launch_check("mt_column_sum_partial_kernel", stream);
+        mt__launch("mt_column_sum_partial_kernel", mt_column_sum_partial_kernel, grid, dim3(32, 8), 0, stream, partial,
+                   src, M, N);
     }
-    mt_column_sum_finish_kernel<<<mt__blocks(N, 256), 256, 0, stream>>>(dst, partial, chunks, N);
-    mt__launch_check("mt_column_sum_finish_kernel", stream);
+    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
+               partial, chunks, N);
     MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaStream_t stream) {
@@ -3793,6 +3796,7 @@ __global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention
 // DOUT16 as there: dO from a.dout16 (1 bf16, 2 fp16), or a.dout (0)
 template <int DOUT16>
 __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, int hs) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (w >= (size_t)a.B * a.T * a.NH_local) return;
@@ -3822,6 +3826,7 @@ __device__ static inline float4 mt__widen4(uint2 u) {
 }
 template <int NV, int DOUT16>
 __global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a, int hs) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     size_t bt = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32, group = hs / 4, C4 = a.C_local / 4;
     if (bt >= (size_t)a.B * a.T) return;
@@ -4359,6 +4364,7 @@ __global__ void __launch_bounds__(256, 2)
     mt_attention_forward_kernel_wgmma(const __grid_constant__ CUtensorMap map_q,
                                       const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     const int HS = 64, BM = MT__ATT_WG_ROWS, BN = MT__ATT_WG_KEYS, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
     extern __shared__ uint8_t mt__att_wg_smem_raw[];
     const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
@@ -4540,8 +4546,8 @@ static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, cuda
     CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_KEYS);
     mt__allow_smem((const void *)mt_attention_forward_kernel_wgmma, MT__ATT_WG_SMEM);
     dim3 grid(a.B * a.NH_local, (a.T + MT__ATT_WG_ROWS - 1) / MT__ATT_WG_ROWS);
-    mt_attention_forward_kernel_wgmma<<<grid, 256, MT__ATT_WG_SMEM, stream>>>(map_q, map_kv, a);
-    mt__launch_check("mt_attention_forward_kernel_wgmma", stream);
+    mt__launch("mt_attention_forward_kernel_wgmma", mt_attention_forward_kernel_wgmma, grid, 256, MT__ATT_WG_SMEM,
+               stream, map_q, map_kv, a);
 }
 
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half, on tensor cores.
@@ -4867,6 +4873,7 @@ __global__ void __launch_bounds__(256, 1)
                                           const __grid_constant__ CUtensorMap map_do,
                                           const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     const int HS = 64, BM = 128, BN = MT__ATT_WG_KEYS, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
     extern __shared__ uint8_t mt__att_wg_smem_raw[];
     const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
@@ -5028,6 +5035,7 @@ __global__ void __launch_bounds__(256, 1)
                                             const __grid_constant__ CUtensorMap map_q,
                                             const __grid_constant__ CUtensorMap map_do, const mt__attention_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     const int HS = 64, BM = 128, BN = 64, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
     extern __shared__ uint8_t mt__att_wg_smem_raw[];
     const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
@@ -5198,11 +5206,11 @@ static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cud
     CUtensorMap do64 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 64);
     dim3 grid(a.B * a.NH_local, (a.T + 127) / 128);
     mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
-    mt_attention_backward_dkdv_kernel_wgmma<<<grid, 256, MT__ATT_WG_BWD_SMEM, stream>>>(qkv128, qkv64, do64, a);
-    mt__launch_check("mt_attention_backward_dkdv_kernel_wgmma", stream);
+    mt__launch("mt_attention_backward_dkdv_kernel_wgmma", mt_attention_backward_dkdv_kernel_wgmma, grid, 256,
+               MT__ATT_WG_BWD_SMEM, stream, qkv128, qkv64, do64, a);
     mt__allow_smem((const void *)mt_attention_backward_dq_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
-    mt_attention_backward_dq_kernel_wgmma<<<grid, 256, MT__ATT_WG_BWD_SMEM, stream>>>(qkv128, do128, qkv64, a);
-    mt__launch_check("mt_attention_backward_dq_kernel_wgmma", stream);
+    mt__launch("mt_attention_backward_dq_kernel_wgmma", mt_attention_backward_dq_kernel_wgmma, grid, 256,
+               MT__ATT_WG_BWD_SMEM, stream, qkv128, do128, qkv64, a);
 }
 
 // ---- attention launchers -----------------------------------------------------------------------
@@ -5302,22 +5310,23 @@ static void mt__attention_backward_launch(const mt__attention_args &a, int dtype
     int vec = a.C_local % 4 == 0 && mt__aligned16(a.out) &&
               (d16 ? (uintptr_t)a.dout16 % 8 == 0 : mt__aligned16(a.dout));
     unsigned vec_blocks = mt__blocks(bt * 32, 256), blocks = mt__blocks(rows * 32, 256);
-    if (vec && a.C_local <= 32 * 4 * 8) {
-        if (d16 == 1) mt_attention_backward_preprocess_vec_kernel<8, 1><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        else if (d16 == 2) mt_attention_backward_preprocess_vec_kernel<8, 2><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        else mt_attention_backward_preprocess_vec_kernel<8, 0><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
-    } else if (vec && a.C_local <= 32 * 4 * 16) {
-        if (d16 == 1) mt_attention_backward_preprocess_vec_kernel<16, 1><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        else if (d16 == 2) mt_attention_backward_preprocess_vec_kernel<16, 2><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        else mt_attention_backward_preprocess_vec_kernel<16, 0><<<vec_blocks, 256, 0, stream>>>(a, HS);
-        mt__launch_check("mt_attention_backward_preprocess_vec_kernel", stream);
-    } else {
-        if (d16 == 1) mt_attention_backward_preprocess_kernel<1><<<blocks, 256, 0, stream>>>(a, HS);
-        else if (d16 == 2) mt_attention_backward_preprocess_kernel<2><<<blocks, 256, 0, stream>>>(a, HS);
-        else mt_attention_backward_preprocess_kernel<0><<<blocks, 256, 0, stream>>>(a, HS);
-        mt__launch_check("mt_attention_backward_preprocess_kernel", stream);
-    }
+    // D = rowsum(dO * out): the vector kernel for up to 8 or 16 float4 a lane, else the scalar one
+    void (*pre)(mt__attention_args, int);
+    if (vec && a.C_local <= 32 * 4 * 8)
+        pre = d16 == 1 ? mt_attention_backward_preprocess_vec_kernel<8, 1>
+            : d16 == 2 ? mt_attention_backward_preprocess_vec_kernel<8, 2>
+                       : mt_attention_backward_preprocess_vec_kernel<8, 0>;
+    else if (vec && a.C_local <= 32 * 4 * 16)
+        pre = d16 == 1 ? mt_attention_backward_preprocess_vec_kernel<16, 1>
+            : d16 == 2 ? mt_attention_backward_preprocess_vec_kernel<16, 2>
+                       : mt_attention_backward_preprocess_vec_kernel<16, 0>;
+    else
+        pre = d16 == 1 ? mt_attention_backward_preprocess_kernel<1>
+            : d16 == 2 ? mt_attention_backward_preprocess_kernel<2>
+                       : mt_attention_backward_preprocess_kernel<0>;
+    int vec_kernel = vec && a.C_local <= 32 * 4 * 16;
+    mt__launch(vec_kernel ? "mt_attention_backward_preprocess_vec_kernel" : "mt_attention_backward_preprocess_kernel",
+               pre, vec_kernel ? vec_blocks : blocks, 256, 0, stream, a, HS);
     size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
     if (mt__attention_wgmma_ok(a, dtype, HS) && mt__aligned16(a.dout16)) {
         mt__attention_backward_wgmma_launch(a, stream);
@@ -6780,6 +6789,7 @@ __global__ void __launch_bounds__(256) mt_cross_entropy_fused16_kernel(float *lo
                                                                        float *target_logit, void *logits,
                                                                        const int *targets, int V_local,
                                                                        int vocab_start, int n, float dloss) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     int i = blockIdx.x;
     unsigned short *l = (unsigned short *)logits + (size_t)i * V_local;
     int local = targets[i] - vocab_start;
@@ -6818,6 +6828,7 @@ template <typename T, int F16>
 __global__ void __launch_bounds__(MT__CE_STAGED_THREADS, 1)
     mt_cross_entropy_staged16_kernel(float *losses, float *maxv, float *sumexp, float *target_logit, void *logits,
                                      const int *targets, int BT, int V_local, int vocab_start, int n, float dloss) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     extern __shared__ uint4 mt__ce_rows[];   // [2][V_local / 8] pieces of 8 values
     const int pieces = V_local / 8;
     const float log2e = 1.4426950408889634f;
@@ -6919,14 +6930,13 @@ static void mt__ce_fused16(float *losses, float *maxv, float *sumexp, float *tar
     int grid = mt__ce_unstaged ? 0 : mt__ce_staged_grid<T, F16>(V_local);
     if (grid > 0) {
         if (grid > BT) grid = BT;
-        mt_cross_entropy_staged16_kernel<T, F16><<<grid, MT__CE_STAGED_THREADS, (size_t)2 * V_local * sizeof(T), stream>>>(
-            losses, maxv, sumexp, target_logit, logits, targets, BT, V_local, vocab_start, n, dloss);
-        mt__launch_check("mt_cross_entropy_staged16_kernel", stream);
+        mt__launch("mt_cross_entropy_staged16_kernel", (mt_cross_entropy_staged16_kernel<T, F16>), grid,
+                   MT__CE_STAGED_THREADS, (size_t)2 * V_local * sizeof(T), stream, losses, maxv, sumexp, target_logit,
+                   logits, targets, BT, V_local, vocab_start, n, dloss);
         return;
     }
-    mt_cross_entropy_fused16_kernel<T, F16><<<BT, 256, 0, stream>>>(losses, maxv, sumexp, target_logit, logits, targets,
-                                                                  V_local, vocab_start, n, dloss);
-    mt__launch_check("mt_cross_entropy_fused16_kernel", stream);
+    mt__launch("mt_cross_entropy_fused16_kernel", (mt_cross_entropy_fused16_kernel<T, F16>), BT, 256, 0, stream, losses,
+               maxv, sumexp, target_logit, logits, targets, V_local, vocab_start, n, dloss);
 }
 // losses and, in place of the 16-bit logits (logits_dtype BF16 or FP16, V_local % 8 == 0, 16-byte
 // aligned rows), their gradient; with maxv, sumexp, target_logit as the max-sums kernel writes them
