@@ -3437,17 +3437,22 @@ void mt_matmul_backward_inp16_gpu(float *dinp, float *dweight, float *dbias, con
 // backward, whose input gradient only the attention's backward reads, in 16 bits (megatron.h's
 // mt_datty_gemm_dtype says when; anywhere else is an internal error). The same values as the fp32
 // dinp rounded; dweight and dbias as mt_matmul_backward_gpu's
+// inp16: NULL, or the input already in dtype's 16 bits (a training layer's attention output,
+// megatron.h's mt_atty_storage_dtype; then inp is not read), read as it is
 void mt_matmul_backward_dinp16_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                   const float *weight, int BT, int C, int OC, int dtype, cudaStream_t stream) {
+                                   const void *inp16, const float *weight, int BT, int C, int OC, int dtype,
+                                   cudaStream_t stream) {
     if (BT <= 0 || C <= 0 || OC <= 0) return;
-    if (C % 8 != 0 || OC % 8 != 0 || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) || !mt__aligned16(dinp))
+    if (C % 8 != 0 || OC % 8 != 0 || (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) || !mt__aligned16(dinp) ||
+        (inp16 && !mt__aligned16(inp16)))
         mt_fatal("internal: a matmul backward into a 16-bit dinp off the wgmma rung (C %d, OC %d, dtype %d)", C, OC,
                  dtype);
     if (dtype == MT_DTYPE_FP16)
-        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 1, BT, C, OC, stream);
+        mt__matmul_backward_wgmma<__half>(dinp, dweight, dbias, dout, inp16 ? NULL : inp, (const __half *)inp16, weight,
+                                          NULL, 0, 1, BT, C, OC, stream);
     else
-        mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp, NULL, weight, NULL, 0, 1, BT, C, OC,
-                                                 stream);
+        mt__matmul_backward_wgmma<__nv_bfloat16>(dinp, dweight, dbias, dout, inp16 ? NULL : inp,
+                                                 (const __nv_bfloat16 *)inp16, weight, NULL, 0, 1, BT, C, OC, stream);
 }
 
 void mt_gelu_forward_gpu(float *out, const float *inp, size_t N, cudaStream_t stream);                       // below
@@ -3604,6 +3609,25 @@ void mt_matmul_forward16_gpu(void *out16, const float *inp, int inp_dtype, const
     if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)out16, y, (size_t)BT * OC, stream);
     else mt__cast_to((__nv_bfloat16 *)out16, y, (size_t)BT * OC, stream);
     MT_CUDA_CHECK(cudaFreeAsync(y, stream));
+}
+
+// out (BT,OC) = inp @ weight^T + bias in fp32, from inp already in dtype's 16 bits (MT_DTYPE_BF16 /
+// FP16, 16-byte aligned, half its floats: a training layer's attention output, megatron.h's
+// mt_atty_storage_dtype), read as it is by the wgmma rung: the product mt_matmul_forward_gpu would
+// make from the fp32 values these 16 bits widen to, without their rounded copy. The wgmma rung only
+// (megatron.h's mt_atty_gemm_dtype says when; anywhere else is an internal error).
+void mt_matmul_forward_inp16_gpu(float *out, const void *inp16, int inp_dtype, const float *weight, const float *bias,
+                                 int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
+    if (BT <= 0 || OC <= 0) return;
+    if (impl != MT_GEMM_WGMMA || C % 8 != 0 || BT <= MT_GEMV_MAX_ROWS || !mt__aligned16(inp16) ||
+        (inp_dtype != MT_DTYPE_BF16 && inp_dtype != MT_DTYPE_FP16))
+        mt_fatal("internal: a product from a 16-bit input off the wgmma rung (BT %d, C %d, dtype %d)", BT, C, inp_dtype);
+    // C = out, A(i=bt, k=c) = inp16 (k inner), B(j=o, k=c) = weight (k inner), as mt_matmul_forward_gpu
+    if (inp_dtype == MT_DTYPE_FP16)
+        mt__gemm_wgmma_a16<__half>(out, (const __half *)inp16, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, NULL, stream);
+    else
+        mt__gemm_wgmma_a16<__nv_bfloat16>(out, (const __nv_bfloat16 *)inp16, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0,
+                                          NULL, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3793,8 +3817,8 @@ __global__ void __launch_bounds__(128) mt_attention_forward_kernel(mt__attention
 
 // D[b,h,t] = sum_d dout[b,t,h*hs+d] * out[b,t,h*hs+d]; one warp per (b, t, h). Writes '='.
 // (The scalar version: any alignment. mt_attention_backward_preprocess_vec_kernel below is the fast one.)
-// DOUT16 as there: dO from a.dout16 (1 bf16, 2 fp16), or a.dout (0)
-template <int DOUT16>
+// DOUT16 as there: dO from a.dout16 (1 bf16, 2 fp16), or a.dout (0); OUT16 as there
+template <int DOUT16, int OUT16>
 __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, int hs) {
     mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -3805,9 +3829,12 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
     int t = (int)(bt % a.T), b = (int)(bt / a.T);
     const float *o = a.out + bt * a.C_local + h * hs, *d = a.dout + bt * a.C_local + h * hs;
     const __nv_bfloat16 *d16 = a.dout16 + bt * a.C_local + h * hs;
+    const __nv_bfloat16 *o16 = (const __nv_bfloat16 *)a.out + bt * a.C_local + h * hs;   // (OUT16)
     float s = 0.0f;
-    for (int i = lane; i < hs; i += 32)
-        s += o[i] * (DOUT16 == 1 ? mt__to_float(d16[i]) : DOUT16 == 2 ? mt__to_float(((const __half *)d16)[i]) : d[i]);
+    for (int i = lane; i < hs; i += 32) {
+        float oi = !OUT16 ? o[i] : DOUT16 == 2 ? mt__to_float(((const __half *)o16)[i]) : mt__to_float(o16[i]);
+        s += oi * (DOUT16 == 1 ? mt__to_float(d16[i]) : DOUT16 == 2 ? mt__to_float(((const __half *)d16)[i]) : d[i]);
+    }
     s = mt__warp_sum(s);
     if (lane == 0) a.dsum[((size_t)b * a.NH_local + h) * a.T + t] = s;
 }
@@ -3818,13 +3845,16 @@ __global__ void mt_attention_backward_preprocess_kernel(mt__attention_args a, in
 // the lanes fall into groups of hs/4, one head each: xor-shuffles within a group add its products
 // (each lane's float4 first). C_local % 4 == 0, 16-byte aligned rows.
 // DOUT16: dO comes as 16-bit values only (a.dout16; 1 bf16, 2 fp16: a training layer's datty,
-// megatron.h's mt_datty_gemm_dtype), 4 in one 8-byte load, widened exactly; 0: fp32 (a.dout)
+// megatron.h's mt_datty_gemm_dtype), 4 in one 8-byte load, widened exactly; 0: fp32 (a.dout).
+// OUT16 = 1: the forward's output O comes in the same 16 bits (in half the floats of a.out: a
+// training layer's atty, megatron.h's mt_atty_storage_dtype; with DOUT16 1 or 2 only), 4 in one
+// 8-byte load; 0: fp32.
 template <typename T>
 __device__ static inline float4 mt__widen4(uint2 u) {
     const T *x = (const T *)&u;
     return make_float4(mt__to_float(x[0]), mt__to_float(x[1]), mt__to_float(x[2]), mt__to_float(x[3]));
 }
-template <int NV, int DOUT16>
+template <int NV, int DOUT16, int OUT16>
 __global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a, int hs) {
     mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     size_t bt = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -3833,11 +3863,15 @@ __global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a
     int t = (int)(bt % a.T), b = (int)(bt / a.T);
     const float4 *o4 = (const float4 *)(a.out + bt * a.C_local), *d4 = (const float4 *)(a.dout + bt * a.C_local);
     const uint2 *d16 = (const uint2 *)(a.dout16 + bt * a.C_local);
+    const uint2 *o16 = (const uint2 *)((const unsigned short *)a.out + bt * a.C_local);   // (OUT16)
     float4 o[NV], d[NV];
     #pragma unroll
     for (int v = 0; v < NV; v++) {
         int j = lane + 32 * v;
-        o[v] = j < C4 ? o4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (j >= C4) o[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else if (!OUT16) o[v] = o4[j];
+        else if (DOUT16 == 2) o[v] = mt__widen4<__half>(o16[j]);
+        else o[v] = mt__widen4<__nv_bfloat16>(o16[j]);
         if (j >= C4) d[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         else if (DOUT16 == 1) d[v] = mt__widen4<__nv_bfloat16>(d16[j]);
         else if (DOUT16 == 2) d[v] = mt__widen4<__half>(d16[j]);
@@ -4360,6 +4394,9 @@ __device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, 
 }
 // grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_SMEM bytes of dynamic shared memory.
 // map_q: boxes of 128 rows x 64; map_kv: 64 rows x 64; both over qkv16 as a 3-D tensor (3C, T, B).
+// OUT16 = 1: out is written in bf16 (in half the floats of a.out: a training layer's attention
+// output, megatron.h's mt_atty_storage_dtype), rounded from the same values; 0: fp32.
+template <int OUT16>
 __global__ void __launch_bounds__(256, 2)
     mt_attention_forward_kernel_wgmma(const __grid_constant__ CUtensorMap map_q,
                                       const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
@@ -4508,10 +4545,13 @@ __global__ void __launch_bounds__(256, 2)
         int t = r0 + 8 * half;
         if (t >= T) continue;
         float inv = 1.0f / lt;
-        float *dst = a.out + ((size_t)b * T + t) * C + h * HS + 2 * (lane % 4);
+        size_t at = ((size_t)b * T + t) * C + h * HS + 2 * (lane % 4);
         #pragma unroll
-        for (int n = 0; n < HS / 8; n++)
-            *(float2 *)(dst + 8 * n) = make_float2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+        for (int n = 0; n < HS / 8; n++) {
+            float x0 = o[4 * n + 2 * half] * inv, x1 = o[4 * n + 2 * half + 1] * inv;
+            if (OUT16) *(uint32_t *)((unsigned short *)a.out + at + 8 * n) = mt__pack16x2<0>(x0, x1);
+            else *(float2 *)(a.out + at + 8 * n) = make_float2(x0, x1);
+        }
         if (lane % 4 == 0) a.lse[((size_t)b * NH + h) * T + t] = m[half] * a.scale + logf(lt);
     }
 #endif
@@ -4541,13 +4581,14 @@ static int mt__attention_wgmma_ok(const mt__attention_args &a, int dtype, int hs
     if (mt__att_wg_runs == 0) mt__att_wg_runs = mt__wgmma_unsupported() == NULL ? 1 : -1;
     return mt__att_wg_runs == 1;
 }
-static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, cudaStream_t stream) {
+// out16: a.out receives bf16 values (OUT16 above)
+static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, int out16, cudaStream_t stream) {
     CUtensorMap map_q = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_ROWS);
     CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_KEYS);
-    mt__allow_smem((const void *)mt_attention_forward_kernel_wgmma, MT__ATT_WG_SMEM);
+    auto kernel = out16 ? mt_attention_forward_kernel_wgmma<1> : mt_attention_forward_kernel_wgmma<0>;
+    mt__allow_smem((const void *)kernel, MT__ATT_WG_SMEM);
     dim3 grid(a.B * a.NH_local, (a.T + MT__ATT_WG_ROWS - 1) / MT__ATT_WG_ROWS);
-    mt__launch("mt_attention_forward_kernel_wgmma", mt_attention_forward_kernel_wgmma, grid, 256, MT__ATT_WG_SMEM,
-               stream, map_q, map_kv, a);
+    mt__launch("mt_attention_forward_kernel_wgmma", kernel, grid, 256, MT__ATT_WG_SMEM, stream, map_q, map_kv, a);
 }
 
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half, on tensor cores.
@@ -5284,13 +5325,18 @@ static void mt__attention_backward_mma_launch(const mt__attention_args &a, size_
     mt__launch_check("mt_attention_backward_dq_kernel_mma", stream);
 }
 // dtype (an mt_dtype): MT_DTYPE_FP32 the fp32 kernels, BF16 / FP16 the tensor-core ones
+// out16: a.out receives 16-bit values (only the wgmma kernel writes them: mt__attention_forward_gpu
+// asks for them only where it runs)
 template <int HS>
-static void mt__attention_forward_launch(const mt__attention_args &a, int dtype, cudaStream_t stream) {
+static void mt__attention_forward_launch(const mt__attention_args &a, int dtype, int out16, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;   // (bf16 or fp16: the same shared-memory sizes)
     size_t smem = mt__att_smem_fwd(HS, bf16);
     if (mt__attention_wgmma_ok(a, dtype, HS)) {
-        mt__attention_forward_wgmma_launch(a, stream);
-    } else if (dtype == MT_DTYPE_FP16) {
+        mt__attention_forward_wgmma_launch(a, out16, stream);
+        return;
+    }
+    if (out16) mt_fatal("internal: a 16-bit attention output off the wgmma kernel");
+    if (dtype == MT_DTYPE_FP16) {
         mt__attention_forward_mma_launch<HS, 1>(a, smem, stream);
     } else if (bf16) {
         mt__attention_forward_mma_launch<HS, 0>(a, smem, stream);
@@ -5301,29 +5347,36 @@ static void mt__attention_forward_launch(const mt__attention_args &a, int dtype,
         mt__launch_check("mt_attention_forward_kernel", stream);
     }
 }
+// out16: a.out holds the forward's output in dtype's 16 bits (the D pass reads it so)
 template <int HS>
-static void mt__attention_backward_launch(const mt__attention_args &a, int dtype, cudaStream_t stream) {
+static void mt__attention_backward_launch(const mt__attention_args &a, int dtype, int out16, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
     size_t rows = (size_t)a.B * a.T * a.NH_local, bt = (size_t)a.B * a.T;
     // dO: a.dout (fp32), or only a.dout16 (a training layer's datty in 16 bits): DOUT16 1 bf16, 2 fp16
     int d16 = a.dout ? 0 : dtype == MT_DTYPE_FP16 ? 2 : 1;
-    int vec = a.C_local % 4 == 0 && mt__aligned16(a.out) &&
+    int vec = a.C_local % 4 == 0 && (out16 ? (uintptr_t)a.out % 8 == 0 : mt__aligned16(a.out)) &&
               (d16 ? (uintptr_t)a.dout16 % 8 == 0 : mt__aligned16(a.dout));
     unsigned vec_blocks = mt__blocks(bt * 32, 256), blocks = mt__blocks(rows * 32, 256);
-    // D = rowsum(dO * out): the vector kernel for up to 8 or 16 float4 a lane, else the scalar one
+    // D = rowsum(dO * out): the vector kernel for up to 8 or 16 float4 a lane, else the scalar one;
+    // out16: O in 16 bits too (only with a 16-bit dO)
+    if (out16 && !d16) mt_fatal("internal: a 16-bit attention output with an fp32 output gradient");
     void (*pre)(mt__attention_args, int);
     if (vec && a.C_local <= 32 * 4 * 8)
-        pre = d16 == 1 ? mt_attention_backward_preprocess_vec_kernel<8, 1>
-            : d16 == 2 ? mt_attention_backward_preprocess_vec_kernel<8, 2>
-                       : mt_attention_backward_preprocess_vec_kernel<8, 0>;
+        pre = d16 == 1 ? (out16 ? mt_attention_backward_preprocess_vec_kernel<8, 1, 1>
+                                : mt_attention_backward_preprocess_vec_kernel<8, 1, 0>)
+            : d16 == 2 ? (out16 ? mt_attention_backward_preprocess_vec_kernel<8, 2, 1>
+                                : mt_attention_backward_preprocess_vec_kernel<8, 2, 0>)
+                       : mt_attention_backward_preprocess_vec_kernel<8, 0, 0>;
     else if (vec && a.C_local <= 32 * 4 * 16)
-        pre = d16 == 1 ? mt_attention_backward_preprocess_vec_kernel<16, 1>
-            : d16 == 2 ? mt_attention_backward_preprocess_vec_kernel<16, 2>
-                       : mt_attention_backward_preprocess_vec_kernel<16, 0>;
+        pre = d16 == 1 ? (out16 ? mt_attention_backward_preprocess_vec_kernel<16, 1, 1>
+                                : mt_attention_backward_preprocess_vec_kernel<16, 1, 0>)
+            : d16 == 2 ? (out16 ? mt_attention_backward_preprocess_vec_kernel<16, 2, 1>
+                                : mt_attention_backward_preprocess_vec_kernel<16, 2, 0>)
+                       : mt_attention_backward_preprocess_vec_kernel<16, 0, 0>;
     else
-        pre = d16 == 1 ? mt_attention_backward_preprocess_kernel<1>
-            : d16 == 2 ? mt_attention_backward_preprocess_kernel<2>
-                       : mt_attention_backward_preprocess_kernel<0>;
+        pre = d16 == 1 ? (out16 ? mt_attention_backward_preprocess_kernel<1, 1> : mt_attention_backward_preprocess_kernel<1, 0>)
+            : d16 == 2 ? (out16 ? mt_attention_backward_preprocess_kernel<2, 1> : mt_attention_backward_preprocess_kernel<2, 0>)
+                       : mt_attention_backward_preprocess_kernel<0, 0>;
     int vec_kernel = vec && a.C_local <= 32 * 4 * 16;
     mt__launch(vec_kernel ? "mt_attention_backward_preprocess_vec_kernel" : "mt_attention_backward_preprocess_kernel",
                pre, vec_kernel ? vec_blocks : blocks, 256, 0, stream, a, HS);
@@ -5354,49 +5407,69 @@ static __nv_bfloat16 *mt__attention_operand(const float *x, size_t n, int dtype,
 // tensor cores, 2 = fp16 tensor cores (1 and 2 as mt_attention_forward_rounded_cpu rounds).
 // qkv16_in: NULL, or qkv already in dtype's 16 bits (16-byte aligned; then qkv is not read: the
 // training stores it so, mt_qkv_forward_gpu); else the launcher rounds qkv into a copy.
-static void mt__attention_forward_gpu(float *out, float *lse, const float *qkv, const void *qkv16_in, int B, int T,
-                                      int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+// out16: out receives dtype's 16-bit values (16-byte aligned, half its floats: a training layer's
+// attention output, megatron.h's mt_atty_storage_dtype): written so by the wgmma kernel where it
+// runs; elsewhere the fp32 result goes to scratch, then its cast into out.
+static void mt__attention_forward_gpu(float *out, int out16, float *lse, const float *qkv, const void *qkv16_in, int B,
+                                      int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                       int NH_global, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;   // the tensor-core kernels' 16-byte alignment, for bf16 and fp16
     mt__attention_check("attention forward", C_local, NH_local);
     if (B == 0 || T == 0) return;
     if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in)))
         mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
+    if (out16 && (!bf16 || !mt__aligned16(out))) mt_fatal("internal: a 16-bit attention output with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);
-    a.out = mt__staged(out, n_out, bf16, 0, stream);
     a.lse = lse;
     __nv_bfloat16 *qkv16 = bf16 && !qkv16_in ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
     a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
-    switch (C_local / NH_local) {
-    case 16: mt__attention_forward_launch<16>(a, dtype, stream); break;
-    case 32: mt__attention_forward_launch<32>(a, dtype, stream); break;
-    case 64: mt__attention_forward_launch<64>(a, dtype, stream); break;
-    case 128: mt__attention_forward_launch<128>(a, dtype, stream); break;
+    int hs = C_local / NH_local;
+    int direct16 = out16 && mt__attention_wgmma_ok(a, dtype, hs);   // the kernel writes the 16 bits itself
+    float *out32 = NULL;   // out16 elsewhere: the fp32 result, cast into out below
+    if (out16 && !direct16) MT_CUDA_CHECK(cudaMallocAsync((void **)&out32, n_out * sizeof(float), stream));
+    a.out = direct16 ? out : out32 ? out32 : mt__staged(out, n_out, bf16, 0, stream);
+    switch (hs) {
+    case 16: mt__attention_forward_launch<16>(a, dtype, direct16, stream); break;
+    case 32: mt__attention_forward_launch<32>(a, dtype, direct16, stream); break;
+    case 64: mt__attention_forward_launch<64>(a, dtype, direct16, stream); break;
+    case 128: mt__attention_forward_launch<128>(a, dtype, direct16, stream); break;
     }
     if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
     if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
-    mt__unstage(out, a.out, n_out, 1, stream);
+    if (out32) {
+        if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)out, out32, n_out, stream);
+        else mt__cast_to((__nv_bfloat16 *)out, out32, n_out, stream);
+        MT_CUDA_CHECK(cudaFreeAsync(out32, stream));
+    } else if (!direct16) {
+        mt__unstage(out, a.out, n_out, 1, stream);
+    }
 }
 void mt_attention_forward_gpu(float *out, float *lse, const float *qkv, int B, int T, int C_local, int NH_local,
                               const mt_dropout *drop, int head_offset, int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_forward_gpu(out, lse, qkv, NULL, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype, stream);
+    mt__attention_forward_gpu(out, 0, lse, qkv, NULL, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype,
+                              stream);
 }
 // the same from qkv16, qkv stored in dtype's 16 bits (MT_DTYPE_BF16 or FP16), 16-byte aligned
-void mt_attention_forward16_gpu(float *out, float *lse, const void *qkv16, int B, int T, int C_local, int NH_local,
-                                const mt_dropout *drop, int head_offset, int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_forward_gpu(out, lse, NULL, qkv16, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype,
-                              stream);
+// out_dtype: MT_DTYPE_FP32, or dtype's 16 bits (out16 above)
+void mt_attention_forward16_gpu(float *out, int out_dtype, float *lse, const void *qkv16, int B, int T, int C_local,
+                                int NH_local, const mt_dropout *drop, int head_offset, int NH_global, int dtype,
+                                cudaStream_t stream) {
+    if (out_dtype != MT_DTYPE_FP32 && out_dtype != dtype)
+        mt_fatal("internal: the attention output in dtype %d, the attention in %d", out_dtype, dtype);
+    mt__attention_forward_gpu(out, out_dtype != MT_DTYPE_FP32, lse, NULL, qkv16, B, T, C_local, NH_local, drop,
+                              head_offset, NH_global, dtype, stream);
 }
 // writes dqkv (B,T,3*C_local) with '='. out and lse are the forward's. Scratch: D, B*NH_local*T floats.
 // qkv16_in as mt__attention_forward_gpu's. dqkv16: dqkv is written in dtype's 16 bits (half its
 // floats; 16-byte aligned): the training's, for the qkv GEMM's backward (megatron.h's mt_dqkv_gemm_dtype)
 // dout16_in: dout holds dtype's 16-bit values (16-byte aligned: a training layer's datty, megatron.h's
 // mt_datty_gemm_dtype), read as they are: no rounded copy, and D sums them
+// out16: out holds dtype's 16-bit values (a training layer's atty, as mt_attention_forward16_gpu wrote it)
 static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dout, int dout16_in, const float *qkv,
-                                       const void *qkv16_in, const float *out, const float *lse, int B, int T,
-                                       int C_local, int NH_local, const mt_dropout *drop, int head_offset,
+                                       const void *qkv16_in, const float *out, int out16, const float *lse, int B,
+                                       int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                        int NH_global, int dtype, cudaStream_t stream) {
     int bf16 = dtype != MT_DTYPE_FP32;
     mt__attention_check("attention backward", C_local, NH_local);
@@ -5421,10 +5494,10 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
     a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
     a.dout16 = dout16_in ? (const __nv_bfloat16 *)dout : dout16;
     switch (C_local / NH_local) {
-    case 16: mt__attention_backward_launch<16>(a, dtype, stream); break;
-    case 32: mt__attention_backward_launch<32>(a, dtype, stream); break;
-    case 64: mt__attention_backward_launch<64>(a, dtype, stream); break;
-    case 128: mt__attention_backward_launch<128>(a, dtype, stream); break;
+    case 16: mt__attention_backward_launch<16>(a, dtype, out16, stream); break;
+    case 32: mt__attention_backward_launch<32>(a, dtype, out16, stream); break;
+    case 64: mt__attention_backward_launch<64>(a, dtype, out16, stream); break;
+    case 128: mt__attention_backward_launch<128>(a, dtype, out16, stream); break;
     }
     if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
     if (dout16) MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
@@ -5436,23 +5509,27 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
 void mt_attention_backward_gpu(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                                int B, int T, int C_local, int NH_local, const mt_dropout *drop, int head_offset,
                                int NH_global, int dtype, cudaStream_t stream) {
-    mt__attention_backward_gpu(dqkv, 0, dout, 0, qkv, NULL, out, lse, B, T, C_local, NH_local, drop, head_offset,
+    mt__attention_backward_gpu(dqkv, 0, dout, 0, qkv, NULL, out, 0, lse, B, T, C_local, NH_local, drop, head_offset,
                                NH_global, dtype, stream);
 }
 // the same from qkv16 (qkv in dtype's 16 bits, as mt_attention_forward16_gpu); dqkv_dtype: how to
 // write dqkv, MT_DTYPE_FP32 or dtype's 16 bits (the training's, megatron.h's mt_dqkv_gemm_dtype);
 // dout_dtype: how dout is stored, MT_DTYPE_FP32 or dtype's 16 bits (16-byte aligned: the training's
-// datty, megatron.h's mt_datty_gemm_dtype)
+// datty, megatron.h's mt_datty_gemm_dtype); out_dtype: how out is stored, MT_DTYPE_FP32 or dtype's 16
+// bits (the training's atty, megatron.h's mt_atty_storage_dtype: then dout is in 16 bits too)
 void mt_attention_backward16_gpu(float *dqkv, int dqkv_dtype, const float *dout, int dout_dtype, const void *qkv16,
-                                 const float *out, const float *lse, int B, int T, int C_local, int NH_local,
-                                 const mt_dropout *drop, int head_offset, int NH_global, int dtype,
+                                 const float *out, int out_dtype, const float *lse, int B, int T, int C_local,
+                                 int NH_local, const mt_dropout *drop, int head_offset, int NH_global, int dtype,
                                  cudaStream_t stream) {
     if (dqkv_dtype != MT_DTYPE_FP32 && dqkv_dtype != dtype)
         mt_fatal("internal: dqkv in dtype %d, the attention in %d", dqkv_dtype, dtype);
     if (dout_dtype != MT_DTYPE_FP32 && dout_dtype != dtype)
         mt_fatal("internal: dout in dtype %d, the attention in %d", dout_dtype, dtype);
+    if (out_dtype != MT_DTYPE_FP32 && out_dtype != dtype)
+        mt_fatal("internal: the attention output in dtype %d, the attention in %d", out_dtype, dtype);
     mt__attention_backward_gpu(dqkv, dqkv_dtype != MT_DTYPE_FP32, dout, dout_dtype != MT_DTYPE_FP32, NULL, qkv16, out,
-                               lse, B, T, C_local, NH_local, drop, head_offset, NH_global, dtype, stream);
+                               out_dtype != MT_DTYPE_FP32, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                               dtype, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7232,12 +7309,15 @@ static const void *mt__decoding_weight(const mt_rank *r, const float *weight, in
     if (!d->weights16_on || BT > MT_GEMV_MAX_ROWS || weight < of || weight >= of + d->weights16_n) return NULL;
     return (const uint16_t *)d->weights16 + (weight - of);
 }
-void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
-                       int OC) {
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
+                       const float *bias, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
     const mt_device *d = &r->dev;
     const void *weight16 = mt__decoding_weight(r, weight, BT);
-    if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
+    if (inp_dtype != MT_DTYPE_FP32)   // (a training layer's attention output, mt_atty_storage_dtype)
+        mt_matmul_forward_inp16_gpu(out, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl,
+                                    mt__stream(r));
+    else if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
     else mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
@@ -7247,10 +7327,12 @@ void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dwe
                         mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C,
                         int OC) {
     double t0 = mt__profile_begin(r);
-    if (dinp_dtype != MT_DTYPE_FP32) {   // (the attention projection's: fp32 dout and inp)
-        if (dout_dtype != MT_DTYPE_FP32 || inp_dtype != MT_DTYPE_FP32)
-            mt_fatal("internal: a 16-bit dinp from a 16-bit dout or input");
-        mt_matmul_backward_dinp16_gpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, dinp_dtype, mt__stream(r));
+    if (dinp_dtype != MT_DTYPE_FP32) {   // (the attention projection's: fp32 dout; inp in fp32 or 16 bits)
+        if (dout_dtype != MT_DTYPE_FP32 || (inp_dtype != MT_DTYPE_FP32 && inp_dtype != dinp_dtype))
+            mt_fatal("internal: a 16-bit dinp from a 16-bit dout, or from an input in another type");
+        mt_matmul_backward_dinp16_gpu(dinp, dweight, dbias, dout, inp_dtype == MT_DTYPE_FP32 ? inp : NULL,
+                                      inp_dtype == MT_DTYPE_FP32 ? NULL : inp, weight, BT, C, OC, dinp_dtype,
+                                      mt__stream(r));
     } else if (dout_dtype != MT_DTYPE_FP32)
         mt_matmul_backward_dout16_gpu(dinp, dweight, dbias, dout, inp_dtype == MT_DTYPE_FP32 ? inp : NULL,
                                       inp_dtype == MT_DTYPE_FP32 ? NULL : inp, weight, BT, C, OC, dout_dtype,
@@ -7339,11 +7421,16 @@ mt_dtype mt_datty_storage_dtype(const mt_rank *r) {
     const mt_dims *d = &r->dims;
     return mt_datty_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C_tp, d->C);
 }
+// and the attention output itself as its projection's GEMMs read it (mt_atty_gemm_dtype)
+mt_dtype mt_atty_storage_dtype(const mt_rank *r) {
+    const mt_dims *d = &r->dims;
+    return mt_atty_gemm_dtype(mt__storage_rung(r), r->cfg->compute_dtype, d->B * d->T, d->C_tp, d->C);
+}
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
         if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit qkv projection input with fp32 qkv");
-        mt_matmul_forward(r, qkv, inp, weight, bias, BT, C, OC);
+        mt_matmul_forward(r, qkv, inp, MT_DTYPE_FP32, weight, bias, BT, C, OC);
         return;
     }
     double t0 = mt__profile_begin(r);
@@ -7353,25 +7440,26 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype
     snprintf(label, sizeof label, "qkv forward %dx%d", C, OC);
     mt__profile_end(r, label, t0);
 }
-void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
-                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+void mt_attention_forward(mt_rank *r, float *out, mt_dtype out_dtype, float *lse, const float *qkv, int B, int T,
+                          int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
     if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)   // qkv as mt_qkv_forward stored it
-        mt_attention_forward16_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.dtype,
-                                   mt__stream(r));
+        mt_attention_forward16_gpu(out, out_dtype, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
+                                   r->dev.dtype, mt__stream(r));
+    else if (out_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit attention output from fp32 qkv");
     else mt_attention_forward_gpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global, r->dev.dtype,
                                   mt__stream(r));
     mt__profile_end(r, "attention forward", t0);
 }
 void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
-                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
-                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+                           const float *qkv, const float *out, mt_dtype out_dtype, const float *lse, int B, int T,
+                           int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     double t0 = mt__profile_begin(r);
     if (mt_qkv_storage_dtype(r->cfg) != MT_DTYPE_FP32)
-        mt_attention_backward16_gpu(dqkv, dqkv_dtype, dout, dout_dtype, qkv, out, lse, B, T, C_local, NH_local, drop,
-                                    head_offset, NH_global, r->dev.dtype, mt__stream(r));
-    else if (dqkv_dtype != MT_DTYPE_FP32 || dout_dtype != MT_DTYPE_FP32)
-        mt_fatal("internal: a 16-bit dqkv or dout with fp32 attention");
+        mt_attention_backward16_gpu(dqkv, dqkv_dtype, dout, dout_dtype, qkv, out, out_dtype, lse, B, T, C_local,
+                                    NH_local, drop, head_offset, NH_global, r->dev.dtype, mt__stream(r));
+    else if (dqkv_dtype != MT_DTYPE_FP32 || dout_dtype != MT_DTYPE_FP32 || out_dtype != MT_DTYPE_FP32)
+        mt_fatal("internal: a 16-bit dqkv, dout or out with fp32 attention");
     else mt_attention_backward_gpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                    r->dev.dtype, mt__stream(r));
     mt__profile_end(r, "attention backward", t0);
@@ -7421,7 +7509,7 @@ mt_dtype mt_logits_storage_dtype(const mt_rank *r) {
 void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
                         int C, int V_local) {
     if (logits_dtype == MT_DTYPE_FP32) {
-        mt_matmul_forward(r, logits, inp, weight, NULL, BT, C, V_local);
+        mt_matmul_forward(r, logits, inp, MT_DTYPE_FP32, weight, NULL, BT, C, V_local);
         return;
     }
     if (logits_dtype != r->dev.dtype) mt_fatal("internal: logits in dtype %d, the GEMMs in %d", (int)logits_dtype, r->dev.dtype);

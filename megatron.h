@@ -741,6 +741,9 @@ size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias,
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16, int w16);
 /* dout16: dout comes in 16 bits already (a training layer's datty, mt_datty_gemm_dtype): no rounded copy */
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16);
+/* out16: the output is written in 16 bits (a training layer's atty, mt_atty_gemm_dtype) */
+size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_gemm_impl impl, mt_dtype dtype,
+                                        int out16);
 size_t mt_gpu_matmul_forward16_scratch(int BT, int C, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16, int w16);
 size_t mt_gpu_layernorm_backward_scratch(int N, int C);
 size_t mt_gpu_embedding_backward_scratch(int BT, int V_local);
@@ -761,6 +764,9 @@ mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, in
    the wgmma rung runs the attention projection's backward (C_tp, C multiples of 8, more rows than
    a GEMV takes, bf16 / fp16), else fp32 */
 mt_dtype mt_datty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C);
+/* and its attention output atty (B,T,C_tp): 16 bits under the same condition (the projection's
+   forward and weight gradient read it as it is) */
+mt_dtype mt_atty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C);
 size_t mt_gpu_lm_head_backward_scratch(int BT, int C, int V_local, mt_gemm_impl impl, mt_dtype dtype, int w16);
 /* the most one training step of rank r borrows at once (needs r->cfg, r->ps, r->dims only) */
 size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
@@ -802,9 +808,12 @@ void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, cons
                           const float *bias, int B, int T, int C, mt_dtype out_dtype);
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C);
-void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
-                       int OC);
-/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a layer's ln1 / ln2 in mt_ln_storage_dtype);
+/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a training layer's attention output in
+   mt_atty_storage_dtype) */
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
+                       const float *bias, int BT, int C, int OC);
+/* inp_dtype: how inp is stored (MT_DTYPE_FP32, a layer's ln1 / ln2 in mt_ln_storage_dtype, or its
+   attention output in mt_atty_storage_dtype);
    dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype);
    dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
    mt_datty_storage_dtype) */
@@ -850,18 +859,25 @@ mt_dtype mt_fch_storage_dtype(const mt_rank *r);
    the CPU; on the GPU mt_dqkv_gemm_dtype for the rung this build runs (16 bits in half the floats);
    like mt_ln_storage_dtype, before mt_device_init too */
 mt_dtype mt_dqkv_storage_dtype(const mt_rank *r);
-void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
-                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
+/* a training layer's attention output atty (B,T,C_tp), from the attention to its projection's
+   forward and weight gradient and to the attention's backward (D = rowsum(dO * O)): fp32 on the CPU;
+   on the GPU mt_atty_gemm_dtype for the rung this build runs (16 bits in half the floats, which
+   mt_attention_forward writes when asked with out_dtype); like mt_ln_storage_dtype, before
+   mt_device_init too */
+mt_dtype mt_atty_storage_dtype(const mt_rank *r);
+void mt_attention_forward(mt_rank *r, float *out, mt_dtype out_dtype, float *lse, const float *qkv, int B, int T,
+                          int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 /* a training layer's datty (B,T,C_tp), the attention output's gradient, from the attention
    projection's backward to the attention's: fp32 on the CPU; on the GPU mt_datty_gemm_dtype for
    the rung this build runs (16 bits in half the floats); like mt_ln_storage_dtype, before
    mt_device_init too */
 mt_dtype mt_datty_storage_dtype(const mt_rank *r);
 /* dqkv is written in dqkv_dtype (a training layer's: mt_dqkv_storage_dtype); dout is stored in
-   dout_dtype (MT_DTYPE_FP32, or a training layer's datty in mt_datty_storage_dtype) */
+   dout_dtype (MT_DTYPE_FP32, or a training layer's datty in mt_datty_storage_dtype); out in out_dtype
+   (MT_DTYPE_FP32, or a training layer's atty in mt_atty_storage_dtype) */
 void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
-                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
-                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
+                           const float *qkv, const float *out, mt_dtype out_dtype, const float *lse, int B, int T,
+                           int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
@@ -1057,12 +1073,15 @@ void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const
                                   const float *weight, int BT, int K, int V_tp);
 void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, const float *weight, int BT, int K,
                                  int V_tp);
-void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+/* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a training layer's attention output in
+   mt_atty_storage_dtype) */
+void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC);
 /* dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
-   mt_datty_storage_dtype) */
+   mt_datty_storage_dtype); inp_dtype as the forward's */
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias,
-                                     const float *dout, const float *inp, const float *weight, int BT, int K_tp, int OC);
+                                     const float *dout, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                     int BT, int K_tp, int OC);
 /* the MLP's pair with its GELU fused: column-parallel fc, pre = X A_r + b_r and out = gelu(pre);
    and row-parallel fc-proj's backward taken on through that GELU: dinp = dL/d pre (pre = gelu_inp) */
 void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, const float *inp, const float *weight,
@@ -7645,8 +7664,25 @@ mt_dtype mt_dqkv_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C, in
 mt_dtype mt_datty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C) {
     return mt_fch_gemm_dtype(impl, dtype, BT, C_tp, C);
 }
-// (mt_attention_forward_gpu borrows nothing in training: the GPU keeps qkv in the tensor cores'
-// 16 bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32)
+// The attention output atty (BT, C_tp) itself, under the same condition: its projection's forward
+// and weight-gradient GEMMs read it as their 16-bit operand (each rounded it into a copy before:
+// 4 bytes read and 2 written an element, twice a layer), and the backward's D = rowsum(dO * O)
+// sums the 16-bit values (the CPU's emulation rounds its atty the same way). The attention's
+// wgmma kernel writes it so from its epilogue (bf16, head size 64); elsewhere its launcher casts
+// an fp32 result (the plan's attention-forward term). 6 bytes an element less moved, 2 less kept.
+mt_dtype mt_atty_gemm_dtype(mt_gemm_impl impl, mt_dtype dtype, int BT, int C_tp, int C) {
+    return mt_datty_gemm_dtype(impl, dtype, BT, C_tp, C);
+}
+// mt_attention_forward_gpu borrows nothing in training (the GPU keeps qkv in the tensor cores' 16
+// bits already, mt_qkv_storage_dtype, and in fp32 the kernels read fp32), except where it writes a
+// 16-bit atty (mt_atty_gemm_dtype) off the wgmma kernel (bf16, head size 64): the fp32 result, then
+// its cast
+size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_gemm_impl impl, mt_dtype dtype,
+                                        int out16) {
+    if (!out16 || B == 0 || T == 0) return 0;
+    if (impl == MT_GEMM_WGMMA && dtype == MT_DTYPE_BF16 && C_local == 64 * NH_local) return 0;
+    return (size_t)B * T * C_local * sizeof(float);
+}
 // mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
 size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16) {
     if (B == 0 || T == 0) return 0;
@@ -7700,7 +7736,10 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     int ln16 = mt_ln_storage_dtype(r) != MT_DTYPE_FP32;   // ln1, ln2 stored in 16 bits: no copies of them
     int w16 = mt_weights16_wanted(impl, dt, MT_WEIGHTS16_STEP);   // the weights lent by the parameters' copy
     op[n++] = mt_gpu_matmul_forward16_scratch(BT, C, 3 * C_tp, impl, dt, ln16, w16);     // qkv = ln1 @ qkvw^T
-    op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt, w16);            // attention projection
+    int atty16 = mt_atty_storage_dtype(r) != MT_DTYPE_FP32;   // atty in 16 bits: no copies of it
+    op[n++] = mt_gpu_attention_forward_scratch(B, T, C_tp, NH_tp, impl, dt, atty16);
+    op[n++] = mt_gpu_matmul_forward_scratch(BT, C_tp, C, impl, dt, w16) -           // attention projection
+              (atty16 ? mt_gpu_rounded_copy_bytes((size_t)BT * C_tp) : 0);
     op[n++] = mt_gpu_mlp_forward_scratch(BT, C, F_tp, C, impl, dt, ln16, w16);      // fc, GELU, fc projection
     op[n++] = mt_gpu_matmul_backward_gelu_scratch(BT, F_tp, C, 1, impl, dt, w16);   // fc projection, through GELU
     int dfch16 = mt_fch_storage_dtype(r) != MT_DTYPE_FP32;   // fch's gradient in 16 bits as fch: no copy
@@ -7708,7 +7747,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
     int datty16 = mt_datty_storage_dtype(r) != MT_DTYPE_FP32;   // datty in 16 bits: no copy of it
     op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt, datty16);
-    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, 0, 0, w16);   // attention projection
+    op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, atty16, 0, w16);   // attention projection
     int dqkv16 = mt_dqkv_storage_dtype(r) != MT_DTYPE_FP32;   // dqkv in 16 bits: no copy either
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16, dqkv16, w16);   // qkv
     if (r->ps.is_last_stage) {   // the LM head: logits = lnf @ wte^T (no bias), then dlnf and dwte
@@ -7799,8 +7838,9 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
     mt_layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
 }
 
-void mt_matmul_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias, int BT, int C,
-                       int OC) {
+void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
+                       const float *bias, int BT, int C, int OC) {
+    mt__cpu_fp32_storage(inp_dtype, "a matmul's input");
     mt__count_gpu_scratch(r, mt_gpu_matmul_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
                                                            mt__weight_lent(r, weight)));
     mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
@@ -7871,6 +7911,7 @@ mt_dtype mt_ln_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; 
 mt_dtype mt_fch_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 mt_dtype mt_dqkv_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 mt_dtype mt_datty_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
+mt_dtype mt_atty_storage_dtype(const mt_rank *r) { (void)r; return MT_DTYPE_FP32; }
 void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype, const float *weight,
                     const float *bias, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the qkv projection's input");
@@ -7879,15 +7920,25 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype
     mt_matmul_forward_rounded_cpu(qkv, inp, weight, bias, BT, C, OC, r->dev.dtype);
 }
 
-void mt_attention_forward(mt_rank *r, float *out, float *lse, const float *qkv, int B, int T, int C_local,
-                          int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+// would the GPU keep this attention output in 16 bits (a training layer's atty, mt_atty_gemm_dtype)?
+static int mt__gpu_atty16(const mt_rank *r, int BT, int C_local) {
+    return mt_atty_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, BT, C_local, r->dims.C) != MT_DTYPE_FP32;
+}
+void mt_attention_forward(mt_rank *r, float *out, mt_dtype out_dtype, float *lse, const float *qkv, int B, int T,
+                          int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    mt__cpu_fp32_storage(out_dtype, "the attention's output");
+    mt__count_gpu_scratch(r, mt_gpu_attention_forward_scratch(B, T, C_local, NH_local, (mt_gemm_impl)r->dev.gemm_impl,
+                                                              r->dev.dtype, mt__gpu_atty16(r, B * T, C_local)));
     mt_attention_forward_rounded_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                      r->dev.dtype);
+    // the values the GPU keeps: a training layer's atty in 16 bits where mt_atty_gemm_dtype says so
+    if (mt__gpu_atty16(r, B * T, C_local)) mt_round_cpu(out, out, (size_t)B * T * C_local, r->dev.dtype);
 }
 
 void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
-                           const float *qkv, const float *out, const float *lse, int B, int T, int C_local,
-                           int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+                           const float *qkv, const float *out, mt_dtype out_dtype, const float *lse, int B, int T,
+                           int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
+    mt__cpu_fp32_storage(out_dtype, "the attention's output");
     mt__cpu_fp32_storage(dqkv_dtype, "the attention's input gradient");
     mt__cpu_fp32_storage(dout_dtype, "the attention's output gradient");
     // (where the GPU keeps datty in 16 bits, D = rowsum(dO * O) there reads the rounded dO, as the
@@ -8259,7 +8310,7 @@ static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp
                                         const float *weight, const float *bias, int BT, int K, int OC_tp, int qkv) {
     inp = mt__whole_sequence(r, inp, inp_dtype, K);
     if (qkv) mt_qkv_forward(r, out, inp, inp_dtype, weight, bias, BT, K, OC_tp);
-    else mt_matmul_forward(r, out, inp, weight, bias, BT, K, OC_tp);   // f's forward is the identity
+    else mt_matmul_forward(r, out, inp, MT_DTYPE_FP32, weight, bias, BT, K, OC_tp);   // f's forward is the identity
 }
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
@@ -8317,32 +8368,32 @@ void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, co
 // (mlp: NULL, or the MLP's fc layer in front, whose gelu(fc(x)) is X_r: mt_parallel_mlp_forward)
 typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; } mt__mlp_front;
 // the local product X_r W_r (+ b when bias is not NULL) into y
-static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, const float *weight, const float *bias,
-                                     int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
+static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                     const float *bias, int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
     if (mlp)
         mt_mlp_forward(r, mlp->fch, mt_fch_storage_dtype(r), y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias, BT,
                        mlp->K, K_tp, OC);
-    else mt_matmul_forward(r, y, inp, weight, bias, BT, K_tp, OC);
+    else mt_matmul_forward(r, y, inp, inp_dtype, weight, bias, BT, K_tp, OC);
 }
-static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, const float *weight, const float *bias,
-                                     int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
+static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                     const float *bias, int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
     if (mt__sequence_parallel(r)) {
-        mt__row_parallel_product(r, r->scratch.sp_partial, inp, weight, NULL, BT, K_tp, OC, mlp);   // X_r W_r
+        mt__row_parallel_product(r, r->scratch.sp_partial, inp, inp_dtype, weight, NULL, BT, K_tp, OC, mlp);   // X_r W_r
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
         mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
         return;
     }
     if (r->groups.tp.size == 1) {   // no sum to wait for: the bias in the GEMM's epilogue, one pass less
-        mt__row_parallel_product(r, out, inp, weight, bias, BT, K_tp, OC, mlp);   // (x.w) + b: the same rounding
+        mt__row_parallel_product(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, mlp);   // (x.w) + b: the same rounding
         return;
     }
-    mt__row_parallel_product(r, out, inp, weight, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r
+    mt__row_parallel_product(r, out, inp, inp_dtype, weight, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r
     mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
     mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
 }
-void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
+void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
                                     const float *bias, int BT, int K_tp, int OC) {
-    mt__row_parallel_forward(r, out, inp, weight, bias, BT, K_tp, OC, NULL);
+    mt__row_parallel_forward(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, NULL);
 }
 
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
@@ -8353,10 +8404,10 @@ void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, co
 // dY, so it is whole and the same on every TP rank (Megatron sums its shard and all-reduces the
 // bias with the layernorms instead; the all-gather is already paid for here).
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias,
-                                     const float *dout, const float *inp, const float *weight, int BT, int K_tp, int OC) {
+                                     const float *dout, const float *inp, mt_dtype inp_dtype, const float *weight,
+                                     int BT, int K_tp, int OC) {
     dout = mt__whole_sequence_grad(r, dout, OC);
-    mt_matmul_backward(r, dinp, dinp_dtype, dweight, dbias, dout, MT_DTYPE_FP32, inp, MT_DTYPE_FP32, weight, BT, K_tp,
-                       OC);
+    mt_matmul_backward(r, dinp, dinp_dtype, dweight, dbias, dout, MT_DTYPE_FP32, inp, inp_dtype, weight, BT, K_tp, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -8377,7 +8428,7 @@ void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *in
                              const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
     // (the gathered input is in sp_full; the row-parallel half's partial sums go to sp_partial)
     mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype};
-    mt__row_parallel_forward(r, out, NULL, fcprojw, fcprojb, BT, F_tp, K, &mlp);
+    mt__row_parallel_forward(r, out, NULL, MT_DTYPE_FP32, fcprojw, fcprojb, BT, F_tp, K, &mlp);
 }
 
 // backward of fc-proj (row-parallel, its input gelu(gelu_inp), my K_tp columns) on through the GELU:
@@ -8649,7 +8700,9 @@ static size_t mt__layer_tensor_floats(const mt_rank *r, int k) {
     case MT_LT_LN1: case MT_LT_LN2:   // in mt_ln_storage_dtype, as qkv
         if (mt_ln_storage_dtype(r) == MT_DTYPE_FP32) return BT_sp * C;
         return (BT_sp * C + 7) / 8 * 4;
-    case MT_LT_ATTY: return BT * (size_t)r->dims.C_tp;
+    case MT_LT_ATTY:   // in mt_atty_storage_dtype, as qkv
+        if (mt_atty_storage_dtype(r) == MT_DTYPE_FP32) return BT * (size_t)r->dims.C_tp;
+        return (BT * (size_t)r->dims.C_tp + 7) / 8 * 4;
     case MT_LT_LSE: return (size_t)r->dims.B * r->dims.NH_tp * r->dims.T;
     case MT_LT_FCH:   // in mt_fch_storage_dtype, as qkv
         if (mt_fch_storage_dtype(r) == MT_DTYPE_FP32) return BT * (size_t)r->dims.F_tp;
@@ -8918,9 +8971,10 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_dtype ln_dtype = mt_ln_storage_dtype(r);
     mt_layernorm_forward(r, l_ln1, l_ln1_mean, l_ln1_rstd, x, l_ln1w, l_ln1b, B, T_sp, C, ln_dtype);
     mt_column_parallel_qkv_forward(r, l_qkv, l_ln1, ln_dtype, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
-    mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp,
-                             cfg->model.num_attention_heads);
-    mt_row_parallel_linear_forward(r, out_c, l_atty, l_attprojw, l_attprojb, BT, C_tp, C);
+    mt_dtype atty_dtype = mt_atty_storage_dtype(r);   // (16 bits where the projection's GEMMs read it so)
+    mt_attention_forward(r, l_atty, atty_dtype, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
+                         r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
+    mt_row_parallel_linear_forward(r, out_c, l_atty, atty_dtype, l_attprojw, l_attprojb, BT, C_tp, C);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     mt_dropout_forward(r, out_c, &hid_drop, B);
     // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
@@ -8992,16 +9046,17 @@ static void mt__layer_backward(mt_rank *r, mt_activations *a, int l, const float
     mt_layernorm_backward(r, s->dresidual, dl_ln2w, dl_ln2b, s->dln, l_residual2, l_ln2w, l_ln2_mean, l_ln2_rstd, B,
                           T_sp, C);
     // attention block. forward was: residual2 = x + dropout(attproj(attention(qkv(ln1(x)))))
+    mt_dtype atty_dtype = mt_atty_storage_dtype(r);   // (16 bits where the projection's GEMMs read it so)
     if (cfg->recompute == MT_RECOMPUTE_SELECTIVE)   // selective recompute: the attention core again
-        mt_attention_forward(r, l_atty, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
+        mt_attention_forward(r, l_atty, atty_dtype, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                              r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
     dbranch = mt__branch_grad(r, s->out_c, s->dresidual, &hid_drop, B, BTC_sp);
     mt_dtype datty_dtype = mt_datty_storage_dtype(r);   // (16 bits where the attention reads it so)
-    mt_row_parallel_linear_backward(r, s->datty, datty_dtype, dl_attprojw, dl_attprojb, dbranch, l_atty, l_attprojw, BT,
-                                    C_tp, C);
+    mt_row_parallel_linear_backward(r, s->datty, datty_dtype, dl_attprojw, dl_attprojb, dbranch, l_atty, atty_dtype,
+                                    l_attprojw, BT, C_tp, C);
     mt_dtype dqkv_dtype = mt_dqkv_storage_dtype(r);   // (16 bits where the qkv GEMM reads it so)
-    mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, datty_dtype, l_qkv, l_atty, l_lse, B, T, C_tp,
+    mt_attention_backward(r, s->dqkv, dqkv_dtype, s->datty, datty_dtype, l_qkv, l_atty, atty_dtype, l_lse, B, T, C_tp,
                           r->dims.NH_tp, &attn_drop, r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
     mt_column_parallel_linear_backward(r, s->dln, dl_qkvw, dl_qkvb, s->dqkv, dqkv_dtype, l_ln1, ln_dtype, l_qkvw, BT, C,
                                        3 * C_tp);
@@ -12983,12 +13038,12 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int
     else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C, MT_DTYPE_FP32);
     mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
-    mt_row_parallel_linear_forward(r, g->out_c, g->atty, l_attprojw, l_attprojb, BT, C_tp, C);
+    mt_row_parallel_linear_forward(r, g->out_c, g->atty, MT_DTYPE_FP32, l_attprojw, l_attprojb, BT, C_tp, C);
     // MLP block: res2 = x + out_c, ln = layernorm(res2)
     mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C,
                                   MT_DTYPE_FP32);
     mt_column_parallel_linear_gelu_forward(r, g->fch, g->fch_gelu, g->ln, l_fcw, l_fcb, BT, C, F_tp);
-    mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, l_fcprojw, l_fcprojb, BT, F_tp, C);
+    mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, MT_DTYPE_FP32, l_fcprojw, l_fcprojb, BT, F_tp, C);
     if (x_last) mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);   // else the next layer's first op
 }
 

@@ -500,17 +500,33 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
             if (with_dinp) {
                 // dinp written in 16 bits (the attention projection's, mt_datty_gemm_dtype: the STORE16
                 // epilogue): the fp32 dinp rounded, bit for bit; dweight and dbias the same bits
-                void *dinp16 = dev_alloc(nin * 2 + 16);
-                dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
-                mt_matmul_backward_dinp16_gpu((float *)dinp16, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, BT, C,
-                                              OC, dt, 0);
-                float *wide = dev_download16(dinp16, nin, dt), *want = (float *)mt_malloc(nin * sizeof(float), "dinp");
-                for (size_t i = 0; i < nin; i++) want[i] = mt_round_to_dtype(dinp32[i], (mt_dtype)dt);
-                snprintf(label, sizeof label, "matmul %s backward into a 16-bit dinp BT=%d C=%d OC=%d", name, BT, C, OC);
-                check_close(label, wide, want, nin, 0.0);
-                got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
-                if (with_bias) { got = dev_download(d_db, OC); check_close(label, got, db32, OC, 0.0); free(got); }
-                free(wide); free(want); dev_free(dinp16);
+                // (from the fp32 input, and from the 16-bit one: the attention projection's, whose input
+                // atty the GPU keeps in 16 bits too, mt_atty_gemm_dtype)
+                for (int from16 = 0; from16 <= 1; from16++) {
+                    void *dinp16 = dev_alloc(nin * 2 + 16);
+                    dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
+                    mt_matmul_backward_dinp16_gpu((float *)dinp16, d_dw, with_bias ? d_db : NULL, d_dout,
+                                                  from16 ? NULL : d_inp, from16 ? in16 : NULL, d_w, BT, C, OC, dt, 0);
+                    float *wide = dev_download16(dinp16, nin, dt), *want = (float *)mt_malloc(nin * sizeof(float), "dinp");
+                    for (size_t i = 0; i < nin; i++) want[i] = mt_round_to_dtype(dinp32[i], (mt_dtype)dt);
+                    snprintf(label, sizeof label, "matmul %s backward into a 16-bit dinp%s BT=%d C=%d OC=%d", name,
+                             from16 ? " from a 16-bit input" : "", BT, C, OC);
+                    check_close(label, wide, want, nin, 0.0);
+                    got = dev_download(d_dw, nw); check_close(label, got, dw32, nw, 0.0); free(got);
+                    if (with_bias) { got = dev_download(d_db, OC); check_close(label, got, db32, OC, 0.0); free(got); }
+                    free(wide); free(want); dev_free(dinp16);
+                }
+            }
+            if (BT > MT_GEMV_MAX_ROWS) {   // the forward from the 16-bit input (the attention projection's, from
+                                           // atty in 16 bits): the bits of the forward from the fp32 input
+                mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, dt, 0);
+                float *want = dev_download(d_out, nout);
+                dev_poison(d_out, nout);
+                mt_matmul_forward_inp16_gpu(d_out, in16, dt, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, 0);
+                got = dev_download(d_out, nout);
+                snprintf(label, sizeof label, "matmul %s forward from a 16-bit input BT=%d C=%d OC=%d", name, BT, C, OC);
+                check_close(label, got, want, nout, 0.0);
+                free(got); free(want);
             }
             free(dinp32); free(dw32); free(db32);
             dev_free(in16);
@@ -1457,9 +1473,9 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)q16, d_qkv, nqkv, 0);
             else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)q16, d_qkv, nqkv, 0);
             dev_poison(d_out, nout); dev_poison(d_lse, nlse); dev_set(d_dqkv, dqkv0, nqkv);
-            mt_attention_forward16_gpu(d_out, d_lse, q16, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
-            mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, d_dout, MT_DTYPE_FP32, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d,
-                                        head_offset, NH_global, dt, 0);
+            mt_attention_forward16_gpu(d_out, MT_DTYPE_FP32, d_lse, q16, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+            mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, d_dout, MT_DTYPE_FP32, q16, d_out_ref, MT_DTYPE_FP32, d_lse_ref,
+                                        B, T, C, NH, &d, head_offset, NH_global, dt, 0);
             float *got16 = dev_download(d_out, nout);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv: out B=%d T=%d hs=%d", mode, B, T, hs);
             check_close(label, got16, out16, nout, 0.0); free(got16);
@@ -1472,8 +1488,8 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             // dqkv written in 16 bits (the training's, mt_dqkv_gemm_dtype): the fp32 dqkv rounded, bit for bit
             void *dq16 = dev_alloc(nqkv * 2 + 16);
             MT_CUDA_CHECK(cudaMemset(dq16, 0xff, nqkv * 2));
-            mt_attention_backward16_gpu((float *)dq16, dt, d_dout, MT_DTYPE_FP32, q16, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset,
-                                        NH_global, dt, 0);
+            mt_attention_backward16_gpu((float *)dq16, dt, d_dout, MT_DTYPE_FP32, q16, d_out_ref, MT_DTYPE_FP32, d_lse_ref, B, T,
+                                        C, NH, &d, head_offset, NH_global, dt, 0);
             float *wide = dev_download16(dq16, nqkv, dt), *want = (float *)mt_malloc(nqkv * sizeof(float), "dqkv");
             for (size_t i = 0; i < nqkv; i++) want[i] = mt_round_to_dtype(got[i], (mt_dtype)dt);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv: dqkv in 16 bits B=%d T=%d hs=%d", mode, B, T, hs);
@@ -1485,12 +1501,36 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             if (dt == MT_DTYPE_FP16) mt_cast_f32_to_f16_gpu((__half *)do16, d_dout, nout, 0);
             else mt_cast_f32_to_bf16_gpu((__nv_bfloat16 *)do16, d_dout, nout, 0);
             dev_set(d_dqkv, dqkv0, nqkv);
-            mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, (const float *)do16, dt, q16, d_out_ref, d_lse_ref, B, T, C,
-                                        NH, &d, head_offset, NH_global, dt, 0);
+            mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, (const float *)do16, dt, q16, d_out_ref, MT_DTYPE_FP32,
+                                        d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
             got16 = dev_download(d_dqkv, nqkv);
             snprintf(label, sizeof label, "attention %s from 16-bit qkv and dout: dqkv B=%d T=%d hs=%d p=%.1f", mode, B, T,
                      hs, p);
             check_close(label, got16, dqkv_dt, nqkv, tol); free(got16);
+            {   // the output stored in 16 bits (the training's atty, mt_atty_gemm_dtype; the wgmma kernel's
+                // epilogue writes it, the other kernels' launcher casts): the fp32 output rounded, bit for
+                // bit; and the backward reading it (with dout in 16 bits, as the training's) gives the
+                // bits of the backward from its widened values in fp32
+                void *o16 = dev_alloc(nout * 2 + 16);
+                MT_CUDA_CHECK(cudaMemset(o16, 0xff, nout * 2));
+                mt_attention_forward16_gpu((float *)o16, dt, d_lse, q16, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+                float *wide_o = dev_download16(o16, nout, dt), *want_o = (float *)mt_malloc(nout * sizeof(float), "out");
+                for (size_t i = 0; i < nout; i++) want_o[i] = mt_round_to_dtype(out16[i], (mt_dtype)dt);
+                snprintf(label, sizeof label, "attention %s: out in 16 bits B=%d T=%d hs=%d", mode, B, T, hs);
+                check_close(label, wide_o, want_o, nout, 0.0);
+                float *d_wide_o = dev_upload(wide_o, nout);
+                dev_set(d_dqkv, dqkv0, nqkv);
+                mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, (const float *)do16, dt, q16, d_wide_o, MT_DTYPE_FP32,
+                                            d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+                float *from_wide = dev_download(d_dqkv, nqkv);
+                dev_set(d_dqkv, dqkv0, nqkv);
+                mt_attention_backward16_gpu(d_dqkv, MT_DTYPE_FP32, (const float *)do16, dt, q16, (const float *)o16, dt,
+                                            d_lse_ref, B, T, C, NH, &d, head_offset, NH_global, dt, 0);
+                got16 = dev_download(d_dqkv, nqkv);
+                snprintf(label, sizeof label, "attention %s from a 16-bit out: dqkv B=%d T=%d hs=%d p=%.1f", mode, B, T, hs, p);
+                check_close(label, got16, from_wide, nqkv, 0.0); free(got16);
+                free(wide_o); free(want_o); free(from_wide); dev_free(d_wide_o); dev_free(o16);
+            }
             dev_free(do16);
             free(out16); free(lse16); dev_free(q16);
         }
@@ -2075,14 +2115,14 @@ static void bench(void) {
             // bf16: from qkv stored in bf16, as training keeps it (mt_qkv_storage_dtype) and as
             // PyTorch's scaled_dot_product_attention takes q, k, v (tests/gpu/torch_ref.py)
             float f = time_ms([&] {
-                if (bf16) mt_attention_forward16_gpu(aout, lse, qkv16, B, T, C, NH, &d, 0, NH, bf16, 0);
+                if (bf16) mt_attention_forward16_gpu(aout, MT_DTYPE_FP32, lse, qkv16, B, T, C, NH, &d, 0, NH, bf16, 0);
                 else mt_attention_forward_gpu(aout, lse, qkv, B, T, C, NH, &d, 0, NH, bf16, 0);
             }, reps);
             snprintf(name, sizeof name, "attention %s forward", mode);
             report(name, shape, f, fwd_flop, 0);
             float b = time_ms([&] {
                 // (the training's: dqkv written in 16 bits, mt_dqkv_gemm_dtype)
-                if (bf16) mt_attention_backward16_gpu(dqkv, bf16, datt, MT_DTYPE_FP32, qkv16, aout, lse, B, T, C, NH, &d, 0, NH,
+                if (bf16) mt_attention_backward16_gpu(dqkv, bf16, datt, MT_DTYPE_FP32, qkv16, aout, MT_DTYPE_FP32, lse, B, T, C, NH, &d, 0, NH,
                                                       bf16, 0);
                 else mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
             }, reps);
