@@ -9207,9 +9207,12 @@ static double mt__grad_norm(mt_rank *r) {
         if (s->tied_copy) continue;
         size_t a, b;
         mt__shard_part(s, lo, hi, &a, &b);
-        if (a < b) { start[parts] = a; count[parts] = b - a; parts++; }
+        if (a >= b) continue;
+        if (parts > 0 && start[parts - 1] + count[parts - 1] == a) count[parts - 1] += b - a;   // contiguous: one piece
+        else { start[parts] = a; count[parts] = b - a; parts++; }
     }
-    // the tensors' sums of squares added in order: one reduction on the device, one wait
+    // the pieces' sums of squares added in order: one reduction on the device, one wait (at TP = PP
+    // = 1 the tensors lie end to end in the buffer: one piece, one pass, two kernels)
     double sumsq = mt_sum_squares_parts(r, r->model.grads_memory, start, count, parts);
     if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &sumsq, 1, MT_SUM);
     if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
@@ -9464,16 +9467,26 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     if (o->offload) {
         mt__optimizer_step_offloaded(r, lr, grad_scale);   // on the host (above)
     } else {
-        // each tensor's part inside the shard (a tensor may straddle two shards)
-        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
-            const mt_param_spec *s = &r->model.specs[i];
-            if (!s->present) continue;
-            size_t a, b;
-            mt__shard_part(s, lo, hi, &a, &b);
-            if (a >= b) continue;
-            mt_adamw(r, r->model.params_memory + a, o->m_memory + (a - lo), o->v_memory + (a - lo),
-                     r->model.grads_memory + a, grad_scale, b - a, lr, cfg->train.adam_beta1, cfg->train.adam_beta2,
-                     cfg->train.adam_eps, s->no_decay ? 0.0f : cfg->train.weight_decay, o->step);
+        // each tensor's part inside the shard (a tensor may straddle two shards); neighbours in the
+        // buffer with the same weight decay go in one call (the update is elementwise: the same bits)
+        size_t run_a = 0, run_b = 0;   // the pending run [run_a, run_b), at decay run_wd
+        float run_wd = 0.0f;
+        for (int i = 0; i <= MT_NUM_PARAM_TENSORS; i++) {
+            size_t a = 0, b = 0;
+            float wd = 0.0f;
+            if (i < MT_NUM_PARAM_TENSORS) {
+                const mt_param_spec *s = &r->model.specs[i];
+                if (!s->present) continue;
+                mt__shard_part(s, lo, hi, &a, &b);
+                if (a >= b) continue;
+                wd = s->no_decay ? 0.0f : cfg->train.weight_decay;
+                if (run_b > run_a && a == run_b && wd == run_wd) { run_b = b; continue; }
+            }
+            if (run_b > run_a)
+                mt_adamw(r, r->model.params_memory + run_a, o->m_memory + (run_a - lo), o->v_memory + (run_a - lo),
+                         r->model.grads_memory + run_a, grad_scale, run_b - run_a, lr, cfg->train.adam_beta1,
+                         cfg->train.adam_beta2, cfg->train.adam_eps, run_wd, o->step);
+            run_a = a; run_b = b; run_wd = wd;
         }
     }
     // distributed: every DP rank gets the new parameters of every shard
