@@ -7723,6 +7723,13 @@ void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes)
     MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));
     mt__profile_end(r, "buffer upload", t0);
 }
+void mt_buffer_upload_queued(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+    double t0 = mt__profile_begin(r);
+    // from pageable memory the runtime stages the bytes before it returns (the CUDA runtime API's
+    // "API synchronization behavior"), so host_src is free again; the copy itself runs in stream order
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, mt__stream(r)));
+    mt__profile_end(r, "buffer upload", t0);
+}
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
     double t0 = mt__profile_begin(r);
     MT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, mt__stream(r)));

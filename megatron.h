@@ -945,6 +945,11 @@ void mt_buffer_copy_strided(mt_rank *r, float *dst, size_t dst_stride, const flo
    optimizer's gradients down and parameters up (once per step, from and into mt_buffer_alloc_host) */
 void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes);
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes);
+/* the same upload queued on the rank's stream behind the work before it, without waiting for it:
+   host_src must be ordinary (pageable) host memory, which the runtime copies aside before it
+   returns, so the caller may reuse it at once (a micro-batch's token ids: the GPU then goes from
+   the last step's optimizer to the next forward without the host's round trip in between) */
+void mt_buffer_upload_queued(mt_rank *r, void *dst, const void *host_src, size_t bytes);
 /* host memory the device copies to and from at full speed, zeroed: pinned (page-locked, cudaHostAlloc)
    on the GPU build, ordinary host memory on the CPU build. --optimizer-cpu-offload keeps AdamW's state in it */
 float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what);
@@ -8100,6 +8105,10 @@ void mt_buffer_upload(mt_rank *r, void *dst, const void *host_src, size_t bytes)
     (void)r; memcpy(dst, host_src, bytes);
 }
 
+void mt_buffer_upload_queued(mt_rank *r, void *dst, const void *host_src, size_t bytes) {
+    (void)r; memcpy(dst, host_src, bytes);
+}
+
 void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t bytes) {
     (void)r; memcpy(host_dst, src, bytes);
 }
@@ -10044,8 +10053,8 @@ static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *
             a->sample_offset = (int)mt_sample_in_batch(r, st.mb, 0);
             batch(r, ctx, r->state.iteration, st.mb, r->host.tokens, r->host.targets);
             size_t bytes = (size_t)r->dims.B * r->dims.T * sizeof(int);
-            mt_buffer_upload(r, a->tokens, r->host.tokens, bytes);
-            mt_buffer_upload(r, a->targets, r->host.targets, bytes);
+            mt_buffer_upload_queued(r, a->tokens, r->host.tokens, bytes);   // (mt_calloc'd: pageable)
+            mt_buffer_upload_queued(r, a->targets, r->host.targets, bytes);
         }
         if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
             mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
