@@ -2690,7 +2690,8 @@ static void mt__gemm_wgmma_launch(const CUtensorMap &map_a, const CUtensorMap &m
     auto kernel = mt_matmul_kernel4_wgmma<A_K_INNER, B_K_INNER, F16, EPI, NWG, PING>;
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mt__wg_smem(NWG)));
     if (!PING) {
-        mt__launch("mt_matmul_kernel4_wgmma", kernel, grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream, map_a, map_b, g);
+        mt__launch("mt_matmul_kernel4_wgmma", kernel, grid, mt__wg_threads(NWG), mt__wg_smem(NWG), stream, map_a, map_b,
+                   g);
         return;
     }
     cudaLaunchConfig_t cfg = {};
@@ -5374,8 +5375,10 @@ static void mt__attention_backward_launch(const mt__attention_args &a, int dtype
                                 : mt_attention_backward_preprocess_vec_kernel<16, 2, 0>)
                        : mt_attention_backward_preprocess_vec_kernel<16, 0, 0>;
     else
-        pre = d16 == 1 ? (out16 ? mt_attention_backward_preprocess_kernel<1, 1> : mt_attention_backward_preprocess_kernel<1, 0>)
-            : d16 == 2 ? (out16 ? mt_attention_backward_preprocess_kernel<2, 1> : mt_attention_backward_preprocess_kernel<2, 0>)
+        pre = d16 == 1 ? (out16 ? mt_attention_backward_preprocess_kernel<1, 1>
+                                : mt_attention_backward_preprocess_kernel<1, 0>)
+            : d16 == 2 ? (out16 ? mt_attention_backward_preprocess_kernel<2, 1>
+                                : mt_attention_backward_preprocess_kernel<2, 0>)
                        : mt_attention_backward_preprocess_kernel<0, 0>;
     int vec_kernel = vec && a.C_local <= 32 * 4 * 16;
     mt__launch(vec_kernel ? "mt_attention_backward_preprocess_vec_kernel" : "mt_attention_backward_preprocess_kernel",
@@ -5418,7 +5421,8 @@ static void mt__attention_forward_gpu(float *out, int out16, float *lse, const f
     if (B == 0 || T == 0) return;
     if (qkv16_in && (!bf16 || !mt__aligned16(qkv16_in)))
         mt_fatal("internal: 16-bit qkv with dtype %d or unaligned", dtype);
-    if (out16 && (!bf16 || !mt__aligned16(out))) mt_fatal("internal: a 16-bit attention output with dtype %d or unaligned", dtype);
+    if (out16 && (!bf16 || !mt__aligned16(out)))
+        mt_fatal("internal: a 16-bit attention output with dtype %d or unaligned", dtype);
     size_t n_qkv = (size_t)B * T * 3 * C_local, n_out = (size_t)B * T * C_local;
     mt__attention_args a = mt__attention_setup(B, T, C_local, NH_local, drop, head_offset, NH_global);
     a.qkv = qkv16_in ? NULL : mt__staged(qkv, n_qkv, bf16, 1, stream);

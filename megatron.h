@@ -8393,7 +8393,8 @@ static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, m
         return;
     }
     if (r->groups.tp.size == 1) {   // no sum to wait for: the bias in the GEMM's epilogue, one pass less
-        mt__row_parallel_product(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, mlp);   // (x.w) + b: the same rounding
+        // (x.w) + b: the same rounding
+        mt__row_parallel_product(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, mlp);
         return;
     }
     mt__row_parallel_product(r, out, inp, inp_dtype, weight, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r

@@ -2122,8 +2122,8 @@ static void bench(void) {
             report(name, shape, f, fwd_flop, 0);
             float b = time_ms([&] {
                 // (the training's: dqkv written in 16 bits, mt_dqkv_gemm_dtype)
-                if (bf16) mt_attention_backward16_gpu(dqkv, bf16, datt, MT_DTYPE_FP32, qkv16, aout, MT_DTYPE_FP32, lse, B, T, C, NH, &d, 0, NH,
-                                                      bf16, 0);
+                if (bf16) mt_attention_backward16_gpu(dqkv, bf16, datt, MT_DTYPE_FP32, qkv16, aout, MT_DTYPE_FP32, lse, B, T,
+                                                      C, NH, &d, 0, NH, bf16, 0);
                 else mt_attention_backward_gpu(dqkv, datt, qkv, aout, lse, B, T, C, NH, &d, 0, NH, bf16, 0);
             }, reps);
             snprintf(name, sizeof name, "attention %s backward", mode);
