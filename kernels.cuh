@@ -8046,12 +8046,50 @@ void mt_device_capture_begin(mt_rank *r, int decode) {
     const char *pdl = getenv("MT_PDL");   // MT_PDL=0: the step's kernels one after another, as outside a graph
     mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
 }
+// MT_GRAPH_STATS=1: one line per recorded graph: its nodes by type and its edges, how many of them
+// programmatic (a kernel that may start behind the one ahead). A launcher's cudaMallocAsync or
+// memset between two kernels is a node of its own, and the edge into the next kernel is then a
+// full one.
+static void mt__graph_stats(cudaGraph_t graph, int decode) {
+    size_t n = 0, e = 0;
+    MT_CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
+    MT_CUDA_CHECK(cudaGraphGetEdges(graph, NULL, NULL, NULL, &e));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)mt_malloc((n + 1) * sizeof *nodes, "graph nodes");
+    cudaGraphNode_t *from = (cudaGraphNode_t *)mt_malloc((e + 1) * sizeof *from, "graph edges");
+    cudaGraphNode_t *to = (cudaGraphNode_t *)mt_malloc((e + 1) * sizeof *to, "graph edges");
+    cudaGraphEdgeData *data = (cudaGraphEdgeData *)mt_malloc((e + 1) * sizeof *data, "graph edges");
+    MT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
+    MT_CUDA_CHECK(cudaGraphGetEdges(graph, from, to, data, &e));
+    size_t kernels = 0, allocs = 0, frees = 0, memsets = 0, copies = 0, programmatic = 0, kernel_to_kernel = 0;
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType t;
+        MT_CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &t));
+        kernels += t == cudaGraphNodeTypeKernel;
+        allocs += t == cudaGraphNodeTypeMemAlloc;
+        frees += t == cudaGraphNodeTypeMemFree;
+        memsets += t == cudaGraphNodeTypeMemset;
+        copies += t == cudaGraphNodeTypeMemcpy;
+    }
+    for (size_t i = 0; i < e; i++) {
+        cudaGraphNodeType a, b;
+        MT_CUDA_CHECK(cudaGraphNodeGetType(from[i], &a));
+        MT_CUDA_CHECK(cudaGraphNodeGetType(to[i], &b));
+        kernel_to_kernel += a == cudaGraphNodeTypeKernel && b == cudaGraphNodeTypeKernel;
+        programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic;
+    }
+    fprintf(stderr, "graph (%s): %zu nodes (%zu kernels, %zu allocations, %zu frees, %zu memsets, %zu copies), "
+            "%zu edges (%zu kernel to kernel, %zu programmatic)\n", decode ? "decode step" : "training chunk", n,
+            kernels, allocs, frees, memsets, copies, e, kernel_to_kernel, programmatic);
+    free(nodes); free(from); free(to); free(data);
+}
 void *mt_device_capture_end(mt_rank *r) {
     if (!mt__capturing) return NULL;
     mt__capturing = 0;
     mt__pdl_on = 0;
     cudaGraph_t graph;
     MT_CUDA_CHECK(cudaStreamEndCapture(mt__stream(r), &graph));
+    const char *stats = getenv("MT_GRAPH_STATS");
+    if (stats && atoi(stats) == 1) mt__graph_stats(graph, !mt__capturing_plain);
     cudaGraphExec_t exec;
     MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     MT_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -71,7 +71,8 @@
      MT_PROFILE=1 (GPU build) times every op of the backend seam and prints a table per rank;
      MT_CUDA_GRAPH=0 (GPU build) runs generation's decode step and the training step's chunks op by op
      instead of as CUDA graphs; MT_PDL=0 (GPU build) keeps the graphs but without programmatic
-     dependent launch (kernels.cuh, 1.);
+     dependent launch (kernels.cuh, 1.); MT_GRAPH_STATS=1 (GPU build) prints each recorded graph's
+     nodes by type and its edges, how many programmatic;
      MT_DECODE_ONE_KERNEL=1 (GPU build) runs each decode step at TP = PP = 1 as one persistent kernel
      (kernels.cuh, "a decode step as one kernel"; opt-in: not yet faster), and MT_DECODE_BLOCKS_PER_SM
      sets its blocks per SM (default 2).
