@@ -7933,12 +7933,13 @@ static int mt__gpu_atty16(const mt_rank *r, int BT, int C_local) {
 void mt_attention_forward(mt_rank *r, float *out, mt_dtype out_dtype, float *lse, const float *qkv, int B, int T,
                           int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global) {
     mt__cpu_fp32_storage(out_dtype, "the attention's output");
+    int gpu_atty16 = mt__gpu_atty16(r, B * T, C_local);
     mt__count_gpu_scratch(r, mt_gpu_attention_forward_scratch(B, T, C_local, NH_local, (mt_gemm_impl)r->dev.gemm_impl,
-                                                              r->dev.dtype, mt__gpu_atty16(r, B * T, C_local)));
+                                                              r->dev.dtype, gpu_atty16));
     mt_attention_forward_rounded_cpu(out, lse, qkv, B, T, C_local, NH_local, drop, head_offset, NH_global,
                                      r->dev.dtype);
     // the values the GPU keeps: a training layer's atty in 16 bits where mt_atty_gemm_dtype says so
-    if (mt__gpu_atty16(r, B * T, C_local)) mt_round_cpu(out, out, (size_t)B * T * C_local, r->dev.dtype);
+    if (gpu_atty16) mt_round_cpu(out, out, (size_t)B * T * C_local, r->dev.dtype);
 }
 
 void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const float *dout, mt_dtype dout_dtype,
@@ -9480,25 +9481,23 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
     } else {
         // each tensor's part inside the shard (a tensor may straddle two shards); neighbours in the
         // buffer with the same weight decay go in one call (the update is elementwise: the same bits)
-        size_t run_a = 0, run_b = 0;   // the pending run [run_a, run_b), at decay run_wd
-        float run_wd = 0.0f;
-        for (int i = 0; i <= MT_NUM_PARAM_TENSORS; i++) {
-            size_t a = 0, b = 0;
-            float wd = 0.0f;
-            if (i < MT_NUM_PARAM_TENSORS) {
-                const mt_param_spec *s = &r->model.specs[i];
-                if (!s->present) continue;
-                mt__shard_part(s, lo, hi, &a, &b);
-                if (a >= b) continue;
-                wd = s->no_decay ? 0.0f : cfg->train.weight_decay;
-                if (run_b > run_a && a == run_b && wd == run_wd) { run_b = b; continue; }
-            }
-            if (run_b > run_a)
-                mt_adamw(r, r->model.params_memory + run_a, o->m_memory + (run_a - lo), o->v_memory + (run_a - lo),
-                         r->model.grads_memory + run_a, grad_scale, run_b - run_a, lr, cfg->train.adam_beta1,
-                         cfg->train.adam_beta2, cfg->train.adam_eps, run_wd, o->step);
-            run_a = a; run_b = b; run_wd = wd;
+        size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
+        float decay[MT_NUM_PARAM_TENSORS];
+        int runs = 0;
+        for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+            const mt_param_spec *s = &r->model.specs[i];
+            if (!s->present) continue;
+            size_t a, b;
+            mt__shard_part(s, lo, hi, &a, &b);
+            if (a >= b) continue;
+            float wd = s->no_decay ? 0.0f : cfg->train.weight_decay;
+            if (runs > 0 && start[runs - 1] + count[runs - 1] == a && decay[runs - 1] == wd) count[runs - 1] += b - a;
+            else { start[runs] = a; count[runs] = b - a; decay[runs] = wd; runs++; }
         }
+        for (int k = 0; k < runs; k++)
+            mt_adamw(r, r->model.params_memory + start[k], o->m_memory + (start[k] - lo), o->v_memory + (start[k] - lo),
+                     r->model.grads_memory + start[k], grad_scale, count[k], lr, cfg->train.adam_beta1,
+                     cfg->train.adam_beta2, cfg->train.adam_eps, decay[k], o->step);
     }
     // distributed: every DP rank gets the new parameters of every shard
     if (o->distributed && r->groups.dp.size > 1)
