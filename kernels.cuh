@@ -20,8 +20,9 @@
  * (megatron.h, 3. OPS, "reduced precision"), and keeps those tensors in fp32: the same values.
  *
  * CONTENTS (numbered as megatron.h's sections)
- *   1. UTILITIES & ERRORS (GPU)  MT_CUDA_CHECK, launch checks, MT_SYNC_DEBUG, the counter-based RNG
- *                                on the device, fill / zero / fp32<->bf16 and fp32->fp16 casts
+ *   1. UTILITIES & ERRORS (GPU)  MT_CUDA_CHECK, launch checks, MT_SYNC_DEBUG, programmatic dependent
+ *                                launch, the kernel scratch's arena, the counter-based RNG on the
+ *                                device, fill / zero / fp32<->bf16 and fp32->fp16 casts
  *   3. OPS: GPU KERNELS          embedding, position embedding, layernorm, matmul (the GEMM ladder:
  *                                naive, tiled, mma, wgmma), dropout, attention (FlashAttention-2, fp32 and
  *                                mma; forward and backward on wgmma, FA3's layout), attention over the KV
@@ -31,7 +32,8 @@
  *                                scaling's unscale-and-check (one pass, an inf/NaN flag)
  *   THE BACKEND SEAM, GPU HALF   mt_<op>(r, ...) -> the launcher on the rank's stream; buffers in
  *                                device memory; the device's set-up, stream and memory in use (the
- *                                context at start, our buffers, the pool: the memory report's figures)
+ *                                context at start, our buffers, the kernel scratch's arena and pool:
+ *                                the memory report's figures)
  *                                (megatron.h's section 3 has the CPU half, with the same names)
  *
  * DETERMINISM: no kernel adds floats through atomics, so every result is the same bit for bit from
@@ -39,10 +41,14 @@
  * gradient norm) write per-block partial sums to a scratch buffer and a second kernel adds them in
  * a fixed order; the embedding backward groups the positions of each token with a stable
  * counting sort (section 3, embedding). The only atomics are integer counts.
- * SCRATCH: launchers that need temporary device memory take it with cudaMallocAsync on the launch
- * stream and return it with cudaFreeAsync (stream-ordered, served from the pool, capturable). Its
- * sizes are megatron.h's (section 3, "the GPU build's kernel scratch"), so the memory plan counts
- * exactly what is borrowed; a new cudaMallocAsync here needs its term there.
+ * SCRATCH: launchers that need temporary device memory take it with mt__scratch_alloc and give
+ * it back with mt__scratch_free before they end (section 1, "kernel scratch"): pieces of the rank's
+ * arena, one buffer made at start-up at the memory plan's size and lent by host bookkeeping alone,
+ * so a captured CUDA graph records no allocation between two kernels and keeps their programmatic
+ * edge; what the arena cannot serve (another stream, no room, no arena) comes from the stream-
+ * ordered pool as cudaMallocAsync / cudaFreeAsync. The sizes are megatron.h's (section 3, "the GPU
+ * build's kernel scratch"), so the memory plan counts exactly what is borrowed and the arena holds
+ * a step's ops; a new mt__scratch_alloc here needs its term there.
  * MT_SYNC_DEBUG=1 in the environment: every launch is followed by cudaStreamSynchronize and a
  * check, so an asynchronous fault is reported by the op that caused it.
  * TESTS: tests/gpu/test_kernels.cu compares every kernel here with its CPU twin on fresh random
@@ -163,6 +169,93 @@ static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, d
         mt_fatal("launching %s failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the op that caused it",
                  name, cudaGetErrorName(err), cudaGetErrorString(err));
     mt__launch_check(name, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernel scratch: the rank's arena, temporary device memory lent for the length of one op
+// ---------------------------------------------------------------------------------------------
+// Many launchers need device memory only while their op runs: split-K partial tiles, 16-bit
+// copies of GEMM operands, per-block partial sums (megatron.h section 3, "the GPU build's kernel
+// scratch", sizes each). cudaMallocAsync / cudaFreeAsync on the stream would do, and did: stream-
+// ordered, served from the device's pool, capturable. But inside a captured CUDA graph each of
+// them becomes a graph node of its own (a memory allocation, a memory free), and the edge from
+// such a node into the next kernel is a full dependency: that kernel can no longer start behind
+// the one ahead (programmatic dependent launch, above). Measured on an H200 (GPT-2 small, bf16,
+// B = 16, MT_GRAPH_STATS=1): the backward chunk's graph held 171 allocations and 171 frees beside
+// its 335 kernels, and only 151 of its 678 edges went from a kernel to a kernel.
+//
+// So each rank owns one device buffer, the arena, made once by mt_device_init at the size the
+// memory plan gives its kernel scratch (mt_device_scratch_bytes: the largest op's sum), and
+// mt__scratch_alloc lends pieces of it by host bookkeeping alone: no CUDA call, nothing recorded
+// in a graph, the kernels simply get addresses inside the arena.
+//
+// The bookkeeping is a bump pointer and a stack:
+//   alloc   the piece starts at `top` (a multiple of 256 bytes from the arena's start, which
+//           cudaMalloc aligns to 256: the TMA and the float4 loads need 16) and top moves past
+//           it, rounded up to 256; the piece is pushed on the stack
+//   free    marks the piece's entry freed, then pops every freed entry off the top of the stack,
+//           moving top back to where the last popped piece started
+// Frees may come in any order (mt__matmul_backward_wgmma_rounded frees w16 before inp16): a
+// piece freed below a live one is taken back once everything above it is freed too, which every
+// launcher does before it returns. `high`, the most top has been, is the arena's share of the
+// memory report's "kernel scratch lent at most" (mt_device_memory_measure).
+//
+// Why the host may lend the same bytes to the next op at once, while the GPU may not even have
+// started the previous one: every op of a rank is queued on its one stream, in order, so the next
+// op's kernels run after the previous op's (the promise cudaMallocAsync's reuse rests on, too).
+// With programmatic dependent launch a kernel may start before the one ahead of it ends, but
+// every kernel launched so waits (griddepcontrol.wait, mt__pdl_wait) before it touches memory
+// another kernel touches, and that wait returns only when the kernel ahead, and so every kernel
+// before it, has completed and its writes are visible.
+//
+// The fallback: a piece the arena cannot serve comes from the stream-ordered pool exactly as
+// before (cudaMallocAsync; mt__scratch_free tells the two kinds apart by the address): on a
+// thread without an arena (tests/gpu/test_kernels.cu calls the launchers without mt_device_init;
+// a generator's rank, whose memory plan has no training step), on another stream than the
+// rank's, when the arena has no room left (generation's prefill over many rows, ops the plan does
+// not count) or the stack is full. Correctness never depends on the arena's size; a fallback
+// inside a captured graph is an allocation node again, and the memory report shows the pool's
+// share beside the arena's.
+// Thread-local, as mt__pdl_on: each rank is a thread with its own GPU, stream and arena.
+static const size_t MT__SCRATCH_ALIGN = 256;   // every piece starts on a multiple of this
+enum { MT__SCRATCH_PIECES = 32 };               // the stack: pieces alive at once (an op holds at most ~6)
+typedef struct {
+    char *base;            // the arena (device memory), `bytes` long; NULL: none, every piece from the pool
+    size_t bytes;
+    cudaStream_t stream;   // the rank's stream: the only one the arena serves
+    size_t top, high;      // the first byte not lent; the most top has been
+    int n;                 // entries on the stack
+    struct { size_t at; int freed; } stack[MT__SCRATCH_PIECES];   // each piece's offset in the arena
+} mt__scratch_arena;
+static MT_THREAD_LOCAL mt__scratch_arena mt__scratch;
+// *p = `bytes` of device memory for work queued on `stream`, until mt__scratch_free(*p, stream)
+static void mt__scratch_alloc(void **p, size_t bytes, cudaStream_t stream) {
+    mt__scratch_arena *a = &mt__scratch;
+    size_t size = (bytes + MT__SCRATCH_ALIGN - 1) / MT__SCRATCH_ALIGN * MT__SCRATCH_ALIGN;
+    if (size == 0) size = MT__SCRATCH_ALIGN;   // (a piece of its own: every piece has its own address)
+    if (a->base && stream == a->stream && a->n < MT__SCRATCH_PIECES && size <= a->bytes - a->top) {
+        *p = a->base + a->top;
+        a->stack[a->n].at = a->top;
+        a->stack[a->n++].freed = 0;
+        a->top += size;
+        if (a->top > a->high) a->high = a->top;
+        return;
+    }
+    MT_CUDA_CHECK(cudaMallocAsync(p, bytes, stream));   // the fallback: the stream-ordered pool
+}
+static void mt__scratch_free(void *p, cudaStream_t stream) {
+    mt__scratch_arena *a = &mt__scratch;
+    char *c = (char *)p;
+    if (!a->base || c < a->base || c >= a->base + a->bytes) {   // not the arena's: the pool's
+        MT_CUDA_CHECK(cudaFreeAsync(p, stream));
+        return;
+    }
+    size_t at = (size_t)(c - a->base);
+    int i = a->n - 1;
+    while (i >= 0 && (a->stack[i].at != at || a->stack[i].freed)) i--;
+    if (i < 0) mt_fatal("internal: freeing kernel scratch at offset %zu of the arena, which is not lent", at);
+    a->stack[i].freed = 1;
+    while (a->n > 0 && a->stack[a->n - 1].freed) a->top = a->stack[--a->n].at;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,7 +659,7 @@ void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens
     int BT = B * T;
     if (BT == 0 || V_local == 0) return;
     int *scratch;   // row_start, positions and the chunks' table: mt_gpu_embedding_backward_scratch bytes
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&scratch, mt_gpu_embedding_backward_scratch(BT, V_local), stream));
+    mt__scratch_alloc((void **)&scratch, mt_gpu_embedding_backward_scratch(BT, V_local), stream);
     int chunks = (BT + MT__EMB_CHUNK - 1) / MT__EMB_CHUNK;
     int *row_start = scratch, *positions = scratch + V_local + 1, *table = positions + BT;
     MT_CUDA_CHECK(cudaMemsetAsync(table, 0, (size_t)chunks * V_local * sizeof(int), stream));
@@ -583,7 +676,7 @@ void mt_embedding_backward_gpu(float *dwte, const float *dout, const int *tokens
     int threads = per_row >= 256 ? 256 : ((per_row + 31) / 32) * 32;
     mt_embedding_backward_accumulate_kernel<<<V_local, threads, 0, stream>>>(dwte, dout, row_start, positions, C, vec4);
     mt__launch_check("mt_embedding_backward_accumulate_kernel", stream);
-    MT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+    mt__scratch_free(scratch, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1025,7 +1118,7 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     if (smem > 200 * 1024) mt_fatal("layernorm backward: C = %d channels is too wide for shared memory", C);
     int nblocks = (N + MT__LN_ROWS_PER_BLOCK - 1) / MT__LN_ROWS_PER_BLOCK;
     float *partial;   // (2, nblocks, C): mt_gpu_layernorm_backward_scratch bytes
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_layernorm_backward_scratch(N, C), stream));
+    mt__scratch_alloc((void **)&partial, mt_gpu_layernorm_backward_scratch(N, C), stream);
     float *partial_dbias = partial + (size_t)nblocks * C;
     int vec = C % 4 == 0 && mt__aligned16(dinp) && mt__aligned16(dout) && mt__aligned16(inp) && mt__aligned16(weight);
     if (vec && C <= 32 * 4 * 6) {   // (GPT-2 small's 768: six float4 a lane, no idle registers)
@@ -1047,7 +1140,7 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
     }
     mt__launch("mt_layernorm_backward_reduce_kernel", mt_layernorm_backward_reduce_kernel, (C + 31) / 32, dim3(32, 32),
                0, stream, dweight, dbias, partial, partial_dbias, nblocks, C);
-    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    mt__scratch_free(partial, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1542,20 +1635,20 @@ static void mt__column_sum16_add(float *dst, const T *src, int M, int N, cudaStr
     if (N % 8 != 0 || !mt__aligned16(src)) mt_fatal("internal: a 16-bit column sum needs N %% 8 == 0 and aligned rows");
     int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
     float *partial;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream));   // (chunks, N)
+    mt__scratch_alloc((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream);   // (chunks, N)
     dim3 grid((N / 8 + 31) / 32, chunks);
     mt__launch("mt_column_sum16_partial_kernel", mt_column_sum16_partial_kernel<T>, grid, dim3(32, 8), 0, stream,
                partial, src, M, N);
     mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
                partial, chunks, N);
-    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    mt__scratch_free(partial, stream);
 }
 // copy16: NULL, or also write src rounded to T there (same layout; needs the float4 path)
 template <typename T>
 static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int M, int N, cudaStream_t stream) {
     int chunks = (M + MT__COLSUM_ROWS - 1) / MT__COLSUM_ROWS;
     float *partial;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream));   // (chunks, N)
+    mt__scratch_alloc((void **)&partial, mt_gpu_column_sum_scratch(M, N), stream);   // (chunks, N)
     int vec = N % 4 == 0 && mt__aligned16(src) && (!copy16 || (uintptr_t)copy16 % 8 == 0);
     if (vec) {
         dim3 grid((N / 4 + 31) / 32, chunks);
@@ -1569,7 +1662,7 @@ static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int
     }
     mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
                partial, chunks, N);
-    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    mt__scratch_free(partial, stream);
 }
 static void mt__column_sum_add(float *dst, const float *src, int M, int N, cudaStream_t stream) {
     mt__column_sum_add_copy<__nv_bfloat16>(dst, src, NULL, M, N, stream);
@@ -1592,8 +1685,7 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
     int tiles_m = (g.M + bm - 1) / bm, tiles_n = (g.N + bn - 1) / bn;
     int splits = mt_gemm_splits(impl, g.M, g.N, g.K, &g.k_per_split);   // k_per_split: a multiple of bk
     g.workspace = NULL;
-    if (splits > 1) MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float),
-                                                  stream));
+    if (splits > 1) mt__scratch_alloc((void **)&g.workspace, (size_t)splits * g.M * g.N * sizeof(float), stream);
     dim3 grid(tiles_m * tiles_n, 1, splits);   // tile order: mt__gemm_tile
     if (impl == MT_GEMM_MMA) {
         if (f16) mt_matmul_kernel3_mma<A_K_INNER, B_K_INNER, 1><<<grid, 256, 0, stream>>>(g);
@@ -1606,7 +1698,7 @@ static void mt__gemm_launch(mt_gemm_impl impl, mt__gemm_args g, int f16, cudaStr
     if (splits > 1) {
         mt_matmul_splitk_reduce_kernel<<<mt__blocks((size_t)g.M * g.N, 256), 256, 0, stream>>>(g, splits);
         mt__launch_check("mt_matmul_splitk_reduce_kernel", stream);
-        MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));
+        mt__scratch_free(g.workspace, stream);
     }
 }
 // ---------------------------------------------------------------------------------------------
@@ -2868,8 +2960,8 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         g.sk_slots = plan.sk_slots;
     }
     size_t units = plan.units, slots = plan.slots;
-    if (slots)   // scratch for the partials, from the stream-ordered pool
-        MT_CUDA_CHECK(cudaMallocAsync((void **)&g.workspace, slots * plan.bm * plan.bn * sizeof(float), stream));
+    if (slots)   // scratch for the partials (the rank's arena, section 1)
+        mt__scratch_alloc((void **)&g.workspace, slots * plan.bm * plan.bn * sizeof(float), stream);
     int dev, sms;
     MT_CUDA_CHECK(cudaGetDevice(&dev));
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -2880,7 +2972,7 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
         size_t n4 = (size_t)plan.tiles_m * plan.tiles_n * plan.bm * plan.bn / 4;   // one thread per float4 of a tile
         mt__launch("mt_matmul_kernel4_splitk_reduce", mt_matmul_kernel4_splitk_reduce, (unsigned)((n4 + 255) / 256), 256,
                    0, stream, g);
-        MT_CUDA_CHECK(cudaFreeAsync(g.workspace, stream));
+        mt__scratch_free(g.workspace, stream);
     }
 }
 static void mt__gemm_wgmma_splits(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *bias, int M,
@@ -2954,7 +3046,7 @@ static T *mt__rounded_copy(const float *x, int rows, int K, int ld, int k_inner,
     T *lent = mt__weights16_piece<T>(x, span);
     if (lent) return lent;   // a parameter, already rounded
     T *copy;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, mt_gpu_rounded_copy_bytes(span), stream));   // (span + 8) x 2
+    mt__scratch_alloc((void **)&copy, mt_gpu_rounded_copy_bytes(span), stream);   // (span + 8) x 2
     if (span) mt__cast_to(copy, x, span, stream);
     return copy;
 }
@@ -2964,13 +3056,13 @@ template <typename T>
 static void mt__rounded_free(T *copy, cudaStream_t stream) {
     const T *first = (const T *)mt__w16.copy;
     if (first && copy >= first && copy < first + mt__w16.n) return;
-    MT_CUDA_CHECK(cudaFreeAsync(copy, stream));
+    mt__scratch_free(copy, stream);
 }
 // the same for a whole tensor of n elements (the attention kernels' operands)
 template <typename T>
 static T *mt__rounded_flat_copy(const float *x, size_t n, cudaStream_t stream) {
     T *copy;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&copy, mt_gpu_rounded_copy_bytes(n), stream));   // (n + 8) x 2
+    mt__scratch_alloc((void **)&copy, mt_gpu_rounded_copy_bytes(n), stream);   // (n + 8) x 2
     if (n) mt__cast_to(copy, x, n, stream);
     return copy;
 }
@@ -3338,7 +3430,7 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
     } else if (inp) {
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
     } else {
-        MT_CUDA_CHECK(cudaMallocAsync((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream));
+        mt__scratch_alloc((void **)&inp16, mt_gpu_rounded_copy_bytes((size_t)BT * C), stream);
         if (!remake) mt__gelu_rounded(inp16, gelu_inp, gelu16, (size_t)BT * C, mt__f16_flag(inp16), stream);
     }
     if (dinp) {   // '='
@@ -3359,7 +3451,7 @@ static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias,
                                       int dinp16, int BT, int C, int OC, cudaStream_t stream) {
     T *dout16;
     if (dbias && mt__aligned16(dout)) {   // OC % 8 == 0 here (the wgmma rung's condition)
-        MT_CUDA_CHECK(cudaMallocAsync((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream));
+        mt__scratch_alloc((void **)&dout16, ((size_t)BT * OC + 8) * sizeof(T), stream);
         mt__column_sum_add_copy<T>(dbias, dout, dout16, BT, OC, stream);
     } else {
         dout16 = mt__rounded_copy<T>(dout, BT, OC, OC, 1, stream);
@@ -3514,16 +3606,16 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
     }
     if (gelu16) mt_fatal("internal: a 16-bit GELU input off the wgmma rung");
     float *d_gelu_out, *remade = NULL;   // dL/d gelu(x), then through the GELU; gelu(x) itself if inp is NULL
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&d_gelu_out, (size_t)BT * C * sizeof(float), stream));
+    mt__scratch_alloc((void **)&d_gelu_out, (size_t)BT * C * sizeof(float), stream);
     if (!inp) {
-        MT_CUDA_CHECK(cudaMallocAsync((void **)&remade, (size_t)BT * C * sizeof(float), stream));
+        mt__scratch_alloc((void **)&remade, (size_t)BT * C * sizeof(float), stream);
         mt_gelu_forward_gpu(remade, (const float *)gelu_inp, (size_t)BT * C, stream);
         inp = remade;
     }
     mt_matmul_backward_gpu(d_gelu_out, dweight, dbias, dout, inp, weight, BT, C, OC, impl, dtype, stream);
     mt_gelu_backward_gpu(dinp, (const float *)gelu_inp, d_gelu_out, (size_t)BT * C, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(d_gelu_out, stream));
-    if (remade) MT_CUDA_CHECK(cudaFreeAsync(remade, stream));
+    mt__scratch_free(d_gelu_out, stream);
+    if (remade) mt__scratch_free(remade, stream);
 }
 
 // the MLP's two products in a training forward (matches mt_mlp_forward_cpu, megatron.h, 3. OPS):
@@ -3543,14 +3635,14 @@ static void mt__mlp_forward_wgmma(float *fch, int fch16, float *out, const float
                                   const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
                                   int OC, cudaStream_t stream) {
     T *h16;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream));
+    mt__scratch_alloc((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream);
     mt__epilogue epi = {fch16 ? MT__EPI_STORE16_GELU16 : MT__EPI_GELU16, NULL, h16};
     if (inp16) mt__gemm_wgmma_a16<T>(fch, (const T *)inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
     mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
     mt__rounded_free(w16, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(h16, stream));
+    mt__scratch_free(h16, stream);
 }
 void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp, int inp_dtype, const float *fcw,
                         const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC,
@@ -3569,10 +3661,10 @@ void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp,
     }
     if (inp16 || fch16) mt_fatal("internal: a 16-bit MLP input or fc output off the wgmma rung");
     float *h;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&h, (size_t)BT * F * sizeof(float), stream));
+    mt__scratch_alloc((void **)&h, (size_t)BT * F * sizeof(float), stream);
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
     mt_matmul_forward_gpu(out, h, fcprojw, fcprojb, BT, F, OC, impl, dtype, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(h, stream));
+    mt__scratch_free(h, stream);
 }
 
 // a forward product stored in 16 bits: out16 (BT, OC) = inp (BT, C) @ weight^T + bias (bias may be
@@ -3605,11 +3697,11 @@ void mt_matmul_forward16_gpu(void *out16, const float *inp, int inp_dtype, const
     }
     if (inp16) mt_fatal("internal: a 16-bit product's 16-bit input off the wgmma rung");
     float *y;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&y, (size_t)BT * OC * sizeof(float), stream));
+    mt__scratch_alloc((void **)&y, (size_t)BT * OC * sizeof(float), stream);
     mt_matmul_forward_gpu(y, inp, weight, bias, BT, C, OC, impl, dtype, stream);
     if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)out16, y, (size_t)BT * OC, stream);
     else mt__cast_to((__nv_bfloat16 *)out16, y, (size_t)BT * OC, stream);
-    MT_CUDA_CHECK(cudaFreeAsync(y, stream));
+    mt__scratch_free(y, stream);
 }
 
 // out (BT,OC) = inp @ weight^T + bias in fp32, from inp already in dtype's 16 bits (MT_DTYPE_BF16 /
@@ -5282,7 +5374,7 @@ static void mt__attention_check(const char *what, int C_local, int NH_local) {
 static float *mt__staged(const float *p, size_t n, int bf16, int copy_in, cudaStream_t stream) {
     if (!bf16 || mt__aligned16(p)) return (float *)p;
     float *q;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&q, n * sizeof(float), stream));
+    mt__scratch_alloc((void **)&q, n * sizeof(float), stream);
     if (copy_in) MT_CUDA_CHECK(cudaMemcpyAsync(q, p, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     return q;
 }
@@ -5290,7 +5382,7 @@ static float *mt__staged(const float *p, size_t n, int bf16, int copy_in, cudaSt
 static void mt__unstage(float *p, float *staged, size_t n, int copy_out, cudaStream_t stream) {
     if (staged == p) return;
     if (copy_out) MT_CUDA_CHECK(cudaMemcpyAsync(p, staged, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(staged, stream));
+    mt__scratch_free(staged, stream);
 }
 // shared memory of each attention kernel, in bytes
 static size_t mt__att_smem_fwd(int hs, int bf16) {   // bf16: Q + two stages of K, V
@@ -5432,7 +5524,7 @@ static void mt__attention_forward_gpu(float *out, int out16, float *lse, const f
     int hs = C_local / NH_local;
     int direct16 = out16 && mt__attention_wgmma_ok(a, dtype, hs);   // the kernel writes the 16 bits itself
     float *out32 = NULL;   // out16 elsewhere: the fp32 result, cast into out below
-    if (out16 && !direct16) MT_CUDA_CHECK(cudaMallocAsync((void **)&out32, n_out * sizeof(float), stream));
+    if (out16 && !direct16) mt__scratch_alloc((void **)&out32, n_out * sizeof(float), stream);
     a.out = direct16 ? out : out32 ? out32 : mt__staged(out, n_out, bf16, 0, stream);
     switch (hs) {
     case 16: mt__attention_forward_launch<16>(a, dtype, direct16, stream); break;
@@ -5440,12 +5532,12 @@ static void mt__attention_forward_gpu(float *out, int out16, float *lse, const f
     case 64: mt__attention_forward_launch<64>(a, dtype, direct16, stream); break;
     case 128: mt__attention_forward_launch<128>(a, dtype, direct16, stream); break;
     }
-    if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
+    if (qkv16) mt__scratch_free(qkv16, stream);
     if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     if (out32) {
         if (dtype == MT_DTYPE_FP16) mt__cast_to((__half *)out, out32, n_out, stream);
         else mt__cast_to((__nv_bfloat16 *)out, out32, n_out, stream);
-        MT_CUDA_CHECK(cudaFreeAsync(out32, stream));
+        mt__scratch_free(out32, stream);
     } else if (!direct16) {
         mt__unstage(out, a.out, n_out, 1, stream);
     }
@@ -5492,7 +5584,7 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
     a.dqkv16 = dqkv16 ? (unsigned short *)dqkv : NULL;
     a.out = (float *)out;   // read only in the backward (4-byte loads: no alignment needed)
     a.lse = (float *)lse;   // read only in the backward
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream));
+    mt__scratch_alloc((void **)&a.dsum, (size_t)B * NH_local * T * sizeof(float), stream);
     __nv_bfloat16 *qkv16 = bf16 && !qkv16_in ? mt__attention_operand(qkv, n_qkv, dtype, stream) : NULL;
     __nv_bfloat16 *dout16 = bf16 && !dout16_in ? mt__attention_operand(dout, n_out, dtype, stream) : NULL;
     a.qkv16 = qkv16_in ? (const __nv_bfloat16 *)qkv16_in : qkv16;
@@ -5503,9 +5595,9 @@ static void mt__attention_backward_gpu(float *dqkv, int dqkv16, const float *dou
     case 64: mt__attention_backward_launch<64>(a, dtype, out16, stream); break;
     case 128: mt__attention_backward_launch<128>(a, dtype, out16, stream); break;
     }
-    if (qkv16) MT_CUDA_CHECK(cudaFreeAsync(qkv16, stream));
-    if (dout16) MT_CUDA_CHECK(cudaFreeAsync(dout16, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(a.dsum, stream));
+    if (qkv16) mt__scratch_free(qkv16, stream);
+    if (dout16) mt__scratch_free(dout16, stream);
+    mt__scratch_free(a.dsum, stream);
     if (!qkv16_in) mt__unstage((float *)qkv, (float *)a.qkv, n_qkv, 0, stream);
     if (!dout16_in) mt__unstage((float *)dout, (float *)a.dout, n_out, 0, stream);
     if (!dqkv16) mt__unstage(dqkv, a.dqkv, n_qkv, 1, stream);
@@ -7180,12 +7272,12 @@ void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t st
     size_t want = (n + 1023) / 1024;   // a float4 a thread at least
     int nblocks = want < MT__SUMSQ_MAX_BLOCKS ? (int)want : MT__SUMSQ_MAX_BLOCKS;
     double *partial;
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)nblocks * sizeof(double), stream));
+    mt__scratch_alloc((void **)&partial, (size_t)nblocks * sizeof(double), stream);
     mt_sum_squares_partial_kernel<<<nblocks, 256, 0, stream>>>(partial, x, n);
     mt__launch_check("mt_sum_squares_partial_kernel", stream);
     mt_sum_squares_finish_kernel<<<1, MT__SUMSQ_MAX_BLOCKS, 0, stream>>>(sumsq, partial, nblocks);
     mt__launch_check("mt_sum_squares_finish_kernel", stream);
-    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    mt__scratch_free(partial, stream);
 }
 // matches mt_unscale_check_cpu (megatron.h, 3. OPS): loss scaling's one pass over the gradients,
 // x *= inv_scale, and *found = 1 if any x was inf or NaN. Grid-stride; each warp votes once and
@@ -7605,11 +7697,11 @@ double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, con
     double t0 = mt__profile_begin(r);
     double *sumsq, result = 0.0;
     cudaStream_t stream = mt__stream(r);
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&sumsq, sizeof(double), stream));
+    mt__scratch_alloc((void **)&sumsq, sizeof(double), stream);
     MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), stream));
     for (int i = 0; i < parts; i++) mt_sum_squares_gpu(sumsq, x + start[i], count[i], stream);
     MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(sumsq, stream));
+    mt__scratch_free(sumsq, stream);
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
     mt__profile_end(r, "sum of squares", t0);
     return result;
@@ -7650,11 +7742,11 @@ int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
     double t0 = mt__profile_begin(r);
     int *found, result = 0;
     cudaStream_t stream = mt__stream(r);
-    MT_CUDA_CHECK(cudaMallocAsync((void **)&found, sizeof(int), stream));
+    mt__scratch_alloc((void **)&found, sizeof(int), stream);
     MT_CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(int), stream));
     mt_unscale_check_gpu(found, x, inv_scale, n, stream);
     MT_CUDA_CHECK(cudaMemcpyAsync(&result, found, sizeof(int), cudaMemcpyDeviceToHost, stream));
-    MT_CUDA_CHECK(cudaFreeAsync(found, stream));
+    mt__scratch_free(found, stream);
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
     mt__profile_end(r, "unscale and check", t0);
     return result;
@@ -7668,7 +7760,8 @@ typedef struct { void *p; size_t bytes; } mt__device_block;
 static MT_THREAD_LOCAL mt__device_block mt__device_blocks[64];
 static MT_THREAD_LOCAL int mt__device_nblocks;
 static MT_THREAD_LOCAL size_t mt__device_bytes, mt__device_bytes_peak;
-static void *mt__device_alloc(mt_rank *r, size_t bytes, const char *what) {
+// cudaMalloc, zeroed, or the out-of-memory error with its hint (the tally's blocks and the arena)
+static void *mt__device_malloc(mt_rank *r, size_t bytes, const char *what) {
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
     if (err != cudaSuccess)
@@ -7677,6 +7770,10 @@ static void *mt__device_alloc(mt_rank *r, size_t bytes, const char *what) {
                  "(--dry-run prints what each rank needs)",
                  (double)bytes / 1e6, what, r->ps.rank, cudaGetErrorString(err));
     MT_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    return p;
+}
+static void *mt__device_alloc(mt_rank *r, size_t bytes, const char *what) {
+    void *p = mt__device_malloc(r, bytes, what);
     mt__device_bytes += bytes;
     if (mt__device_bytes > mt__device_bytes_peak) mt__device_bytes_peak = mt__device_bytes;
     if (mt__device_nblocks < 64) {
@@ -7700,6 +7797,29 @@ void mt_buffer_free(void *p) {
             mt__device_blocks[i] = mt__device_blocks[--mt__device_nblocks];
             break;
         }
+}
+// the kernel scratch's arena (section 1): one block of the memory plan's kernel-scratch term
+// (mt_device_scratch_bytes, from r->dims: the caller sets them first), and 256 bytes more for
+// each piece the stack holds, which covers rounding every live piece up to 256 bytes. Not in the
+// tally above: the memory report counts it as the kernel scratch's backing memory, beside the
+// pool's (mt_device_memory_measure), where the stream-ordered pool's copy of the same scratch was
+// counted before. A rank without a training step's dims (a generator's: mt__gen_rank_main sets
+// them later) gets none, and its launchers borrow from the pool.
+static void mt__scratch_arena_make(mt_rank *r) {
+    memset(&mt__scratch, 0, sizeof mt__scratch);
+    size_t plan = r->dims.B > 0 && r->dims.T > 0 ? mt_device_scratch_bytes(r) : 0;
+    if (plan == 0) return;
+    size_t bytes = plan + (size_t)MT__SCRATCH_PIECES * MT__SCRATCH_ALIGN;
+    mt__scratch.base = (char *)mt__device_malloc(r, bytes, "the kernels' scratch arena");
+    mt__scratch.bytes = bytes;
+    mt__scratch.stream = mt__stream(r);
+}
+static void mt__scratch_arena_free(mt_rank *r) {
+    if (mt__scratch.base) {
+        MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));   // (the last op that borrowed it has run)
+        MT_CUDA_CHECK(cudaFree(mt__scratch.base));
+    }
+    memset(&mt__scratch, 0, sizeof mt__scratch);
 }
 void mt_buffer_zero(mt_rank *r, float *p, size_t n) {
     double t0 = mt__profile_begin(r);
@@ -7784,7 +7904,7 @@ void mt_device_init(mt_rank *r) {
     size_t free_b = 0, total_b = 0;
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     r->dev.context_bytes = total_b - free_b;
-    r->dev.gpu_scratch_high = 0;   // (the CPU build's count; this build measures the pool instead)
+    r->dev.gpu_scratch_high = 0;   // (the CPU build's count; this build measures its arena and pool instead)
     cudaStream_t stream;
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     r->dev.stream = (void *)stream;
@@ -7794,9 +7914,10 @@ void mt_device_init(mt_rank *r) {
                                           : (int)mt_gemm_impl_for_precision(r->dev.dtype);
     snprintf(r->dev.name, sizeof r->dev.name, "GPU %d, GEMM %s", r->dev.device,
              mt_gemm_impl_name((mt_gemm_impl)r->dev.gemm_impl));
-    // the launchers' scratch (split-K partials, bf16 copies of GEMM operands) comes from the
+    // the launchers' scratch (split-K partials, bf16 copies of GEMM operands) that the rank's arena
+    // cannot serve (section 1: none on a generator's rank, a prefill over many rows) comes from the
     // device's stream-ordered pool: keep what it freed instead of returning it to the driver at
-    // every synchronisation, so the next step's allocations are served from the pool
+    // every synchronisation, so the next such allocations are served from the pool
     cudaMemPool_t pool;
     MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r->dev.device));
     uint64_t keep = UINT64_MAX;
@@ -7809,6 +7930,8 @@ void mt_device_init(mt_rank *r) {
     MT_CUDA_CHECK(cudaMallocAsync(&first, 256, stream));
     MT_CUDA_CHECK(cudaFreeAsync(first, stream));
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // the kernel scratch's arena, the size the memory plan gives it (mt_rank_init sets r->dims first)
+    mt__scratch_arena_make(r);
 }
 // the parameters' 16-bit copy (megatron.h, section 3): one cast of the whole buffer into memory
 // kept for the next step, and the GEMMs told where it is (mt__w16: mt__rounded_copy lends pieces
@@ -7894,6 +8017,7 @@ void mt_device_free(mt_rank *r) {
         r->dev.weights16 = NULL;
     }
     mt__profile_print(r);
+    if (r->dev.stream) mt__scratch_arena_free(r);
     if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
     r->dev.stream = NULL;
 }
@@ -7991,35 +8115,42 @@ size_t mt_device_comm_bytes(const mt_rank *r) {
     int comms = (r->ps.tp_size > 1) + (r->ps.dp_size > 1) + (r->ps.in_embedding_group != 0);
     return (size_t)comms * MT__NCCL_COMM_BYTES;
 }
-// the rank's device memory now: our cudaMalloc'd blocks (the tally above), the stream-ordered
-// pool's figures (its high-water marks count since the device was set up), the whole GPU's
+// the rank's device memory now: our cudaMalloc'd blocks (the tally above), the kernel scratch
+// (the arena's bookkeeping, section 1, and the stream-ordered pool's figures: its high-water marks
+// count since the device was set up), the whole GPU's
 int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
     memset(m, 0, sizeof *m);
     MT_CUDA_CHECK(cudaStreamSynchronize(mt__stream(r)));   // every borrowed block given back
     m->allocated = mt__device_bytes;
     m->allocated_peak = mt__device_bytes_peak;
+    // the kernel scratch: what the arena lends (its top now, its high-water mark) and what the
+    // pool lent past it (the fallback), added: the most lent is then at least the most borrowed at
+    // once, exactly that where the pool lent nothing. The backing memory: the whole arena (made
+    // once, not in the tally: counted here only) and what the pool keeps
     cudaMemPool_t pool;
     MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, r->dev.device));
-    uint64_t v = 0;
-    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v));
-    m->pool_used = (size_t)v;
-    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v));
-    m->pool_used_peak = (size_t)v;
-    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &v));
-    m->pool_reserved = (size_t)v;
-    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &v));
-    m->pool_reserved_peak = (size_t)v;
-    // the graph memory pool: the work recorded as CUDA graphs (below) borrows its scratch there, in
-    // the graph allocator's own granularity (160 MiB held for GPT-2 small at B = 16 and at B = 8
-    // alike, measured on an H200), after the stream-ordered pool gave its copy back. pool_used stays
-    // the stream pool's (what the launchers borrow as queued: the plan's kernel scratch); the backing
-    // memory counts both: now, added; at most, the stream pool's peak (a step queued op by op) or
-    // what it holds now with the graphs' on top
+    uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+    m->scratch_used = mt__scratch.top + (size_t)used;
+    m->scratch_used_peak = mt__scratch.high + (size_t)used_high;
+    m->scratch_arena_peak = mt__scratch.high;
+    m->scratch_reserved = mt__scratch.bytes + (size_t)reserved;
+    m->scratch_reserved_peak = mt__scratch.bytes + (size_t)reserved_high;
+    // the graph memory pool: a launcher's fallback inside a recorded CUDA graph (below) is an
+    // allocation of the graph's own pool, in the graph allocator's granularity (it held 160 MiB
+    // for GPT-2 small at B = 16 when every piece was one, measured on an H200). With the arena a
+    // training chunk records none (MT_GRAPH_STATS=1 counts them) and this is 0; a generator's
+    // decode step may record some. The backing memory counts it too: now, added; at most, the
+    // peak above or what is held now with the graphs' on top
     uint64_t g = 0, g_high = 0;
     MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemCurrent, &g));
     MT_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(r->dev.device, cudaGraphMemAttrReservedMemHigh, &g_high));
-    if (m->pool_reserved + (size_t)g_high > m->pool_reserved_peak) m->pool_reserved_peak = m->pool_reserved + (size_t)g_high;
-    m->pool_reserved += (size_t)g;
+    if (m->scratch_reserved + (size_t)g_high > m->scratch_reserved_peak)
+        m->scratch_reserved_peak = m->scratch_reserved + (size_t)g_high;
+    m->scratch_reserved += (size_t)g;
     m->context = r->dev.context_bytes;
     size_t free_b = 0, total_b = 0;
     MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -8031,12 +8162,16 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
 // launching on their own streams meanwhile); a graph is instantiated once and replayed. Inside it
 // the kernels launched through mt__launch get programmatic dependent launch (section 1), unless
 // MT_PDL=0.
-// A launcher's cudaMallocAsync inside a capture becomes an allocation of the graph's own memory
-// pool (the CUDA programming guide, "graph memory nodes"), not of the stream-ordered pool that
-// served the same work while it ran as queued. A plain capture (the training step's chunks,
-// replayed every step from then on) gives back what the stream-ordered pool kept for it, so the
-// two pools do not both hold the step's kernel scratch; mt_device_memory_measure counts both.
-// (A decode step's capture keeps it: the next prompt's prefill borrows from that pool again.)
+// The launchers' scratch comes from the rank's arena (section 1): host bookkeeping, so a recorded
+// launcher leaves only its kernels in the graph, with the arena's addresses in their arguments;
+// a replay reuses the same bytes in stream order as the queued ops around it do. Only a fallback
+// (a piece the arena cannot serve) records a cudaMallocAsync, which becomes an allocation of the
+// graph's own memory pool (the CUDA programming guide, "graph memory nodes"), not of the
+// stream-ordered pool that served the same piece while it ran as queued. So after a plain capture
+// (a training step's chunk, replayed every step from then on) the stream-ordered pool gives back
+// what no allocation holds (with the arena, little or nothing), and the two pools do not both
+// keep a fallback's pieces; mt_device_memory_measure counts both. (A decode step's capture keeps
+// it: the next prompt's prefill borrows from that pool again.)
 static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
 void mt_device_capture_begin(mt_rank *r, int decode) {
     mt__capturing_plain = !decode;
@@ -8047,9 +8182,10 @@ void mt_device_capture_begin(mt_rank *r, int decode) {
     mt__pdl_on = mt__capturing && !(pdl && atoi(pdl) == 0);
 }
 // MT_GRAPH_STATS=1: one line per recorded graph: its nodes by type and its edges, how many of them
-// programmatic (a kernel that may start behind the one ahead). A launcher's cudaMallocAsync or
-// memset between two kernels is a node of its own, and the edge into the next kernel is then a
-// full one.
+// programmatic (a kernel that may start behind the one ahead). A memset or copy between two
+// kernels is a node of its own, and the edge into the next kernel is then a full one; so is a
+// launcher's fallback allocation and free (section 1: the arena serves the training chunks, whose
+// graphs should show none; a generator's decode step, which has no arena, may).
 static void mt__graph_stats(cudaGraph_t graph, int decode) {
     size_t n = 0, e = 0;
     MT_CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));

@@ -703,9 +703,9 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
                                        const float *lse, int B, int T, int C_local, int NH_local,
                                        const mt_dropout *drop, int head_offset, int NH_global, mt_dtype dt);
 
-// the GPU build's kernel scratch: what its launchers (kernels.cuh) borrow from the device's
-// stream-ordered pool for the length of one op, in bytes. Plain arithmetic that both builds compile:
-// kernels.cuh sizes its cudaMallocAsync with it, the memory plan (section 8) counts with it, and the
+// the GPU build's kernel scratch: what its launchers (kernels.cuh) borrow for the length of one op
+// (from the rank's arena, which the plan sizes), in bytes. Plain arithmetic that both builds compile:
+// kernels.cuh sizes its mt__scratch_alloc with it, the memory plan (section 8) counts with it, and the
 // CPU build's seam counts what each op it runs would borrow on the GPU (mt_device.gpu_scratch_high)
 /* the GEMM rungs (--gemm), kernels.cuh's ladder: naive, tiled (fp32), mma and wgmma (bf16/fp16) */
 typedef enum { MT_GEMM_NAIVE = 0, MT_GEMM_TILED = 1, MT_GEMM_MMA = 2, MT_GEMM_WGMMA = 3 } mt_gemm_impl;
@@ -955,8 +955,9 @@ void mt_buffer_upload_queued(mt_rank *r, void *dst, const void *host_src, size_t
    on the GPU build, ordinary host memory on the CPU build. --optimizer-cpu-offload keeps AdamW's state in it */
 float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what);
 void mt_buffer_free_host(void *p);
-/* the device: set-up (which GPU, its stream, the GEMM rung) and tear-down; the memory in use
-   (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
+/* the device: set-up (which GPU, its stream, the GEMM rung; on the GPU build the arena its kernels
+   borrow scratch from, sized from r->dims: set them first, or the rank gets none) and tear-down;
+   the memory in use (returns 0 where there is no device); what --fp16 / --bf16 mean on this build */
 void mt_device_init(mt_rank *r);
 void mt_device_free(mt_rank *r);
 /* the timeline's device clock (section 1's spans). The GPU queues work and returns at once, so a
@@ -980,10 +981,12 @@ size_t mt_device_comm_bytes(const mt_rank *r);
    is no device). Megatron's report_memory reads the same four figures from PyTorch's allocator. */
 typedef struct {
     size_t allocated, allocated_peak;           // cudaMalloc'd through mt_buffer_alloc*: now, at most
-    size_t pool_used, pool_used_peak;           // lent by the stream-ordered pool (kernel scratch): now, at most
-    size_t pool_reserved, pool_reserved_peak;   // the pool's backing memory (kept, not returned): now, at most
-                                                // (reserved: with the CUDA graphs' memory pool, where section
-                                                // 8's recorded chunks borrow the same scratch)
+    size_t scratch_used, scratch_used_peak;     // kernel scratch lent: by the rank's arena and the stream-ordered
+                                                // pool past it (kernels.cuh, section 1), added: now, at most
+    size_t scratch_arena_peak;                  //   of which the arena's at most (the rest: the pool's)
+    size_t scratch_reserved, scratch_reserved_peak;   // their backing memory: the whole arena, and what the pool
+                                                // keeps (and the CUDA graphs' memory pool, where a recorded
+                                                // launcher's fallback borrows): now, at most
     size_t context;                             // in use on the GPU before the first allocation (dev.context_bytes)
     size_t in_use, total;                       // the whole GPU now (cudaMemGetInfo): in use, size
 } mt_device_memory;
@@ -995,9 +998,11 @@ void mt_device_check_precision(const mt_config *cfg);
    the work runs as it is queued and capture_end returns NULL. The work must be collective-free and
    read its varying inputs from device buffers. Inside the graph the kernels that wait with
    griddepcontrol (kernels.cuh, "programmatic dependent launch") start behind the kernel ahead of
-   them, unless MT_PDL=0. decode = 1: generation's decode step (section 11), whose kernel scratch
-   stays with the stream's pool for the next prefill; 0: a training step's chunk (section 8), whose
-   scratch the graph's own pool serves from then on (the stream's pool gives back its copy). */
+   them, unless MT_PDL=0. The recorded launchers' kernel scratch is pieces of the rank's arena
+   (kernels.cuh, section 1: addresses, no allocation in the graph); a piece the arena cannot serve
+   is an allocation of the graph's own memory pool. decode = 1: generation's decode step (section
+   11), whose such scratch stays with the stream's pool for the next prefill; 0: a training step's
+   chunk (section 8), after which the stream's pool gives back what it keeps unused. */
 void mt_device_capture_begin(mt_rank *r, int decode);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
@@ -7373,8 +7378,9 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 // ---------------------------------------------------------------------------------------------
 // Besides the buffers a rank allocates once (parameters, gradients, AdamW's moments, activations,
 // the per-layer workspace: sections 5 and 6), kernels.cuh's launchers borrow device memory for the
-// length of one op: cudaMallocAsync on the rank's stream as they start, cudaFreeAsync before they
-// return, lent by the device's stream-ordered pool (which keeps what comes back, for the next op).
+// length of one op: mt__scratch_alloc as they start, mt__scratch_free before they return, lent from
+// the rank's arena, one buffer of this section's peak made at start-up (kernels.cuh, section 1; the
+// stream-ordered pool lends what it cannot serve).
 // What each borrows, in bytes (a bf16 or fp16 element is 2, a float or an int 4):
 //   GEMM, wgmma rung    both operands rounded to bf16 / fp16: (span + 8) x 2 each, where the span
 //                       runs from the operand's first element to its last in its own layout and
@@ -7394,10 +7400,11 @@ void mt_attention_backward_rounded_cpu(float *dqkv, const float *dout, const flo
 //   layernorm backward  each block's partial dweight and dbias: 2 x ceil(N/32) x C floats
 //   embedding backward  the counting sort's row starts and positions: V_local + 1 + BT ints
 // A launcher frees what it borrowed before it returns, and a rank's ops run one after another on
-// its stream, so the most the pool lends at once is the largest of the ops' own sums: the peak is
-// one op, not a sum over ops. GPT-2 small, B=16 (BT = 16384), bf16, where the logits' gradient is
-// kept in 16 bits already (mt_logits_grad_dtype) and the weights are lent by the parameters'
-// 16-bit copy: the fc projection's backward,
+// its stream, so the most lent at once is the largest of the ops' own sums: the peak is one op, not
+// a sum over ops. (The arena rounds each piece up to 256 bytes: it is made that much larger for
+// each piece that can be alive at once, kernels.cuh's mt__scratch_arena_make.) GPT-2 small, B=16
+// (BT = 16384), bf16, where the logits' gradient is kept in 16 bits already (mt_logits_grad_dtype)
+// and the weights are lent by the parameters' 16-bit copy: the fc projection's backward,
 //   dout (16384 x 768) as bf16        ( 12,582,912 + 8) x 2 =  25.2 MB
 //   gelu(fch) (16384 x 3072), remade  ( 50,331,648 + 8) x 2 = 100.7 MB
 //   split-K of the weight gradient    2 slices x 64 tiles x 144 KB = 18.9 MB (192 x 192 tiles)
@@ -9981,7 +9988,7 @@ static void mt__work_span(mt_rank *r, mt_span_kind kind, mt_sched_step st, mt__s
 //   - no dropout while training: the masks are keyed by the iteration, a kernel argument;
 //   - the same activation slot, chunk, direction, training flag and fp16 loss scale (the entry's key;
 //     a new loss scale records the work again).
-// A work's first run goes as queued (kernels set their attributes, the pools grow), the second is
+// A work's first run goes as queued (kernels set their attributes, memory pools grow), the second is
 // recorded and launched, later ones replay it. The CPU build and MT_CUDA_GRAPH=0 run it as queued.
 static int mt__chunk_graphable(const mt_rank *r) {
     const mt_config *cfg = r->cfg;
@@ -10211,9 +10218,9 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
     mt_parallel_state_init(&r->ps, cfg, rank);
     r->ps.node_rank = mt_world_node_rank(w, rank);              // §2: my GPU on my node
     r->ps.node_size = mt_world_node_size(w, rank);
-    mt_device_init(r);                                          // §3: the GPU and its stream (GPU build)
+    mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes (the device's scratch needs them)
+    mt_device_init(r);                                          // §3: the GPU, its stream, the kernels' scratch
     mt_groups_init(&r->groups, w, cfg, &r->ps, r->dev.stream);  // §2: communicators
-    mt_dims_init(&r->dims, cfg, &r->ps);                        // §5: my sizes
     mt_model_init(r);                                           // §5: parameters, gradients
     mt_optimizer_init(r);                                       // §6: AdamW's moments, the loss scaler
     mt_grad_buckets_init(r);                                    // §7: --overlap-grad-reduce's buckets
@@ -13801,36 +13808,40 @@ static int mt__save_if_finite(mt_rank *r, const char *dir, int iteration, int64_
 // Megatron's report_memory, once, after the first iterations (training.py calls it at the first
 // log interval), and beside it the plan against what was measured. Every rank prints its own
 // lines, in rank order. On the GPU build (the CPU build has no device: nothing is printed):
-//   allocated       our cudaMalloc'd buffers + what the stream-ordered pool lends now (0 between ops)
-//   max allocated   the buffers at most + the most the pool lent at once (the kernel scratch's peak)
-//   reserved        the buffers + the pool's backing memory (it keeps what comes back)
-//   max reserved    the buffers at most + the pool's backing memory at most
+//   allocated       our cudaMalloc'd buffers + the kernel scratch lent now (0 between ops)
+//   max allocated   the buffers at most + the kernel scratch lent at most (its peak)
+//   reserved        the buffers + the kernel scratch's backing memory (the rank's arena, and what
+//                   the stream-ordered pool keeps of what it lent past the arena)
+//   max reserved    the buffers at most + that backing memory at most
 // in Megatron's MB (2^20 bytes, torch's), which leave out the CUDA context as Megatron's do. Then
 //   measured peak = max reserved + what the GPU holds beyond the context at start, our buffers and
-//                   the pool (NCCL's buffers, and the kernels' code and stacks loaded since)
+//                   the scratch's (NCCL's buffers, and the kernels' code and stacks loaded since)
 //   planned       = mt_memory_total of the plan (section 8), MB = 10^6 bytes as the plan's
-// and their ratio (tests/gpu/test_memory.sh holds it within 10%), then the kernel scratch alone
-// (planned, and the pool's most lent) and the context (measured at start, outside the plan).
+// and their ratio (tests/gpu/test_memory.sh holds it within 10%), then the kernel scratch alone:
+// planned, and lent at most (the arena's high-water mark + the most the pool lent past it:
+// kernels.cuh, section 1), and the context (measured at start, outside the plan).
 static void mt__report_memory(mt_rank *r, int iterations) {
     mt_device_memory m;
     if (!mt_device_memory_measure(r, &m)) return;   // no device (every rank of a run is the same build)
     for (int k = 0; k < r->ps.world_size; k++) {
         if (k == r->ps.rank) {
             double mib = 1024.0 * 1024.0;
-            size_t ours = m.allocated + m.pool_reserved;   // beyond the context now: NCCL's, the code's
+            size_t ours = m.allocated + m.scratch_reserved;   // beyond the context now: NCCL's, the code's
             size_t beyond = m.in_use > m.context + ours ? m.in_use - m.context - ours : 0;
-            double peak = (double)(m.allocated_peak + m.pool_reserved_peak + beyond);
+            double peak = (double)(m.allocated_peak + m.scratch_reserved_peak + beyond);
             double planned = (double)mt_memory_total(&r->memory);
             printf("[Rank %d] (after %d iterations) memory (MB) | allocated: %.2f | max allocated: %.2f | "
                    "reserved: %.2f | max reserved: %.2f\n", r->ps.rank, iterations,
-                   (double)(m.allocated + m.pool_used) / mib, (double)(m.allocated_peak + m.pool_used_peak) / mib,
-                   (double)(m.allocated + m.pool_reserved) / mib,
-                   (double)(m.allocated_peak + m.pool_reserved_peak) / mib);
+                   (double)(m.allocated + m.scratch_used) / mib,
+                   (double)(m.allocated_peak + m.scratch_used_peak) / mib,
+                   (double)(m.allocated + m.scratch_reserved) / mib,
+                   (double)(m.allocated_peak + m.scratch_reserved_peak) / mib);
             printf("[Rank %d] memory plan vs measured: planned %.1f MB, measured peak %.1f MB (ratio %.3f) | "
-                   "kernel scratch: planned %.1f MB, the pool lent at most %.1f MB | outside the plan: the CUDA "
-                   "context %.1f MB at start, %.1f MB more since (NCCL, kernels)\n", r->ps.rank, planned / 1e6,
-                   peak / 1e6, planned > 0 ? peak / planned : 0.0, r->memory.kernel_scratch / 1e6,
-                   m.pool_used_peak / 1e6, m.context / 1e6, beyond / 1e6);
+                   "kernel scratch: planned %.1f MB, lent at most %.1f MB (the arena %.1f, the pool %.1f) | "
+                   "outside the plan: the CUDA context %.1f MB at start, %.1f MB more since (NCCL, kernels)\n",
+                   r->ps.rank, planned / 1e6, peak / 1e6, planned > 0 ? peak / planned : 0.0,
+                   r->memory.kernel_scratch / 1e6, m.scratch_used_peak / 1e6, m.scratch_arena_peak / 1e6,
+                   (m.scratch_used_peak - m.scratch_arena_peak) / 1e6, m.context / 1e6, beyond / 1e6);
             fflush(stdout);
         }
         mt_barrier(&r->groups.world);
@@ -13859,8 +13870,8 @@ static int mt__train(mt_rank *r, mt__job *job, mt__batch_ctx *ctx, int first_ite
             r->timeline->enabled = 0;
         }
         mt__training_log(r, &job->tb, it, &res, mt_time_seconds() - t0, &acc);
-        // the memory report: at the first log interval after at least two steps (the pool has lent
-        // what a step borrows, and kept it), or at the last iteration of a shorter run
+        // the memory report: at the first log interval after at least two steps (a step's ops have
+        // borrowed their scratch, queued and as recorded graphs), or at the last iteration of a shorter run
         int ran = it - first_iteration + 1;
         if (!reported && ((ran >= 2 && it % t->log_interval == 0) || it == t->train_iters)) {
             mt__report_memory(r, it);

@@ -195,7 +195,7 @@ MT_TEST(memory_plan_is_the_allocation) {
 
 // the kernel scratch: what the plan says one step borrows at most (mt_gpu_scratch_peak) is what
 // the ops of real steps would have borrowed on the GPU (the CPU seam counts each call with the
-// same functions kernels.cuh sizes its cudaMallocAsync with), on every rank: first and last
+// same functions kernels.cuh sizes its mt__scratch_alloc with), on every rank: first and last
 // stages, TP slices, sequence parallel, recompute, fp32's tiled rung and bf16 / fp16's wgmma
 MT_TEST(kernel_scratch_plan_is_a_step) {
     static run_t run;
@@ -235,7 +235,7 @@ MT_TEST(kernel_scratch_plan_is_a_step) {
 }
 
 // kernels.cuh's allocations for two shapes, restated from its launchers (the sizes a GPU run's
-// pool then lends: tests/gpu/test_memory.sh compares the pool's peak with the plan)
+// arena then lends: tests/gpu/test_memory.sh compares the most it lent with the plan)
 MT_TEST(kernel_scratch_restated) {
     // the LM head's backward on the wgmma rung, B*T = 32, C = 32, Vp = 128: dout (32 x 128), the
     // weight (128 x 32) and inp (32 x 32) rounded to bf16, 2 bytes each and 8 spare elements, all
