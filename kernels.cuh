@@ -211,11 +211,11 @@ static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, d
 // The fallback: a piece the arena cannot serve comes from the stream-ordered pool exactly as
 // before (cudaMallocAsync; mt__scratch_free tells the two kinds apart by the address): on a
 // thread without an arena (tests/gpu/test_kernels.cu calls the launchers without mt_device_init;
-// a generator's rank, whose memory plan has no training step), on another stream than the
-// rank's, when the arena has no room left (generation's prefill over many rows, ops the plan does
-// not count) or the stack is full. Correctness never depends on the arena's size; a fallback
-// inside a captured graph is an allocation node again, and the memory report shows the pool's
-// share beside the arena's.
+// a generator's rank sets its dims after mt_device_init, which then makes none), on another
+// stream than the rank's, when the arena has no room left (generation's prefill over many rows,
+// ops the plan does not count) or the stack is full. Correctness never depends on the arena's
+// size; a fallback inside a captured graph is an allocation node again, and the memory report
+// shows the pool's share beside the arena's.
 // Thread-local, as mt__pdl_on: each rank is a thread with its own GPU, stream and arena.
 static const size_t MT__SCRATCH_ALIGN = 256;   // every piece starts on a multiple of this
 enum { MT__SCRATCH_PIECES = 32 };               // the stack: pieces alive at once (an op holds at most ~6)
