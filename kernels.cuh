@@ -1824,7 +1824,8 @@ typedef struct {
     long long sk_total;      // stream-K: tiles * steps_tile
     float *workspace;        // partials, (slots, 2 halves, 32, 128) float4; NULL when every unit writes C
     int epilogue;            // MT__EPI_*: what the epilogue does with v = sum + bias besides storing it
-    const void *aux;         // MT__EPI_GELU_GRAD(16)(_GELU16): the GELU's input, (M, N) with row stride ldc
+    const void *aux;         // MT__EPI_GELU_GRAD(16)(_GELU16): the GELU's input, (M, N) with row stride ldc;
+                             // MT__EPI_RESIDUAL: the residual added to C, fp32, the same layout
     void *c2;                // MT__EPI_GELU(16): gelu(v) also goes here, (M, N) with row stride ldc: fp32
                              // (GELU), or 16 bits (GELU16: bf16, or fp16 where c2_f16 = 1); GELU_GRAD16_GELU16:
                              // gelu(aux) in 16 bits
@@ -1846,11 +1847,16 @@ typedef struct {
 // from the input the epilogue reads anyway, for fc-proj's weight gradient, the next GEMM (the same
 // bits as mt__gelu_rounded's pass over aux, which it saves: a read and a write of (M, N) 16-bit
 // values and a launch, per layer)
+// RESIDUAL: C = aux + v, aux fp32 (M, N) with row stride ldc: the residual stream's add after the
+// MLP's fc-proj in a training forward (megatron.h's mt_mlp_forward with a residual: TP = 1, no
+// hidden dropout), residual3 = residual2 + (gelu(fch) W + b) written once, instead of the product
+// written, then read again with residual2 by a residual kernel (2 passes over (M, N) fp32 less)
 enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4,
-       MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6, MT__EPI_GELU_GRAD16_GELU16 = 7 };
+       MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6, MT__EPI_GELU_GRAD16_GELU16 = 7, MT__EPI_RESIDUAL = 8 };
 typedef struct {
     int op;             // MT__EPI_*
-    const void *aux;    // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc (GELU_GRAD16(_GELU16): in 16 bits)
+    const void *aux;    // MT__EPI_GELU_GRAD: gelu's input x (M, N), row stride ldc (GELU_GRAD16(_GELU16): in 16 bits);
+                        // MT__EPI_RESIDUAL: the residual (M, N) fp32, row stride ldc
     void *c2;           // MT__EPI_GELU: gelu(C) (M, N) fp32, row stride ldc; MT__EPI_GELU16: the same in 16 bits;
                         // MT__EPI_STORE16: C in 16 bits (then c is not written); STORE16_GELU16: gelu in 16
                         // bits (and c holds C in 16 bits); GELU_GRAD16_GELU16: gelu(aux) in 16 bits
@@ -2164,6 +2170,7 @@ __device__ static inline void mt__wgmma_store1(const mt__wgmma_args &g, int i, i
     if (EPI == MT__EPI_GELU16 && g.c2_f16) ((__half *)g.c2)[at] = __float2half_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU16 && !g.c2_f16) ((__nv_bfloat16 *)g.c2)[at] = __float2bfloat16_rn(mt__gelu(v));
     if (EPI == MT__EPI_GELU_GRAD) v *= mt__gelu_grad(((const float *)g.aux)[at]);
+    if (EPI == MT__EPI_RESIDUAL) v = ((const float *)g.aux)[at] + v;   // (as mt_residual_forward: residual + out)
     if (EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {   // 16 bits in, 16 bits out (no accumulate)
         float x = g.c2_f16 ? __half2float(((const __half *)g.aux)[at]) : __bfloat162float(((const __nv_bfloat16 *)g.aux)[at]);
         if (g.c2_f16) ((__half *)g.c)[at] = __float2half_rn(v * mt__gelu_grad(x));
@@ -2271,8 +2278,10 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
             }
         }
         __syncwarp();   // read before the piece is written again
-    } else if (EPI == MT__EPI_GELU_GRAD || g.accumulate) {   // C = v gelu'(x), or C = old + v
-        mt__stg_in32(st, EPI == MT__EPI_GELU_GRAD ? (const float *)g.aux : g.c, g.ldc, i_base, jb, g.M, g.N, lane);
+    } else if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL || g.accumulate) {   // C = v gelu'(x), or C = old + v
+        // (old: C itself, or RESIDUAL's residual)
+        mt__stg_in32(st, EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base,
+                     jb, g.M, g.N, lane);
         __syncwarp();
         #pragma unroll
         for (int n = 0; n < 8; n++) {
@@ -2556,12 +2565,13 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
             for (int n0 = 0; n0 < BN / 8; n0 += GROUP) {
                 // old: what each output reads besides the sum: C itself (accumulate) or the GELU's
                 // input (the GELU_GRAD epilogue, never with accumulate), loaded together as well
-                const float *r0 = EPI == MT__EPI_GELU_GRAD ? (const float *)g.aux + (size_t)i0 * g.ldc : c0;
+                const float *r0 = EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ?
+                                      (const float *)g.aux + (size_t)i0 * g.ldc : c0;   // (RESIDUAL: the residual)
                 const float *r1 = r0 + (size_t)8 * g.ldc;
                 // (GELU_GRAD16: the GELU's input as pairs of 16-bit values, widened)
                 const uint32_t *h0 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)i0 * g.ldc);
                 const uint32_t *h1 = (const uint32_t *)((const unsigned short *)g.aux + (size_t)(i0 + 8) * g.ldc);
-                int reads = g.accumulate || EPI == MT__EPI_GELU_GRAD;
+                int reads = g.accumulate || EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL;
                 float2 old0[GROUP], old1[GROUP], bias[GROUP];
                 #pragma unroll
                 for (int n = 0; n < GROUP; n++) {
@@ -2585,7 +2595,7 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
                     if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) {
                         v0 = make_float2(v0.x * mt__gelu_grad(old0[n].x), v0.y * mt__gelu_grad(old0[n].y));   // C = v gelu'(x)
                         v1 = make_float2(v1.x * mt__gelu_grad(old1[n].x), v1.y * mt__gelu_grad(old1[n].y));
-                    } else if (g.accumulate) {
+                    } else if (g.accumulate || EPI == MT__EPI_RESIDUAL) {
                         v0 = make_float2(old0[n].x + v0.x, old0[n].y + v0.y);
                         v1 = make_float2(old1[n].x + v1.x, old1[n].y + v1.y);
                     }
@@ -2708,6 +2718,7 @@ __global__ void mt_matmul_kernel4_splitk_reduce(mt__wgmma_args g) {
         else if (g.epilogue == MT__EPI_STORE16_GELU16) mt__wgmma_store1<MT__EPI_STORE16_GELU16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD16) mt__wgmma_store1<MT__EPI_GELU_GRAD16>(g, ie, je, v[e]);
         else if (g.epilogue == MT__EPI_GELU_GRAD16_GELU16) mt__wgmma_store1<MT__EPI_GELU_GRAD16_GELU16>(g, ie, je, v[e]);
+        else if (g.epilogue == MT__EPI_RESIDUAL) mt__wgmma_store1<MT__EPI_RESIDUAL>(g, ie, je, v[e]);
         else mt__wgmma_store1<MT__EPI_NONE>(g, ie, je, v[e]);
     }
 }
@@ -2824,7 +2835,7 @@ static int mt__wgmma_pingpong_built(int f16, int a_k_inner, int b_k_inner, int o
 // the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
 // GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer),
 // the 16-bit store after the qkv forward (both k inner) and the attention projection's dinp (A k
-// inner, B k outer)
+// inner, B k outer), the residual add after fc-proj's forward (both k inner)
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, int ping, cudaStream_t stream) {
@@ -2847,9 +2858,11 @@ static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtenso
     if (g.epilogue == MT__EPI_STORE16 && a_k_inner && !b_k_inner) {   // the attention projection's dinp (datty)
         mt__gemm_wgmma_launch<1, 0, F16, MT__EPI_STORE16>(map_a, map_b, g, grid, stream);
     } else if (g.epilogue == MT__EPI_GELU || g.epilogue == MT__EPI_GELU16 || g.epilogue == MT__EPI_STORE16 ||
-               g.epilogue == MT__EPI_STORE16_GELU16) {
+               g.epilogue == MT__EPI_STORE16_GELU16 || g.epilogue == MT__EPI_RESIDUAL) {
         if (!a_k_inner || !b_k_inner) mt_fatal("internal: the forward's epilogues are built for its layout only");
         if (g.epilogue == MT__EPI_GELU) mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU>(map_a, map_b, g, grid, stream);
+        else if (g.epilogue == MT__EPI_RESIDUAL)
+            mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_RESIDUAL>(map_a, map_b, g, grid, stream);
         else if (g.epilogue == MT__EPI_GELU16)
             mt__gemm_wgmma_launch<1, 1, F16, MT__EPI_GELU16>(map_a, map_b, g, grid, stream);
         else if (g.epilogue == MT__EPI_STORE16_GELU16)
@@ -2925,10 +2938,11 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     // the epilogues that read the GELU's input (aux); GELU_GRAD16_GELU16 also writes c2
     int remake = op == MT__EPI_GELU_GRAD16_GELU16;
     int grad = op == MT__EPI_GELU_GRAD || op == MT__EPI_GELU_GRAD16 || remake;
+    int reads_aux = grad || op == MT__EPI_RESIDUAL;   // (RESIDUAL: the residual, fp32)
     if (op != MT__EPI_NONE) {
         if (accumulate) mt_fatal("internal: a fused GEMM epilogue with accumulate");
         g.epilogue = op; g.aux = epi->aux; g.c2 = epi->c2; g.c2_f16 = f16;
-        const void *other = grad ? epi->aux : (const void *)epi->c2;
+        const void *other = reads_aux ? epi->aux : (const void *)epi->c2;
         int sixteen = op == MT__EPI_GELU16 || op == MT__EPI_STORE16 || op == MT__EPI_STORE16_GELU16 ||
                       op == MT__EPI_GELU_GRAD16 || remake;
         if ((uintptr_t)other % (sixteen ? 4 : 8) != 0) g.store2_ok = 0;
@@ -2940,7 +2954,7 @@ static void mt__gemm_wgmma_any(float *c, const void *a, const void *b, int f16, 
     {   // the staged epilogue: whole 16-byte pieces of every row it writes or reads
         const void *c2 = op == MT__EPI_GELU || op == MT__EPI_GELU16 || op == MT__EPI_STORE16 ||
                                  op == MT__EPI_STORE16_GELU16 || remake ? epi->c2 : NULL;
-        const void *aux = grad ? epi->aux : NULL;
+        const void *aux = reads_aux ? epi->aux : NULL;
         g.stage_ok = N % 8 == 0 && ldc % 8 == 0 && mt__aligned16(c) && (c2 == NULL || mt__aligned16(c2)) &&
                      (aux == NULL || mt__aligned16(aux)) && (bias == NULL || (uintptr_t)bias % 8 == 0) &&
                      mt__wgmma_staged_epilogue;
@@ -3632,31 +3646,34 @@ void mt_matmul_backward_gelu_gpu(float *dinp, float *dweight, float *dbias, cons
 // remade gelu(fch) see exactly what the forward used.
 template <typename T>
 static void mt__mlp_forward_wgmma(float *fch, int fch16, float *out, const float *inp, int inp16, const float *fcw,
-                                  const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
-                                  int OC, cudaStream_t stream) {
+                                  const float *fcb, const float *fcprojw, const float *fcprojb, const float *residual,
+                                  int BT, int C, int F, int OC, cudaStream_t stream) {
     T *h16;
     mt__scratch_alloc((void **)&h16, mt_gpu_rounded_copy_bytes((size_t)BT * F), stream);
     mt__epilogue epi = {fch16 ? MT__EPI_STORE16_GELU16 : MT__EPI_GELU16, NULL, h16};
     if (inp16) mt__gemm_wgmma_a16<T>(fch, (const T *)inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     else mt__gemm_wgmma_rounded<T>(fch, inp, fcw, fcb, BT, F, C, C, C, F, 1, 1, 0, &epi, stream);
     T *w16 = mt__rounded_copy<T>(fcprojw, OC, F, F, 1, stream);
-    mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0, NULL, stream);
+    mt__epilogue add = {MT__EPI_RESIDUAL, residual, NULL};   // out = residual + (gelu(fch) W + b), where asked
+    mt__gemm_wgmma_any(out, h16, w16, mt__f16_flag(w16), fcprojb, BT, OC, F, F, F, OC, 1, 1, 0, 0,
+                       residual ? &add : NULL, stream);
     mt__rounded_free(w16, stream);
     mt__scratch_free(h16, stream);
 }
 void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp, int inp_dtype, const float *fcw,
-                        const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC,
-                        mt_gemm_impl impl, int dtype, cudaStream_t stream) {
+                        const float *fcb, const float *fcprojw, const float *fcprojb, const float *residual, int BT,
+                        int C, int F, int OC, mt_gemm_impl impl, int dtype, cudaStream_t stream) {
     if (BT <= 0 || F <= 0 || OC <= 0) return;
     int inp16 = inp_dtype != MT_DTYPE_FP32, fch16 = fch_dtype != MT_DTYPE_FP32;
     if (impl == MT_GEMM_WGMMA && C % 8 == 0 && F % 8 == 0 && BT > MT_GEMV_MAX_ROWS) {
         if (inp16 && inp_dtype != dtype) mt_fatal("internal: the MLP's input in dtype %d, its GEMMs in %d", inp_dtype, dtype);
         if (fch16 && fch_dtype != dtype) mt_fatal("internal: the MLP's fc output in dtype %d, its GEMMs in %d", fch_dtype, dtype);
         if (dtype == MT_DTYPE_FP16)
-            mt__mlp_forward_wgmma<__half>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, stream);
+            mt__mlp_forward_wgmma<__half>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, residual, BT, C, F, OC,
+                                          stream);
         else
-            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
-                                                 stream);
+            mt__mlp_forward_wgmma<__nv_bfloat16>(fch, fch16, out, inp, inp16, fcw, fcb, fcprojw, fcprojb, residual, BT, C,
+                                                 F, OC, stream);
         return;
     }
     if (inp16 || fch16) mt_fatal("internal: a 16-bit MLP input or fc output off the wgmma rung");
@@ -3664,6 +3681,7 @@ void mt_mlp_forward_gpu(float *fch, int fch_dtype, float *out, const float *inp,
     mt__scratch_alloc((void **)&h, (size_t)BT * F * sizeof(float), stream);
     mt_matmul_forward_gelu_gpu(fch, h, inp, fcw, NULL, fcb, BT, C, F, impl, dtype, stream);
     mt_matmul_forward_gpu(out, h, fcprojw, fcprojb, BT, F, OC, impl, dtype, stream);
+    if (residual) mt_residual_forward_gpu(out, residual, out, (size_t)BT * OC, stream);   // (other rungs: a pass)
     mt__scratch_free(h, stream);
 }
 
@@ -7453,10 +7471,10 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
     mt__profile_end(r, label, t0);
 }
 void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
-                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
-                    int OC) {
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb,
+                    const float *residual, int BT, int C, int F, int OC) {
     double t0 = mt__profile_begin(r);
-    mt_mlp_forward_gpu(fch, fch_dtype, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC,
+    mt_mlp_forward_gpu(fch, fch_dtype, out, inp, inp_dtype, fcw, fcb, fcprojw, fcprojb, residual, BT, C, F, OC,
                        (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "mlp forward %dx%dx%d", C, F, OC);

@@ -692,10 +692,11 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
                                 int C, int OC, mt_dtype dt);
 void mt_matmul_backward_gelu_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const float *gelu_inp, int BT, int C, int OC, mt_dtype dt);
-/* fch_dt: MT_DTYPE_FP32, or the 16-bit type the GPU keeps fch in: fch rounded to it before the GELU */
+/* fch_dt: MT_DTYPE_FP32, or the 16-bit type the GPU keeps fch in: fch rounded to it before the GELU;
+   residual: NULL, or out = residual + (the product) (BT, OC), the residual stream's add joined */
 void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt,
-                        mt_dtype fch_dt);
+                        const float *fcprojw, const float *fcprojb, const float *residual, int BT, int C, int F, int OC,
+                        mt_dtype dt, mt_dtype fch_dt);
 void mt_attention_forward_rounded_cpu(float *out, float *lse, const float *qkv, int B, int T, int C_local,
                                       int NH_local, const mt_dropout *drop, int head_offset, int NH_global,
                                       mt_dtype dt);
@@ -830,11 +831,12 @@ void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbi
                              const float *weight, const float *gelu_inp, mt_dtype gelu_inp_dtype, int BT, int C,
                              int OC);
 /* the MLP's two products in a training forward: fch = inp @ fcw^T + fcb (BT,F), kept in fch_dtype
-   (mt_fch_storage_dtype); out = gelu(fch) @ fcprojw^T (+ fcprojb unless NULL) (BT,OC); gelu(fch)
-   lives only inside the op */
+   (mt_fch_storage_dtype); out = gelu(fch) @ fcprojw^T (+ fcprojb unless NULL) (BT,OC), + residual
+   (BT,OC) unless NULL (the residual stream's add, as mt_residual_forward(out, residual, product):
+   the GPU's fc-proj GEMM does it in its epilogue); gelu(fch) lives only inside the op */
 void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
-                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
-                    int OC);
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb,
+                    const float *residual, int BT, int C, int F, int OC);
 void mt_bias_add(mt_rank *r, float *out, const float *bias, int BT, int OC);
 void mt_dropout_forward(mt_rank *r, float *x, const mt_dropout *d, int B);
 void mt_dropout_backward(mt_rank *r, float *dx, const mt_dropout *d, int B);
@@ -1100,9 +1102,12 @@ void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, 
 void mt_row_parallel_linear_gelu_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                           const float *weight, const float *gelu_inp, int BT, int K_tp, int OC);
 /* a training forward's whole MLP: fch = X A_r + a_r (column-parallel, kept for the backward),
-   out = gelu(fch) B_r summed over TP (+ b), as the two calls above with gelu(fch) never stored */
+   out = gelu(fch) B_r summed over TP (+ b), as the two calls above with gelu(fch) never stored;
+   residual: NULL, or out = residual + that, joined to fc-proj's product, at TP = 1 without sequence
+   parallelism only (with TP the sum over ranks comes between them) */
 void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, mt_dtype inp_dtype, const float *fcw,
-                             const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp);
+                             const float *fcb, const float *fcprojw, const float *fcprojb, const float *residual, int BT,
+                             int K, int F_tp);
 void mt_vocab_parallel_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, const float *wpe);
 void mt_vocab_parallel_embedding_backward(mt_rank *r, float *dwte, float *dwpe, const float *dout, const int *tokens);
 void mt_vocab_parallel_cross_entropy_forward(mt_rank *r, float *losses, float *logits, const int *targets, float dloss,
@@ -7323,13 +7328,14 @@ void mt_matmul_forward_gelu_cpu(float *pre, float *out, const float *inp, const 
 // in a temporary (the GPU writes it rounded, in 16 bits, from the first GEMM's epilogue straight
 // into the second's operand: the same values)
 void mt_mlp_forward_cpu(float *fch, float *out, const float *inp, const float *fcw, const float *fcb,
-                        const float *fcprojw, const float *fcprojb, int BT, int C, int F, int OC, mt_dtype dt,
-                        mt_dtype fch_dt) {
+                        const float *fcprojw, const float *fcprojb, const float *residual, int BT, int C, int F, int OC,
+                        mt_dtype dt, mt_dtype fch_dt) {
     float *h = (float *)mt_malloc((size_t)BT * F * sizeof(float) + 1, "gelu(fch)");
     mt_matmul_forward_rounded_cpu(fch, inp, fcw, fcb, BT, C, F, dt);
     if (fch_dt != MT_DTYPE_FP32) mt_round_cpu(fch, fch, (size_t)BT * F, fch_dt);
     mt_gelu_forward_cpu(h, fch, (size_t)BT * F);
     mt_matmul_forward_rounded_cpu(out, h, fcprojw, fcprojb, BT, F, OC, dt);
+    if (residual) mt_residual_forward_cpu(out, residual, out, (size_t)BT * OC);   // (elementwise: in place is safe)
     free(h);
 }
 
@@ -7879,15 +7885,15 @@ void mt_matmul_forward_gelu(mt_rank *r, float *pre, float *out, const float *inp
 }
 
 void mt_mlp_forward(mt_rank *r, float *fch, mt_dtype fch_dtype, float *out, const float *inp, mt_dtype inp_dtype,
-                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int C, int F,
-                    int OC) {
+                    const float *fcw, const float *fcb, const float *fcprojw, const float *fcprojb,
+                    const float *residual, int BT, int C, int F, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "the MLP's input");
     mt__cpu_fp32_storage(fch_dtype, "the MLP's fc output");
     // the values the GPU keeps: fch in 16 bits where mt_fch_gemm_dtype says so for its rung
     mt_dtype gpu_fch = mt_fch_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, BT, C, F);
     mt__count_gpu_scratch(r, mt_gpu_mlp_forward_scratch(BT, C, F, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, 0,
                                                         mt__weight_lent(r, fcw) && mt__weight_lent(r, fcprojw)));
-    mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, BT, C, F, OC, r->dev.dtype, gpu_fch);
+    mt_mlp_forward_cpu(fch, out, inp, fcw, fcb, fcprojw, fcprojb, residual, BT, C, F, OC, r->dev.dtype, gpu_fch);
 }
 
 void mt_matmul_backward_gelu(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
@@ -8384,13 +8390,13 @@ void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, co
 // --sequence-parallel: out is my shard (B, T_sp, OC): the partial sums go to the scratch and are
 // reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
 // (mlp: NULL, or the MLP's fc layer in front, whose gelu(fc(x)) is X_r: mt_parallel_mlp_forward)
-typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; } mt__mlp_front;
+typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; const float *residual; } mt__mlp_front;
 // the local product X_r W_r (+ b when bias is not NULL) into y
 static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, mt_dtype inp_dtype, const float *weight,
                                      const float *bias, int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
     if (mlp)
-        mt_mlp_forward(r, mlp->fch, mt_fch_storage_dtype(r), y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias, BT,
-                       mlp->K, K_tp, OC);
+        mt_mlp_forward(r, mlp->fch, mt_fch_storage_dtype(r), y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias,
+                       mlp->residual, BT, mlp->K, K_tp, OC);
     else mt_matmul_forward(r, y, inp, inp_dtype, weight, bias, BT, K_tp, OC);
 }
 static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
@@ -8444,9 +8450,12 @@ void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, 
 // epilogue to the next GEMM in 16 bits): the column-parallel fc's input gathered as there, the
 // row-parallel fc-proj's sum and bias as there. out (B, T_sp, K) as mt_row_parallel_linear_forward's.
 void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, mt_dtype inp_dtype, const float *fcw,
-                             const float *fcb, const float *fcprojw, const float *fcprojb, int BT, int K, int F_tp) {
+                             const float *fcb, const float *fcprojw, const float *fcprojb, const float *residual, int BT,
+                             int K, int F_tp) {
+    if (residual && (r->groups.tp.size > 1 || mt__sequence_parallel(r)))
+        mt_fatal("internal: the MLP's residual add joined to its product with TP = %d", r->groups.tp.size);
     // (the gathered input is in sp_full; the row-parallel half's partial sums go to sp_partial)
-    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype};
+    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype, residual};
     mt__row_parallel_forward(r, out, NULL, MT_DTYPE_FP32, fcprojw, fcprojb, BT, F_tp, K, &mlp);
 }
 
@@ -8999,9 +9008,16 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
     mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C,
                                   ln_dtype);
-    mt_parallel_mlp_forward(r, out_c, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, BT, C,
-                            F_tp);   // fc, GELU, proj
+    // fc, GELU, proj; residual3 = residual2 + that. Where nothing comes between the product and the
+    // residual add (TP = 1: no sum over ranks; no hidden dropout on the branch) the add joins the
+    // product (the GPU's GEMM epilogue: two passes over (B,T,C) less), else its own op after dropout
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
+    if (r->groups.tp.size == 1 && !mt__sequence_parallel(r) && hid_drop.p <= 0.0f) {
+        mt_parallel_mlp_forward(r, l_residual3, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, l_residual2,
+                                BT, C, F_tp);
+        return;
+    }
+    mt_parallel_mlp_forward(r, out_c, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, NULL, BT, C, F_tp);
     mt_dropout_forward(r, out_c, &hid_drop, B);
     mt_residual_forward(r, l_residual3, l_residual2, out_c, BTC_sp);
 }

@@ -647,16 +647,28 @@ static void matmul_gelu_case(int BT, int C, int OC) {
             mt_matmul_forward_gpu(d_y_u, d_out, d_w2, d_bias2, BT, OC, C, impls[k], dt, 0);
             float *pre_u = dev_download(d_pre, nout), *y_u = dev_download(d_y_u, nin);
             dev_poison(d_pre, nout);
-            mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+            mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, NULL, BT, C, OC, C,
                                impls[k], dt, 0);
             snprintf(label, sizeof label, "mlp %s %s forward: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_pre, nout); check_close(label, got, pre_u, nout, 0.0); free(got);
             snprintf(label, sizeof label, "mlp %s %s forward: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
             got = dev_download(d_y, nin); check_close(label, got, y_u, nin, 0.0);
             float *fch_r = (float *)mt_malloc(nout * sizeof(float), "ref"), *y_r = (float *)mt_malloc(nin * sizeof(float), "ref");
-            mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt, MT_DTYPE_FP32);
+            mt_mlp_forward_cpu(fch_r, y_r, inp, w, bias, w2, bias2, NULL, BT, C, OC, C, (mt_dtype)dt, MT_DTYPE_FP32);
             snprintf(label, sizeof label, "mlp %s %s forward: out against the CPU BT=%d C=%d F=%d", rung, type, BT, C, OC);
             check_close(label, got, y_r, nin, 1e-2); free(got);
+            {   // the residual stream's add joined to fc-proj's product (the wgmma rung's RESIDUAL epilogue,
+                // a residual pass elsewhere): residual + the unfused product, bit for bit
+                float *res = host_random(nin, -2, 2), *d_res = dev_upload(res, nin);
+                float *want = (float *)mt_malloc(nin * sizeof(float) + 16, "ref");
+                for (size_t i = 0; i < nin; i++) want[i] = res[i] + y_u[i];
+                dev_poison(d_y, nin);
+                mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, d_res, BT, C,
+                                   OC, C, impls[k], dt, 0);
+                snprintf(label, sizeof label, "mlp %s %s forward + residual: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
+                got = dev_download(d_y, nin); check_close(label, got, want, nin, 0.0); free(got);
+                free(res); free(want); dev_free(d_res);
+            }
             // the training MLP with its fc output kept in 16 bits (mt_fch_gemm_dtype: the wgmma rung):
             // fch is the fp32 one rounded, and out, dx, dweight are exactly what the fp32-fch path gives
             // when its fch is those rounded values (the GELU, its remake and its derivative all read
@@ -666,7 +678,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 float *pre_rounded = (float *)mt_malloc(nout * sizeof(float), "fch rounded");
                 for (size_t i = 0; i < nout; i++) pre_rounded[i] = mt_round_to_dtype(pre_u[i], (mt_dtype)dt);
                 dev_poison(d_y, nin);
-                mt_mlp_forward_gpu((float *)f16, dt, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, BT, C, OC, C,
+                mt_mlp_forward_gpu((float *)f16, dt, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2, NULL, BT, C, OC, C,
                                    impls[k], dt, 0);
                 float *widened = dev_download16(f16, nout, dt);
                 snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: fch BT=%d C=%d F=%d", rung, type, BT, C, OC);
@@ -678,7 +690,7 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                 snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: out BT=%d C=%d F=%d", rung, type, BT, C, OC);
                 check_close(label, y16, y2, nin, 0.0);
                 float *fch_c = (float *)mt_malloc(nout * sizeof(float), "ref"), *y_c = (float *)mt_malloc(nin * sizeof(float), "ref");
-                mt_mlp_forward_cpu(fch_c, y_c, inp, w, bias, w2, bias2, BT, C, OC, C, (mt_dtype)dt, (mt_dtype)dt);
+                mt_mlp_forward_cpu(fch_c, y_c, inp, w, bias, w2, bias2, NULL, BT, C, OC, C, (mt_dtype)dt, (mt_dtype)dt);
                 snprintf(label, sizeof label, "mlp %s %s forward, fch in 16 bits: out against the CPU BT=%d", rung, type, BT);
                 check_close(label, y16, y_c, nin, 1e-2);
                 // the backward from the 16-bit fch against the fp32 path on the same values
@@ -757,11 +769,11 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                         float *fch32, *y32;
                         dev_poison(d_pre, nout); dev_poison(d_y, nin);
                         mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, d_inp, MT_DTYPE_FP32, d_w, d_bias, d_w2, d_bias2,
-                                           BT, C, OC, C, impls[k], dt, 0);
+                                           NULL, BT, C, OC, C, impls[k], dt, 0);
                         fch32 = dev_download(d_pre, nout); y32 = dev_download(d_y, nin);
                         dev_poison(d_pre, nout); dev_poison(d_y, nin);
                         mt_mlp_forward_gpu(d_pre, MT_DTYPE_FP32, d_y, (const float *)in16, dt, d_w, d_bias, d_w2,
-                                           d_bias2, BT, C, OC, C, impls[k], dt, 0);
+                                           d_bias2, NULL, BT, C, OC, C, impls[k], dt, 0);
                         snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: fch BT=%d", rung, type, BT);
                         float *g2 = dev_download(d_pre, nout); check_close(label, g2, fch32, nout, 0.0); free(g2);
                         snprintf(label, sizeof label, "mlp %s %s forward from a 16-bit input: out BT=%d", rung, type, BT);
