@@ -3728,17 +3728,20 @@ void mt_matmul_forward16_gpu(void *out16, const float *inp, int inp_dtype, const
 // make from the fp32 values these 16 bits widen to, without their rounded copy. The wgmma rung only
 // (megatron.h's mt_atty_gemm_dtype says when; anywhere else is an internal error).
 void mt_matmul_forward_inp16_gpu(float *out, const void *inp16, int inp_dtype, const float *weight, const float *bias,
-                                 int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
+                                 const float *residual, int BT, int C, int OC, mt_gemm_impl impl, cudaStream_t stream) {
     if (BT <= 0 || OC <= 0) return;
     if (impl != MT_GEMM_WGMMA || C % 8 != 0 || BT <= MT_GEMV_MAX_ROWS || !mt__aligned16(inp16) ||
         (inp_dtype != MT_DTYPE_BF16 && inp_dtype != MT_DTYPE_FP16))
         mt_fatal("internal: a product from a 16-bit input off the wgmma rung (BT %d, C %d, dtype %d)", BT, C, inp_dtype);
-    // C = out, A(i=bt, k=c) = inp16 (k inner), B(j=o, k=c) = weight (k inner), as mt_matmul_forward_gpu
+    // C = out, A(i=bt, k=c) = inp16 (k inner), B(j=o, k=c) = weight (k inner), as mt_matmul_forward_gpu;
+    // with a residual: C = residual + that (the RESIDUAL epilogue: the attention projection's residual2)
+    mt__epilogue add = {MT__EPI_RESIDUAL, residual, NULL};
+    const mt__epilogue *epi = residual ? &add : NULL;
     if (inp_dtype == MT_DTYPE_FP16)
-        mt__gemm_wgmma_a16<__half>(out, (const __half *)inp16, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, NULL, stream);
+        mt__gemm_wgmma_a16<__half>(out, (const __half *)inp16, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0, epi, stream);
     else
         mt__gemm_wgmma_a16<__nv_bfloat16>(out, (const __nv_bfloat16 *)inp16, weight, bias, BT, OC, C, C, C, OC, 1, 1, 0,
-                                          NULL, stream);
+                                          epi, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -7424,15 +7427,17 @@ static const void *mt__decoding_weight(const mt_rank *r, const float *weight, in
     return (const uint16_t *)d->weights16 + (weight - of);
 }
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                       const float *bias, int BT, int C, int OC) {
+                       const float *bias, const float *residual, int BT, int C, int OC) {
     double t0 = mt__profile_begin(r);
     const mt_device *d = &r->dev;
     const void *weight16 = mt__decoding_weight(r, weight, BT);
-    if (inp_dtype != MT_DTYPE_FP32)   // (a training layer's attention output, mt_atty_storage_dtype)
-        mt_matmul_forward_inp16_gpu(out, inp, inp_dtype, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl,
-                                    mt__stream(r));
-    else if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
+    if (inp_dtype != MT_DTYPE_FP32) {   // (a training layer's attention output, mt_atty_storage_dtype)
+        mt_matmul_forward_inp16_gpu(out, inp, inp_dtype, weight, bias, residual, BT, C, OC, (mt_gemm_impl)d->gemm_impl,
+                                    mt__stream(r));   // (the residual in the GEMM's epilogue)
+        residual = NULL;
+    } else if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
     else mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
+    if (residual) mt_residual_forward_gpu(out, residual, out, (size_t)BT * OC, mt__stream(r));
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
@@ -7544,7 +7549,7 @@ void mt_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt_dtype inp_dtype
                     const float *bias, int BT, int C, int OC) {
     if (mt_qkv_storage_dtype(r->cfg) == MT_DTYPE_FP32) {
         if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit qkv projection input with fp32 qkv");
-        mt_matmul_forward(r, qkv, inp, MT_DTYPE_FP32, weight, bias, BT, C, OC);
+        mt_matmul_forward(r, qkv, inp, MT_DTYPE_FP32, weight, bias, NULL, BT, C, OC);
         return;
     }
     double t0 = mt__profile_begin(r);
@@ -7623,7 +7628,7 @@ mt_dtype mt_logits_storage_dtype(const mt_rank *r) {
 void mt_lm_head_forward(mt_rank *r, float *logits, mt_dtype logits_dtype, const float *inp, const float *weight, int BT,
                         int C, int V_local) {
     if (logits_dtype == MT_DTYPE_FP32) {
-        mt_matmul_forward(r, logits, inp, MT_DTYPE_FP32, weight, NULL, BT, C, V_local);
+        mt_matmul_forward(r, logits, inp, MT_DTYPE_FP32, weight, NULL, NULL, BT, C, V_local);
         return;
     }
     if (logits_dtype != r->dev.dtype) mt_fatal("internal: logits in dtype %d, the GEMMs in %d", (int)logits_dtype, r->dev.dtype);

@@ -811,9 +811,10 @@ void mt_layernorm_forward(mt_rank *r, float *out, float *mean, float *rstd, cons
 void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int B, int T, int C);
 /* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a training layer's attention output in
-   mt_atty_storage_dtype) */
+   mt_atty_storage_dtype); residual: NULL, or out = residual + (the product) (BT, OC), the residual
+   stream's add joined (as mt_residual_forward(out, residual, product): the GPU's GEMM epilogue) */
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                       const float *bias, int BT, int C, int OC);
+                       const float *bias, const float *residual, int BT, int C, int OC);
 /* inp_dtype: how inp is stored (MT_DTYPE_FP32, a layer's ln1 / ln2 in mt_ln_storage_dtype, or its
    attention output in mt_atty_storage_dtype);
    dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype);
@@ -1087,9 +1088,10 @@ void mt_lm_head_parallel_backward(mt_rank *r, float *dinp, float *dweight, const
 void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, const float *weight, int BT, int K,
                                  int V_tp);
 /* inp_dtype: how inp is stored (MT_DTYPE_FP32, or a training layer's attention output in
-   mt_atty_storage_dtype) */
+   mt_atty_storage_dtype); residual: NULL, or out = residual + the layer's output, joined to the
+   product, at TP = 1 without sequence parallelism only (with TP the sum over ranks comes between) */
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                                    const float *bias, int BT, int K_tp, int OC);
+                                    const float *bias, const float *residual, int BT, int K_tp, int OC);
 /* dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
    mt_datty_storage_dtype); inp_dtype as the forward's */
 void mt_row_parallel_linear_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias,
@@ -7858,11 +7860,12 @@ void mt_layernorm_backward(mt_rank *r, float *dinp, float *dweight, float *dbias
 }
 
 void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                       const float *bias, int BT, int C, int OC) {
+                       const float *bias, const float *residual, int BT, int C, int OC) {
     mt__cpu_fp32_storage(inp_dtype, "a matmul's input");
     mt__count_gpu_scratch(r, mt_gpu_matmul_forward_scratch(BT, C, OC, (mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype,
                                                            mt__weight_lent(r, weight)));
     mt_matmul_forward_rounded_cpu(out, inp, weight, bias, BT, C, OC, r->dev.dtype);
+    if (residual) mt_residual_forward_cpu(out, residual, out, (size_t)BT * OC);   // (elementwise: in place is safe)
 }
 
 void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias, const float *dout,
@@ -8334,7 +8337,7 @@ static void mt__column_parallel_forward(mt_rank *r, float *out, const float *inp
                                         const float *weight, const float *bias, int BT, int K, int OC_tp, int qkv) {
     inp = mt__whole_sequence(r, inp, inp_dtype, K);
     if (qkv) mt_qkv_forward(r, out, inp, inp_dtype, weight, bias, BT, K, OC_tp);
-    else mt_matmul_forward(r, out, inp, MT_DTYPE_FP32, weight, bias, BT, K, OC_tp);   // f's forward is the identity
+    else mt_matmul_forward(r, out, inp, MT_DTYPE_FP32, weight, bias, NULL, BT, K, OC_tp);   // f's forward is the identity
 }
 void mt_column_parallel_linear_forward(mt_rank *r, float *out, const float *inp, const float *weight,
                                        const float *bias, int BT, int K, int OC_tp) {
@@ -8390,35 +8393,40 @@ void mt_lm_head_parallel_forward(mt_rank *r, float *logits, const float *inp, co
 // --sequence-parallel: out is my shard (B, T_sp, OC): the partial sums go to the scratch and are
 // reduce-scattered (g-bar) instead of all-reduced; the bias is added to my positions.
 // (mlp: NULL, or the MLP's fc layer in front, whose gelu(fc(x)) is X_r: mt_parallel_mlp_forward)
-typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; const float *residual; } mt__mlp_front;
-// the local product X_r W_r (+ b when bias is not NULL) into y
+typedef struct { float *fch; const float *x, *fcw, *fcb; int K; mt_dtype x_dtype; } mt__mlp_front;
+// the local product X_r W_r (+ b when bias is not NULL, + residual when that is not NULL) into y
 static void mt__row_parallel_product(mt_rank *r, float *y, const float *inp, mt_dtype inp_dtype, const float *weight,
-                                     const float *bias, int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
+                                     const float *bias, const float *residual, int BT, int K_tp, int OC,
+                                     const mt__mlp_front *mlp) {
     if (mlp)
         mt_mlp_forward(r, mlp->fch, mt_fch_storage_dtype(r), y, mlp->x, mlp->x_dtype, mlp->fcw, mlp->fcb, weight, bias,
-                       mlp->residual, BT, mlp->K, K_tp, OC);
-    else mt_matmul_forward(r, y, inp, inp_dtype, weight, bias, BT, K_tp, OC);
+                       residual, BT, mlp->K, K_tp, OC);
+    else mt_matmul_forward(r, y, inp, inp_dtype, weight, bias, residual, BT, K_tp, OC);
 }
+// residual: NULL, or out = residual + the layer's output, joined to the product (TP = 1 only)
 static void mt__row_parallel_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                                     const float *bias, int BT, int K_tp, int OC, const mt__mlp_front *mlp) {
+                                     const float *bias, const float *residual, int BT, int K_tp, int OC,
+                                     const mt__mlp_front *mlp) {
+    if (residual && (r->groups.tp.size > 1 || mt__sequence_parallel(r)))
+        mt_fatal("internal: a residual add joined to a row-parallel product with TP = %d", r->groups.tp.size);
     if (mt__sequence_parallel(r)) {
-        mt__row_parallel_product(r, r->scratch.sp_partial, inp, inp_dtype, weight, NULL, BT, K_tp, OC, mlp);   // X_r W_r
+        mt__row_parallel_product(r, r->scratch.sp_partial, inp, inp_dtype, weight, NULL, NULL, BT, K_tp, OC, mlp);   // X_r W_r
         mt_reduce_scatter_to_sequence_parallel_region_forward(r, out, r->scratch.sp_partial, OC);   // g-bar
         mt_bias_add(r, out, bias, r->dims.B * r->dims.T_sp, OC);
         return;
     }
     if (r->groups.tp.size == 1) {   // no sum to wait for: the bias in the GEMM's epilogue, one pass less
         // (x.w) + b: the same rounding
-        mt__row_parallel_product(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, mlp);
+        mt__row_parallel_product(r, out, inp, inp_dtype, weight, bias, residual, BT, K_tp, OC, mlp);
         return;
     }
-    mt__row_parallel_product(r, out, inp, inp_dtype, weight, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r
+    mt__row_parallel_product(r, out, inp, inp_dtype, weight, NULL, NULL, BT, K_tp, OC, mlp);   // partial sum X_r W_r
     mt_reduce_from_tp_region_forward(r, out, (size_t)BT * OC);   // g
     mt_bias_add(r, out, bias, BT, OC);                             // bias once, after the sum
 }
 void mt_row_parallel_linear_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dtype, const float *weight,
-                                    const float *bias, int BT, int K_tp, int OC) {
-    mt__row_parallel_forward(r, out, inp, inp_dtype, weight, bias, BT, K_tp, OC, NULL);
+                                    const float *bias, const float *residual, int BT, int K_tp, int OC) {
+    mt__row_parallel_forward(r, out, inp, inp_dtype, weight, bias, residual, BT, K_tp, OC, NULL);
 }
 
 // backward: dY is whole on every rank (g's backward is identity), so dX_r = dY W_r^T,
@@ -8452,11 +8460,9 @@ void mt_column_parallel_linear_gelu_forward(mt_rank *r, float *pre, float *out, 
 void mt_parallel_mlp_forward(mt_rank *r, float *out, float *fch, const float *inp, mt_dtype inp_dtype, const float *fcw,
                              const float *fcb, const float *fcprojw, const float *fcprojb, const float *residual, int BT,
                              int K, int F_tp) {
-    if (residual && (r->groups.tp.size > 1 || mt__sequence_parallel(r)))
-        mt_fatal("internal: the MLP's residual add joined to its product with TP = %d", r->groups.tp.size);
     // (the gathered input is in sp_full; the row-parallel half's partial sums go to sp_partial)
-    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype, residual};
-    mt__row_parallel_forward(r, out, NULL, MT_DTYPE_FP32, fcprojw, fcprojb, BT, F_tp, K, &mlp);
+    mt__mlp_front mlp = {fch, mt__whole_sequence(r, inp, inp_dtype, K), fcw, fcb, K, inp_dtype};
+    mt__row_parallel_forward(r, out, NULL, MT_DTYPE_FP32, fcprojw, fcprojb, residual, BT, F_tp, K, &mlp);
 }
 
 // backward of fc-proj (row-parallel, its input gelu(gelu_inp), my K_tp columns) on through the GELU:
@@ -9002,17 +9008,26 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
     mt_dtype atty_dtype = mt_atty_storage_dtype(r);   // (16 bits where the projection's GEMMs read it so)
     mt_attention_forward(r, l_atty, atty_dtype, l_lse, l_qkv, B, T, C_tp, r->dims.NH_tp, &attn_drop,
                          r->ps.tp_rank * r->dims.NH_tp, cfg->model.num_attention_heads);
-    mt_row_parallel_linear_forward(r, out_c, l_atty, atty_dtype, l_attprojw, l_attprojb, BT, C_tp, C);
+    // residual2 = x + the projection. Where nothing comes between the product and the residual add
+    // (TP = 1: no sum over ranks; no hidden dropout on the branch) the add joins the product (the
+    // GPU's GEMM epilogue: a pass over (B,T,C) less), else it joins the layernorm after dropout
+    int joined = r->groups.tp.size == 1 && !mt__sequence_parallel(r) && hid_drop.p <= 0.0f;
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 2;
-    mt_dropout_forward(r, out_c, &hid_drop, B);
-    // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
-    mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp, C,
-                                  ln_dtype);
+    if (joined) {
+        mt_row_parallel_linear_forward(r, l_residual2, l_atty, atty_dtype, l_attprojw, l_attprojb, x, BT, C_tp, C);
+        mt_layernorm_forward(r, l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, l_ln2w, l_ln2b, B, T_sp, C, ln_dtype);
+    } else {
+        mt_row_parallel_linear_forward(r, out_c, l_atty, atty_dtype, l_attprojw, l_attprojb, NULL, BT, C_tp, C);
+        mt_dropout_forward(r, out_c, &hid_drop, B);
+        // MLP block: residual2 = x + out_c, ln2 = layernorm(residual2), as one op
+        mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp,
+                                      C, ln_dtype);
+    }
     // fc, GELU, proj; residual3 = residual2 + that. Where nothing comes between the product and the
     // residual add (TP = 1: no sum over ranks; no hidden dropout on the branch) the add joins the
     // product (the GPU's GEMM epilogue: two passes over (B,T,C) less), else its own op after dropout
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
-    if (r->groups.tp.size == 1 && !mt__sequence_parallel(r) && hid_drop.p <= 0.0f) {
+    if (joined) {
         mt_parallel_mlp_forward(r, l_residual3, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, l_residual2,
                                 BT, C, F_tp);
         return;
@@ -13084,12 +13099,12 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int
     else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C, MT_DTYPE_FP32);
     mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
     mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
-    mt_row_parallel_linear_forward(r, g->out_c, g->atty, MT_DTYPE_FP32, l_attprojw, l_attprojb, BT, C_tp, C);
+    mt_row_parallel_linear_forward(r, g->out_c, g->atty, MT_DTYPE_FP32, l_attprojw, l_attprojb, NULL, BT, C_tp, C);
     // MLP block: res2 = x + out_c, ln = layernorm(res2)
     mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C,
                                   MT_DTYPE_FP32);
     mt_column_parallel_linear_gelu_forward(r, g->fch, g->fch_gelu, g->ln, l_fcw, l_fcb, BT, C, F_tp);
-    mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, MT_DTYPE_FP32, l_fcprojw, l_fcprojb, BT, F_tp, C);
+    mt_row_parallel_linear_forward(r, g->out_c, g->fch_gelu, MT_DTYPE_FP32, l_fcprojw, l_fcprojb, NULL, BT, F_tp, C);
     if (x_last) mt_residual_forward(r, g->x, g->res2, g->out_c, (size_t)BT * C);   // else the next layer's first op
 }
 

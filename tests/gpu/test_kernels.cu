@@ -522,11 +522,22 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
                 mt_matmul_forward_gpu(d_out, d_inp, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, dt, 0);
                 float *want = dev_download(d_out, nout);
                 dev_poison(d_out, nout);
-                mt_matmul_forward_inp16_gpu(d_out, in16, dt, d_w, with_bias ? d_bias : NULL, BT, C, OC, impl, 0);
+                mt_matmul_forward_inp16_gpu(d_out, in16, dt, d_w, with_bias ? d_bias : NULL, NULL, BT, C, OC, impl, 0);
                 got = dev_download(d_out, nout);
                 snprintf(label, sizeof label, "matmul %s forward from a 16-bit input BT=%d C=%d OC=%d", name, BT, C, OC);
                 check_close(label, got, want, nout, 0.0);
-                free(got); free(want);
+                free(got);
+                // and with the residual stream's add in the epilogue (the attention projection's
+                // residual2 = x + product, MT__EPI_RESIDUAL): x + that product, bit for bit
+                float *res = host_random(nout, -2, 2), *d_res = dev_upload(res, nout);
+                for (size_t i = 0; i < nout; i++) want[i] = res[i] + want[i];
+                dev_poison(d_out, nout);
+                mt_matmul_forward_inp16_gpu(d_out, in16, dt, d_w, with_bias ? d_bias : NULL, d_res, BT, C, OC, impl, 0);
+                got = dev_download(d_out, nout);
+                snprintf(label, sizeof label, "matmul %s forward from a 16-bit input + residual BT=%d C=%d OC=%d", name, BT,
+                         C, OC);
+                check_close(label, got, want, nout, 0.0);
+                free(got); free(want); free(res); dev_free(d_res);
             }
             free(dinp32); free(dw32); free(db32);
             dev_free(in16);
