@@ -1847,10 +1847,11 @@ typedef struct {
 // from the input the epilogue reads anyway, for fc-proj's weight gradient, the next GEMM (the same
 // bits as mt__gelu_rounded's pass over aux, which it saves: a read and a write of (M, N) 16-bit
 // values and a launch, per layer)
-// RESIDUAL: C = aux + v, aux fp32 (M, N) with row stride ldc: the residual stream's add after the
-// MLP's fc-proj in a training forward (megatron.h's mt_mlp_forward with a residual: TP = 1, no
-// hidden dropout), residual3 = residual2 + (gelu(fch) W + b) written once, instead of the product
-// written, then read again with residual2 by a residual kernel (2 passes over (M, N) fp32 less)
+// RESIDUAL: C = aux + v, aux fp32 (M, N) with row stride ldc: the residual stream's add after a
+// row-parallel projection in a training forward at TP = 1 without hidden dropout (megatron.h's
+// mt_mlp_forward and mt_matmul_forward with a residual): residual3 = residual2 + (gelu(fch) W + b)
+// and residual2 = x + (atty W + b) written once, instead of the product written, then read again
+// with the residual by the next kernel (a pass over (M, N) fp32 less each)
 enum { MT__EPI_NONE = 0, MT__EPI_GELU = 1, MT__EPI_GELU_GRAD = 2, MT__EPI_GELU16 = 3, MT__EPI_STORE16 = 4,
        MT__EPI_STORE16_GELU16 = 5, MT__EPI_GELU_GRAD16 = 6, MT__EPI_GELU_GRAD16_GELU16 = 7, MT__EPI_RESIDUAL = 8 };
 typedef struct {
@@ -2835,7 +2836,7 @@ static int mt__wgmma_pingpong_built(int f16, int a_k_inner, int b_k_inner, int o
 // the plain GEMM in its four operand layouts; the fused epilogues only where they are used: the
 // GELU after the fc forward (both k inner), its derivative after fc-proj's dinp (A k inner, B k outer),
 // the 16-bit store after the qkv forward (both k inner) and the attention projection's dinp (A k
-// inner, B k outer), the residual add after fc-proj's forward (both k inner)
+// inner, B k outer), the residual add after the two projections' forwards (both k inner)
 template <int F16>
 static void mt__gemm_wgmma_launch_layout(const CUtensorMap &map_a, const CUtensorMap &map_b, const mt__wgmma_args &g,
                                          int grid, int a_k_inner, int b_k_inner, int ping, cudaStream_t stream) {

@@ -12905,14 +12905,17 @@ int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t s
     double inv_t = 1.0 / (double)s->temperature;
     double u = (double)mt_rand_uniform(s->seed, 0x6e657874, position, sequence, 0);   // sequence 0: as before the cache
     int filtered = (s->top_k > 0 && s->top_k < V) || (s->top_p > 0.0f && s->top_p < 1.0f);
-    if (!filtered) {   // every token, in id order: p_v ~ exp((l_v - l_max) / T)
+    if (!filtered) {   // every token, in id order: p_v ~ exp((l_v - l_max) / T), each exponential once
+        double *p = (double *)mt_malloc(sizeof(double) * (size_t)V, "sampling");
         double sum = 0.0, acc = 0.0;
-        for (int v = 0; v < V; v++) sum += exp((double)(logits[v] - logits[best]) * inv_t);
+        for (int v = 0; v < V; v++) { p[v] = exp((double)(logits[v] - logits[best]) * inv_t); sum += p[v]; }
+        int token = best;
         for (int v = 0; v < V; v++) {
-            acc += exp((double)(logits[v] - logits[best]) * inv_t);
-            if (acc > u * sum) return v;
+            acc += p[v];
+            if (acc > u * sum) { token = v; break; }
         }
-        return best;
+        free(p);
+        return token;
     }
     // the candidates, most likely first
     mt__candidate *c = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * (size_t)V, "sampling");
