@@ -7435,10 +7435,11 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dt
     if (inp_dtype != MT_DTYPE_FP32) {   // (a training layer's attention output, mt_atty_storage_dtype)
         mt_matmul_forward_inp16_gpu(out, inp, inp_dtype, weight, bias, residual, BT, C, OC, (mt_gemm_impl)d->gemm_impl,
                                     mt__stream(r));   // (the residual in the GEMM's epilogue)
-        residual = NULL;
-    } else if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
-    else mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
-    if (residual) mt_residual_forward_gpu(out, residual, out, (size_t)BT * OC, mt__stream(r));
+    } else {
+        if (weight16) mt_matmul_forward_rounded_weight_gpu(out, inp, weight16, bias, BT, C, OC, d->dtype, mt__stream(r));
+        else mt_matmul_forward_gpu(out, inp, weight, bias, BT, C, OC, (mt_gemm_impl)d->gemm_impl, d->dtype, mt__stream(r));
+        if (residual) mt_residual_forward_gpu(out, residual, out, (size_t)BT * OC, mt__stream(r));   // (a pass)
+    }
     char label[48];
     snprintf(label, sizeof label, "%s %dx%d", "matmul forward", C, OC);
     mt__profile_end(r, label, t0);
@@ -8041,8 +8042,10 @@ void mt_device_free(mt_rank *r) {
         r->dev.weights16 = NULL;
     }
     mt__profile_print(r);
-    if (r->dev.stream) mt__scratch_arena_free(r);
-    if (r->dev.stream) MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
+    if (r->dev.stream) {
+        mt__scratch_arena_free(r);
+        MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
+    }
     r->dev.stream = NULL;
 }
 // the timeline's device clock: a pool of timed CUDA events per span log (one log per rank, used
