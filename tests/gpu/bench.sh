@@ -61,6 +61,7 @@ run dp2 "DP=2, B=$MB/GPU" 2 --nproc-per-node 2 --global-batch-size $((2 * MB))
 # PP=2: 1F1B over 8 micro-batches of MB/2 (the bubble (p-1)/(m+p-1) = 1/9 of the step)
 run pp2 "PP=2, 8 x B=$((MB / 2))" 2 --pipeline-model-parallel-size 2 --nproc-per-node 2 \
   --micro-batch-size $((MB / 2)) --global-batch-size $((4 * MB))
+notes=""
 if [ $torch_ok = 1 ]; then
   for mode in compiled eager; do
     flag=""; [ $mode = eager ] && flag=--eager
@@ -70,6 +71,11 @@ if [ $torch_ok = 1 ]; then
     gib=$(echo "$line" | sed 's/.*peak_reserved_gib \([0-9.]*\).*/\1/')
     mfu=$(awk -v t="$tps" 'BEGIN { printf "%.1f", 100 * t * 860.1e6 / 989.4e12 }')
     printf "%-22s %5s %10s %12s %7s%% %12s %10s\n" "PyTorch $mode, B=$MB" 1 "$ms" "$tps" "$mfu" "$gib (res.)" "-" >> build/bench_table.txt
+    med=$(echo "$line" | sed 's/.*median_ms \([0-9.]*\).*/\1/')
+    notes="$notes
+PyTorch $mode: ms/step is the mean of iterations 31-40 run back to back, as ours (the last log line of 40 at
+  --log-interval 10); the median of 20 steps each synchronised alone: $med ms"
   done
 else echo "PyTorch step: not measured (no torch with CUDA for $PY)" >> build/bench_table.txt; fi
+[ -n "$notes" ] && echo "$notes" >> build/bench_table.txt
 cat build/bench_table.txt
