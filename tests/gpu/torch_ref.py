@@ -11,8 +11,8 @@ step: one GPT-2 small training step as PyTorch users write it for speed: bf16 au
   them). Prints one line: ms/step, tokens/s, peak allocated and reserved GiB. ms/step is timed as
   ours is (`make bench` reads the last log line of a 40-iteration run at --log-interval 10): the
   mean of iterations 31-40, run back to back after 30 (one CUDA event pair around the ten, no
-  synchronisation between them); median_ms is the older yardstick, the median of --iters steps each
-  timed alone (synchronised) after 10 warm-up steps, printed beside it.
+  synchronisation between them); median_ms is the older yardstick, the median of --iters further
+  steps each timed alone (synchronised), printed beside it.
 attention: causal attention at GPT-2 small's shape (B x 12 heads x 1024 x 64, bf16) through
   F.scaled_dot_product_attention with the flash and the cuDNN backends: forward and
   forward+backward ms and TFLOP/s (FLOPs counted as FlashAttention-2's paper: 4 B H T^2 d / 2
