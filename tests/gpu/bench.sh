@@ -65,7 +65,8 @@ notes=""
 if [ $torch_ok = 1 ]; then
   for mode in compiled eager; do
     flag=""; [ $mode = eager ] && flag=--eager
-    line=$($PY tests/gpu/torch_ref.py step --micro-batch $MB $flag 2> build/bench_torch_$mode.log | grep '^torch_step')
+    line=$($PY tests/gpu/torch_ref.py step --micro-batch $MB --train-iters $ITERS $flag 2> build/bench_torch_$mode.log |
+      grep '^torch_step')
     if [ -z "$line" ]; then echo "PyTorch $mode: failed (see build/bench_torch_$mode.log)" >> build/bench_table.txt; continue; fi
     ms=$(echo "$line" | sed 's/.* ms \([0-9.]*\).*/\1/'); tps=$(echo "$line" | sed 's/.*tokens_per_s \([0-9]*\).*/\1/')
     gib=$(echo "$line" | sed 's/.*peak_reserved_gib \([0-9.]*\).*/\1/')
@@ -73,8 +74,8 @@ if [ $torch_ok = 1 ]; then
     printf "%-22s %5s %10s %12s %7s%% %12s %10s\n" "PyTorch $mode, B=$MB" 1 "$ms" "$tps" "$mfu" "$gib (res.)" "-" >> build/bench_table.txt
     med=$(echo "$line" | sed 's/.*median_ms \([0-9.]*\).*/\1/')
     notes="$notes
-PyTorch $mode: ms/step is the mean of iterations 31-40 run back to back, as ours (the last log line of 40 at
-  --log-interval 10); the median of 20 steps each synchronised alone: $med ms"
+PyTorch $mode: ms/step is the mean of iterations $((ITERS - 9))-$ITERS run back to back, as ours (the last log
+  line of $ITERS at --log-interval 10); the median of 20 steps each synchronised alone: $med ms"
   done
 else echo "PyTorch step: not measured (no torch with CUDA for $PY)" >> build/bench_table.txt; fi
 [ -n "$notes" ] && echo "$notes" >> build/bench_table.txt

@@ -1,6 +1,6 @@
 """PyTorch yardsticks for `make bench` (the GPU machine only: PyTorch is never part of the product).
 
-    python3 tests/gpu/torch_ref.py step [--micro-batch 16] [--iters 20] [--eager]
+    python3 tests/gpu/torch_ref.py step [--micro-batch 16] [--iters 20] [--train-iters 40] [--eager]
     python3 tests/gpu/torch_ref.py attention [--micro-batch 16]
     python3 tests/gpu/torch_ref.py profile [--micro-batch 16] [--eager]
 
@@ -9,10 +9,10 @@ step: one GPT-2 small training step as PyTorch users write it for speed: bf16 au
   1.0, F.scaled_dot_product_attention (causal), the LM head tied to the embedding, vocabulary
   padded to 50304, torch.compile (--eager: without). Random tokens (the speed does not depend on
   them). Prints one line: ms/step, tokens/s, peak allocated and reserved GiB. ms/step is timed as
-  ours is (`make bench` reads the last log line of a 40-iteration run at --log-interval 10): the
-  mean of iterations 31-40, run back to back after 30 (one CUDA event pair around the ten, no
-  synchronisation between them); median_ms is the older yardstick, the median of --iters further
-  steps each timed alone (synchronised), printed beside it.
+  ours is (`make bench` reads the last log line of a --train-iters run at --log-interval 10): the
+  mean of the last 10 of --train-iters steps, run back to back (one CUDA event pair around the
+  ten, no synchronisation between them); median_ms is the older yardstick, the median of --iters
+  further steps each timed alone (synchronised), printed beside it.
 attention: causal attention at GPT-2 small's shape (B x 12 heads x 1024 x 64, bf16) through
   F.scaled_dot_product_attention with the flash and the cuDNN backends: forward and
   forward+backward ms and TFLOP/s (FLOPs counted as FlashAttention-2's paper: 4 B H T^2 d / 2
@@ -123,7 +123,7 @@ def step(args):
     B, T = args.micro_batch, 1024
     one = make_step(args)
     torch.cuda.reset_peak_memory_stats()
-    ms = windowed(one, 30, 10)                                     # iterations 31-40, as ours
+    ms = windowed(one, args.train_iters - 10, 10)                  # the last 10 iterations, as ours
     median_ms = timed(one, args.iters, warmup=0)                   # (already warm)
     gib = 1024.0 ** 3
     print(f"torch_step mode {'eager' if args.eager else 'compiled'} ms {ms:.2f} tokens_per_s {B * T / ms * 1e3:.0f} "
@@ -189,6 +189,7 @@ def main():
     ap.add_argument("what", choices=["step", "attention", "profile"])
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--train-iters", type=int, default=40)
     ap.add_argument("--eager", action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
