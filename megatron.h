@@ -9023,9 +9023,8 @@ static void mt__layer_forward(mt_rank *r, mt_activations *a, int l, const float 
         mt_residual_layernorm_forward(r, l_residual2, l_ln2, l_ln2_mean, l_ln2_rstd, x, out_c, l_ln2w, l_ln2b, B, T_sp,
                                       C, ln_dtype);
     }
-    // fc, GELU, proj; residual3 = residual2 + that. Where nothing comes between the product and the
-    // residual add (TP = 1: no sum over ranks; no hidden dropout on the branch) the add joins the
-    // product (the GPU's GEMM epilogue: two passes over (B,T,C) less), else its own op after dropout
+    // fc, GELU, proj; residual3 = residual2 + that: joined to fc-proj's product where `joined` (as
+    // above; two passes over (B,T,C) less), else its own op after dropout
     hid_drop.site = (uint64_t)(gl + 1) * 8 + 3;
     if (joined) {
         mt_parallel_mlp_forward(r, l_residual3, l_fch, l_ln2, ln_dtype, l_fcw, l_fcb, l_fcprojw, l_fcprojb, l_residual2,
