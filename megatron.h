@@ -647,6 +647,19 @@ void mt_attention_backward_cpu(float *dqkv, const float *dout, const float *qkv,
                                int NH_global);
 /* the index of the first largest of x[r*ld .. r*ld + n) for each row r: greedy decoding's token */
 void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld);
+/* one row's draw (sampling, section 11): the uniform number and the filters it is drawn with */
+typedef struct {
+    float u;             // uniform in [0,1): mt_sampling_draw's, keyed by (seed, position, sequence)
+    float temperature;   // <= 0: the argmax
+    int top_k;           // 0: every token; 1: the argmax
+    float top_p;         // 0 or >= 1: every token
+} mt_draw;
+/* the weight of a logit against the row's largest: floor(exp((logit - best) * inv_temperature) * 2^40) */
+uint64_t mt_sample_weight(float logit, float best, double inv_temperature);
+/* the token of x[0 .. n) drawn with d (temperature, top-k, top-p in integers: see section 3);
+   mt_sample_rows_cpu: out[r] for each row r of x[r*ld .. r*ld + n) with draws[r] */
+int mt_sample_row_cpu(const float *x, int n, const mt_draw *d);
+void mt_sample_rows_cpu(int *out, const float *x, int rows, int n, int ld, const mt_draw *draws);
 /* attention of Tq new tokens per sequence over the KV cache (generation): see section 3 */
 void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap);
@@ -885,6 +898,11 @@ void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const f
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
+/* sampling on the rank's device: out[r] = mt_sample_row_cpu(row r, draws[r]) for each row, the
+   same token; out and draws are device buffers. work: mt_sample_rows_work_bytes(rows, n) bytes of
+   device memory (the GPU's weights and histograms; 0 on the CPU, whose op borrows its own) */
+size_t mt_sample_rows_work_bytes(int rows, int n);
+void mt_sample_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld, const mt_draw *draws, void *work);
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
@@ -1687,7 +1705,9 @@ typedef struct {
     float top_p;         // --top-p: only the most likely tokens whose probability reaches p (0 = all)
     uint64_t seed;       // --seed: token `position` of sequence `sequence` draws uniform(seed, position, sequence)
 } mt_sampling;
-/* the next token from logits[0..V) */
+/* the draw of token `position` of sequence `sequence` (section 3's mt_draw) */
+mt_draw mt_sampling_draw(const mt_sampling *s, uint64_t sequence, uint64_t position);
+/* the next token from logits[0..V): mt_sample_row_cpu with that draw */
 int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t sequence, uint64_t position);
 /* the naive way (the tests' reference): continues ids[0..n) (capacity cap) by `count` tokens with the
    training forward over the whole window (the last T tokens) for every token; logits_out (count, V) or
@@ -1707,17 +1727,23 @@ typedef struct {
     float *logits, *gathered;                  // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's (last stage)
     float *memory;                             // the buffer all of the above are carved from
     int *ids, *tokens, *positions, *start;     // (B*Tq) tokens, (B*Tq) their positions, (B) first positions
-    int *host_ids;                             // host staging of ids
+    mt_draw *draws;                            // (B) each row's draw (MT_PICK_SAMPLE), uploaded with the ids
+    int *host_ids;                             // host staging of ids (and of the draws)
+    mt_draw *host_draws;                       // (B) in host_ids: set by the caller before each forward
+    void *sample_work;                         // mt_sample_rows' device work (last stage, TP = 1)
     float *host_msg;                           // (B,Tq,C) pipeline messages through the host
     float *host_logits, *host_gathered;        // (B,Vp) the whole rows, on the host (last stage)
     size_t bytes, cache_bytes;                 // device bytes allocated; of which the KV cache
-    int greedy;                                // set by the caller: the next tokens are the argmax, taken on
-                                               // the device (TP = 1): host_next, and host_logits is not filled
-    int *next, *host_next;                     // (B) the argmax of each row: on the device, on the host
-    void **graphs;                             // (2 x max_batch) the decode step of b+1 sequences (greedy or
-                                               // not) as a CUDA graph (GPU build, TP = PP = 1), made at first use
+    int pick;                                  // set by the caller: who picks the next tokens (mt_pick).
+                                               // On the device (TP = 1): host_next, host_logits not filled
+    int *next, *host_next;                     // (B) each row's picked token: on the device, on the host
+    void **graphs;                             // (3 x max_batch) the decode step of b+1 sequences (each mt_pick)
+                                               // as a CUDA graph (GPU build, TP = PP = 1), made at first use
     mt_rank *rank;                             // whose device holds the decoding copy of the weights
 } mt_generator;
+/* who picks the next tokens from the logits: the host (the logits cross to it: TP > 1, or the
+   caller wants them), or the device: the argmax (greedy), or a draw (mt_sample_rows, g->draws) */
+typedef enum { MT_PICK_HOST = 0, MT_PICK_ARGMAX = 1, MT_PICK_SAMPLE = 2 } mt_pick;
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
 /* Tq new tokens (B,Tq) of each sequence at positions start[b] .. start[b]+Tq-1: through the layers,
@@ -7008,6 +7034,99 @@ void mt_argmax_rows_cpu(int *out, const float *x, int rows, int n, int ld) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// sampling a token from a row of logits (section 11's temperature, top-k and top-p), in integers
+//
+//   rank the candidates: larger logit first, equal logits by smaller id (rank 0 is the argmax)
+//   weigh each:   w_v = floor(exp((l_v - l_max) / T) * 2^40)      (the argmax weighs 2^40)
+//   top-k:        keep ranks 0 .. k-1;                                S = their weights' sum
+//   top-p:        keep rank i while the ranks before it weigh <= floor(top_p * S)
+//                 (Megatron: cumsum(probs) > top_p, shifted right by one): ranks 0 .. r, r the
+//                 first whose running sum exceeds that;               S = their sum
+//   draw:         the first rank whose running sum exceeds floor(u * S)
+// Three times the same question: "the first rank whose running sum exceeds X". The weights are
+// integers so that a sum is exact in any order: the GPU (kernels.cuh, "sampling on the device"),
+// whose threads add them in whatever order they meet them, answers with this loop's bits. A token
+// 2^-40 less likely than the best weighs 0 and is never drawn; sums stay below 2^64 for n < 2^23.
+typedef struct { float logit; int id; } mt__candidate;
+// The candidates in rank order by a stable radix sort (4 passes of 8 bits) on a key that orders
+// as the logits do, descending, from the ids' order: linear in n. The keys travel with their ids
+// packed in 64 bits (key << 32 | id). (qsort with a comparator took ~6 ms for GPT-2's 50,257 tokens.)
+// The key: a float's bits, read as an unsigned integer, order as the float does once negative
+// values have all their bits flipped and the others their sign bit set; flipped again, descending.
+// -0 is taken as +0 (equal logits: id order), and NaN goes last.
+static uint32_t mt__candidate_key(float logit) {
+    if (logit == 0.0f) logit = 0.0f;   // -0 == +0
+    uint32_t u;
+    memcpy(&u, &logit, sizeof u);
+    uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return logit != logit ? 0xFFFFFFFFu : ~ascending;
+}
+static void mt__sort_candidates(const float *logits, int V, mt__candidate *out, uint64_t *buf /* 2 V */) {
+    // a[v] = key << 32 | v, in id order; the four byte histograms of the keys in the same pass
+    uint64_t *a = buf, *b = buf + V;
+    size_t count[4][257];
+    memset(count, 0, sizeof count);
+    for (int v = 0; v < V; v++) {
+        uint32_t key = mt__candidate_key(logits[v]);
+        a[v] = (uint64_t)key << 32 | (uint32_t)v;
+        for (int pass = 0; pass < 4; pass++) count[pass][((key >> (8 * pass)) & 0xFF) + 1]++;
+    }
+    for (int pass = 0; pass < 4; pass++) {   // the key's least significant byte first; each pass stable
+        size_t *at = count[pass];
+        for (int k = 0; k < 256; k++) at[k + 1] += at[k];   // where each byte value's run starts
+        int shift = 32 + 8 * pass;
+        for (int v = 0; v < V; v++) b[at[(a[v] >> shift) & 0xFF]++] = a[v];
+        uint64_t *t = a; a = b; b = t;
+    }
+    for (int i = 0; i < V; i++) {   // (four passes: the order is back in buf's first half, a)
+        int id = (int)(uint32_t)a[i];
+        out[i].logit = logits[id];
+        out[i].id = id;
+    }
+}
+// w = floor(exp((logit - best) / T) * 2^40); 0 where that is NaN (a NaN logit, or a NaN best)
+uint64_t mt_sample_weight(float logit, float best, double inv_temperature) {
+    if (logit == best) return (uint64_t)1 << 40;   // exp(0), also for best = -inf (every logit -inf)
+    double p = exp((double)(logit - best) * inv_temperature);
+    return p >= 0.0 && p <= 1.0 ? (uint64_t)(p * 1099511627776.0) : 0;
+}
+// the first of w[0 .. n) whose running sum exceeds x (n - 1 if none does); *sum: the running sum there
+static int mt__first_exceeding(const uint64_t *w, int n, uint64_t x, uint64_t *sum) {
+    uint64_t acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += w[i];
+        if (acc > x) { *sum = acc; return i; }
+    }
+    *sum = acc;
+    return n - 1;
+}
+int mt_sample_row_cpu(const float *x, int n, const mt_draw *d) {
+    int best = 0;
+    for (int v = 1; v < n; v++) if (x[v] > x[best]) best = v;
+    if (!(d->temperature > 0.0f) || d->top_k == 1 || n == 1) return best;   // greedy
+    double inv_t = 1.0 / (double)d->temperature;
+    mt__candidate *c = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * (size_t)n, "sampling");
+    uint64_t *w = (uint64_t *)mt_malloc(sizeof(uint64_t) * 2 * (size_t)n, "sampling");
+    mt__sort_candidates(x, n, c, w);
+    int keep = d->top_k > 0 && d->top_k < n ? d->top_k : n;                  // top-k
+    uint64_t sum = 0;
+    for (int i = 0; i < keep; i++) { w[i] = mt_sample_weight(c[i].logit, x[best], inv_t); sum += w[i]; }
+    int token = best;
+    if (sum > 0) {   // (0: the best is NaN; it is taken)
+        if (d->top_p > 0.0f && d->top_p < 1.0f)                                // top-p
+            keep = mt__first_exceeding(w, keep, (uint64_t)((double)d->top_p * (double)sum), &sum) + 1;
+        uint64_t unused;
+        token = c[mt__first_exceeding(w, keep, (uint64_t)((double)d->u * (double)sum), &unused)].id;   // draw
+    }
+    free(w);
+    free(c);
+    return token;
+}
+void mt_sample_rows_cpu(int *out, const float *x, int rows, int n, int ld, const mt_draw *draws) {
+    for (int r = 0; r < rows; r++) out[r] = mt_sample_row_cpu(x + (size_t)r * ld, n, &draws[r]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // writes out with '='. inp/out have N elements.
 #define MT_GELU_SCALING_FACTOR 0.7978845608028654f   /* sqrt(2/pi) */
@@ -7983,6 +8102,13 @@ void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *v
 
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
     (void)r; mt_argmax_rows_cpu(out, x, rows, n, ld);
+}
+
+size_t mt_sample_rows_work_bytes(int rows, int n) {
+    (void)rows; (void)n; return 0;   // the CPU's op borrows its own
+}
+void mt_sample_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld, const mt_draw *draws, void *work) {
+    (void)r; (void)work; mt_sample_rows_cpu(out, x, rows, n, ld, draws);
 }
 
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
@@ -12857,90 +12983,15 @@ int mt_checkpoint_import_hf(const char *hf_dir, const char *dst, int tp, int pp,
 // sampling (megatron/inference/text_generation/sampling.py): logits / temperature, keep the
 // top_k largest, keep the smallest head of the rest (sorted) whose probability reaches top_p,
 // renormalise, draw. The draw for token `position` of sequence `sequence` is the counter-based
-// uniform (seed, "next", position, sequence): the same tokens whatever the batch or layout.
-typedef struct { float logit; int id; } mt__candidate;
-// The candidates in the order sampling takes them: larger logit first, equal logits by smaller id.
-// A stable radix sort (4 passes of 8 bits) on a key that orders as the logits do, descending, from
-// the ids' order: linear in V. The keys travel with their ids packed in 64 bits (key << 32 | id). (qsort with a comparator took ~6 ms for GPT-2's 50,257 tokens, so
-// top-p sampling at batch 3 spent 20 ms a step against 0.4 ms for the model's decode step.)
-// The key: a float's bits, read as an unsigned integer, order as the float does once negative
-// values have all their bits flipped and the others their sign bit set; flipped again, descending.
-// -0 is taken as +0 (equal logits: id order), and NaN goes last.
-static uint32_t mt__candidate_key(float logit) {
-    if (logit == 0.0f) logit = 0.0f;   // -0 == +0
-    uint32_t u;
-    memcpy(&u, &logit, sizeof u);
-    uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return logit != logit ? 0xFFFFFFFFu : ~ascending;
+// uniform (seed, "next", position, sequence): the same tokens whatever the batch or layout. The
+// arithmetic is section 3's op (mt_sample_row_cpu, in integers), which the GPU runs on the device.
+mt_draw mt_sampling_draw(const mt_sampling *s, uint64_t sequence, uint64_t position) {
+    mt_draw d = {mt_rand_uniform(s->seed, 0x6e657874, position, sequence, 0), s->temperature, s->top_k, s->top_p};
+    return d;
 }
-static void mt__sort_candidates(const float *logits, int V, mt__candidate *out, uint64_t *buf /* 2 V */) {
-    // a[v] = key << 32 | v, in id order; the four byte histograms of the keys in the same pass
-    uint64_t *a = buf, *b = buf + V;
-    size_t count[4][257];
-    memset(count, 0, sizeof count);
-    for (int v = 0; v < V; v++) {
-        uint32_t key = mt__candidate_key(logits[v]);
-        a[v] = (uint64_t)key << 32 | (uint32_t)v;
-        for (int pass = 0; pass < 4; pass++) count[pass][((key >> (8 * pass)) & 0xFF) + 1]++;
-    }
-    for (int pass = 0; pass < 4; pass++) {   // the key's least significant byte first; each pass stable
-        size_t *at = count[pass];
-        for (int k = 0; k < 256; k++) at[k + 1] += at[k];   // where each byte value's run starts
-        int shift = 32 + 8 * pass;
-        for (int v = 0; v < V; v++) b[at[(a[v] >> shift) & 0xFF]++] = a[v];
-        uint64_t *t = a; a = b; b = t;
-    }
-    for (int i = 0; i < V; i++) {   // (four passes: the order is back in buf's first half, a)
-        int id = (int)(uint32_t)a[i];
-        out[i].logit = logits[id];
-        out[i].id = id;
-    }
-}
-
 int mt_sample_token(const float *logits, int V, const mt_sampling *s, uint64_t sequence, uint64_t position) {
-    int best = 0;
-    for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
-    if (s->temperature <= 0.0f || s->top_k == 1) return best;   // greedy
-    double inv_t = 1.0 / (double)s->temperature;
-    double u = (double)mt_rand_uniform(s->seed, 0x6e657874, position, sequence, 0);   // sequence 0: as before the cache
-    int filtered = (s->top_k > 0 && s->top_k < V) || (s->top_p > 0.0f && s->top_p < 1.0f);
-    if (!filtered) {   // every token, in id order: p_v ~ exp((l_v - l_max) / T), each exponential once
-        double *p = (double *)mt_malloc(sizeof(double) * (size_t)V, "sampling");
-        double sum = 0.0, acc = 0.0;
-        for (int v = 0; v < V; v++) { p[v] = exp((double)(logits[v] - logits[best]) * inv_t); sum += p[v]; }
-        int token = best;
-        for (int v = 0; v < V; v++) {
-            acc += p[v];
-            if (acc > u * sum) { token = v; break; }
-        }
-        free(p);
-        return token;
-    }
-    // the candidates, most likely first
-    mt__candidate *c = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * (size_t)V, "sampling");
-    uint64_t *keys = (uint64_t *)mt_malloc(sizeof(uint64_t) * 2 * (size_t)V, "sampling");
-    mt__sort_candidates(logits, V, c, keys);
-    free(keys);
-    int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;                    // top-k
-    double *p = (double *)mt_malloc(sizeof(double) * (size_t)keep, "sampling");
-    double sum = 0.0;
-    for (int i = 0; i < keep; i++) { p[i] = exp((double)(c[i].logit - c[0].logit) * inv_t); sum += p[i]; }
-    if (s->top_p > 0.0f && s->top_p < 1.0f) {   // top-p: drop token i when the ones before it reach p
-        double before = 0.0;                    // (Megatron: cumsum(probs) > top_p, shifted right by one)
-        int i = 0;
-        while (i < keep && (i == 0 || before / sum <= (double)s->top_p)) before += p[i++];
-        keep = i;
-        sum = before;
-    }
-    double acc = 0.0;
-    int token = c[keep - 1].id;
-    for (int i = 0; i < keep; i++) {
-        acc += p[i];
-        if (acc > u * sum) { token = c[i].id; break; }
-    }
-    free(p);
-    free(c);
-    return token;
+    mt_draw d = mt_sampling_draw(s, sequence, position);
+    return mt_sample_row_cpu(logits, V, &d);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -13039,19 +13090,25 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     g->bytes = n * sizeof(float);
     g->cache_bytes = 2 * (size_t)r->dims.L_local * (size_t)max_batch * (size_t)cap * (size_t)r->dims.C_tp *
                      sizeof(float);
-    size_t BTq = (size_t)g->max_tokens;
-    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + (size_t)max_batch, "decoding ids");   // tokens, positions, start, next
-    g->next = g->ids + 3 * BTq;
-    g->host_next = (int *)mt_calloc((size_t)max_batch, sizeof(int), "decoding ids");
+    // ids: tokens (BTq), positions (BTq), start (BTq), draws (4 B: mt_draw is 4 ints wide), next (B)
+    size_t BTq = (size_t)g->max_tokens, B = (size_t)max_batch, draw_ints = sizeof(mt_draw) / sizeof(int);
+    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + draw_ints * B + B, "decoding ids");
     g->tokens = g->ids;
     g->positions = g->ids + BTq;
     g->start = g->ids + 2 * BTq;
-    g->host_ids = (int *)mt_calloc(3 * BTq, sizeof(int), "decoding ids");
+    g->draws = (mt_draw *)(g->ids + 3 * BTq);
+    g->next = g->ids + 3 * BTq + draw_ints * B;
+    g->host_next = (int *)mt_calloc(B, sizeof(int), "decoding ids");
+    g->host_ids = (int *)mt_calloc(3 * BTq + draw_ints * B, sizeof(int), "decoding ids");
+    g->host_draws = (mt_draw *)(g->host_ids + 3 * BTq);
+    size_t work = mt_sample_rows_work_bytes(max_batch, r->dims.Vp_tp);
+    if (r->ps.is_last_stage && r->ps.tp_size == 1 && work > 0)
+        g->sample_work = mt_buffer_alloc(r, (work + sizeof(float) - 1) / sizeof(float), "sampling work");
     g->host_msg = (float *)mt_calloc(BTq * (size_t)r->dims.C, sizeof(float), "pipeline messages");
     size_t Vp = (size_t)r->cfg->padded_vocab_size;
     g->host_logits = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
     g->host_gathered = (float *)mt_calloc((size_t)max_batch * Vp, sizeof(float), "logits");
-    g->graphs = (void **)mt_calloc(2 * (size_t)max_batch, sizeof(void *), "decode graphs");
+    g->graphs = (void **)mt_calloc(3 * (size_t)max_batch, sizeof(void *), "decode graphs");
     g->rank = r;
     mt_device_weights16(r, MT_WEIGHTS16_DECODING);   // the weights in the operand type, read once per token
 }
@@ -13059,8 +13116,9 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
 void mt_generator_free(mt_generator *g) {
     mt_buffer_free(g->memory);
     mt_buffer_free(g->ids);
+    if (g->sample_work) mt_buffer_free((float *)g->sample_work);
     free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered);
-    for (int b = 0; b < 2 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
+    for (int b = 0; b < 3 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
     free(g->graphs);
     free(g->host_next);
     if (g->rank) mt_device_weights16(g->rank, MT_WEIGHTS16_OFF);
@@ -13143,13 +13201,13 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         }
         g->host_ids[2 * g->max_tokens + b] = start[b];
     }
-    mt_buffer_upload(r, g->ids, g->host_ids, 3 * (size_t)g->max_tokens * sizeof(int));
+    mt_buffer_upload(r, g->ids, g->host_ids, 3 * (size_t)g->max_tokens * sizeof(int) + (size_t)B * sizeof(mt_draw));
     // A decode step on a rank that is the whole replica (TP = PP = 1: no collectives, no pipeline
     // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
     // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
     int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
-    int greedy = g->greedy && r->ps.tp_size == 1, slot = 2 * (B - 1) + greedy;
-    if (graphable && mt__gen_one_launch(r, g, B, greedy)) {
+    int pick = r->ps.tp_size == 1 ? g->pick : MT_PICK_HOST, slot = 3 * (B - 1) + pick;
+    if (graphable && pick != MT_PICK_SAMPLE && mt__gen_one_launch(r, g, B, pick == MT_PICK_ARGMAX)) {
         // the whole step ran as one kernel (GPU build; section 3's mt_device_decode_step)
     } else if (graphable && g->graphs[slot]) {
         mt_device_graph_launch(r, g->graphs[slot]);
@@ -13183,8 +13241,11 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
             mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
                                  r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
-            // greedy: the token itself, on the device (B ids cross to the host instead of B x Vp logits)
-            if (greedy) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);
+            // the token itself, on the device (B ids cross to the host instead of B x Vp logits)
+            if (pick == MT_PICK_ARGMAX) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);
+            if (pick == MT_PICK_SAMPLE)
+                mt_sample_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp, g->draws,
+                               g->sample_work);
         }
         if (graphable) {
             g->graphs[slot] = mt_device_capture_end(r);   // NULL where the work already ran
@@ -13193,7 +13254,7 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
     }
     r->state.decoding = 0;   // the layers are done
     if (!r->ps.is_last_stage) return;
-    if (greedy) {
+    if (pick != MT_PICK_HOST) {
         mt_buffer_download(r, g->host_next, g->next, (size_t)B * sizeof(int));
         return;
     }
@@ -13240,8 +13301,13 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
     }
     q->stopped_at_max_positions = 0;
     q->steps = 0;
-    // greedy without logits wanted: the argmax is taken on the device (it is mt_sample_token's greedy token)
-    g->greedy = (q->sampling.temperature <= 0.0f || q->sampling.top_k == 1) && !q->logits;
+    // without logits wanted, the device picks the tokens: the argmax (mt_sample_token's greedy token), or
+    // mt_sample_token's draw (mt_sample_rows: the same integers), each row with the draw of its position
+    int greedy = q->sampling.temperature <= 0.0f || q->sampling.top_k == 1;
+    g->pick = q->logits ? MT_PICK_HOST : greedy ? MT_PICK_ARGMAX : MT_PICK_SAMPLE;
+    int on_device = g->pick != MT_PICK_HOST && r->ps.tp_size == 1;
+    for (int b = 0; b < B; b++)   // the prompts' next tokens go to positions pos[b]
+        g->host_draws[b] = mt_sampling_draw(&q->sampling, (uint64_t)(q->first_sequence + b), (uint64_t)pos[b]);
     double t0 = mt_time_seconds();
     mt_generator_forward(r, g, tok, start, last, B, Tp);   // prefill: every prompt token in one pass
     for (int step = 0;; step++) {
@@ -13249,7 +13315,7 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         if (r->ps.is_last_stage)
             for (int b = 0; b < B; b++) {
                 if (done[b]) continue;
-                if (g->greedy && r->ps.tp_size == 1) { next[b] = (float)g->host_next[b]; continue; }
+                if (on_device) { next[b] = (float)g->host_next[b]; continue; }
                 const float *row = g->host_logits + (size_t)b * Vp;
                 next[b] = (float)mt_sample_token(row, V, &q->sampling, (uint64_t)(q->first_sequence + b),
                                                  (uint64_t)pos[b]);
@@ -13276,12 +13342,13 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
             tok[b] = done[b] ? 0 : (int32_t)next[b];
             start[b] = done[b] ? 0 : pos[b];
             last[b] = 0;
+            g->host_draws[b] = mt_sampling_draw(&q->sampling, (uint64_t)(q->first_sequence + b), (uint64_t)pos[b] + 1);
         }
         mt_generator_forward(r, g, tok, start, last, B, 1);
         for (int b = 0; b < B; b++) if (!done[b]) pos[b]++;
         q->steps++;
     }
-    g->greedy = 0;
+    g->pick = MT_PICK_HOST;
     free(tok); free(start); free(last); free(pos); free(done); free(next);
 }
 

@@ -11,6 +11,7 @@
  *    out, read back; the same file from TP=2 x PP=2; a shape flag that disagrees is one line;
  * 4. export to Hugging Face and import back: the same bits, for another TP x PP.
  *
+ * ./tests/test_generate --draw-check HF_DIR [bf16]: the device's draws against the host's (test_generate.sh)
  * ./tests/test_generate --hf-logits HF_DIR TOKENS OUT [TP] [bf16] (used by tests/check_hf_import.py,
  * make test-ref, and by tests/gpu/test_generate.sh through the GPU build of this file): imports
  * HF_DIR for TP ranks (default 2), decodes the tokens (int32, the first is the count) one per step
@@ -104,7 +105,8 @@ static void cache_rank(mt_world *w, int rank, void *arg) {
     q.tokens = tokens;
     q.counts = counts;
     mt_generate_batch(&r, &g, &q);
-    // greedy without logits asked for: the argmax op takes the tokens (on the device, on the GPU build)
+    // without logits asked for, the device picks the tokens (TP = 1): the argmax op, or the sampling op
+    // (mt_sample_rows: on the GPU build, kernels; on the CPU, mt_sample_row_cpu): the same tokens
     int32_t tokens2[NSEQ * NEW];
     int counts2[NSEQ];
     q.logits = NULL;
@@ -558,7 +560,80 @@ static int hf_logits(const char *hf_dir, const char *tokens_path, const char *ou
     return rc;
 }
 
+// ---------------------------------------------------------------------------------------------
+// --draw-check HF_DIR [bf16]: the tokens the device draws (a request that wants no logits:
+// mt_sample_rows, in the decode step's graph on the GPU build) against those the host draws from
+// the same logits (a request that wants them: mt_sample_token), at batch 1 and 3 (prompts of 1, 5
+// and 9 tokens), in four draws. The same model, the same kernels, so the same logits: the same
+// tokens, every one. Prints an OK / NOT OK line per case (tests/gpu/test_generate.sh counts them).
+typedef struct { mt_config *cfg; int failed; } draw_job;
+static void draw_rank(mt_world *w, int rank, void *arg) {
+    draw_job *j = (draw_job *)arg;
+    mt_rank r;
+    mt_rank_init(&r, j->cfg, w, rank);
+    mt_checkpoint_load(&r, j->cfg->train.load, NULL);
+    enum { NEW2 = 40 };
+    int V = j->cfg->model.vocab_size, lens[3] = {1, 5, 9};
+    int32_t mem[3][9];
+    const int32_t *prompts[3];
+    for (int i = 0; i < 3; i++) {
+        for (int t = 0; t < lens[i]; t++) mem[i][t] = (int32_t)(mt_hash64((uint64_t)(7 * i + t)) % (uint64_t)V);
+        prompts[i] = mem[i];
+    }
+    mt_generator g;
+    mt_generator_init(&r, &g, 3, 3 * 9, 9 + NEW2);
+    mt_sampling draws[4] = {{0.9f, 0, 0.95f, 7}, {0.8f, 40, 0.0f, 8}, {1.0f, 0, 0.0f, 9}, {0.7f, 20, 0.5f, 10}};
+    float *logits = (float *)calloc((size_t)3 * NEW2 * V, sizeof(float));
+    for (int m = 0; m < 4; m++)
+        for (int B = 1; B <= 3; B += 2) {
+            int32_t host[3 * NEW2], device[3 * NEW2];
+            int host_n[3], device_n[3];
+            mt_generate_request q;
+            memset(&q, 0, sizeof q);
+            q.n = B; q.prompts = prompts; q.prompt_lens = lens; q.max_new_tokens = NEW2; q.sampling = draws[m];
+            q.first_sequence = 3; q.eod = -1;
+            q.logits = logits; q.tokens = host; q.counts = host_n;   // the host draws
+            mt_generate_batch(&r, &g, &q);
+            q.logits = NULL; q.tokens = device; q.counts = device_n;   // the device draws
+            mt_generate_batch(&r, &g, &q);
+            if (rank != j->cfg->world_size - 1) continue;
+            int same = memcmp(host_n, device_n, sizeof(int) * (size_t)B) == 0, first = -1;
+            for (int i = 0; i < B * NEW2 && same; i++)
+                if (host[i] != device[i]) { same = 0; first = i; }
+            printf("%s the device's draws == the host's: temperature %.1f top-k %d top-p %.2f, batch %d, %d tokens%s\n",
+                   same ? "OK" : "NOT OK", (double)draws[m].temperature, draws[m].top_k, (double)draws[m].top_p, B,
+                   B * NEW2, same ? "" : " (they part)");
+            if (!same && first >= 0) printf("  first difference: sequence %d, token %d\n", first / NEW2, first % NEW2);
+            j->failed += !same;
+        }
+    free(logits);
+    mt_generator_free(&g);
+    mt_rank_free(&r);
+}
+static int draw_check(const char *hf_dir, int bf16) {
+    char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
+    snprintf(ck, sizeof ck, "build/draw_check_ck");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
+    if (system(cmd)) {}
+    mt_checkpoint_import_hf(hf_dir, ck, 1, 1, 0);
+    mt__full_checkpoint full;
+    mt__ckpt_read_full(ck, &full);
+    static mt_config cfg;
+    cfg = full.cfg;
+    mt__ckpt_free_full(&full);
+    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0f;
+    cfg.train.bf16 = bf16;
+    snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
+    mt_config_derive(&cfg);
+    draw_job j = {&cfg, 0};
+    mt_world *w = mt_world_create(cfg.world_size);
+    int rc = mt_world_run(w, draw_rank, &j);
+    mt_world_destroy(w);
+    return rc || j.failed;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "--draw-check") == 0) return draw_check(argv[2], argc > 3 && !strcmp(argv[3], "bf16"));
     if (argc >= 5 && strcmp(argv[1], "--hf-logits") == 0)   // [TP, default 2] [bf16]
         return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
     mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);

@@ -6,7 +6,8 @@
 #      and the prefill) against the CPU build, on a random GPT-2 saved by transformers: fp32 within
 #      1e-4 (other summation orders), bf16 within 3e-2 (the prefill's bf16 GEMMs)
 #   2. a random GPT2LMHeadModel saved with save_pretrained, imported with --import-hf: our greedy
-#      continuation (CPU build, and GPU build in fp32) is transformers', token for token
+#      continuation (CPU build, and GPU build in fp32) is transformers', token for token; the tokens
+#      drawn on the device (temperature, top-k, top-p) are the ones the host draws from the same logits
 #   3. the benchmark: GPT-2 small (random weights) in bf16, greedy, 256 new tokens after a 16-token
 #      prompt, batch 1 and 8: ours against transformers eager and compiled with a static cache;
 #      the table goes to build/gen_gpu/table.md
@@ -46,6 +47,12 @@ eval ./train_gpt $G --sample-output-file $D/cpu_greedy.jsonl > $D/cpu_greedy.log
 eval ./train_gpt_cuda $G --sample-output-file $D/gpu_greedy.jsonl > $D/gpu_greedy.log 2>&1 || fail "GPU generation"
 count "$($PYTHON tests/gpu/generate_ref.py tokens $D/cpu_greedy.jsonl $D/small 'CPU build')"
 count "$($PYTHON tests/gpu/generate_ref.py tokens $D/gpu_greedy.jsonl $D/small 'GPU build, fp32')"
+# the draws on the device (mt_sample_rows, in the decode step's graph) against the host's from the
+# same logits (a request that asks for them): the same tokens, fp32 and bf16, four draws, batch 1 and 3.
+# (Not against the CPU build: the logits differ there by ~1e-6, and with a nearly flat distribution the
+# rank order of neighbouring candidates, which top-p and the draw walk, changes with them.)
+count "$(./tests/gpu/test_generate_cuda --draw-check $D/small 2>&1 | grep -E '^(OK|NOT OK|  first)')"
+count "$(./tests/gpu/test_generate_cuda --draw-check $D/small bf16 2>&1 | grep -E '^(OK|NOT OK|  first)')"
 
 # 3. the benchmark
 $PYTHON tests/gpu/generate_ref.py make-gpt2 $D/gpt2 && ./train_gpt --import-hf $D/gpt2 --save $D/gpt2_ck > /dev/null 2>&1 \
@@ -60,6 +67,11 @@ for B in 1 8; do
     --out-seq-length 256 --ignore-eos --sample-output-file $D/ours_$B.jsonl > $D/ours_$B.log 2>&1 \
     || fail "our benchmark run at batch $B (see $D/ours_$B.log)"
   grep -A6 "generation report" $D/ours_$B.log
+  # the tutorial's draw instead of greedy: the same step, the tokens drawn on the device (reported)
+  ./train_gpt_cuda --bf16 --load $D/gpt2_ck --sample-input-file $D/prompts_$B.txt --micro-batch-size $B \
+    --temperature 0.9 --top_p 0.95 --out-seq-length 256 --ignore-eos --sample-output-file $D/topp_$B.jsonl \
+    > $D/topp_$B.log 2>&1 || fail "the top-p run at batch $B (see $D/topp_$B.log)"
+  grep "tokens/s\|per-token latency" $D/topp_$B.log | sed 's/^/  temperature 0.9, top-p 0.95: /'
   # the decode step as one kernel (MT_DECODE_ONE_KERNEL=1, kernels.cuh): it runs a whole generation, and its
   # speed. (Its bits are test_kernels' decode_step_one_kernel's business: equal to the op-by-op step with the
   # unsplit attention over the cache. The default step splits that attention over the cache, another

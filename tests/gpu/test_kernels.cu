@@ -1021,6 +1021,83 @@ MT_TEST(decode) {
     dev_free(d_i);
 }
 
+template <typename F>
+static float time_ms(F f, int reps);   // (below, with the timings)
+// ---------------------------------------------------------------------------------------------
+// sampling on the device (mt_sample_rows_gpu) against mt_sample_rows_cpu: the same token, every
+// row. Rows of three kinds (a random model's nearly flat logits; a peaked row; logits on a grid of
+// 1/8, so many ties, with -inf and NaN planted), widths that are not multiples of the block (7,
+// 1000) and GPT-2's padded vocabulary; draws that mix greedy rows, temperatures, top-k and top-p,
+// and the extreme uniforms 0 and 1 - 2^-24.
+static void test_sample_rows(void) {
+    const int widths[3][2] = {{50257, 50304}, {1000, 1003}, {7, 8}};
+    const int rows = 24;
+    int rounds = 0, drawn = 0;
+    for (int wi = 0; wi < 3; wi++) {
+        int n = widths[wi][0], ld = widths[wi][1];
+        float *x = (float *)mt_malloc(sizeof(float) * (size_t)rows * ld, "test");
+        mt_draw draws[rows];
+        int want[rows], got[rows];
+        float *d_x = dev_alloc_f((size_t)rows * ld);
+        mt_draw *d_draws = (mt_draw *)dev_alloc(sizeof draws);
+        int *d_out = (int *)dev_alloc(sizeof got);
+        void *work = dev_alloc(mt_gpu_sample_rows_work_bytes(rows, n));
+        for (int round = 0; round < 6; round++, rounds++) {
+            for (int r = 0; r < rows; r++) {
+                float *row = x + (size_t)r * ld;
+                int kind = (r + round) % 3;
+                for (int v = 0; v < ld; v++) {
+                    float l = kind == 0 ? rand_uniform(-0.2f, 0.2f)                       // a random model's
+                            : kind == 1 ? rand_uniform(-12.0f, 3.0f)                      // peaked
+                                        : (float)(rand_int(65) - 32) / 8.0f;              // ties
+                    row[v] = v < n ? l : 1e30f;   // the padding is never a candidate
+                }
+                if (kind == 1 && n > 10) for (int k = 0; k < 3; k++) row[rand_int(n)] = 6.0f + (float)k;
+                if (kind == 2 && n > 10) {
+                    row[rand_int(n)] = -INFINITY;
+                    row[1 + rand_int(n - 1)] = NAN;   // (not at 0: a NaN first would be the argmax)
+                    row[rand_int(n)] = -0.0f;
+                }
+                static const float temps[] = {0.0f, 0.7f, 1.0f, 2.0f, 0.9f, 1.3f};
+                static const int ks[] = {0, 0, 5, 40, 1000, 1, 0, 2};
+                static const float ps[] = {0.0f, 0.95f, 0.5f, 0.0f, 0.9f, 1.0f, 0.2f};
+                draws[r].temperature = temps[(r + round) % 6];
+                draws[r].top_k = ks[(r / 2 + round) % 8];
+                draws[r].top_p = ps[(r / 3 + round) % 7];
+                draws[r].u = r % 11 == 0 ? 0.0f : r % 11 == 5 ? 1.0f - 1.0f / 16777216.0f
+                                                           : (float)(rand_u32() >> 8) * (1.0f / 16777216.0f);
+            }
+            mt_sample_rows_cpu(want, x, rows, n, ld, draws);
+            MT_CUDA_CHECK(cudaMemcpy(d_x, x, sizeof(float) * (size_t)rows * ld, cudaMemcpyHostToDevice));
+            MT_CUDA_CHECK(cudaMemcpy(d_draws, draws, sizeof draws, cudaMemcpyHostToDevice));
+            MT_CUDA_CHECK(cudaMemset(d_out, 0xff, sizeof got));
+            mt_sample_rows_gpu(d_out, d_x, rows, n, ld, d_draws, work, 0);
+            MT_CUDA_CHECK(cudaMemcpy(got, d_out, sizeof got, cudaMemcpyDeviceToHost));
+            for (int r = 0; r < rows; r++) {
+                drawn++;
+                mt_expect(got[r] == want[r], "sample rows n=%d round %d row %d (T %.1f, top-k %d, top-p %.2f, u %.8f): "
+                          "got %d, want %d", n, round, r, (double)draws[r].temperature, draws[r].top_k,
+                          (double)draws[r].top_p, (double)draws[r].u, got[r], want[r]);
+            }
+        }
+        // the time of one call at batch 1 and 8, GPT-2's vocabulary, the tutorial's draw (reported)
+        if (n == 50257) {
+            for (int r = 0; r < rows; r++) draws[r] = {0.5f, 0.9f, 0, 0.95f};
+            for (int r = 0; r < rows; r++)   // a random model's flat row: the longest nucleus
+                for (int v = 0; v < n; v++) x[(size_t)r * ld + v] = rand_uniform(-0.2f, 0.2f);
+            MT_CUDA_CHECK(cudaMemcpy(d_x, x, sizeof(float) * (size_t)rows * ld, cudaMemcpyHostToDevice));
+            MT_CUDA_CHECK(cudaMemcpy(d_draws, draws, sizeof draws, cudaMemcpyHostToDevice));
+            for (int b = 1; b <= 8; b *= 8) {
+                float ms = time_ms([&] { mt_sample_rows_gpu(d_out, d_x, b, n, ld, d_draws, work, 0); }, 20);
+                printf("  sampling (temperature 0.9, top-p 0.95, flat logits) batch %d: %.1f us a call\n", b, ms * 1e3);
+            }
+        }
+        free(x);
+        dev_free(d_x); dev_free(d_draws); dev_free(d_out); dev_free(work);
+    }
+    printf("  %d rows drawn in %d rounds, each the CPU's token\n", drawn, rounds);
+}
+
 // ---------------------------------------------------------------------------------------------
 // a decode step's chain of kernels (GPT-2 small's shapes, 16-bit weights, 3 layers, the head and
 // the argmax), captured in a CUDA graph with programmatic dependent launch (mt__pdl_on, kernels.cuh
@@ -1034,8 +1111,6 @@ struct decode_chain {
     __nv_bfloat16 *wqkv[3], *wproj[3], *wfc[3], *wfcproj[3], *wte;
     int *start, *next;
 };
-template <typename F>
-static float time_ms(F f, int reps);   // (below, with the timings)
 static float *dev_random_f(size_t n, float lo, float hi) {
     float *h = host_random(n, lo, hi), *d = dev_upload(h, n);
     free(h);
@@ -2289,6 +2364,7 @@ int main(int argc, char **argv) {
         run("copy_strided", test_copy_strided);
         run("attention", test_attention);
         run("decode", test_decode);
+        run("sample_rows", test_sample_rows);
         run("decode_chain_pdl", test_decode_chain_pdl);
         run("decode_step_one_kernel", test_decode_step_one_kernel);
         run("gelu_residual", test_gelu_residual);
