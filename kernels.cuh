@@ -481,8 +481,8 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
 //   mt_attention_decode_split_kernel        decoding: a cluster per (sequence, head), a block per slice
 //   mt_argmax_rows_kernel                   generation's greedy token: a block per row
-//   mt_sample_weights_kernel / _select_kernel  generation's drawn token (temperature, top-k, top-p):
-//                                           the weights over a grid, then a radix select a row
+//   mt_sample_*_kernel (3)                  generation's drawn token (temperature, top-k, top-p): the
+//                                           weights and a counting sort over a grid, a radix select a row
 //   mt_cross_entropy_*_kernel (4)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -6300,18 +6300,22 @@ void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaS
 //   level 2   the next 11 bits, of that bucket's candidates only; level 3 the last 10 bits
 //   the key   is then known; its candidates are equal logits, each of the same weight w, in id
 //             order: the answer is the j-th of them, j = (what is left of X) / w (or what is left
-//             of the count), found by one pass in id order
+//             of the count); when the key has one candidate, that one
 // The weights are integers: the buckets' atomic sums, whatever order the threads add in, are the
 // CPU's sums bit for bit. Kernels, in stream order:
 //   mt_argmax_rows_kernel     out = the argmax: greedy rows' token, and every row's l_max
 //   mt_sample_weights_kernel  a grid over (candidates, rows): w_v in double (the exponentials are
 //                             the costly part, spread over the GPU) and level 1's histogram (a
 //                             block's in shared memory, then added into its row's in global memory)
+//   mt_sample_scatter_kernel  the same grid: each candidate's (key, id, weight) into its level-1
+//                             bucket's run of a list ordered by bucket (counting sort, in any order
+//                             within a run), so that levels 2 and 3 read one bucket's run only
 //   mt_sample_select_kernel   a block of 1024 threads per row: top-k, top-p, the draw; out = token
-// work: every row's level-1 histogram (2048 x {count, weight}; zeroed before the kernels), then
-// every row's n weights.
+// work, per call: every row's level-1 histogram (2048 x {count, weight}) and the runs' fill counts
+// (2048), both zeroed by the launcher; then every row's n weights, and its list of n records.
 #define MT__SAMPLE_THREADS 1024
 #define MT__SAMPLE_BUCKETS 2048   // 11 bits of the key
+struct mt__sample_record { unsigned int key; int id; unsigned long long weight; };
 // == mt__candidate_key (megatron.h): descending logits as ascending keys, -0 as +0, NaN last
 __device__ static inline uint32_t mt__gpu_candidate_key(float logit) {
     if (logit == 0.0f) logit = 0.0f;   // -0 == +0
@@ -6328,15 +6332,30 @@ __device__ static inline unsigned long long mt__gpu_sample_weight(float logit, f
 __device__ static inline int mt__sample_greedy(const mt_draw &d, int n) {
     return !(d.temperature > 0.0f) || d.top_k == 1 || n == 1;   // mt_sample_row_cpu's test
 }
-size_t mt_gpu_sample_rows_work_bytes(int rows, int n) {
-    return (size_t)rows * (2 * MT__SAMPLE_BUCKETS + (size_t)n) * sizeof(unsigned long long);
+// the work's pieces (see above), for `rows` rows of n candidates
+struct mt__sample_work {
+    unsigned long long *hist;    // (rows, 2048, 2): {count, weight}    } zeroed before
+    unsigned int *fill;          // (rows, 2048): records placed so far } each call
+    unsigned long long *weights; // (rows, n)
+    mt__sample_record *records;  // (rows, n), by level-1 bucket
+};
+static size_t mt__sample_work_layout(mt__sample_work *w, void *base, int rows, int n) {
+    size_t r = (size_t)rows, zeroed = r * MT__SAMPLE_BUCKETS * (2 * sizeof(unsigned long long) + sizeof(unsigned int));
+    char *p = (char *)base;
+    if (w) {
+        w->hist = (unsigned long long *)p;
+        w->fill = (unsigned int *)(p + r * MT__SAMPLE_BUCKETS * 2 * sizeof(unsigned long long));
+        w->weights = (unsigned long long *)(p + zeroed);
+        w->records = (mt__sample_record *)(p + zeroed + r * (size_t)n * sizeof(unsigned long long));
+    }
+    return zeroed + r * (size_t)n * (sizeof(unsigned long long) + sizeof(mt__sample_record));
 }
+size_t mt_gpu_sample_rows_work_bytes(int rows, int n) { return mt__sample_work_layout(NULL, NULL, rows, n); }
 
 // w[v] for one row's candidates; level 1 = the row's histogram of the keys' top 11 bits, 2 words a
 // bucket: {count, weight}, added into (zeroed by the launcher). grid (ceil(n / 1024), rows).
 __global__ void __launch_bounds__(MT__SAMPLE_THREADS)
-mt_sample_weights_kernel(unsigned long long *hist, unsigned long long *weights, const float *x, int n, int ld,
-                         const int *best, const mt_draw *draws) {
+mt_sample_weights_kernel(mt__sample_work work, const float *x, int n, int ld, const int *best, const mt_draw *draws) {
     __shared__ unsigned int count[MT__SAMPLE_BUCKETS];
     __shared__ unsigned long long weight[MT__SAMPLE_BUCKETS];
     mt__pdl_start();   // best: the argmax kernel ahead
@@ -6352,13 +6371,13 @@ mt_sample_weights_kernel(unsigned long long *hist, unsigned long long *weights, 
     if (v < n) {
         float l = xr[v];
         unsigned long long w = mt__gpu_sample_weight(l, l_best, inv_t);
-        weights[(size_t)row * n + v] = w;
+        work.weights[(size_t)row * n + v] = w;
         unsigned digit = mt__gpu_candidate_key(l) >> 21;
         atomicAdd(&count[digit], 1u);
         atomicAdd(&weight[digit], w);
     }
     __syncthreads();
-    unsigned long long *h = hist + (size_t)row * 2 * MT__SAMPLE_BUCKETS;
+    unsigned long long *h = work.hist + (size_t)row * 2 * MT__SAMPLE_BUCKETS;
     for (int b = threadIdx.x; b < MT__SAMPLE_BUCKETS; b += blockDim.x)
         if (count[b]) {
             atomicAdd(&h[2 * b], (unsigned long long)count[b]);
@@ -6366,48 +6385,88 @@ mt_sample_weights_kernel(unsigned long long *hist, unsigned long long *weights, 
         }
 }
 
-// the select's shared memory (dynamic: 61 KB): one level's histogram, the block scan's warp
-// totals, and two shortcuts. Level 2's pass is the one that reads the whole row: it also lists the
-// candidates of the level-1 bucket (cand, when they are at most MT__SAMPLE_LISTED), and level 3
-// then reads only them. Level 3 notes for each of its buckets a candidate in it (slot): when the
-// answer's bucket holds one candidate, that is the answer and no pass in id order is needed.
-#define MT__SAMPLE_LISTED 8192
+// block-wide exclusive scan of two values a thread (thread t: a, b), in t's order: *a_before, the
+// sum of every a and b of the threads before t (b's own: *a_before + a). blockDim.x = 1024.
+__device__ static void mt__sample_scan_pairs(unsigned long long a, unsigned long long b, unsigned long long *before,
+                                             unsigned long long *totals /* shared, 32 */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long s = a + b;   // inclusive within the warp
+    for (int off = 1; off < 32; off *= 2) {
+        unsigned long long o = __shfl_up_sync(0xffffffffu, s, off);
+        if (lane >= off) s += o;
+    }
+    if (lane == 31) totals[warp] = s;
+    __syncthreads();
+    if (warp == 0) {   // the warps' totals, exclusive
+        unsigned long long t = totals[lane], i = t;
+        for (int off = 1; off < 32; off *= 2) {
+            unsigned long long o = __shfl_up_sync(0xffffffffu, i, off);
+            if (lane >= off) i += o;
+        }
+        totals[lane] = i - t;
+    }
+    __syncthreads();
+    *before = totals[warp] + s - (a + b);
+    __syncthreads();   // totals may be reused
+}
+
+// each candidate's record into its level-1 bucket's run: runs in bucket order, a run's place the
+// counts before it (every block scans the row's 2048 counts itself). Within a run the blocks take
+// their places in whatever order they come (one global atomic per block and bucket: a counter per
+// bucket hit by every candidate was 15 us at batch 1, the candidates of a flat row waiting on a few
+// counters), and a block's candidates theirs from a shared-memory count. grid (ceil(n / 1024), rows).
+__global__ void __launch_bounds__(MT__SAMPLE_THREADS)
+mt_sample_scatter_kernel(mt__sample_work work, const float *x, int n, int ld, const mt_draw *draws) {
+    __shared__ unsigned long long run_start[MT__SAMPLE_BUCKETS];
+    __shared__ unsigned int mine[MT__SAMPLE_BUCKETS], base[MT__SAMPLE_BUCKETS];   // this block's, per bucket
+    __shared__ unsigned long long totals[32];
+    mt__pdl_start();   // the histogram: the weights kernel ahead
+    int row = blockIdx.y;
+    mt_draw d = draws[row];
+    if (mt__sample_greedy(d, n)) return;
+    const unsigned long long *h = work.hist + (size_t)row * 2 * MT__SAMPLE_BUCKETS;
+    int t = threadIdx.x;
+    unsigned long long c0 = h[2 * (2 * t)], c1 = h[2 * (2 * t + 1)], before;
+    mine[2 * t] = mine[2 * t + 1] = 0;
+    mt__sample_scan_pairs(c0, c1, &before, totals);   // (its barriers also cover mine's zeroing)
+    run_start[2 * t] = before;
+    run_start[2 * t + 1] = before + c0;
+    int v = blockIdx.x * blockDim.x + t;
+    unsigned int key = 0, b = 0, rank = 0;
+    if (v < n) {
+        key = mt__gpu_candidate_key(x[(size_t)row * ld + v]);
+        b = key >> 21;
+        rank = atomicAdd(&mine[b], 1u);   // my place among this block's candidates of bucket b
+    }
+    __syncthreads();
+    unsigned int *fill = work.fill + (size_t)row * MT__SAMPLE_BUCKETS;
+    for (int k = t; k < MT__SAMPLE_BUCKETS; k += blockDim.x)
+        if (mine[k]) base[k] = atomicAdd(&fill[k], mine[k]);   // this block's places in run k
+    __syncthreads();
+    if (v >= n) return;
+    mt__sample_record rec = {key, v, work.weights[(size_t)row * n + v]};
+    work.records[(size_t)row * n + run_start[b] + base[b] + rank] = rec;
+}
+
+// the select's shared memory: one level's histogram, the block scan's warp totals, the answers
 struct mt__sample_smem {
     unsigned int count[MT__SAMPLE_BUCKETS];
     unsigned long long weight[MT__SAMPLE_BUCKETS];
-    unsigned long long warp_count[32], warp_weight[32];
+    unsigned long long totals[32];
     int slot[MT__SAMPLE_BUCKETS];               // level 3: a candidate of each bucket
-    int cand[MT__SAMPLE_LISTED];                // level 2: the candidates of level 1's bucket
-    int listed;                                 // how many (more than MT__SAMPLE_LISTED: not listed)
     int digit;                                  // the bucket where the running sum passes X (-1: none)
     unsigned long long count_before, weight_before;   // the candidates of the buckets before it
     int found;                                  // the pass in id order's answer
 };
 // the bucket of s's histogram at which the running count (by_count) or weight first exceeds x:
-// s.digit, and the sums of the buckets before it. Thread t holds buckets 2t and 2t+1; a block-wide
-// exclusive scan gives each pair what comes before it.
+// s.digit, and the sums of the buckets before it. Thread t holds buckets 2t and 2t+1.
 __device__ static void mt__sample_crossing(mt__sample_smem &s, int by_count, unsigned long long x) {
-    int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int t = threadIdx.x;
     unsigned long long c0 = s.count[2 * t], c1 = s.count[2 * t + 1], w0 = s.weight[2 * t], w1 = s.weight[2 * t + 1];
-    unsigned long long c = c0 + c1, w = w0 + w1;   // inclusive warp scans of the pairs' sums
-    for (int off = 1; off < 32; off *= 2) {
-        unsigned long long oc = __shfl_up_sync(0xffffffffu, c, off), ow = __shfl_up_sync(0xffffffffu, w, off);
-        if (lane >= off) { c += oc; w += ow; }
-    }
-    if (lane == 31) { s.warp_count[warp] = c; s.warp_weight[warp] = w; }
+    unsigned long long cb, wb;
     if (t == 0) s.digit = -1;
-    __syncthreads();
-    if (warp == 0) {   // the warps' totals, exclusive
-        unsigned long long tc = s.warp_count[lane], tw = s.warp_weight[lane], ic = tc, iw = tw;
-        for (int off = 1; off < 32; off *= 2) {
-            unsigned long long oc = __shfl_up_sync(0xffffffffu, ic, off), ow = __shfl_up_sync(0xffffffffu, iw, off);
-            if (lane >= off) { ic += oc; iw += ow; }
-        }
-        s.warp_count[lane] = ic - tc;
-        s.warp_weight[lane] = iw - tw;
-    }
-    __syncthreads();
-    unsigned long long cb = s.warp_count[warp] + c - (c0 + c1), wb = s.warp_weight[warp] + w - (w0 + w1);
+    mt__sample_scan_pairs(c0, c1, &cb, s.totals);
+    mt__sample_scan_pairs(w0, w1, &wb, s.totals);
     unsigned long long before = by_count ? cb : wb, m0 = by_count ? c0 : w0, m1 = by_count ? c1 : w1;
     if (before <= x && x - before < m0) {
         s.digit = 2 * t; s.count_before = cb; s.weight_before = wb;
@@ -6416,29 +6475,16 @@ __device__ static void mt__sample_crossing(mt__sample_smem &s, int by_count, uns
     }
     __syncthreads();
 }
-// one candidate v of a level's pass: into the histogram when its key begins with prefix
-__device__ static inline void mt__sample_count(mt__sample_smem &s, int v, unsigned int key, unsigned int prefix,
-                                               unsigned int mask, int shift, unsigned int digits,
-                                               const unsigned long long *w, int level) {
-    if ((key & mask) != prefix) return;
-    unsigned int digit = (key >> shift) & digits;
-    atomicAdd(&s.count[digit], 1u);
-    atomicAdd(&s.weight[digit], w[v]);
-    if (level == 1) {   // level 1's bucket: listed for level 3 while there is room
-        int at = atomicAdd(&s.listed, 1);
-        if (at < MT__SAMPLE_LISTED) s.cand[at] = v;
-    }
-    if (level == 2) s.slot[digit] = v;
-}
 struct mt__sample_pick { int id; unsigned long long weight_before, weight; };
 // the first candidate of the row, in rank order, at which the running count (by_count) or weight
 // exceeds x: its id (-1 if none: x >= the total) and the weight before it and its own. Every
-// thread of the block calls it.
-__device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const float *xr, const unsigned long long *w,
-                                                    const unsigned long long *level1, int n, int by_count,
+// thread of the block calls it. level1: the row's histogram; records: the row's list.
+__device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const float *xr,
+                                                    const unsigned long long *level1,
+                                                    const mt__sample_record *records, int n, int by_count,
                                                     unsigned long long x) {
     unsigned int prefix = 0, mask = 0;
-    unsigned long long weight_before = 0, group_count = 0, group_weight = 0;
+    unsigned long long weight_before = 0, group_count = 0, group_weight = 0, run = 0, run_count = 0;
     for (int level = 0; level < 3; level++) {
         int shift = level == 0 ? 21 : level == 1 ? 10 : 0;
         unsigned int digits = level < 2 ? 0x7FFu : 0x3FFu;
@@ -6448,37 +6494,22 @@ __device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const fl
                 s.count[b] = (unsigned int)level1[2 * b];
                 s.weight[b] = level1[2 * b + 1];
             }
-        } else {   // the next bits of the candidates whose keys begin with prefix
-            int listed = s.listed;   // (level 2 reads it only after this level's first barrier)
+        } else {   // the next bits of level 1's bucket: its run of records, those that begin with prefix
             for (int b = threadIdx.x; b < MT__SAMPLE_BUCKETS; b += blockDim.x) { s.count[b] = 0; s.weight[b] = 0; }
             __syncthreads();
-            if (threadIdx.x == 0 && level == 1) s.listed = 0;
-            __syncthreads();
-            if (level == 2 && listed <= MT__SAMPLE_LISTED) {   // level 1's bucket, listed by level 2
-                for (int i = threadIdx.x; i < listed; i += blockDim.x) {
-                    int v = s.cand[i];
-                    mt__sample_count(s, v, mt__gpu_candidate_key(xr[v]), prefix, mask, shift, digits, w, level);
-                }
-            } else {   // the whole row, eight loads in flight a thread before the first is used
-                for (int v0 = threadIdx.x; v0 < n; v0 += 8 * MT__SAMPLE_THREADS) {
-                    float l[8];
-                    #pragma unroll
-                    for (int u = 0; u < 8; u++) {
-                        int v = v0 + u * MT__SAMPLE_THREADS;
-                        l[u] = v < n ? xr[v] : 0.0f;
-                    }
-                    #pragma unroll
-                    for (int u = 0; u < 8; u++) {
-                        int v = v0 + u * MT__SAMPLE_THREADS;
-                        if (v < n) mt__sample_count(s, v, mt__gpu_candidate_key(l[u]), prefix, mask, shift, digits, w,
-                                                    level);
-                    }
-                }
+            for (unsigned long long i = threadIdx.x; i < run_count; i += blockDim.x) {
+                mt__sample_record rec = records[run + i];
+                if ((rec.key & mask) != prefix) continue;
+                unsigned int digit = (rec.key >> shift) & digits;
+                atomicAdd(&s.count[digit], 1u);
+                atomicAdd(&s.weight[digit], rec.weight);
+                if (level == 2) s.slot[digit] = rec.id;
             }
         }
         __syncthreads();
         mt__sample_crossing(s, by_count, x);
         if (s.digit < 0) return {-1, 0, 0};   // (block-uniform)
+        if (level == 0) { run = s.count_before; run_count = s.count[s.digit]; }   // the bucket's run
         x -= by_count ? s.count_before : s.weight_before;
         weight_before += s.weight_before;
         prefix |= (unsigned int)s.digit << shift;
@@ -6490,7 +6521,8 @@ __device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const fl
     unsigned long long each = group_weight / group_count;
     unsigned long long j = by_count ? x : x / each;
     weight_before += j * each;
-    if (group_count == 1) return {s.slot[s.digit], weight_before, each};   // the bucket's one candidate
+    if (group_count == 1) return {s.slot[s.digit], weight_before, each};   // the key's one candidate
+    // equal logits: the j-th of them in id order, a pass over the row a tile of 1024 at a time
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned long long seen = 0;   // candidates with this key in the tiles before (block-uniform)
     __syncthreads();
@@ -6499,12 +6531,12 @@ __device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const fl
         int v = base + threadIdx.x;
         int mine = v < n && mt__gpu_candidate_key(xr[v]) == prefix;
         unsigned int ballot = __ballot_sync(0xffffffffu, mine);
-        if (lane == 0) s.warp_count[warp] = __popc(ballot);
+        if (lane == 0) s.totals[warp] = __popc(ballot);
         __syncthreads();
         unsigned long long ahead = 0, total = 0;
         for (int k = 0; k < MT__SAMPLE_THREADS / 32; k++) {
-            if (k < warp) ahead += s.warp_count[k];
-            total += s.warp_count[k];
+            if (k < warp) ahead += s.totals[k];
+            total += s.totals[k];
         }
         if (mine && seen + ahead + __popc(ballot & ((1u << lane) - 1)) == j) s.found = v;
         seen += total;
@@ -6516,48 +6548,49 @@ __device__ static mt__sample_pick mt__sample_select(mt__sample_smem &s, const fl
 
 // a block a row: top-k (by count), top-p, the draw (by weight), as mt_sample_row_cpu
 __global__ void __launch_bounds__(MT__SAMPLE_THREADS)
-mt_sample_select_kernel(int *out, const float *x, const unsigned long long *hist, const unsigned long long *weights,
-                        int n, int ld, const mt_draw *draws) {
-    extern __shared__ __align__(16) unsigned char mt__sample_shared[];
-    mt__sample_smem &s = *(mt__sample_smem *)mt__sample_shared;
-    mt__pdl_start();   // the weights and the histogram: the kernel ahead
+mt_sample_select_kernel(int *out, mt__sample_work work, const float *x, int n, int ld, const mt_draw *draws) {
+    __shared__ mt__sample_smem s;
+    mt__pdl_start();   // the records: the scatter kernel ahead
     int row = blockIdx.x;
     mt_draw d = draws[row];
     if (mt__sample_greedy(d, n)) return;
     const float *xr = x + (size_t)row * ld;
-    const unsigned long long *w = weights + (size_t)row * n, *level1 = hist + (size_t)row * 2 * MT__SAMPLE_BUCKETS;
+    const unsigned long long *level1 = work.hist + (size_t)row * 2 * MT__SAMPLE_BUCKETS;
+    const mt__sample_record *records = work.records + (size_t)row * n;
     unsigned long long sum;
     if (d.top_k > 0 && d.top_k < n) {   // top-k: ranks 0 .. k-1, their weight
-        mt__sample_pick k = mt__sample_select(s, xr, w, level1, n, 1, (unsigned long long)d.top_k - 1);
+        mt__sample_pick k = mt__sample_select(s, xr, level1, records, n, 1, (unsigned long long)d.top_k - 1);
         sum = k.weight_before + k.weight;
     } else {   // every candidate: the sum of level 1's buckets
-        unsigned long long part = level1[2 * (2 * threadIdx.x) + 1] + level1[2 * (2 * threadIdx.x + 1) + 1];
-        for (int off = 16; off > 0; off /= 2) part += __shfl_down_sync(0xffffffffu, part, off);
-        if ((threadIdx.x & 31) == 0) s.warp_weight[threadIdx.x >> 5] = part;
+        unsigned long long before, w0 = level1[2 * (2 * threadIdx.x) + 1], w1 = level1[2 * (2 * threadIdx.x + 1) + 1];
+        mt__sample_scan_pairs(w0, w1, &before, s.totals);
+        if (threadIdx.x == MT__SAMPLE_THREADS - 1) s.weight_before = before + w0 + w1;
         __syncthreads();
-        sum = 0;
-        for (int k = 0; k < MT__SAMPLE_THREADS / 32; k++) sum += s.warp_weight[k];
+        sum = s.weight_before;
     }
     if (sum == 0) return;   // the best is NaN: the argmax stands, as on the CPU
     if (d.top_p > 0.0f && d.top_p < 1.0f) {   // top-p: ranks 0 .. the first whose running sum exceeds the limit
-        mt__sample_pick p = mt__sample_select(s, xr, w, level1, n, 0, (unsigned long long)((double)d.top_p * (double)sum));
+        mt__sample_pick p = mt__sample_select(s, xr, level1, records, n, 0,
+                                              (unsigned long long)((double)d.top_p * (double)sum));
         sum = p.weight_before + p.weight;
     }
-    mt__sample_pick t = mt__sample_select(s, xr, w, level1, n, 0, (unsigned long long)((double)d.u * (double)sum));
+    mt__sample_pick t = mt__sample_select(s, xr, level1, records, n, 0, (unsigned long long)((double)d.u * (double)sum));
     if (threadIdx.x == 0 && t.id >= 0) out[row] = t.id;
 }
 void mt_sample_rows_gpu(int *out, const float *x, int rows, int n, int ld, const mt_draw *draws, void *work,
                         cudaStream_t stream) {
     if (rows == 0) return;
-    unsigned long long *hist = (unsigned long long *)work, *weights = hist + (size_t)rows * 2 * MT__SAMPLE_BUCKETS;
-    MT_CUDA_CHECK(cudaMemsetAsync(hist, 0, (size_t)rows * 2 * MT__SAMPLE_BUCKETS * sizeof(unsigned long long), stream));
+    mt__sample_work w;
+    mt__sample_work_layout(&w, work, rows, n);
+    MT_CUDA_CHECK(cudaMemsetAsync(work, 0, (char *)w.weights - (char *)work, stream));   // histograms, fill counts
     mt_argmax_rows_gpu(out, x, rows, n, ld, stream);
-    mt__launch("mt_sample_weights_kernel", mt_sample_weights_kernel, dim3(mt__blocks((size_t)n, MT__SAMPLE_THREADS),
-               (unsigned)rows), MT__SAMPLE_THREADS, 0, stream, hist, weights, x, n, ld, (const int *)out, draws);
-    mt__allow_smem((const void *)mt_sample_select_kernel, sizeof(mt__sample_smem));
-    mt__launch("mt_sample_select_kernel", mt_sample_select_kernel, (unsigned)rows, MT__SAMPLE_THREADS,
-               sizeof(mt__sample_smem), stream, out, x, (const unsigned long long *)hist,
-               (const unsigned long long *)weights, n, ld, draws);
+    dim3 grid(mt__blocks((size_t)n, MT__SAMPLE_THREADS), (unsigned)rows);
+    mt__launch("mt_sample_weights_kernel", mt_sample_weights_kernel, grid, MT__SAMPLE_THREADS, 0, stream, w, x, n, ld,
+               (const int *)out, draws);
+    mt__launch("mt_sample_scatter_kernel", mt_sample_scatter_kernel, grid, MT__SAMPLE_THREADS, 0, stream, w, x, n, ld,
+               draws);
+    mt__launch("mt_sample_select_kernel", mt_sample_select_kernel, (unsigned)rows, MT__SAMPLE_THREADS, 0, stream, out,
+               w, x, n, ld, draws);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1724,25 +1724,27 @@ typedef struct {
     float *x, *res2, *ln, *ln_mean, *ln_rstd;  // (B,Tq,C), (B,Tq,C), (B,Tq,C), (B,Tq), (B,Tq)
     float *qkv, *atty, *fch, *fch_gelu, *out_c;// (B,Tq,3*C_tp), (B,Tq,C_tp), (B,Tq,F_tp) x2, (B,Tq,C)
     float *last, *lnf, *lnf_mean, *lnf_rstd;   // (B,C) each sequence's last token, its ln_f (last stage)
-    float *logits, *gathered;                  // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's (last stage)
+    float *logits, *gathered, *whole;          // (B,Vp_tp) mine; (TP,B,Vp_tp) every TP rank's; (B,Vp) those re-laid
+                                               // as whole rows, for the device's pick at TP > 1 (last stage)
     float *memory;                             // the buffer all of the above are carved from
     int *ids, *tokens, *positions, *start;     // (B*Tq) tokens, (B*Tq) their positions, (B) first positions
     mt_draw *draws;                            // (B) each row's draw (MT_PICK_SAMPLE), uploaded with the ids
     int *host_ids;                             // host staging of ids (and of the draws)
     mt_draw *host_draws;                       // (B) in host_ids: set by the caller before each forward
-    void *sample_work;                         // mt_sample_rows' device work (last stage, TP = 1)
+    void *sample_work;                         // mt_sample_rows' device work (last stage)
     float *host_msg;                           // (B,Tq,C) pipeline messages through the host
     float *host_logits, *host_gathered;        // (B,Vp) the whole rows, on the host (last stage)
     size_t bytes, cache_bytes;                 // device bytes allocated; of which the KV cache
     int pick;                                  // set by the caller: who picks the next tokens (mt_pick).
-                                               // On the device (TP = 1): host_next, host_logits not filled
+                                               // On the device: host_next, host_logits not filled
     int *next, *host_next;                     // (B) each row's picked token: on the device, on the host
     void **graphs;                             // (3 x max_batch) the decode step of b+1 sequences (each mt_pick)
                                                // as a CUDA graph (GPU build, TP = PP = 1), made at first use
     mt_rank *rank;                             // whose device holds the decoding copy of the weights
 } mt_generator;
-/* who picks the next tokens from the logits: the host (the logits cross to it: TP > 1, or the
-   caller wants them), or the device: the argmax (greedy), or a draw (mt_sample_rows, g->draws) */
+/* who picks the next tokens from the logits: the host (the logits cross to it: the caller wants
+   them), or the device: the argmax (greedy), or a draw (mt_sample_rows, g->draws); at TP > 1 every
+   TP rank picks alike from the gathered rows */
 typedef enum { MT_PICK_HOST = 0, MT_PICK_ARGMAX = 1, MT_PICK_SAMPLE = 2 } mt_pick;
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
@@ -13068,6 +13070,7 @@ static size_t mt__carve_generator(const mt_rank *r, mt_generator *g, float *base
         {&g->last, last ? B * C : 0}, {&g->lnf, last ? B * C : 0}, {&g->lnf_mean, last ? B : 0},
         {&g->lnf_rstd, last ? B : 0}, {&g->logits, last ? B * Vp_tp : 0},
         {&g->gathered, last && r->ps.tp_size > 1 ? B * Vp_tp * (size_t)r->ps.tp_size : 0},
+        {&g->whole, last && r->ps.tp_size > 1 ? B * Vp_tp * (size_t)r->ps.tp_size : 0},
     };
     size_t offset = 0;
     for (size_t i = 0; i < sizeof carve / sizeof carve[0]; i++) {
@@ -13101,8 +13104,8 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     g->host_next = (int *)mt_calloc(B, sizeof(int), "decoding ids");
     g->host_ids = (int *)mt_calloc(3 * BTq + draw_ints * B, sizeof(int), "decoding ids");
     g->host_draws = (mt_draw *)(g->host_ids + 3 * BTq);
-    size_t work = mt_sample_rows_work_bytes(max_batch, r->dims.Vp_tp);
-    if (r->ps.is_last_stage && r->ps.tp_size == 1 && work > 0)
+    size_t work = mt_sample_rows_work_bytes(max_batch, r->cfg->padded_vocab_size);   // the whole rows
+    if (r->ps.is_last_stage && work > 0)
         g->sample_work = mt_buffer_alloc(r, (work + sizeof(float) - 1) / sizeof(float), "sampling work");
     g->host_msg = (float *)mt_calloc(BTq * (size_t)r->dims.C, sizeof(float), "pipeline messages");
     size_t Vp = (size_t)r->cfg->padded_vocab_size;
@@ -13206,7 +13209,7 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
     // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
     // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
     int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
-    int pick = r->ps.tp_size == 1 ? g->pick : MT_PICK_HOST, slot = 3 * (B - 1) + pick;
+    int pick = g->pick, slot = 3 * (B - 1) + pick;
     if (graphable && pick != MT_PICK_SAMPLE && mt__gen_one_launch(r, g, B, pick == MT_PICK_ARGMAX)) {
         // the whole step ran as one kernel (GPU build; section 3's mt_device_decode_step)
     } else if (graphable && g->graphs[slot]) {
@@ -13241,11 +13244,22 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
             mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
                                  r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
-            // the token itself, on the device (B ids cross to the host instead of B x Vp logits)
-            if (pick == MT_PICK_ARGMAX) mt_argmax_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp);
-            if (pick == MT_PICK_SAMPLE)
-                mt_sample_rows(r, g->next, g->logits, B, r->cfg->model.vocab_size, r->dims.Vp_tp, g->draws,
-                               g->sample_work);
+            // the token itself, on the device (B ids cross to the host instead of B x Vp logits). At
+            // TP > 1 every TP rank first gathers the whole rows, [rank 0's (B,Vp_tp) | rank 1's | ...]
+            // re-laid as (B, Vp), and picks from them: the same rows, the same draws, the same tokens
+            const float *rows = g->logits;
+            int ld = r->dims.Vp_tp, V = r->cfg->model.vocab_size;
+            if (pick != MT_PICK_HOST && r->ps.tp_size > 1) {
+                size_t Vp_tp = (size_t)r->dims.Vp_tp, Vp = Vp_tp * (size_t)r->ps.tp_size;
+                mt_all_gather(&r->groups.tp, g->logits, g->gathered, (size_t)B * Vp_tp);
+                for (int k = 0; k < r->ps.tp_size; k++)
+                    mt_buffer_copy_strided(r, g->whole + (size_t)k * Vp_tp, Vp, g->gathered + (size_t)k * B * Vp_tp,
+                                           Vp_tp, Vp_tp, (size_t)B);
+                rows = g->whole;
+                ld = (int)Vp;
+            }
+            if (pick == MT_PICK_ARGMAX) mt_argmax_rows(r, g->next, rows, B, V, ld);
+            if (pick == MT_PICK_SAMPLE) mt_sample_rows(r, g->next, rows, B, V, ld, g->draws, g->sample_work);
         }
         if (graphable) {
             g->graphs[slot] = mt_device_capture_end(r);   // NULL where the work already ran
@@ -13305,7 +13319,7 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
     // mt_sample_token's draw (mt_sample_rows: the same integers), each row with the draw of its position
     int greedy = q->sampling.temperature <= 0.0f || q->sampling.top_k == 1;
     g->pick = q->logits ? MT_PICK_HOST : greedy ? MT_PICK_ARGMAX : MT_PICK_SAMPLE;
-    int on_device = g->pick != MT_PICK_HOST && r->ps.tp_size == 1;
+    int on_device = g->pick != MT_PICK_HOST;
     for (int b = 0; b < B; b++)   // the prompts' next tokens go to positions pos[b]
         g->host_draws[b] = mt_sampling_draw(&q->sampling, (uint64_t)(q->first_sequence + b), (uint64_t)pos[b]);
     double t0 = mt_time_seconds();

@@ -11,7 +11,8 @@
  *    out, read back; the same file from TP=2 x PP=2; a shape flag that disagrees is one line;
  * 4. export to Hugging Face and import back: the same bits, for another TP x PP.
  *
- * ./tests/test_generate --draw-check HF_DIR [bf16]: the device's draws against the host's (test_generate.sh)
+ * ./tests/test_generate --draw-check HF_DIR [fp32|bf16] [TP]: the device's draws against the host's
+ *   (tests/gpu/test_generate.sh; TP ranks, default 1)
  * ./tests/test_generate --hf-logits HF_DIR TOKENS OUT [TP] [bf16] (used by tests/check_hf_import.py,
  * make test-ref, and by tests/gpu/test_generate.sh through the GPU build of this file): imports
  * HF_DIR for TP ranks (default 2), decodes the tokens (int32, the first is the count) one per step
@@ -561,7 +562,7 @@ static int hf_logits(const char *hf_dir, const char *tokens_path, const char *ou
 }
 
 // ---------------------------------------------------------------------------------------------
-// --draw-check HF_DIR [bf16]: the tokens the device draws (a request that wants no logits:
+// --draw-check HF_DIR [fp32|bf16] [TP]: the tokens the device draws (a request that wants no logits:
 // mt_sample_rows, in the decode step's graph on the GPU build) against those the host draws from
 // the same logits (a request that wants them: mt_sample_token), at batch 1 and 3 (prompts of 1, 5
 // and 9 tokens), in four draws. The same model, the same kernels, so the same logits: the same
@@ -610,12 +611,12 @@ static void draw_rank(mt_world *w, int rank, void *arg) {
     mt_generator_free(&g);
     mt_rank_free(&r);
 }
-static int draw_check(const char *hf_dir, int bf16) {
+static int draw_check(const char *hf_dir, int bf16, int tp) {
     char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
     snprintf(ck, sizeof ck, "build/draw_check_ck");
     snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
     if (system(cmd)) {}
-    mt_checkpoint_import_hf(hf_dir, ck, 1, 1, 0);
+    mt_checkpoint_import_hf(hf_dir, ck, tp, 1, 0);   // (the run's layout: TP ranks)
     mt__full_checkpoint full;
     mt__ckpt_read_full(ck, &full);
     static mt_config cfg;
@@ -625,6 +626,7 @@ static int draw_check(const char *hf_dir, int bf16) {
     cfg.train.bf16 = bf16;
     snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
     mt_config_derive(&cfg);
+    printf("draws at TP=%d%s\n", cfg.world_size, bf16 ? ", bf16" : "");
     draw_job j = {&cfg, 0};
     mt_world *w = mt_world_create(cfg.world_size);
     int rc = mt_world_run(w, draw_rank, &j);
@@ -633,7 +635,8 @@ static int draw_check(const char *hf_dir, int bf16) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && strcmp(argv[1], "--draw-check") == 0) return draw_check(argv[2], argc > 3 && !strcmp(argv[3], "bf16"));
+    if (argc >= 3 && strcmp(argv[1], "--draw-check") == 0)   // [fp32|bf16] [TP, default 1]
+        return draw_check(argv[2], argc > 3 && !strcmp(argv[3], "bf16"), argc > 4 ? atoi(argv[4]) : 1);
     if (argc >= 5 && strcmp(argv[1], "--hf-logits") == 0)   // [TP, default 2] [bf16]
         return hf_logits(argv[2], argv[3], argv[4], argc > 5 ? atoi(argv[5]) : 2, argc > 6 && !strcmp(argv[6], "bf16"));
     mt_run_test(cached_decoding_matches_the_uncached_forward_in_every_layout);

@@ -53,6 +53,11 @@ count "$($PYTHON tests/gpu/generate_ref.py tokens $D/gpu_greedy.jsonl $D/small '
 # rank order of neighbouring candidates, which top-p and the draw walk, changes with them.)
 count "$(./tests/gpu/test_generate_cuda --draw-check $D/small 2>&1 | grep -E '^(OK|NOT OK|  first)')"
 count "$(./tests/gpu/test_generate_cuda --draw-check $D/small bf16 2>&1 | grep -E '^(OK|NOT OK|  first)')"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then   # at TP=2 every rank picks from the gathered rows
+  count "$(./tests/gpu/test_generate_cuda --draw-check $D/small fp32 2 2>&1 | grep -E '^(OK|NOT OK|  first)')"
+else
+  echo "SKIPPED the device's draws at TP=2: one GPU"
+fi
 
 # 3. the benchmark
 $PYTHON tests/gpu/generate_ref.py make-gpt2 $D/gpt2 && ./train_gpt --import-hf $D/gpt2 --save $D/gpt2_ck > /dev/null 2>&1 \
