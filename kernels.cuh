@@ -6244,6 +6244,9 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 // strided share, then a block reduction that keeps the larger value and, on a tie, the smaller
 // index (deterministic). A thread reads 8 values before it compares any (a row of GPT-2's
 // vocabulary is 49 values per thread: one load at a time would wait a DRAM round trip each).
+// NaN, as the CPU's loop (best = 0, then v where x[v] > x[best]) treats it: never the answer but
+// at index 0, where nothing beats it. A thread skips a NaN it meets first (else, kept as its best,
+// it would survive the tree's merges where it receives and lose the values it receives).
 // matches mt_argmax_rows_cpu (megatron.h, 3. OPS). Writes out with '='.
 #define MT__ARGMAX_THREADS 1024
 __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
@@ -6263,7 +6266,7 @@ __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int 
         #pragma unroll
         for (int u = 0; u < 8; u++) {   // a thread's indices rise: > keeps the first
             int v = v0 + u * MT__ARGMAX_THREADS;
-            if (v < n && (val[u] > bv || bi == n)) { bv = val[u]; bi = v; }
+            if (v < n && (val[u] > bv || (bi == n && (val[u] == val[u] || v == 0)))) { bv = val[u]; bi = v; }
         }
     }
     best_v[threadIdx.x] = bv;
@@ -6718,8 +6721,9 @@ __device__ static void mt__gemv_all_staged(float (*partial)[MT_GEMV_MAX_ROWS], f
     }
 }
 // the argmax's order: the larger value, on a tie the smaller index (mt_argmax_rows_kernel's)
+// (a NaN is a candidate only at index 0, as for mt_argmax_rows_kernel)
 __device__ static inline int mt__argmax_better(float v, int i, float bv, int bi, int none) {
-    return i != none && (bi == none || v > bv || (v == bv && i < bi));
+    return i != none && (v == v || i == 0) && (bi == none || v > bv || (v == bv && i < bi));
 }
 // thread 0 of the block asks L2 for bytes at p (a multiple of 16, 16-byte aligned)
 __device__ static inline void mt__prefetch_l2(const void *p, size_t bytes) {

@@ -1000,7 +1000,9 @@ MT_TEST(decode) {
         free(qkv); free(k0); free(v0); free(k_ref); free(v_ref); free(out_ref);
         dev_free(d_qkv); dev_free(d_k); dev_free(d_v); dev_free(d_out); dev_free(d_start);
     }
-    // argmax of rows of padded logits, ties planted (the smaller index wins), the padding ignored
+    // argmax of rows of padded logits, ties planted (the smaller index wins), the padding ignored;
+    // NaN planted as the CPU's loop sees it: never chosen (row 1: where a thread meets it first, row
+    // 2: anywhere), but at index 0 nothing beats it (row 3)
     int rows = 4, n = 50257, ld = 50304;
     float *x = host_random((size_t)rows * ld, -1, 1);
     for (int r = 0; r < rows; r++) {
@@ -1008,6 +1010,9 @@ MT_TEST(decode) {
         x[(size_t)r * ld + a] = x[(size_t)r * ld + b] = 2.0f;   // a tie for the largest
         x[(size_t)r * ld + n + 3] = 5.0f;                      // padding: never chosen
     }
+    for (int k = 0; k < 16; k++) x[(size_t)1 * ld + 1 + rand_int(1023)] = NAN;
+    for (int k = 0; k < 16; k++) x[(size_t)2 * ld + 1 + rand_int(n - 1)] = NAN;
+    x[(size_t)3 * ld] = NAN;
     int want[4], got_i[4];
     mt_argmax_rows_cpu(want, x, rows, n, ld);
     float *d_x = dev_upload(x, (size_t)rows * ld);
