@@ -525,21 +525,27 @@ static void logits_rank(mt_world *w, int rank, void *arg) {
     mt_generator_free(&g);
     mt_rank_free(&r);
 }
-static int hf_logits(const char *hf_dir, const char *tokens_path, const char *out_path, int tp, int bf16) {
-    char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
-    snprintf(ck, sizeof ck, "%s.ck", out_path);   // the imported checkpoint, next to the output
+// HF_DIR imported into the checkpoint ck for TP ranks, and the config of a run that loads it
+// (no dropout; bf16 or fp32): --hf-logits' and --draw-check's model
+static void import_for(const char *hf_dir, const char *ck, int tp, int bf16, mt_config *cfg) {
+    char cmd[MT_PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
     if (system(cmd)) {}
     mt_checkpoint_import_hf(hf_dir, ck, tp, 1, 0);
     mt__full_checkpoint full;
     mt__ckpt_read_full(ck, &full);
-    static mt_config cfg;
-    cfg = full.cfg;
+    *cfg = full.cfg;
     mt__ckpt_free_full(&full);
-    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0f;
-    cfg.train.bf16 = bf16;
-    snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
-    mt_config_derive(&cfg);
+    cfg->model.hidden_dropout = cfg->model.attention_dropout = 0.0f;
+    cfg->train.bf16 = bf16;
+    snprintf(cfg->train.load, sizeof cfg->train.load, "%s", ck);
+    mt_config_derive(cfg);
+}
+static int hf_logits(const char *hf_dir, const char *tokens_path, const char *out_path, int tp, int bf16) {
+    char ck[MT_PATH_MAX];
+    snprintf(ck, sizeof ck, "%s.ck", out_path);   // the imported checkpoint, next to the output
+    static mt_config cfg;
+    import_for(hf_dir, ck, tp, bf16, &cfg);
     FILE *f = fopen(tokens_path, "rb");
     int32_t n = 0;
     if (!f || fread(&n, 4, 1, f) != 1 || n < 1 || n > cfg.model.max_position_embeddings) return 1;
@@ -612,20 +618,8 @@ static void draw_rank(mt_world *w, int rank, void *arg) {
     mt_rank_free(&r);
 }
 static int draw_check(const char *hf_dir, int bf16, int tp) {
-    char ck[MT_PATH_MAX], cmd[MT_PATH_MAX + 16];
-    snprintf(ck, sizeof ck, "build/draw_check_ck");
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ck);
-    if (system(cmd)) {}
-    mt_checkpoint_import_hf(hf_dir, ck, tp, 1, 0);   // (the run's layout: TP ranks)
-    mt__full_checkpoint full;
-    mt__ckpt_read_full(ck, &full);
     static mt_config cfg;
-    cfg = full.cfg;
-    mt__ckpt_free_full(&full);
-    cfg.model.hidden_dropout = cfg.model.attention_dropout = 0.0f;
-    cfg.train.bf16 = bf16;
-    snprintf(cfg.train.load, sizeof cfg.train.load, "%s", ck);
-    mt_config_derive(&cfg);
+    import_for(hf_dir, "build/draw_check_ck", tp, bf16, &cfg);   // (the run's layout: TP ranks)
     printf("draws at TP=%d%s\n", cfg.world_size, bf16 ? ", bf16" : "");
     draw_job j = {&cfg, 0};
     mt_world *w = mt_world_create(cfg.world_size);
