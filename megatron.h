@@ -7103,8 +7103,8 @@ static int mt__first_exceeding(const uint64_t *w, int n, uint64_t x, uint64_t *s
     return n - 1;
 }
 int mt_sample_row_cpu(const float *x, int n, const mt_draw *d) {
-    int best = 0;
-    for (int v = 1; v < n; v++) if (x[v] > x[best]) best = v;
+    int best;
+    mt_argmax_rows_cpu(&best, x, 1, n, n);   // the greedy token, and l_max
     if (!(d->temperature > 0.0f) || d->top_k == 1 || n == 1) return best;   // greedy
     double inv_t = 1.0 / (double)d->temperature;
     mt__candidate *c = (mt__candidate *)mt_malloc(sizeof(mt__candidate) * (size_t)n, "sampling");
