@@ -6033,13 +6033,32 @@ __global__ void __launch_bounds__(128) mt_attention_cached_forward_kernel(float 
 __host__ __device__ static inline size_t mt__attention_split_smem_floats(int per, int hs) {
     return (size_t)(per + 3) / 4 * 4 + 4 * 128 + 32 + 4 + (size_t)hs;
 }
+// thread-block clusters (Hopper and newer): the blocks of a cluster run together and can read each
+// other's shared memory (cooperative_groups' cluster_group). Built for an older GPU (sm_80), where
+// that type does not exist, a "cluster" is the block alone: the launchers ask for clusters only
+// where the GPU has them (mt__clusters_supported, below), so there a kernel always sees one block.
+struct mt__cluster {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __device__ int num_blocks() const { return (int)cooperative_groups::this_cluster().num_blocks(); }
+    __device__ int block_rank() const { return (int)cooperative_groups::this_cluster().block_rank(); }
+    __device__ void sync() const { cooperative_groups::this_cluster().sync(); }
+    // p in this block's shared memory -> the same variable in block `rank`'s
+    template <typename T>
+    __device__ T *map(T *p, int rank) const { return cooperative_groups::this_cluster().map_shared_rank(p, rank); }
+#else
+    __device__ int num_blocks() const { return 1; }
+    __device__ int block_rank() const { return 0; }
+    __device__ void sync() const { __syncthreads(); }
+    template <typename T>
+    __device__ T *map(T *p, int rank) const { (void)rank; return p; }
+#endif
+};
 template <int HS>
 __global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *out, float *kcache, float *vcache,
                                                                         const float *qkv, const int *start,
                                                                         int C_local, int NH_local, int cap, int per) {
     extern __shared__ float smem[];
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
+    mt__cluster cluster;
     const int hs = HS ? HS : C_local / NH_local, D4 = hs / 4, G = 128 / D4;
     const int MAXD4 = HS ? HS / 4 : 32;   // registers for q and one K row
     // EARLY (head sizes up to 64): the slice's cached rows before p are read into registers before
@@ -6135,11 +6154,11 @@ __global__ void __launch_bounds__(128) mt_attention_decode_split_kernel(float *o
     cluster.sync();   // every slice's m, l, o_s written and visible to the cluster
     if (s == 0) {
         float M = -INFINITY;
-        for (int j = 0; j < S; j++) M = fmaxf(M, cluster.map_shared_rank(mine, j)[0]);
+        for (int j = 0; j < S; j++) M = fmaxf(M, cluster.map(mine, j)[0]);
         for (int i = threadIdx.x; i < hs; i += blockDim.x) {
             float L = 0.0f, O = 0.0f;
             for (int j = 0; j < S; j++) {
-                const float *theirs = cluster.map_shared_rank(mine, j);
+                const float *theirs = cluster.map(mine, j);
                 float f = __expf(theirs[0] - M);   // 0 for an empty slice
                 L += theirs[1] * f;
                 O += theirs[4 + i] * f;
@@ -6255,9 +6274,8 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int *out, const float *x, int n, int ld) {
     __shared__ float best_v[MT__ARGMAX_THREADS];
     __shared__ int best_i[MT__ARGMAX_THREADS];
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank(), r = blockIdx.x / S;
+    mt__cluster cluster;
+    const int S = cluster.num_blocks(), s = cluster.block_rank(), r = blockIdx.x / S;
     mt__pdl_start();
     const float *row = x + (size_t)r * ld;
     int per = (n + S - 1) / S, begin = s * per, end = min(n, begin + per);
@@ -6300,8 +6318,8 @@ __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int 
         float cv = best_v[0];
         int ci = best_i[0];
         for (int j = 1; j < S; j++) {   // slices in index order: only a strictly larger value replaces
-            float v = *cluster.map_shared_rank(&best_v[0], j);
-            int i = *cluster.map_shared_rank(&best_i[0], j);
+            float v = *cluster.map(&best_v[0], j);
+            int i = *cluster.map(&best_i[0], j);
             if (i < n && (ci == n || v > cv)) { cv = v; ci = i; }
         }
         out[r] = ci < n ? ci : 0;
