@@ -151,24 +151,42 @@ __device__ static inline void mt__pdl_start(void) {
 // with mt__pdl_start (after any loads that do not depend on the kernel ahead): the next kernel
 // launches only once this one has waited, so at most two are in flight, one computing and the
 // next loading its weights.
+// mt__launch_cluster: the same with the grid's blocks in thread-block clusters of `cluster` along x
+// (Hopper; the kernel reaches its cluster through mt__cluster); 1: no cluster attribute.
 template <typename... Params, typename... Args>
-static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args... args) {
+static void mt__launch_cluster(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, unsigned cluster, Args... args) {
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attribute[2];
+    unsigned count = 0;
+    if (cluster > 1) {   // `cluster` consecutive blocks together
+        attribute[count].id = cudaLaunchAttributeClusterDimension;
+        attribute[count].val.clusterDim.x = cluster;
+        attribute[count].val.clusterDim.y = 1;
+        attribute[count].val.clusterDim.z = 1;
+        count++;
+    }
+    if (mt__pdl_on) {
+        attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[count].val.programmaticStreamSerializationAllowed = 1;
+        count++;
+    }
     config.attrs = attribute;
-    config.numAttrs = mt__pdl_on ? 1 : 0;
+    config.numAttrs = count;
     cudaError_t err = cudaLaunchKernelEx(&config, kernel, ((Params)args)...);
     if (err != cudaSuccess)
         mt_fatal("launching %s failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the op that caused it",
                  name, cudaGetErrorName(err), cudaGetErrorString(err));
     mt__launch_check(name, stream);
+}
+template <typename... Params, typename... Args>
+static void mt__launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args... args) {
+    mt__launch_cluster(name, kernel, grid, block, smem, stream, 1u, args...);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -6191,26 +6209,10 @@ static void mt__attention_split_launch(float *out, float *kcache, float *vcache,
     int per = (cap + S - 1) / S, hs = C_local / NH_local;
     size_t smem = sizeof(float) * mt__attention_split_smem_floats(per, hs);
     mt__allow_smem((const void *)mt_attention_decode_split_kernel<HS>, smem);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)(B * NH_local * S));
-    config.blockDim = dim3(128);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[2];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;   // S blocks of one (sequence, head) together
-    attribute[0].val.clusterDim.x = (unsigned)S;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;   // as mt__launch's
-    attribute[1].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = mt__pdl_on ? 2 : 1;
-    cudaError_t err = cudaLaunchKernelEx(&config, mt_attention_decode_split_kernel<HS>, out, kcache, vcache, qkv, start,
-                                         C_local, NH_local, cap, per);
-    if (err != cudaSuccess)
-        mt_fatal("launching mt_attention_decode_split_kernel failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to "
-                 "stop at the op that caused it", cudaGetErrorName(err), cudaGetErrorString(err));
-    mt__launch_check("mt_attention_decode_split_kernel", stream);
+    // S blocks of one (sequence, head) together
+    mt__launch_cluster("mt_attention_decode_split_kernel", mt_attention_decode_split_kernel<HS>,
+                       (unsigned)(B * NH_local * S), 128, smem, stream, (unsigned)S, out, kcache, vcache, qkv, start,
+                       C_local, NH_local, cap, per);
 }
 template <int HS>
 static void mt__attention_cached_launch(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
@@ -6329,32 +6331,9 @@ __global__ void __launch_bounds__(MT__ARGMAX_THREADS) mt_argmax_rows_kernel(int 
 void mt_argmax_rows_gpu(int *out, const float *x, int rows, int n, int ld, cudaStream_t stream) {
     if (rows == 0) return;
     static const int clusters = mt__clusters_supported();
-    unsigned S = clusters && n >= 8 * MT__ARGMAX_THREADS ? 8 : 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)rows * S);
-    config.blockDim = dim3(MT__ARGMAX_THREADS);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[2];
-    unsigned count = 0;
-    if (S > 1) {   // S blocks of one row together (without the attribute, a cluster of 1)
-        attribute[count].id = cudaLaunchAttributeClusterDimension;
-        attribute[count].val.clusterDim.x = S;
-        attribute[count].val.clusterDim.y = 1;
-        attribute[count].val.clusterDim.z = 1;
-        count++;
-    }
-    if (mt__pdl_on) {   // as mt__launch's
-        attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute[count].val.programmaticStreamSerializationAllowed = 1;
-        count++;
-    }
-    config.attrs = attribute;
-    config.numAttrs = count;
-    cudaError_t err = cudaLaunchKernelEx(&config, mt_argmax_rows_kernel, out, x, n, ld);
-    if (err != cudaSuccess)
-        mt_fatal("launching mt_argmax_rows_kernel failed: %s (%s)\nhint: run again with MT_SYNC_DEBUG=1 to stop at the "
-                 "op that caused it", cudaGetErrorName(err), cudaGetErrorString(err));
-    mt__launch_check("mt_argmax_rows_kernel", stream);
+    unsigned S = clusters && n >= 8 * MT__ARGMAX_THREADS ? 8 : 1;   // S blocks of one row together
+    mt__launch_cluster("mt_argmax_rows_kernel", mt_argmax_rows_kernel, (unsigned)rows * S, MT__ARGMAX_THREADS, 0,
+                       stream, S, out, x, n, ld);
 }
 
 // ---------------------------------------------------------------------------------------------
