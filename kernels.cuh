@@ -6641,6 +6641,38 @@ void mt_sample_rows_gpu(int *out, const float *x, int rows, int n, int ld, const
 }
 
 // ---------------------------------------------------------------------------------------------
+// decode steps queued ahead: the next step's inputs from this step's tokens (mt_decode_advance_cpu)
+// ---------------------------------------------------------------------------------------------
+// The last kernel of a queued decode step (megatron.h, section 11 says why): thread b moves
+// sequence b on, s = *step:
+//   tokens[b] = next[b]; start[b] = positions[b] = min(start[b] + 1, cap - 1)
+//   draws[b] = plan[min(s + 1, plan_steps - 1) * rows + b]; ring[(s % ring_slots) * rows + b] = next[b]
+// ring is host memory (pinned, at the same address here): the host reads it once the step is done.
+// Every thread reads *step before thread 0 moves it on.
+__global__ void mt_decode_advance_kernel(int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                                         const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows,
+                                         int cap) {
+    mt__pdl_start();
+    int s = *step, k = min(s + 1, plan_steps - 1);
+    for (int b = threadIdx.x; b < rows; b += blockDim.x) {
+        int p = min(start[b] + 1, cap - 1);
+        tokens[b] = next[b];
+        start[b] = p;
+        positions[b] = p;
+        draws[b] = plan[(size_t)k * rows + b];
+        ring[(size_t)(s % ring_slots) * rows + b] = next[b];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *step = s + 1;
+}
+void mt_decode_advance_gpu(int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                           const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap,
+                           cudaStream_t stream) {
+    mt__launch("mt_decode_advance_kernel", mt_decode_advance_kernel, 1, 32, 0, stream, tokens, positions, start, draws,
+               step, ring, next, plan, plan_steps, ring_slots, rows, cap);
+}
+
+// ---------------------------------------------------------------------------------------------
 // a decode step as one kernel (generation at TP = PP = 1: one new token for each of B sequences)
 // ---------------------------------------------------------------------------------------------
 // Op by op, a decode step of GPT-2 small is ~90 kernels of a few microseconds each (layernorms of
@@ -7956,6 +7988,13 @@ void mt_sample_rows(mt_rank *r, int *out, const float *x, int rows, int n, int l
     mt_sample_rows_gpu(out, x, rows, n, ld, draws, work, mt__stream(r));
     mt__profile_end(r, "sampling", t0);
 }
+void mt_decode_advance(mt_rank *r, int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                       const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap) {
+    double t0 = mt__profile_begin(r);
+    mt_decode_advance_gpu(tokens, positions, start, draws, step, ring, next, plan, plan_steps, ring_slots, rows, cap,
+                          mt__stream(r));
+    mt__profile_end(r, "decode advance", t0);
+}
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     double t0 = mt__profile_begin(r);
     mt_gelu_forward_gpu(out, inp, N, mt__stream(r));
@@ -8402,6 +8441,9 @@ void mt_device_free(mt_rank *r) {
         r->dev.weights16 = NULL;
     }
     mt__profile_print(r);
+    for (int i = 0; i < MT_DEVICE_POINTS; i++)
+        if (r->dev.points[i]) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)r->dev.points[i]));
+    memset(r->dev.points, 0, sizeof r->dev.points);
     if (r->dev.stream) {
         mt__scratch_arena_free(r);
         MT_CUDA_CHECK(cudaStreamDestroy(mt__stream(r)));
@@ -8628,6 +8670,19 @@ void mt_device_graph_launch(mt_rank *r, void *graph) {
 }
 void mt_device_graph_free(void *graph) {
     if (graph) MT_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+// points in the stream: CUDA events without timing (the cheapest kind), made at first use. Waiting
+// for one spins on the host (the default), which wakes within a microsecond or two of the point.
+void mt_device_point(mt_rank *r, int i) {
+    if (!r->dev.points[i]) {
+        cudaEvent_t e;
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        r->dev.points[i] = (void *)e;
+    }
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)r->dev.points[i], mt__stream(r)));
+}
+void mt_device_point_wait(mt_rank *r, int i) {
+    if (r->dev.points[i]) MT_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)r->dev.points[i]));
 }
 // the GPU build computes in what --fp32 / --bf16 / --fp16 say (the GEMM rung follows, see
 // mt_gemm_impl_for_precision): nothing to refuse, nothing to note

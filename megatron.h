@@ -660,6 +660,16 @@ uint64_t mt_sample_weight(float logit, float best, double inv_temperature);
    mt_sample_rows_cpu: out[r] for each row r of x[r*ld .. r*ld + n) with draws[r] */
 int mt_sample_row_cpu(const float *x, int n, const mt_draw *d);
 void mt_sample_rows_cpu(int *out, const float *x, int rows, int n, int ld, const mt_draw *draws);
+/* decode steps queued ahead (generation, section 11): after a step has picked next[b] for each of
+   its `rows` sequences, the next step's inputs, made where the tokens are, so that the host need
+   not wait for a token before it queues the step after (step s = *step, then *step = s + 1):
+     tokens[b] = next[b]                    the token just picked goes in
+     start[b] = positions[b] = min(start[b] + 1, cap - 1)   at the next position (held at the
+                                            cache's last: a finished sequence's steps are ignored)
+     draws[b] = plan[min(s + 1, plan_steps - 1) * rows + b]   step s + 1's draw (the host's plan)
+     ring[(s % ring_slots) * rows + b] = next[b]   where the host reads step s's tokens */
+void mt_decode_advance_cpu(int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                           const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap);
 /* attention of Tq new tokens per sequence over the KV cache (generation): see section 3 */
 void mt_attention_cached_forward_cpu(float *out, float *kcache, float *vcache, const float *qkv, const int *start,
                                      int B, int Tq, int C_local, int NH_local, int cap);
@@ -788,6 +798,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dtype);
 
 // THE BACKEND SEAM: the ops as the model calls them, on the rank's device (same arguments as
 // the _cpu functions, plus the rank); the memory they work on; the device's facts
+#define MT_DEVICE_POINTS 4      /* mt_device_point's points a rank has */
 typedef struct {
     int device;                 // CUDA device, -1 on the CPU build
     void *stream;               // cudaStream_t of every kernel of this rank (NULL on the CPU build)
@@ -808,6 +819,7 @@ typedef struct {
                                 // at once for the ops this rank ran (make test holds the plan to it)
     void *decode_work;          // GPU decoding: the one-kernel step's barrier counters and argmax partials
     size_t decode_work_bytes;   //   (mt_device_decode_step), freed when a generator turns the copy off
+    void *points[MT_DEVICE_POINTS];   // GPU: mt_device_point's CUDA events, made at first use
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -903,6 +915,10 @@ void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int l
    device memory (the GPU's weights and histograms; 0 on the CPU, whose op borrows its own) */
 size_t mt_sample_rows_work_bytes(int rows, int n);
 void mt_sample_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld, const mt_draw *draws, void *work);
+/* mt_decode_advance_cpu on the rank's device: every pointer a device buffer but ring, which is host
+   memory from mt_buffer_alloc_host (the device writes it; the host reads it after mt_device_point_wait) */
+void mt_decode_advance(mt_rank *r, int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                       const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap);
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N);
 void mt_gelu_backward(mt_rank *r, float *dinp, const float *inp, const float *dout, size_t N);
 void mt_residual_forward(mt_rank *r, float *out, const float *a, const float *b, size_t N);
@@ -973,7 +989,9 @@ void mt_buffer_download(mt_rank *r, void *host_dst, const void *src, size_t byte
    the last step's optimizer to the next forward without the host's round trip in between) */
 void mt_buffer_upload_queued(mt_rank *r, void *dst, const void *host_src, size_t bytes);
 /* host memory the device copies to and from at full speed, zeroed: pinned (page-locked, cudaHostAlloc)
-   on the GPU build, ordinary host memory on the CPU build. --optimizer-cpu-offload keeps AdamW's state in it */
+   on the GPU build, ordinary host memory on the CPU build. --optimizer-cpu-offload keeps AdamW's state in it.
+   Kernels may also read and write it at the same address (unified addressing: every 64-bit CUDA
+   platform): the decode steps queued ahead leave their tokens there (mt_decode_advance) */
 float *mt_buffer_alloc_host(mt_rank *r, size_t n, const char *what);
 void mt_buffer_free_host(void *p);
 /* the device: set-up (which GPU, its stream, the GEMM rung; on the GPU build the arena its kernels
@@ -1028,6 +1046,13 @@ void mt_device_capture_begin(mt_rank *r, int decode);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
 void mt_device_graph_free(void *graph);
+/* points in the rank's stream that the host can wait for without waiting for the work queued after
+   them (generation's decode steps queued ahead, section 11): mt_device_point(r, i) marks the end of
+   the work queued so far as point i (0 <= i < MT_DEVICE_POINTS; marking it again moves it),
+   mt_device_point_wait(r, i) returns once that work is done. The CPU build: its ops are done when
+   they return, nothing to mark or wait for */
+void mt_device_point(mt_rank *r, int i);
+void mt_device_point_wait(mt_rank *r, int i);
 /* the parameters rounded once to the operand type of the products that round them (--bf16 /
    --fp16 on the GPU): the same values each product would round each weight to, made in one cast
    instead of one per product (a training step multiplies every weight twice: the forward and the
@@ -1738,6 +1763,9 @@ typedef struct {
     int pick;                                  // set by the caller: who picks the next tokens (mt_pick).
                                                // On the device: host_next, host_logits not filled
     int *next, *host_next;                     // (B) each row's picked token: on the device, on the host
+    int *step;                                 // (1, device) the decode steps queued ahead: the next one's number
+    mt_draw *plan, *host_plan;                 // (cap, B) their draws, step k's at k*B + b (device; host staging)
+    int *ring;                                 // (MT_GEN_RING, B) host memory each queued step leaves its tokens in
     void **graphs;                             // (3 x max_batch) the decode step of b+1 sequences (each mt_pick)
                                                // as a CUDA graph (GPU build, TP = PP = 1), made at first use
     mt_rank *rank;                             // whose device holds the decoding copy of the weights
@@ -1746,6 +1774,7 @@ typedef struct {
    them), or the device: the argmax (greedy), or a draw (mt_sample_rows, g->draws); at TP > 1 every
    TP rank picks alike from the gathered rows */
 typedef enum { MT_PICK_HOST = 0, MT_PICK_ARGMAX = 1, MT_PICK_SAMPLE = 2 } mt_pick;
+#define MT_GEN_RING 4   /* slots of g->ring: decode step k's tokens in slot k % MT_GEN_RING */
 void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_tokens, int cap);
 void mt_generator_free(mt_generator *g);
 /* Tq new tokens (B,Tq) of each sequence at positions start[b] .. start[b]+Tq-1: through the layers,
@@ -7129,6 +7158,24 @@ void mt_sample_rows_cpu(int *out, const float *x, int rows, int n, int ld, const
 }
 
 // ---------------------------------------------------------------------------------------------
+// decode steps queued ahead: the next step's inputs from this step's tokens (section 11 says why)
+//   tokens[b] = next[b]; start[b] = positions[b] = min(start[b] + 1, cap - 1)
+//   draws[b] = plan[min(s + 1, plan_steps - 1) * rows + b]; ring[(s % ring_slots) * rows + b] = next[b]
+// with s = *step, which then moves on to s + 1
+void mt_decode_advance_cpu(int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                           const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap) {
+    int s = *step, k = s + 1 < plan_steps ? s + 1 : plan_steps - 1;
+    for (int b = 0; b < rows; b++) {
+        int p = start[b] + 1 < cap ? start[b] + 1 : cap - 1;
+        tokens[b] = next[b];
+        start[b] = positions[b] = p;
+        draws[b] = plan[(size_t)k * rows + b];
+        ring[(size_t)(s % ring_slots) * rows + b] = next[b];
+    }
+    *step = s + 1;
+}
+
+// ---------------------------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // writes out with '='. inp/out have N elements.
 #define MT_GELU_SCALING_FACTOR 0.7978845608028654f   /* sqrt(2/pi) */
@@ -8113,6 +8160,12 @@ void mt_sample_rows(mt_rank *r, int *out, const float *x, int rows, int n, int l
     (void)r; (void)work; mt_sample_rows_cpu(out, x, rows, n, ld, draws);
 }
 
+void mt_decode_advance(mt_rank *r, int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
+                       const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows, int cap) {
+    (void)r;
+    mt_decode_advance_cpu(tokens, positions, start, draws, step, ring, next, plan, plan_steps, ring_slots, rows, cap);
+}
+
 void mt_gelu_forward(mt_rank *r, float *out, const float *inp, size_t N) {
     (void)r; mt_gelu_forward_cpu(out, inp, N);
 }
@@ -8301,6 +8354,8 @@ void mt_device_capture_begin(mt_rank *r, int decode) { (void)r; (void)decode; }
 void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
+void mt_device_point(mt_rank *r, int i) { (void)r; (void)i; }
+void mt_device_point_wait(mt_rank *r, int i) { (void)r; (void)i; }
 void mt_device_weights16(mt_rank *r, int use) {
     r->dev.weights16_on = use != MT_WEIGHTS16_OFF &&
                           mt_weights16_wanted((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, use);
@@ -13093,14 +13148,19 @@ void mt_generator_init(mt_rank *r, mt_generator *g, int max_batch, int max_token
     g->bytes = n * sizeof(float);
     g->cache_bytes = 2 * (size_t)r->dims.L_local * (size_t)max_batch * (size_t)cap * (size_t)r->dims.C_tp *
                      sizeof(float);
-    // ids: tokens (BTq), positions (BTq), start (BTq), draws (4 B: mt_draw is 4 ints wide), next (B)
+    // ids: tokens (BTq), positions (BTq), start (BTq), draws (4 B: mt_draw is 4 ints wide), next (B),
+    // the queued steps' counter (1), their draws (4 B cap)
     size_t BTq = (size_t)g->max_tokens, B = (size_t)max_batch, draw_ints = sizeof(mt_draw) / sizeof(int);
-    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + draw_ints * B + B, "decoding ids");
+    g->ids = mt_buffer_alloc_ints(r, 3 * BTq + draw_ints * B + B + 4 + draw_ints * B * (size_t)cap, "decoding ids");
     g->tokens = g->ids;
     g->positions = g->ids + BTq;
     g->start = g->ids + 2 * BTq;
     g->draws = (mt_draw *)(g->ids + 3 * BTq);
     g->next = g->ids + 3 * BTq + draw_ints * B;
+    g->step = g->next + B;
+    g->plan = (mt_draw *)(g->step + 4);
+    g->host_plan = (mt_draw *)mt_calloc(B * (size_t)cap, sizeof(mt_draw), "decoding draws");
+    g->ring = (int *)mt_buffer_alloc_host(r, MT_GEN_RING * B, "decoded tokens");   // floats and ints: 4 bytes
     g->host_next = (int *)mt_calloc(B, sizeof(int), "decoding ids");
     g->host_ids = (int *)mt_calloc(3 * BTq + draw_ints * B, sizeof(int), "decoding ids");
     g->host_draws = (mt_draw *)(g->host_ids + 3 * BTq);
@@ -13120,7 +13180,8 @@ void mt_generator_free(mt_generator *g) {
     mt_buffer_free(g->memory);
     mt_buffer_free(g->ids);
     if (g->sample_work) mt_buffer_free((float *)g->sample_work);
-    free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered);
+    free(g->host_ids); free(g->host_msg); free(g->host_logits); free(g->host_gathered); free(g->host_plan);
+    mt_buffer_free_host(g->ring);
     for (int b = 0; b < 3 * g->max_batch; b++) mt_device_graph_free(g->graphs[b]);
     free(g->graphs);
     free(g->host_next);
@@ -13186,11 +13247,10 @@ static int mt__gen_one_launch(mt_rank *r, mt_generator *g, int B, int greedy) {
     return mt_device_decode_step(r, &s);
 }
 
-void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
-                          int Tq) {
-    int C = r->dims.C, s = r->ps.pp_rank, pp = r->ps.pp_size, lpc = r->dims.layers_per_chunk;
-    size_t BT = (size_t)B * Tq, BTC = BT * (size_t)C;
-    r->state.decoding = 1;   // the layers see whole (B, Tq, C) tensors: no sequence parallelism
+// a step's inputs into g's device buffers: the tokens, their positions, each sequence's first
+// position, and the draws the caller set in g->host_draws
+static void mt__gen_inputs(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, int B, int Tq) {
+    size_t BT = (size_t)B * Tq;
     if (B > g->max_batch || (int)BT > g->max_tokens)
         mt_fatal("internal: %d sequences x %d tokens do not fit the decoding buffers (%d x %d)", B, Tq, g->max_batch,
                  g->max_tokens / g->max_batch);
@@ -13205,13 +13265,30 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         g->host_ids[2 * g->max_tokens + b] = start[b];
     }
     mt_buffer_upload(r, g->ids, g->host_ids, 3 * (size_t)g->max_tokens * sizeof(int) + (size_t)B * sizeof(mt_draw));
-    // A decode step on a rank that is the whole replica (TP = PP = 1: no collectives, no pipeline
-    // messages) queues the same work every step, its inputs in g->ids: it is recorded once per
-    // batch size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it).
-    int graphable = Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
-    int pick = g->pick, slot = 3 * (B - 1) + pick;
+}
+
+// A decode step on a rank that is the whole replica (TP = PP = 1: no collectives, no pipeline
+// messages) queues the same work every step, its inputs in g->ids: it is recorded once per batch
+// size as a CUDA graph and then replayed as one launch (GPU build; the CPU runs it). With the
+// device picking the tokens it is also one of the steps queued ahead (mt_generate_batch): its
+// last op makes the next step's inputs (mt_decode_advance).
+static int mt__gen_graphable(const mt_rank *r, int Tq) {
+    return Tq == 1 && r->ps.tp_size == 1 && r->ps.pp_size == 1;
+}
+
+// a step's work from the inputs in g's device buffers: the layers, and on the last stage the head
+// and (the device picking) the tokens. Queued on the device; the caller fetches the results.
+static void mt__gen_compute(mt_rank *r, mt_generator *g, const int *last, int B, int Tq) {
+    int C = r->dims.C, s = r->ps.pp_rank, pp = r->ps.pp_size, lpc = r->dims.layers_per_chunk;
+    size_t BT = (size_t)B * Tq, BTC = BT * (size_t)C;
+    r->state.decoding = 1;   // the layers see whole (B, Tq, C) tensors: no sequence parallelism
+    int graphable = mt__gen_graphable(r, Tq);
+    int pick = g->pick, slot = 3 * (B - 1) + pick, queued = graphable && pick != MT_PICK_HOST;
     if (graphable && pick != MT_PICK_SAMPLE && mt__gen_one_launch(r, g, B, pick == MT_PICK_ARGMAX)) {
         // the whole step ran as one kernel (GPU build; section 3's mt_device_decode_step)
+        if (queued)
+            mt_decode_advance(r, g->tokens, g->positions, g->start, g->draws, g->step, g->ring, g->next, g->plan,
+                              g->cap, MT_GEN_RING, B, g->cap);
     } else if (graphable && g->graphs[slot]) {
         mt_device_graph_launch(r, g->graphs[slot]);
     } else {
@@ -13260,6 +13337,11 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
             }
             if (pick == MT_PICK_ARGMAX) mt_argmax_rows(r, g->next, rows, B, V, ld);
             if (pick == MT_PICK_SAMPLE) mt_sample_rows(r, g->next, rows, B, V, ld, g->draws, g->sample_work);
+            // queued ahead: the next step's inputs from these tokens (plan: cap steps of draws), and
+            // the tokens into the host's ring
+            if (queued)
+                mt_decode_advance(r, g->tokens, g->positions, g->start, g->draws, g->step, g->ring, g->next, g->plan,
+                                  g->cap, MT_GEN_RING, B, g->cap);
         }
         if (graphable) {
             g->graphs[slot] = mt_device_capture_end(r);   // NULL where the work already ran
@@ -13267,6 +13349,13 @@ void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, co
         }
     }
     r->state.decoding = 0;   // the layers are done
+}
+
+void mt_generator_forward(mt_rank *r, mt_generator *g, const int32_t *tokens, const int *start, const int *last, int B,
+                          int Tq) {
+    mt__gen_inputs(r, g, tokens, start, B, Tq);
+    mt__gen_compute(r, g, last, B, Tq);
+    int pick = g->pick;
     if (!r->ps.is_last_stage) return;
     if (pick != MT_PICK_HOST) {
         mt_buffer_download(r, g->host_next, g->next, (size_t)B * sizeof(int));
@@ -13322,9 +13411,27 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
     int on_device = g->pick != MT_PICK_HOST;
     for (int b = 0; b < B; b++)   // the prompts' next tokens go to positions pos[b]
         g->host_draws[b] = mt_sampling_draw(&q->sampling, (uint64_t)(q->first_sequence + b), (uint64_t)pos[b]);
+    // Decode steps queued ahead (TP = PP = 1, the device picking): the host would otherwise wait
+    // for each step's tokens before it uploads them as the next step's input and queues it, and
+    // the GPU would idle meanwhile (~25 us a step on an H200 at GPT-2 small's ~0.26 ms: docs/perf.md).
+    // Instead each step's last op makes the next step's inputs on the device (mt_decode_advance:
+    // its tokens, the next positions, the next draws from the plan uploaded once), and the host
+    // queues step k + 1 before it reads step k's tokens from the ring in host memory. The tokens
+    // are the same: a step computes each row alone, and a sequence that has finished (its end
+    // token, its count) goes on decoding rows nobody reads (held at the cache's last position)
+    // where the host-driven loop would idle it at position 0. A step queued for a sequence that
+    // then ends is waited for and ignored.
+    int queued = on_device && mt__gen_graphable(r, 1);
+    int last_queued = -1;   // the last decode step queued ahead
     double t0 = mt_time_seconds();
     mt_generator_forward(r, g, tok, start, last, B, Tp);   // prefill: every prompt token in one pass
     for (int step = 0;; step++) {
+        // queued: step > 0 takes decode step step - 1's tokens from the ring
+        if (queued && step > 0) {
+            if (last_queued < step - 1) mt_fatal("internal: decode step %d was not queued", step - 1);
+            mt_device_point_wait(r, (step - 1) % MT_DEVICE_POINTS);
+            for (int b = 0; b < B; b++) g->host_next[b] = g->ring[(size_t)((step - 1) % MT_GEN_RING) * B + b];
+        }
         // sample each sequence's next token (the last stage, every TP rank alike), tell the stages
         if (r->ps.is_last_stage)
             for (int b = 0; b < B; b++) {
@@ -13350,6 +13457,41 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         if (step == 0) q->prefill_seconds = now - t0;
         else if (q->step_seconds) q->step_seconds[step - 1] = now - t0;
         if (active == 0) break;
+        if (queued) {
+            t0 = mt_time_seconds();
+            if (step == 0) {   // decode step 0's inputs, every step's draws, the step counter
+                int n_plan = q->max_new_tokens < g->cap ? q->max_new_tokens : g->cap, zero = 0;
+                for (int k = 0; k < n_plan; k++)
+                    for (int b = 0; b < B; b++)
+                        g->host_plan[(size_t)k * B + b] = mt_sampling_draw(&q->sampling,
+                                                                           (uint64_t)(q->first_sequence + b),
+                                                                           (uint64_t)pos[b] + (uint64_t)k + 1);
+                for (int b = 0; b < B; b++) {
+                    tok[b] = done[b] ? 0 : (int32_t)next[b];
+                    start[b] = done[b] ? 0 : pos[b];
+                    g->host_draws[b] = g->host_plan[b];
+                }
+                mt__gen_inputs(r, g, tok, start, B, 1);
+                mt_buffer_upload(r, g->plan, g->host_plan, (size_t)n_plan * B * sizeof(mt_draw));
+                mt_buffer_upload(r, g->step, &zero, sizeof(int));
+                mt__gen_compute(r, g, last, B, 1);
+                mt_device_point(r, 0);
+                last_queued = 0;
+            }
+            for (int b = 0; b < B; b++) if (!done[b]) pos[b]++;
+            q->steps++;
+            // decode step `step` is queued: queue step + 1 too where a sequence may still want it
+            // (unless step's tokens end it), before waiting for step's tokens
+            int wanted = 0;
+            for (int b = 0; b < B; b++)
+                if (!done[b] && q->counts[b] + 1 < q->max_new_tokens && pos[b] < g->cap) wanted = 1;
+            if (wanted) {
+                mt__gen_compute(r, g, last, B, 1);
+                mt_device_point(r, (step + 1) % MT_DEVICE_POINTS);
+                last_queued = step + 1;
+            }
+            continue;
+        }
         // decode: every sequence's newest token at its own position (a finished one idles at 0)
         t0 = mt_time_seconds();
         for (int b = 0; b < B; b++) {
@@ -13362,6 +13504,8 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         for (int b = 0; b < B; b++) if (!done[b]) pos[b]++;
         q->steps++;
     }
+    // a step queued for sequences that then ended: done before the buffers are reused
+    if (last_queued >= 0) mt_device_point_wait(r, last_queued % MT_DEVICE_POINTS);
     g->pick = MT_PICK_HOST;
     free(tok); free(start); free(last); free(pos); free(done); free(next);
 }

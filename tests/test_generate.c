@@ -75,6 +75,7 @@ typedef struct {
     double max_rel;
     int stop_count, stopped;      // the position limit: tokens of a prompt that fills the cache
     int argmax_same;              // the tokens again without logits asked for: the same
+    int eod_same;                 // and with an end token that ends sequences at different steps: cut there
 } cache_job;
 
 static void prompt_ids(int i, int32_t *ids, int V) {
@@ -115,6 +116,21 @@ static void cache_rank(mt_world *w, int rank, void *arg) {
     q.counts = counts2;
     mt_generate_batch(&r, &g, &q);
     if (rank == j->cfg->world_size - 1) j->argmax_same = memcmp(tokens, tokens2, sizeof tokens) == 0;
+    // the same with an end token: sequence 1's third token, so that sequence 1 ends after 3 tokens and
+    // the others where it first appears in theirs (or not at all). At TP = PP = 1 the device's steps
+    // are queued ahead (megatron.h, mt_generate_batch): the steps past a sequence's end are ignored
+    q.eod = tokens[1 * NEW + 2];
+    mt_generate_batch(&r, &g, &q);
+    int eod_same = 1;
+    for (int i = 0; i < NSEQ; i++) {
+        int want = NEW;
+        for (int k = 0; k < NEW; k++)
+            if (tokens[i * NEW + k] == q.eod) { want = k + 1; break; }
+        if (counts2[i] != want || memcmp(tokens2 + i * NEW, tokens + i * NEW, sizeof(int32_t) * (size_t)want) != 0)
+            eod_same = 0;
+    }
+    if (rank == j->cfg->world_size - 1) j->eod_same = eod_same && counts2[1] <= 3;
+    q.eod = -1;
     q.tokens = tokens;
     q.counts = counts;
     mt_generator_free(&g);
@@ -196,6 +212,8 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
             for (int i = 0; i < NSEQ; i++) mt_expect(j.counts[i] == NEW, "sequence %d got %d tokens", i, j.counts[i]);
             mt_expect(j.argmax_same, "TP=%d PP=%d mode %d: the tokens differ when no logits are asked for", layouts[k][0],
                       layouts[k][1], m);
+            mt_expect(j.eod_same, "TP=%d PP=%d mode %d: with an end token the sequences are not the same tokens cut "
+                      "after it", layouts[k][0], layouts[k][1], m);
             mt_expect(j.stop_count == 3 && j.stopped == 1, "the prompt that fills the cache got %d tokens (stopped %d)",
                       j.stop_count, j.stopped);
             if (k == 0) one = j;

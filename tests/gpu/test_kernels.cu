@@ -1104,6 +1104,67 @@ static void test_sample_rows(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// decode steps queued ahead (mt_decode_advance_gpu) against mt_decode_advance_cpu: 40 steps in a
+// row on the same buffers, random picked tokens each step, positions that reach the cache's last
+// (held there), a plan shorter than the steps (its last draw repeated), the ring of 4 slots
+// wrapping, and rows = 1, 3 and 8. The ring is pinned host memory the kernel writes (unified
+// addressing), as the generator's.
+static void test_decode_advance(void) {
+    const int row_counts[3] = {1, 3, 8}, cap = 24, plan_steps = 30, ring_slots = 4, steps = 40;
+    int checked = 0;
+    for (int ri = 0; ri < 3; ri++) {
+        int rows = row_counts[ri];
+        int tokens[8], positions[8], start[8], step = 0, next[8], ring[4 * 8] = {0};
+        mt_draw draws[8], plan[30 * 8];
+        for (int b = 0; b < rows; b++) {
+            tokens[b] = rand_int(50257);
+            start[b] = positions[b] = rand_int(cap);
+            draws[b] = {rand_uniform(0, 1), 0.9f, 0, 0.95f};
+        }
+        for (int k = 0; k < plan_steps * rows; k++) plan[k] = {rand_uniform(0, 1), rand_uniform(0, 2), rand_int(50), 0.9f};
+        int *d_tokens = dev_upload_int(tokens, rows), *d_positions = dev_upload_int(positions, rows);
+        int *d_start = dev_upload_int(start, rows), *d_step = dev_upload_int(&step, 1), *d_next = dev_upload_int(next, rows);
+        mt_draw *d_draws = (mt_draw *)dev_alloc(sizeof draws), *d_plan = (mt_draw *)dev_alloc(sizeof plan);
+        MT_CUDA_CHECK(cudaMemcpy(d_draws, draws, sizeof(mt_draw) * rows, cudaMemcpyHostToDevice));
+        MT_CUDA_CHECK(cudaMemcpy(d_plan, plan, sizeof(mt_draw) * plan_steps * rows, cudaMemcpyHostToDevice));
+        int *h_ring = NULL;
+        MT_CUDA_CHECK(cudaHostAlloc((void **)&h_ring, sizeof ring, cudaHostAllocDefault));
+        memset(h_ring, 0, sizeof ring);
+        for (int s = 0; s < steps; s++) {
+            for (int b = 0; b < rows; b++) next[b] = rand_int(50257);
+            MT_CUDA_CHECK(cudaMemcpy(d_next, next, sizeof(int) * rows, cudaMemcpyHostToDevice));
+            mt_decode_advance_cpu(tokens, positions, start, draws, &step, ring, next, plan, plan_steps, ring_slots, rows,
+                                  cap);
+            mt_decode_advance_gpu(d_tokens, d_positions, d_start, d_draws, d_step, h_ring, d_next, d_plan, plan_steps,
+                                  ring_slots, rows, cap, 0);
+            MT_CUDA_CHECK(cudaDeviceSynchronize());
+            int g_tokens[8], g_positions[8], g_start[8], g_step;
+            mt_draw g_draws[8];
+            MT_CUDA_CHECK(cudaMemcpy(g_tokens, d_tokens, sizeof(int) * rows, cudaMemcpyDeviceToHost));
+            MT_CUDA_CHECK(cudaMemcpy(g_positions, d_positions, sizeof(int) * rows, cudaMemcpyDeviceToHost));
+            MT_CUDA_CHECK(cudaMemcpy(g_start, d_start, sizeof(int) * rows, cudaMemcpyDeviceToHost));
+            MT_CUDA_CHECK(cudaMemcpy(&g_step, d_step, sizeof(int), cudaMemcpyDeviceToHost));
+            MT_CUDA_CHECK(cudaMemcpy(g_draws, d_draws, sizeof(mt_draw) * rows, cudaMemcpyDeviceToHost));
+            int same = g_step == step && memcmp(g_tokens, tokens, sizeof(int) * rows) == 0 &&
+                       memcmp(g_positions, positions, sizeof(int) * rows) == 0 &&
+                       memcmp(g_start, start, sizeof(int) * rows) == 0 &&
+                       memcmp(g_draws, draws, sizeof(mt_draw) * rows) == 0 &&
+                       memcmp(h_ring, ring, sizeof(int) * ring_slots * rows) == 0;
+            mt_expect(same, "decode advance rows=%d step %d: the device's inputs, draws or ring differ from the CPU's",
+                      rows, s);
+            checked++;
+        }
+        for (int b = 0; b < rows; b++)
+            mt_expect(start[b] == cap - 1, "rows=%d: sequence %d ends at position %d, not the cache's last %d", rows, b,
+                      start[b], cap - 1);
+        dev_free(d_tokens); dev_free(d_positions); dev_free(d_start); dev_free(d_step); dev_free(d_next);
+        dev_free(d_draws); dev_free(d_plan);
+        MT_CUDA_CHECK(cudaFreeHost(h_ring));
+    }
+    printf("  %d steps at 1, 3 and 8 rows: inputs, draws and ring as the CPU's\n", checked);
+}
+
+// ---------------------------------------------------------------------------------------------
 // a decode step's chain of kernels (GPT-2 small's shapes, 16-bit weights, 3 layers, the head and
 // the argmax), captured in a CUDA graph with programmatic dependent launch (mt__pdl_on, kernels.cuh
 // section 1) and replayed 200 times: every replay equal bit for bit to the same chain run op by op
@@ -2370,6 +2431,7 @@ int main(int argc, char **argv) {
         run("attention", test_attention);
         run("decode", test_decode);
         run("sample_rows", test_sample_rows);
+        run("decode_advance", test_decode_advance);
         run("decode_chain_pdl", test_decode_chain_pdl);
         run("decode_step_one_kernel", test_decode_step_one_kernel);
         run("gelu_residual", test_gelu_residual);
