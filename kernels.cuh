@@ -498,9 +498,12 @@ void mt_cast_bf16_to_f32_gpu(float *out, const __nv_bfloat16 *inp, size_t n, cud
 //   mt_residual_forward_kernel                over the 16-byte aligned bulk, as the residual)
 //   mt_attention_cached_forward_kernel      generation: a block per (sequence, head, new token)
 //   mt_attention_decode_split_kernel        decoding: a cluster per (sequence, head), a block per slice
+//   mt_qkv_attention_decode_kernel          decoding one sequence: the qkv GEMV, then that attention, a
+//                                           cluster of 8 blocks per head
 //   mt_argmax_rows_kernel                   generation's greedy token: a cluster of 8 blocks per row
 //   mt_sample_*_kernel (3)                  generation's drawn token (temperature, top-k, top-p): the
 //                                           weights and a counting sort over a grid, a radix select a row
+//   mt_decode_advance_kernel                decode steps queued ahead: the next step's inputs
 //   mt_cross_entropy_*_kernel (4)           one block per row (token)
 //   mt_adamw_kernel                         one thread per parameter
 
@@ -6261,6 +6264,208 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 }
 
 // ---------------------------------------------------------------------------------------------
+// decoding one sequence: the qkv GEMV and the attention over the cache in one kernel
+// ---------------------------------------------------------------------------------------------
+// At batch 1 a decode layer's qkv GEMV (mt_matmul_kernel6_gemv_mma) and its attention over the
+// cache (mt_attention_decode_split_kernel) are two kernels in a chain: the attention waits for the
+// whole GEMV to end and its writes to be flushed, then reads q back from memory (~1.5-2 us of the
+// chain a layer, 12 layers). Here one cluster of 8 blocks per head does both:
+//   1. the GEMV for the head's 3 x 64 outputs [q | k | v] (rows h*64.. of each third of W, a block
+//      24 of them: three groups of 8, each group exactly the GEMV kernel's arithmetic: warp w the
+//      k steps w, w+8, ..., two mma.sync.m16n8k16 a step, the 8 warps' partials added in warp order,
+//      then the bias), the block's 24 values in its shared memory;
+//   2. a cluster barrier; then the split attention's work, block s the positions of slice s:
+//      q (and, in the block whose slice holds p, the new K and V rows, stored into the cache) read
+//      from the blocks that computed them (distributed shared memory), and the same three passes,
+//      the same combine by block 0, on the first 128 threads (the other 128 wait at the barriers).
+// The same values in the same order as the two kernels (S = 8 slices; the split kernel has 8 from
+// 225 cached positions): the same bits, which tests/gpu/test_kernels checks. Before the wait for
+// the kernel ahead (the layernorm) a block asks for its weights (into registers, as the GEMV) and
+// its slice's cached K and V rows (copied into its shared memory, cp.async: in registers too they
+// took the kernel to 240 registers, one block an SM, and the next kernel's blocks found no room to
+// start early). B = 1, head size 64, 16-bit weights (decoding's copy), Hopper.
+// Shared memory: the staged K rows | V rows (per x (64 + 4) floats each: a row's stride of 68
+// floats puts the float4s that 8 threads read from 8 rows in 8 different banks) | the split
+// kernel's (scores, partial outputs, reduction, m, l, o) | q (64)
+#define MT__QKV_ATT_SLICES 8
+__host__ __device__ static inline size_t mt__qkv_attention_smem_floats(int per) {
+    return 2 * (size_t)per * (64 + 4) + mt__attention_split_smem_floats(per, 64) + 64;
+}
+template <int F16>
+__global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *out, float *kcache, float *vcache,
+                                                                      const float *inp, const uint16_t *weight,
+                                                                      const float *bias, const int *start, int C,
+                                                                      int C_local, int cap, int per) {
+    extern __shared__ float smem[];
+    constexpr int HS = 64, D4 = HS / 4, ATT = 128, G = ATT / D4, S = MT__QKV_ATT_SLICES, KS = HS + 4;
+    constexpr int MINE = 3 * HS / S, TILES = MINE / 8, AHEAD = 3;   // 24 outputs a block, 3 groups
+    __shared__ float partial[TILES][8][8];             // [group][warp][output]: input row 0's partial sums
+    __shared__ __align__(16) float mine_qkv[MINE];     // this block's 24 of the head's [q | k | v]
+    mt__cluster cluster;
+    const int s = cluster.block_rank(), h = blockIdx.x / S;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = (C + 31) / 32;
+    // the weight rows of this block's groups: head-local output i is row (i / HS) C_local + h HS + i % HS
+    const uint16_t *w_row[TILES];
+    int o0[TILES];
+#pragma unroll
+    for (int j = 0; j < TILES; j++) {
+        int i = MINE * s + 8 * j;
+        o0[j] = (i / HS) * C_local + h * HS + i % HS;
+        w_row[j] = weight + (size_t)(o0[j] + g) * C;
+    }
+    // the attention's slice lo..hi, and its cached rows before p copied ahead of the wait (earlier
+    // steps wrote them, not the kernel ahead; start[] is the host's upload or the step before's)
+    int p = start[0], lo = s * per, hi = min(p, lo + per - 1);
+    int ag = threadIdx.x / D4, d = threadIdx.x % D4;
+    float *k_b = kcache + h * HS, *v_b = vcache + h * HS;
+    int per4 = (per + 3) / 4 * 4;
+    float *kst = smem, *vst = smem + (size_t)per * KS;
+    float *score = vst + (size_t)per * KS, *red = score + per4 + 4 * ATT, *att = red + 32;   // att: m, l, -, -, o
+    float4 *part4 = (float4 *)(score + per4), *q4 = (float4 *)(att + 4 + HS);
+    int n_early = max(0, min(hi, p - 1) - lo + 1);
+    for (int c = threadIdx.x; c < 2 * n_early * D4; c += blockDim.x) {
+        int v = c >= n_early * D4, r = (c / D4) % n_early, e = c % D4;
+        mt__cp_async16((v ? vst : kst) + r * KS + 4 * e, (v ? v_b : k_b) + (size_t)(lo + r) * C_local + 4 * e, 16);
+    }
+    mt__cp_async_commit();
+    // 1. the GEMV (mt_matmul_kernel6_gemv_mma's loop, three groups of 8 outputs at once)
+    float acc[TILES][4];
+#pragma unroll
+    for (int j = 0; j < TILES; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int s0 = warp; s0 < steps; s0 += 8 * AHEAD) {
+        uint4 w[TILES][AHEAD];
+#pragma unroll
+        for (int i = 0; i < AHEAD; i++)
+#pragma unroll
+            for (int j = 0; j < TILES; j++) {
+                int k = 32 * (s0 + 8 * i) + 8 * t;
+                w[j][i] = k < C ? *(const uint4 *)(w_row[j] + k) : make_uint4(0, 0, 0, 0);
+            }
+        if (s0 == warp) mt__pdl_start();   // first pass: now wait for the kernel ahead (it wrote inp)
+#pragma unroll
+        for (int i = 0; i < AHEAD; i++) {
+            int k = 32 * (s0 + 8 * i) + 8 * t;
+            if (32 * (s0 + 8 * i) >= C) break;   // (the same for the whole warp: mma needs all 32 lanes)
+            float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (g == 0 && k < C) mt__load8(x, inp + k);
+            uint32_t a_lo[4] = {mt__pack16x2<F16>(x[0], x[1]), 0u, mt__pack16x2<F16>(x[2], x[3]), 0u};
+            uint32_t a_hi[4] = {mt__pack16x2<F16>(x[4], x[5]), 0u, mt__pack16x2<F16>(x[6], x[7]), 0u};
+#pragma unroll
+            for (int j = 0; j < TILES; j++) {
+                mt__mma16<F16>(acc[j], a_lo, w[j][i].x, w[j][i].y);
+                mt__mma16<F16>(acc[j], a_hi, w[j][i].z, w[j][i].w);
+            }
+        }
+    }
+    mt__pdl_start();   // the warps without a k step; else nothing
+    if (g == 0)   // acc[j][0], acc[j][1]: input row 0, outputs o0[j] + 2t, + 2t + 1
+#pragma unroll
+        for (int j = 0; j < TILES; j++) {
+            partial[j][warp][2 * t] = acc[j][0];
+            partial[j][warp][2 * t + 1] = acc[j][1];
+        }
+    __syncthreads();
+    if (threadIdx.x < MINE) {
+        int j = threadIdx.x / 8, o = threadIdx.x % 8;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w2 = 0; w2 < 8; w2++) sum += partial[j][w2][o];
+        mine_qkv[threadIdx.x] = sum + (bias ? bias[o0[j] + o] : 0.0f);
+    }
+    cluster.sync();   // every block's 24 values written and visible to the cluster
+    // 2. the attention of slice s (mt_attention_decode_split_kernel's passes on threads 0..127)
+    if (p >= lo && p <= hi && threadIdx.x < HS) {   // the new token's K and V, where this block reads them
+        int ik = HS + threadIdx.x, iv = 2 * HS + threadIdx.x;
+        k_b[(size_t)p * C_local + threadIdx.x] = cluster.map(mine_qkv, ik / MINE)[ik % MINE];
+        v_b[(size_t)p * C_local + threadIdx.x] = cluster.map(mine_qkv, iv / MINE)[iv % MINE];
+    }
+    if (threadIdx.x < D4) q4[threadIdx.x] = *(const float4 *)(cluster.map(mine_qkv, 4 * threadIdx.x / MINE) +
+                                                              4 * threadIdx.x % MINE);
+    mt__cp_async_wait<0>();   // this thread's copies of the cached rows have landed
+    __syncthreads();          // everyone's, q, and the block's global writes are seen by the block
+    float scale = 1.0f / sqrtf((float)HS), m = -INFINITY;
+    for (int p2 = lo + threadIdx.x; threadIdx.x < ATT && p2 <= hi; p2 += ATT) {
+        const float4 *k = p2 < p ? (const float4 *)(kst + (p2 - lo) * KS) : (const float4 *)(k_b + (size_t)p2 * C_local);
+        float4 kv[D4];
+#pragma unroll
+        for (int e = 0; e < D4; e++) kv[e] = k[e];
+        float sc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < D4; e++) {
+            float4 q = q4[e];
+            sc += q.x * kv[e].x + q.y * kv[e].y + q.z * kv[e].z + q.w * kv[e].w;
+        }
+        score[p2 - lo] = sc * scale;
+        m = fmaxf(m, score[p2 - lo]);
+    }
+    m = mt__block_reduce(m, red, 1);   // (threads 128..255 add -inf and, below, 0: the same result)
+    float sum = 0.0f;
+    for (int p2 = lo + threadIdx.x; threadIdx.x < ATT && p2 <= hi; p2 += ATT) {
+        float e = __expf(score[p2 - lo] - m);
+        score[p2 - lo] = e;
+        sum += e;
+    }
+    sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
+    float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (threadIdx.x < ATT) {   // positions lo + ag, lo + ag + G, ... in order: the staged rows (but p)
+#pragma unroll 4
+        for (int p2 = lo + ag; p2 <= hi; p2 += G) {
+            float wgt = score[p2 - lo];
+            float4 v = p2 < p ? *(const float4 *)(vst + (p2 - lo) * KS + 4 * d)
+                              : *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            acc4.x += wgt * v.x; acc4.y += wgt * v.y; acc4.z += wgt * v.z; acc4.w += wgt * v.w;
+        }
+        part4[threadIdx.x] = acc4;
+    }
+    __syncthreads();
+    if (threadIdx.x < D4) {
+        float4 o = mt__attention_groups_sum(part4, G, D4, threadIdx.x);
+        *(float4 *)(att + 4 + 4 * threadIdx.x) = o;   // o_s, not yet divided
+    }
+    if (threadIdx.x == 0) { att[0] = m; att[1] = sum; }   // (an empty slice: -inf and 0, and o_s = 0)
+    cluster.sync();   // every slice's m, l, o_s written and visible to the cluster
+    if (s == 0 && threadIdx.x < HS) {
+        float M = -INFINITY;
+        for (int j = 0; j < S; j++) M = fmaxf(M, cluster.map(att, j)[0]);
+        float L = 0.0f, O = 0.0f;
+        for (int j = 0; j < S; j++) {
+            const float *theirs = cluster.map(att, j);
+            float f = __expf(theirs[0] - M);   // 0 for an empty slice
+            L += theirs[1] * f;
+            O += theirs[4 + threadIdx.x] * f;
+        }
+        out[h * HS + threadIdx.x] = O / L;
+    }
+    cluster.sync();   // block 0 has read the others' shared memory: now they may exit
+}
+// 1 where it ran (B = 1, head size 64, 16-bit weights, clusters, 16-byte aligned buffers, C % 8 == 0);
+// 0: the caller runs mt_matmul_forward_rounded_weight_gpu and mt_attention_cached_forward_gpu
+int mt_qkv_attention_decode_gpu(float *out, float *kcache, float *vcache, const float *inp, const void *weight16,
+                                const float *bias, const int *start, int C, int C_local, int NH_local, int cap,
+                                int dtype, cudaStream_t stream) {
+    static const int clusters = mt__clusters_supported();
+    if (!clusters || !weight16 || C_local != 64 * NH_local || C % 8 != 0 || cap < MT__QKV_ATT_SLICES ||
+        (dtype != MT_DTYPE_BF16 && dtype != MT_DTYPE_FP16) || !mt__aligned16(out) || !mt__aligned16(kcache) ||
+        !mt__aligned16(vcache) || !mt__aligned16(inp) || !mt__aligned16(weight16))
+        return 0;
+    int per = (cap + MT__QKV_ATT_SLICES - 1) / MT__QKV_ATT_SLICES;
+    size_t smem = sizeof(float) * mt__qkv_attention_smem_floats(per);
+    unsigned blocks = (unsigned)(NH_local * MT__QKV_ATT_SLICES);
+    if (dtype == MT_DTYPE_FP16) {
+        mt__allow_smem((const void *)mt_qkv_attention_decode_kernel<1>, smem);
+        mt__launch_cluster("mt_qkv_attention_decode_kernel", mt_qkv_attention_decode_kernel<1>, blocks, 256, smem,
+                           stream, (unsigned)MT__QKV_ATT_SLICES, out, kcache, vcache, inp, (const uint16_t *)weight16,
+                           bias, start, C, C_local, cap, per);
+    } else {
+        mt__allow_smem((const void *)mt_qkv_attention_decode_kernel<0>, smem);
+        mt__launch_cluster("mt_qkv_attention_decode_kernel", mt_qkv_attention_decode_kernel<0>, blocks, 256, smem,
+                           stream, (unsigned)MT__QKV_ATT_SLICES, out, kcache, vcache, inp, (const uint16_t *)weight16,
+                           bias, start, C, C_local, cap, per);
+    }
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
 // argmax of each row (greedy decoding): a cluster of S blocks of 1024 threads per row (S = 8 on
 // Hopper where the row has 8 x 1024 values or more, else 1), each block its slice of the row, each
 // thread its strided share of the slice, then a block reduction that keeps the larger value and, on
@@ -7976,6 +8181,14 @@ void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *v
     double t0 = mt__profile_begin(r);
     mt_attention_cached_forward_gpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap, 0, mt__stream(r));
     mt__profile_end(r, "attention over the KV cache", t0);
+}
+int mt_qkv_attention_decode(mt_rank *r, float *out, float *kcache, float *vcache, const float *ln, const float *weight,
+                            const float *bias, const int *start, int C, int C_local, int NH_local, int cap) {
+    double t0 = mt__profile_begin(r);
+    int ran = mt_qkv_attention_decode_gpu(out, kcache, vcache, ln, mt__decoding_weight(r, weight, 1), bias, start, C,
+                                          C_local, NH_local, cap, r->dev.dtype, mt__stream(r));
+    if (ran) mt__profile_end(r, "qkv + attention over the KV cache", t0);
+    return ran;
 }
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
     double t0 = mt__profile_begin(r);

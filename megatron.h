@@ -909,6 +909,14 @@ void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const f
                            int C_local, int NH_local, const mt_dropout *drop, int head_offset, int NH_global);
 void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *vcache, const float *qkv,
                                  const int *start, int B, int Tq, int C_local, int NH_local, int cap);
+/* decoding one sequence (B = 1, one new token, TP = 1): qkv = ln Wqkv^T + b (ln (1,C), Wqkv the
+   layer's (3 C_local, C)) and the attention over the cache (out (1,C_local)) in one launch, where the
+   rank's device has such a kernel (the GPU build with --bf16 / --fp16 decoding's 16-bit weights, head
+   size 64, thread-block clusters): the same results as mt_matmul_forward then
+   mt_attention_cached_forward there, bit for bit. Returns 0 where it has not (the CPU build, other
+   shapes): the caller runs those two ops */
+int mt_qkv_attention_decode(mt_rank *r, float *out, float *kcache, float *vcache, const float *ln, const float *weight,
+                            const float *bias, const int *start, int C, int C_local, int NH_local, int cap);
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld);
 /* sampling on the rank's device: out[r] = mt_sample_row_cpu(row r, draws[r]) for each row, the
    same token; out and draws are device buffers. work: mt_sample_rows_work_bytes(rows, n) bytes of
@@ -8149,6 +8157,13 @@ void mt_attention_cached_forward(mt_rank *r, float *out, float *kcache, float *v
     (void)r; mt_attention_cached_forward_cpu(out, kcache, vcache, qkv, start, B, Tq, C_local, NH_local, cap);
 }
 
+int mt_qkv_attention_decode(mt_rank *r, float *out, float *kcache, float *vcache, const float *ln, const float *weight,
+                            const float *bias, const int *start, int C, int C_local, int NH_local, int cap) {
+    (void)r; (void)out; (void)kcache; (void)vcache; (void)ln; (void)weight; (void)bias; (void)start; (void)C;
+    (void)C_local; (void)NH_local; (void)cap;
+    return 0;   // the CPU runs the two ops
+}
+
 void mt_argmax_rows(mt_rank *r, int *out, const float *x, int rows, int n, int ld) {
     (void)r; mt_argmax_rows_cpu(out, x, rows, n, ld);
 }
@@ -13221,8 +13236,15 @@ static void mt__gen_layer(mt_rank *r, mt_generator *g, int l, int B, int Tq, int
         mt_residual_layernorm_forward(r, g->x, g->ln, g->ln_mean, g->ln_rstd, g->res2, g->out_c, l_ln1w, l_ln1b, B, Tq,
                                       C, MT_DTYPE_FP32);
     else mt_layernorm_forward(r, g->ln, g->ln_mean, g->ln_rstd, g->x, l_ln1w, l_ln1b, B, Tq, C, MT_DTYPE_FP32);
-    mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
-    mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp, g->cap);
+    // qkv = ln Wqkv^T + b, then the attention over the cache: one kernel for one sequence's new token
+    // where the device has it (mt_qkv_attention_decode), else the two ops
+    if (!(BT == 1 && r->ps.tp_size == 1 &&
+          mt_qkv_attention_decode(r, g->atty, l_kcache, l_vcache, g->ln, l_qkvw, l_qkvb, g->start, C, C_tp,
+                                  r->dims.NH_tp, g->cap))) {
+        mt_column_parallel_linear_forward(r, g->qkv, g->ln, l_qkvw, l_qkvb, BT, C, 3 * C_tp);
+        mt_attention_cached_forward(r, g->atty, l_kcache, l_vcache, g->qkv, g->start, B, Tq, C_tp, r->dims.NH_tp,
+                                    g->cap);
+    }
     mt_row_parallel_linear_forward(r, g->out_c, g->atty, MT_DTYPE_FP32, l_attprojw, l_attprojb, NULL, BT, C_tp, C);
     // MLP block: res2 = x + out_c, ln = layernorm(res2)
     mt_residual_layernorm_forward(r, g->res2, g->ln, g->ln_mean, g->ln_rstd, g->x, g->out_c, l_ln2w, l_ln2b, B, Tq, C,
@@ -13304,22 +13326,32 @@ static void mt__gen_compute(mt_rank *r, mt_generator *g, const int *last, int B,
             } else {
                 mt__gen_recv(r, g, g->x, BTC, s > 0 ? s - 1 : pp - 1, chunk);
             }
-            for (int j = 0; j < lpc; j++) mt__gen_layer(r, g, chunk * lpc + j, B, Tq, j > 0, j == lpc - 1);
+            // a decode step's last layer leaves its residual add to the head's layernorm (below)
+            int head_adds = Tq == 1 && mt__is_last_virtual(r, chunk);
+            for (int j = 0; j < lpc; j++)
+                mt__gen_layer(r, g, chunk * lpc + j, B, Tq, j > 0, j == lpc - 1 && !head_adds);
             if (!mt__is_last_virtual(r, chunk)) {
                 mt__gen_send(r, g, g->x, BTC, s < pp - 1 ? s + 1 : 0, s < pp - 1 ? chunk : chunk + 1);
                 continue;
             }
-            // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T
-            // (a decode step's x is those rows already: no copies, which would also break the step's
-            // chain of kernels in the CUDA graph)
-            const float *x_last = g->x;
-            if (Tq > 1) {
-                for (int b = 0; b < B; b++)
-                    mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
-                x_last = g->last;
+            // the head, at each sequence's last token: logits (B, Vp_tp) = ln_f(x[b, last_b]) @ wte_r^T.
+            // A decode step's x is those rows already (no copies, which would also break the step's
+            // chain of kernels in the CUDA graph), and its last residual add, x = res2 + out_c, is
+            // done by ln_f's kernel (mt_residual_layernorm_forward: one kernel where two were, the
+            // same arithmetic)
+            if (head_adds) {
+                mt_residual_layernorm_forward(r, g->x, g->lnf, g->lnf_mean, g->lnf_rstd, g->res2, g->out_c,
+                                              r->model.params.lnfw, r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
+            } else {
+                const float *x_last = g->x;
+                if (Tq > 1) {
+                    for (int b = 0; b < B; b++)
+                        mt_buffer_copy(r, g->last + (size_t)b * C, g->x + ((size_t)b * Tq + last[b]) * C, (size_t)C);
+                    x_last = g->last;
+                }
+                mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
+                                     r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
             }
-            mt_layernorm_forward(r, g->lnf, g->lnf_mean, g->lnf_rstd, x_last, r->model.params.lnfw,
-                                 r->model.params.lnfb, B, 1, C, MT_DTYPE_FP32);
             mt_column_parallel_linear_forward(r, g->logits, g->lnf, r->model.params.wte, NULL, B, C, r->dims.Vp_tp);
             // the token itself, on the device (B ids cross to the host instead of B x Vp logits). At
             // TP > 1 every TP rank first gathers the whole rows, [rank 0's (B,Vp_tp) | rank 1's | ...]

@@ -1104,6 +1104,67 @@ static void test_sample_rows(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// decoding one sequence's qkv GEMV and attention in one kernel (mt_qkv_attention_decode_gpu)
+// against the two kernels it replaces (mt_matmul_forward_rounded_weight_gpu, then
+// mt_attention_cached_forward_gpu): the same attention output and the same K, V rows stored, bit
+// for bit, where the split kernel also cuts the cache into 8 slices (cap >= 225); within 1e-5 of
+// them where it cuts fewer (another order of the slices' sums). GPT-2's 12 heads and C = 768, 4
+// heads with C = 256 (the input another width than the heads: C_local = 256 as well), bf16 and fp16,
+// the new token at the first position, in several slices, and at the cache's last.
+static float *dev_random_f(size_t n, float lo, float hi);                  // (below)
+static void *dev_random_w16(size_t n, float lo, float hi, int dtype);   // (below)
+static void test_qkv_attention_decode(void) {
+    int shapes[][3] = {{768, 12, 272}, {768, 12, 1024}, {256, 4, 300}, {768, 12, 100}};   // C, NH, cap
+    int cases = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int di = 0; di < 2; di++) {
+            int dtype = di == 0 ? MT_DTYPE_BF16 : MT_DTYPE_FP16;
+            int C = shapes[si][0], NH = shapes[si][1], cap = shapes[si][2], OC = 3 * C;
+            size_t nc = (size_t)cap * C;
+            float *d_ln = dev_random_f((size_t)C, -2, 2), *d_bias = dev_random_f((size_t)OC, -0.5f, 0.5f);
+            void *w16 = dev_random_w16((size_t)OC * C, -0.1f, 0.1f, dtype);
+            float *k0 = host_random(nc, -1, 1), *v0 = host_random(nc, -1, 1);
+            float *d_k1 = dev_upload(k0, nc), *d_v1 = dev_upload(v0, nc), *d_k2 = dev_upload(k0, nc), *d_v2 = dev_upload(v0, nc);
+            float *d_qkv = dev_alloc_f((size_t)OC), *d_out1 = dev_nan((size_t)C), *d_out2 = dev_nan((size_t)C);
+            int positions[5] = {0, 5, cap / 3, cap / 2 + 7, cap - 1};
+            for (int pi = 0; pi < 5; pi++) {
+                int p = positions[pi];
+                int *d_start = dev_upload_int(&p, 1);
+                mt_matmul_forward_rounded_weight_gpu(d_qkv, d_ln, w16, d_bias, 1, C, OC, dtype, 0);
+                mt_attention_cached_forward_gpu(d_out1, d_k1, d_v1, d_qkv, d_start, 1, 1, C, NH, cap, 0, 0);
+                int ran = mt_qkv_attention_decode_gpu(d_out2, d_k2, d_v2, d_ln, w16, d_bias, d_start, C, C, NH, cap,
+                                                      dtype, 0);
+                mt_expect(ran, "qkv + attention C=%d NH=%d cap=%d: the kernel declined", C, NH, cap);
+                float *o1 = dev_download(d_out1, (size_t)C), *o2 = dev_download(d_out2, (size_t)C);
+                float *k1 = dev_download(d_k1, nc), *k2 = dev_download(d_k2, nc);
+                float *v1 = dev_download(d_v1, nc), *v2 = dev_download(d_v2, nc);
+                char label[160];
+                snprintf(label, sizeof label, "qkv + attention C=%d NH=%d cap=%d %s p=%d: output", C, NH, cap,
+                         dtype == MT_DTYPE_BF16 ? "bf16" : "fp16", p);
+                if (cap >= 225) check_equal_bits(label, o2, o1, sizeof(float) * C);
+                else check_close(label, o2, o1, (size_t)C, 1e-5);
+                check_equal_bits("qkv + attention: the K cache", k2, k1, sizeof(float) * nc);
+                check_equal_bits("qkv + attention: the V cache", v2, v1, sizeof(float) * nc);
+                free(o1); free(o2); free(k1); free(k2); free(v1); free(v2);
+                dev_free(d_start);
+                cases++;
+            }
+            free(k0); free(v0);
+            dev_free(d_ln); dev_free(d_bias); dev_free(w16); dev_free(d_k1); dev_free(d_v1); dev_free(d_k2);
+            dev_free(d_v2); dev_free(d_qkv); dev_free(d_out1); dev_free(d_out2);
+        }
+    // what it declines: head size 32; no 16-bit weights (fp32 decoding)
+    int one = 3, *d_start = dev_upload_int(&one, 1);
+    float *d = dev_alloc_f(4096);
+    mt_expect(!mt_qkv_attention_decode_gpu(d, d, d, d, d, d, d_start, 256, 256, 8, 64, MT_DTYPE_BF16, 0),
+              "qkv + attention ran at head size 32");
+    mt_expect(!mt_qkv_attention_decode_gpu(d, d, d, d, NULL, d, d_start, 256, 256, 4, 64, MT_DTYPE_BF16, 0),
+              "qkv + attention ran without 16-bit weights");
+    dev_free(d); dev_free(d_start);
+    printf("  %d cases: output and KV cache as the GEMV and the split attention\n", cases);
+}
+
+// ---------------------------------------------------------------------------------------------
 // decode steps queued ahead (mt_decode_advance_gpu) against mt_decode_advance_cpu: 40 steps in a
 // row on the same buffers, random picked tokens each step, positions that reach the cache's last
 // (held there), a plan shorter than the steps (its last draw repeated), the ring of 4 slots
@@ -2432,6 +2493,7 @@ int main(int argc, char **argv) {
         run("decode", test_decode);
         run("sample_rows", test_sample_rows);
         run("decode_advance", test_decode_advance);
+        run("qkv_attention_decode", test_qkv_attention_decode);
         run("decode_chain_pdl", test_decode_chain_pdl);
         run("decode_step_one_kernel", test_decode_step_one_kernel);
         run("gelu_residual", test_gelu_residual);
