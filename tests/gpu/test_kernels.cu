@@ -1153,13 +1153,15 @@ static void test_qkv_attention_decode(void) {
             dev_free(d_ln); dev_free(d_bias); dev_free(w16); dev_free(d_k1); dev_free(d_v1); dev_free(d_k2);
             dev_free(d_v2); dev_free(d_qkv); dev_free(d_out1); dev_free(d_out2);
         }
-    // what it declines: head size 32; no 16-bit weights (fp32 decoding)
+    // what it declines: head size 32; no 16-bit weights (fp32 decoding); a cache too long for shared memory
     int one = 3, *d_start = dev_upload_int(&one, 1);
     float *d = dev_alloc_f(4096);
     mt_expect(!mt_qkv_attention_decode_gpu(d, d, d, d, d, d, d_start, 256, 256, 8, 64, MT_DTYPE_BF16, 0),
               "qkv + attention ran at head size 32");
     mt_expect(!mt_qkv_attention_decode_gpu(d, d, d, d, NULL, d, d_start, 256, 256, 4, 64, MT_DTYPE_BF16, 0),
               "qkv + attention ran without 16-bit weights");
+    mt_expect(!mt_qkv_attention_decode_gpu(d, d, d, d, d, d, d_start, 256, 256, 4, 4096, MT_DTYPE_BF16, 0),
+              "qkv + attention ran with a cache of 4096 positions (its slices' rows take ~280 KB of shared memory)");
     dev_free(d); dev_free(d_start);
     printf("  %d cases: output and KV cache as the GEMV and the split attention\n", cases);
 }
