@@ -37,9 +37,10 @@ ri, wi = head.index("dram__bytes_read.sum"), head.index("dram__bytes_write.sum")
 sc = lambda u: {"nsecond": 1, "usecond": 1e3, "msecond": 1e6, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(u, 1)
 data = [r for r in rows[2:] if len(r) == len(head)]
 # the decode steps: the last 16 tokens' kernels are the second half of the run minus the prefill;
-# count by the attention-over-cache kernels (the prefill's, then decoding's split one): a launch a layer
+# count by the attention-over-cache kernels (the prefill's, then decoding's split one, or at batch 1 the qkv +
+# attention kernel): a launch a layer
 names = [r[ni].split("(")[0].split("<")[0].replace("void ", "").strip() for r in data]
-cached = [i for i, n in enumerate(names) if "cached_forward" in n or "decode_split" in n]
+cached = [i for i, n in enumerate(names) if "cached_forward" in n or "decode_split" in n or "qkv_attention_decode" in n]
 L = 12
 first = cached[L] if len(cached) > L else 0   # skip the prefill's 12 launches
 step = list(range(first, len(data)))
