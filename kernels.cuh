@@ -6418,6 +6418,9 @@ __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *
         part4[threadIdx.x] = acc4;
     }
     __syncthreads();
+    // the slice's end and the cluster's combine: mt_attention_decode_split_kernel's, written out again.
+    // As one device function shared by both kernels (branch decode-tail-shared) it gave the same bits
+    // and a batch-1 step ~1-1.5 us slower, twice (docs/perf.md, session 39), so each kernel keeps its copy
     if (threadIdx.x < D4) {
         float4 o = mt__attention_groups_sum(part4, G, D4, threadIdx.x);
         *(float4 *)(att + 4 + 4 * threadIdx.x) = o;   // o_s, not yet divided
