@@ -4365,6 +4365,21 @@ __device__ static inline void mt__tma_load_3d(uint32_t dst, const CUtensorMap *m
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(dst), "l"((uint64_t)map), "r"(x0), "r"(x1), "r"(x2), "r"(bar) : "memory");
 }
+// TMA the other way: the box at (x0, x1, x2) of a 3-D tensor map written from shared memory (src,
+// laid out as the map's swizzle says), asynchronously; commit closes this thread's stores so far into
+// a bulk group; wait_read<N> waits until at most N groups still read shared memory, wait_all<N> until
+// at most N are still writing global memory. Writes to src by the generic proxy (st.shared) must be
+// made visible to the async proxy first: fence_proxy_async, then a barrier, then the store.
+__device__ static inline void mt__tma_store_3d(const CUtensorMap *map, int x0, int x1, int x2, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 ::"l"((uint64_t)map), "r"(x0), "r"(x1), "r"(x2), "r"(src) : "memory");
+}
+__device__ static inline void mt__tma_store_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ static inline void mt__tma_store_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ static inline void mt__tma_store_wait_all(void) { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ static inline void mt__fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // 2^x on the SFU (ex2.approx.ftz: 2^-inf = +0, which the masks rely on)
 __device__ static inline float mt__ex2(float x) {
     float y;
@@ -4435,6 +4450,22 @@ __device__ static inline void mt__att_wgmma_pv(float d[32], const uint32_t a[4],
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b)
+                 : "memory");
+}
+// d += A B with both operands from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1): A is
+// stored [k][m] (the dS^T tile: [key][query]), B [k][n] (K: [key][d]); the reduction runs over rows
+__device__ static inline void mt__att_wgmma_ss_tt(float d[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("{\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, 1, 1, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(desc_a), "l"(desc_b)
                  : "memory");
 }
 // the accumulator layout -> the register-A fragment layout: s holds a 64 x 64 tile (wgmma's
@@ -4996,7 +5027,8 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
 // Operands of the register-A products (P'^T, dS^T, dS) round to bf16 where the mma.sync kernels
 // round them: the CPU's emulation (mt_attention_backward_rounded_cpu) holds both.
 // Shared memory (both kernels): 1024 alignment | two 128-row blocks (16 KB each) | the ring | 2 KB of
-// columns' lse and D (the dK/dV kernel's) | mbarriers
+// columns' lse and D (the dK/dV kernel's) | (the dK/dV kernel's: 2 x 8 KB staging dS^T, THE dS
+// HAND-OFF below) | mbarriers
 static const int MT__ATT_WG_BWD_SMEM = 1024 + 2 * 128 * 128 + MT__ATT_WG_STAGES * 2 * MT__ATT_WG_KEYS * 128 + 2048 +
                                        8 * (2 * MT__ATT_WG_STAGES + 1);
 // two 64 x 64 products of one warpgroup from shared memory, K-major, 4 k16 steps each (async):
@@ -5208,11 +5240,14 @@ __global__ void __launch_bounds__(256, 1)
 // parity) while its wgmmas run, then meets on its own named barrier (1 + w, 128 threads). (Kept
 // in registers they cost 32 more a thread: ptxas spilled at 255.)
 // Blocks from the first keys (the most query tiles) to the last. map_kv: qkv16, 128-row boxes;
-// map_q: qkv16, 64-row boxes; map_do: dout16, 64-row boxes.
+// map_q: qkv16, 64-row boxes; map_do: dout16, 64-row boxes. hand_off: each dS^T tile also goes to
+// global memory through map_ds (64-row boxes) for the dQ kernel (THE dS HAND-OFF, below).
 __global__ void __launch_bounds__(256, 1)
     mt_attention_backward_dkdv_kernel_wgmma(const __grid_constant__ CUtensorMap map_kv,
                                             const __grid_constant__ CUtensorMap map_q,
-                                            const __grid_constant__ CUtensorMap map_do, const mt__attention_args a) {
+                                            const __grid_constant__ CUtensorMap map_do,
+                                            const __grid_constant__ CUtensorMap map_ds, const mt__attention_args a,
+                                            int hand_off) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
     const int HS = 64, BM = 128, BN = 64, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
@@ -5220,7 +5255,7 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t base = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
     const uint32_t k_smem = base, v_smem = base + BM * ROW_BYTES, ring = v_smem + BM * ROW_BYTES;
     const uint32_t STAGE_BYTES = 2 * BN * ROW_BYTES, Q_BYTES = BN * ROW_BYTES;   // a stage: Q_j, then dO_j
-    const uint32_t cols = ring + STAGES * STAGE_BYTES, bars = cols + 2048;
+    const uint32_t cols = ring + STAGES * STAGE_BYTES, ds_stage = cols + 2048, bars = ds_stage + 2 * 8192;
     const uint32_t kv_bar = bars + 16 * STAGES;
     const int T = a.T, NH = a.NH_local, C = a.C_local;
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -5304,6 +5339,29 @@ __global__ void __launch_bounds__(256, 1)
         }
         mt__att_acc_to_a(pi, sacc);
         mt__att_acc_to_a(dsi, dpacc);
+        if (hand_off) {   // THE dS HAND-OFF: this warpgroup's 64 x 64 tile of dS^T, as the dQ kernel will read it
+            const uint32_t st = ds_stage + wg * 8192;
+            if (threadIdx.x % 128 == 0) mt__tma_store_wait_read<0>();   // the last tile's store has read st
+            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
+            // rows (keys) 16 warp + g and + 8, columns (queries) 16 kk + 2 q (+ 8): the 16-byte chunk c of
+            // row r at c ^ (r % 8), the map's 128-byte swizzle (and no two lanes of a store on one bank)
+            const int g = lane / 4, rl = 16 * warp + g;
+            #pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = rl + 8 * (e & 1), chunk = 2 * kk + (e >> 1);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(st + r * 128 + ((chunk ^ (r & 7)) << 4) + 4 * quad),
+                                 "r"(dsi[kk][e]) : "memory");
+                }
+            mt__fence_proxy_async();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
+            if (threadIdx.x % 128 == 0) {
+                const int qt = j_first + i, qb = qt / 2, nqb = (T + 127) / 128;
+                mt__tma_store_3d(&map_ds, 0, 64 * (qt % 2), bh * nqb * (nqb + 1) + qb * (qb + 1) + k0 / BN + wg, st);
+                mt__tma_store_commit();
+            }
+        }
     };
     mt__mbar_wait(kv_bar, 0);   // K and V have landed
     for (int i = 0; i < i_first; i++) {   // tiles above this warpgroup's keys: wait, give back
@@ -5376,7 +5434,129 @@ __global__ void __launch_bounds__(256, 1)
     float *dk32 = a.dqkv16 ? NULL : a.dqkv + C + h * HS;
     mt__att_wg_store(dk, a.scale, dk16, dk32, (size_t)b * T, C3, r0, T);
     mt__att_wg_store(dv, 1.0f, dk16 ? dk16 + C : NULL, dk32 ? dk32 + C : NULL, (size_t)b * T, C3, r0, T);
+    if (hand_off && threadIdx.x % 128 == 0) mt__tma_store_wait_all<0>();   // the dS^T tiles are in global memory
 #endif
+}
+// THE dS HAND-OFF (the default; MT_ATT_DQ_FROM_DS=0 turns it off). The dQ kernel above recomputes S and
+// dP' for every tile the dK/dV kernel has already done them for: 3 products where 1 would do. Instead
+// the dK/dV kernel writes each dS^T tile it computes (bf16, the values its dK product reads) to
+// scratch, and the kernel below reads them back: dQ = scale dS K, one product a tile, no exp, no
+// dropout mask, no atomics (each dQ row is summed in key order by one warpgroup, as before). The
+// dK/dV kernel's warpgroup writes its tile's registers into 8 KB of shared memory in the map's
+// 128-byte swizzle (two named-barrier meetings a tile, 3 + w) and one thread stores it with the TMA,
+// asynchronously: written from registers straight to global memory, 4 bytes a lane, the stores made
+// the dK/dV kernel 3x slower (211 -> 654 us a layer at GPT-2 small's shape).
+// The price: dS^T written once and read once, bf16, half the causal square: (B NH) x 72 pairs of
+// 64 x 64 tiles at T = 1024 = 226 MB at GPT-2 small's B = 16 (~55 us of HBM each way).
+// Layout (mt_gpu_attention_ds_bytes): per (b, h), per query block qb of 128 (nqb = ceil(T / 128)),
+// per key tile kt = 0 .. 2 qb + 1 a PAIR of tiles [64 keys][64 queries] (queries 128 qb .. + 63, then
+// + 64 .. + 127), pair index qb (qb + 1) + kt; nqb (nqb + 1) pairs a head. The dQ kernel loads a pair
+// with one TMA box {64, 128, 1}: its warpgroup w reads tile w. The tile (kt = 2 qb + 1, first
+// half) lies above the diagonal and is never written; the warpgroup that would read it stops before.
+// Tiles past T are not written either: no product reads them (n_act below; the store skips rows >= T).
+//
+// dQ from dS^T. grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_DQ_DS_SMEM bytes. A block
+// owns 128 query rows; warpgroup w rows 64w..64w+63. Per key tile j up to the diagonal, K_j (64 x 64)
+// and the pair of dS^T tiles (16 KB) come through a 4-stage ring; per warpgroup
+//   dQ += dS_j K_j   (A = its dS^T tile read through the transpose: MN-major; B = K_j MN-major)
+// each tile's product waited for before its stage goes back (the kernel waits on memory, not on the
+// tensor cores: the ring's next three tiles are on their way meanwhile).
+// map_k: qkv16, 64-row boxes; map_ds: the tiles as {64, 128, pairs} (mt__att_ds_map, 128-row boxes).
+// the dK/dV kernel's: MT__ATT_WG_BWD_SMEM and, before its mbarriers, two 8 KB tiles staging dS^T
+static const int MT__ATT_WG_DKDV_SMEM = MT__ATT_WG_BWD_SMEM + 2 * 8192;
+static const int MT__ATT_WG_DQ_DS_SMEM = 1024 + MT__ATT_WG_STAGES * 3 * MT__ATT_WG_KEYS * 128 + 8 * (2 * MT__ATT_WG_STAGES + 1);
+__global__ void __launch_bounds__(256, 1)
+    mt_attention_backward_dq_ds_kernel_wgmma(const __grid_constant__ CUtensorMap map_k,
+                                             const __grid_constant__ CUtensorMap map_ds, const mt__attention_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
+    const int HS = 64, BM = 128, BN = MT__ATT_WG_KEYS, STAGES = MT__ATT_WG_STAGES, ROW_BYTES = 128;
+    extern __shared__ uint8_t mt__att_wg_smem_raw[];
+    const uint32_t ring = (mt__smem_u32(mt__att_wg_smem_raw) + 1023) & ~1023u;
+    const uint32_t K_BYTES = BN * ROW_BYTES, STAGE_BYTES = 3 * K_BYTES;   // a stage: K_j, then the dS^T pair
+    const uint32_t bars = ring + STAGES * STAGE_BYTES, once = bars + 16 * STAGES;   // (once: unused)
+    const int T = a.T, NH = a.NH_local, C = a.C_local;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int qb = gridDim.y - 1 - blockIdx.y;           // longest rows first
+    const int q0 = qb * BM, nqb = (T + BM - 1) / BM;
+    const int n_kt = min(T - 1, q0 + BM - 1) / BN + 1;   // key tiles this block needs
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int wg_lo = q0 + 64 * wg, wg_hi = wg_lo + 63;
+    const int r0 = wg_lo + 16 * warp + lane / 4;          // this thread's rows: r0 and r0 + 8
+    const int n_act = wg_lo >= T ? 0 : min(n_kt, wg_hi / BN + 1);   // key tiles this warpgroup multiplies
+    const int pair0 = bh * nqb * (nqb + 1) + qb * (qb + 1);         // key tile j's pair: pair0 + j
+
+    if (threadIdx.x == 0) mt__att_ring_init<STAGES>(bars, once);
+    __syncthreads();
+    int next_load = 0;
+    auto issue = [&](int j) {
+        uint32_t s = j % STAGES, full = bars + 8 * s, k = ring + s * STAGE_BYTES;
+        mt__mbar_arrive_expect_tx(full, STAGE_BYTES);
+        mt__tma_load_3d(k, &map_k, C + h * HS, j * BN, b, full);
+        mt__tma_load_3d(k + K_BYTES, &map_ds, 0, 0, pair0 + j, full);
+    };
+    auto refill = [&](int need) { mt__att_ring_refill<STAGES>(bars, next_load, n_kt, need, issue); };
+    if (threadIdx.x == 0) {
+        mt__tma_prefetch_map(&map_k);
+        mt__tma_prefetch_map(&map_ds);
+        refill(-1);
+    }
+    float dq[HS / 2];
+    #pragma unroll
+    for (int i = 0; i < HS / 2; i++) dq[i] = 0.0f;
+    auto release = [&](int j) { mt__att_ring_release<STAGES>(bars, j, lane); };
+    auto wait_full = [&](int j) {
+        if (threadIdx.x == 0) refill(j);
+        mt__mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
+    };
+    for (int j = 0; j < n_act; j++) {   // (the product waited for at once: the ring keeps the loads ahead)
+        wait_full(j);
+        uint32_t k = ring + (j % STAGES) * STAGE_BYTES, ds = k + K_BYTES + wg * K_BYTES;
+        mt__reg_fence_all(dq);
+        mt__wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < 4; kk++)   // keys 16 kk .. 16 kk + 15: rows of both tiles
+            mt__att_wgmma_ss_tt(dq, mt__wgmma_desc(ds + 2048 * kk, 64 * 128, 1024), mt__wgmma_desc(k + 2048 * kk, 64 * 128, 1024));
+        mt__wgmma_commit();
+        mt__wgmma_wait<0>();
+        mt__reg_fence_all(dq);
+        release(j);
+        if (threadIdx.x == 0) refill(-1);
+    }
+    for (int j = n_act; j < n_kt; j++) {   // past this warpgroup's diagonal (or its rows): wait, give back
+        wait_full(j);
+        release(j);
+    }
+    size_t C3 = 3 * (size_t)C;
+    mt__att_wg_store(dq, a.scale, a.dqkv16 ? a.dqkv16 + h * HS : NULL, a.dqkv16 ? NULL : a.dqkv + h * HS,
+                     (size_t)b * T, C3, r0, T);
+#endif
+}
+// the dS^T tiles as a 3-D tensor map: {64 queries (innermost), 128 rows (the pair's two tiles of 64
+// keys), pairs}, 128-byte swizzle; boxes of `rows` rows (128: a pair, the dQ kernel's loads; 64: one
+// tile, the dK/dV kernel's stores)
+static CUtensorMap mt__att_ds_map(const unsigned short *ds_t, size_t pairs, int rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = mt__wgmma_lookup_encode();
+    CUtensorMap map;
+    cuuint64_t dims[3] = {64, 128, (cuuint64_t)pairs};
+    cuuint64_t strides[2] = {64 * 2, 128 * 64 * 2};   // bytes, dims 1 and 2
+    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1};
+    cuuint32_t elem_strides[3] = {1, 1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)ds_t, dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) mt_fatal("cuTensorMapEncodeTiled failed (error %d) for the attention's dS tiles", (int)r);
+    return map;
+}
+// whether the wgmma backward hands dS over (THE dS HAND-OFF): -1 not read yet; MT_ATT_DQ_FROM_DS=0: the
+// dQ kernel that recomputes S and dP' (to measure against; the tests run both)
+static int mt__att_dq_from_ds = -1;
+static int mt__att_dq_from_ds_mode(void) {
+    if (mt__att_dq_from_ds < 0) {
+        const char *env = getenv("MT_ATT_DQ_FROM_DS");
+        mt__att_dq_from_ds = env && *env ? atoi(env) : 1;
+    }
+    return mt__att_dq_from_ds;
 }
 static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cudaStream_t stream) {
     CUtensorMap qkv128 = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, 128);
@@ -5384,9 +5564,23 @@ static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cud
     CUtensorMap do128 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 128);
     CUtensorMap do64 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 64);
     dim3 grid(a.B * a.NH_local, (a.T + 127) / 128);
-    mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
+    int hand_off = mt__att_dq_from_ds_mode() != 0;
+    unsigned short *ds_t = NULL;   // THE dS HAND-OFF's tiles
+    size_t bytes = mt_gpu_attention_ds_bytes(a.B, a.T, a.NH_local), pairs = bytes / (2 * 64 * 64 * 2);
+    if (hand_off) mt__scratch_alloc((void **)&ds_t, bytes, stream);
+    // (without the hand-off the store map is never used, but must be a valid map: any 16-byte address)
+    CUtensorMap ds_store = mt__att_ds_map(hand_off ? ds_t : (const unsigned short *)a.qkv16, hand_off ? pairs : 1, 64);
+    mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_wgmma, MT__ATT_WG_DKDV_SMEM);
     mt__launch("mt_attention_backward_dkdv_kernel_wgmma", mt_attention_backward_dkdv_kernel_wgmma, grid, 256,
-               MT__ATT_WG_BWD_SMEM, stream, qkv128, qkv64, do64, a);
+               MT__ATT_WG_DKDV_SMEM, stream, qkv128, qkv64, do64, ds_store, a, hand_off);
+    if (hand_off) {
+        CUtensorMap ds_load = mt__att_ds_map(ds_t, pairs, 128);
+        mt__allow_smem((const void *)mt_attention_backward_dq_ds_kernel_wgmma, MT__ATT_WG_DQ_DS_SMEM);
+        mt__launch("mt_attention_backward_dq_ds_kernel_wgmma", mt_attention_backward_dq_ds_kernel_wgmma, grid, 256,
+                   MT__ATT_WG_DQ_DS_SMEM, stream, qkv64, ds_load, a);
+        mt__scratch_free(ds_t, stream);
+        return;
+    }
     mt__allow_smem((const void *)mt_attention_backward_dq_kernel_wgmma, MT__ATT_WG_BWD_SMEM);
     mt__launch("mt_attention_backward_dq_kernel_wgmma", mt_attention_backward_dq_kernel_wgmma, grid, 256,
                MT__ATT_WG_BWD_SMEM, stream, qkv128, do128, qkv64, a);

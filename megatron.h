@@ -765,7 +765,11 @@ size_t mt_gpu_matmul_backward_gelu_scratch(int BT, int C, int OC, int has_dbias,
                                            int w16);
 size_t mt_gpu_mlp_forward_scratch(int BT, int C, int F, int OC, mt_gemm_impl impl, mt_dtype dtype, int inp16, int w16);
 /* dout16: dout comes in 16 bits already (a training layer's datty, mt_datty_gemm_dtype): no rounded copy */
-size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16);
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16,
+                                         mt_gemm_impl impl);
+/* the wgmma attention backward's dS^T tiles, handed from the dK/dV kernel to the dQ kernel (kernels.cuh,
+   THE dS HAND-OFF): bf16 pairs of 64 x 64 tiles, ceil(T/128) (ceil(T/128) + 1) pairs a head */
+size_t mt_gpu_attention_ds_bytes(int B, int T, int NH_local);
 /* out16: the output is written in 16 bits (a training layer's atty, mt_atty_gemm_dtype) */
 size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local, mt_gemm_impl impl, mt_dtype dtype,
                                         int out16);
@@ -7881,11 +7885,22 @@ size_t mt_gpu_attention_forward_scratch(int B, int T, int C_local, int NH_local,
     return (size_t)B * T * C_local * sizeof(float);
 }
 // mt_attention_backward_gpu: D (B,NH_local,T), and dout (B,T,C_local) rounded
-size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16) {
+// (the wgmma kernels run where the GEMMs' rung is wgmma, the head size 64 and bf16: then the dS^T
+// tiles as well; elsewhere, or where the GPU turns out to lack sm_90a, the count is
+// only an upper bound)
+size_t mt_gpu_attention_backward_scratch(int B, int T, int C_local, int NH_local, mt_dtype dtype, int dout16,
+                                         mt_gemm_impl impl) {
     if (B == 0 || T == 0) return 0;
     size_t dsum = (size_t)B * NH_local * T * sizeof(float);
-    if (dtype == MT_DTYPE_FP32 || dout16) return dsum;
-    return dsum + mt_gpu_rounded_copy_bytes((size_t)B * T * C_local);
+    if (dtype == MT_DTYPE_FP32) return dsum;
+    size_t total = dsum + (dout16 ? 0 : mt_gpu_rounded_copy_bytes((size_t)B * T * C_local));   // dO rounded
+    if (dtype == MT_DTYPE_BF16 && impl == MT_GEMM_WGMMA && NH_local > 0 && C_local == 64 * NH_local)
+        total += mt_gpu_attention_ds_bytes(B, T, NH_local);
+    return total;
+}
+size_t mt_gpu_attention_ds_bytes(int B, int T, int NH_local) {
+    size_t nqb = ((size_t)T + 127) / 128;
+    return (size_t)B * NH_local * nqb * (nqb + 1) * 2 * 64 * 64 * 2;
 }
 // mt_matmul_forward16_gpu (qkv; the LM head's logits): the plain forward GEMM (its epilogue stores
 // 16 bits) on the wgmma rung; on the others an fp32 result, then its cast (fp32 storage: the plain
@@ -7943,7 +7958,7 @@ size_t mt_gpu_scratch_peak(const mt_rank *r, mt_gemm_impl impl, mt_dtype dt) {
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, F_tp, 1, 1, impl, dt, ln16, dfch16, w16);   // fc
     op[n++] = mt_gpu_layernorm_backward_scratch(B * d->T_sp, C);                    // ln2, ln1 (and ln_f)
     int datty16 = mt_datty_storage_dtype(r) != MT_DTYPE_FP32;   // datty in 16 bits: no copy of it
-    op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt, datty16);
+    op[n++] = mt_gpu_attention_backward_scratch(B, T, C_tp, NH_tp, dt, datty16, impl);
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C_tp, C, 1, 1, impl, dt, atty16, 0, w16);   // attention projection
     int dqkv16 = mt_dqkv_storage_dtype(r) != MT_DTYPE_FP32;   // dqkv in 16 bits: no copy either
     op[n++] = mt_gpu_matmul_backward_scratch(BT, C, 3 * C_tp, 1, 1, impl, dt, ln16, dqkv16, w16);   // qkv
@@ -8144,7 +8159,8 @@ void mt_attention_backward(mt_rank *r, float *dqkv, mt_dtype dqkv_dtype, const f
     // emulation below does anyway: it rounds dout for every product and for D)
     mt_dtype gpu_datty = mt_datty_gemm_dtype((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, B * T, C_local, r->dims.C);
     mt__count_gpu_scratch(r, mt_gpu_attention_backward_scratch(B, T, C_local, NH_local, r->dev.dtype,
-                                                               gpu_datty != MT_DTYPE_FP32));
+                                                               gpu_datty != MT_DTYPE_FP32,
+                                                               (mt_gemm_impl)r->dev.gemm_impl));
     mt_attention_backward_rounded_cpu(dqkv, dout, qkv, out, lse, B, T, C_local, NH_local, drop, head_offset,
                                       NH_global, r->dev.dtype);
     // the values the GPU keeps: dqkv in 16 bits where mt_dqkv_gemm_dtype says so for its rung

@@ -1683,6 +1683,28 @@ static void attention_case(int B, int T, int NH, int hs, float p, int head_offse
             check_close(label, dq_m, dqkv_dt, nqkv, tol);
             snprintf(label, sizeof label, "attention bf16 dqkv, wgmma against mma.sync B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
             check_close(label, dq_w, dq_m, nqkv, tol);
+            // and the wgmma dQ kernel that recomputes S and dP' (MT_ATT_DQ_FROM_DS=0) against the one that
+            // reads the dS^T tiles the dK/dV kernel left (THE dS HAND-OFF, the default): dK, dV the same
+            // bits; dQ from the same math at bf16's 1e-2 (dS rounded from S^T's sums, not S's)
+            dev_set(d_dqkv2, dqkv0, nqkv);
+            mt__att_dq_from_ds = 0;
+            mt_attention_backward_gpu(d_dqkv2, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C, NH, &d, head_offset,
+                                      NH_global, dt, 0);
+            mt__att_dq_from_ds = -1;
+            float *dq_r = dev_download(d_dqkv2, nqkv);
+            snprintf(label, sizeof label, "attention bf16 dqkv, dQ recomputed B=%d T=%d NH=%d p=%.1f", B, T, NH, p);
+            check_close(label, dq_r, dqkv_dt, nqkv, tol);
+            snprintf(label, sizeof label, "attention bf16 dqkv, dQ from dS against recomputed B=%d T=%d NH=%d p=%.1f", B, T,
+                     NH, p);
+            check_close(label, dq_w, dq_r, nqkv, tol);
+            {   // dK and dV: bit for bit (the same kernel, the hand-off only adds stores)
+                size_t same = 0, n_kv = 0;
+                for (size_t row = 0; row < (size_t)B * T; row++)
+                    for (int c = C; c < 3 * C; c++, n_kv++) same += memcmp(dq_w + row * 3 * C + c, dq_r + row * 3 * C + c, 4) == 0;
+                mt_expect(same == n_kv, "attention bf16 dK, dV with and without the dS hand-off B=%d T=%d: %zu of %zu "
+                          "values differ", B, T, n_kv - same, n_kv);
+            }
+            free(dq_r);
             free(dq_w); free(dq_m);
             dev_free(d_out2); dev_free(d_lse2); dev_free(d_dqkv2);
         }
@@ -1809,6 +1831,7 @@ MT_TEST(attention) {
     attention_case(1, 1024, 12, 64, 0.0f, 0, 12, 0);   // GPT-2 small, one sample
     attention_case(2, 129, 2, 64, 0.1f, 0, 2, 0);    // one row past the forward's 128-query tile
     attention_case(1, 300, 2, 64, 0.1f, 1, 4, 0);    // the backward's 4-stage rings wrap; heads 1..2 of 4
+    attention_case(1, 192, 2, 64, 0.1f, 0, 2, 0);    // the last query block's second warpgroup all past T
 }
 
 MT_TEST(gelu_residual) {
