@@ -5455,7 +5455,7 @@ __global__ void __launch_bounds__(256, 1)
 // half) lies above the diagonal and is never written; the warpgroup that would read it stops before.
 // Tiles past T are not written either: no product reads them (n_act below; the store skips rows >= T).
 //
-// dQ from dS^T. grid (B * NH_local, ceil(T / 128)), 256 threads, MT__ATT_WG_DQ_DS_SMEM bytes. A block
+// dQ from dS^T. grid (ceil(T / 128), B * NH_local), 256 threads, MT__ATT_WG_DQ_DS_SMEM bytes. A block
 // owns 128 query rows; warpgroup w rows 64w..64w+63. Per key tile j up to the diagonal, K_j (64 x 64)
 // and the pair of dS^T tiles (16 KB) come through a 4-stage ring; per warpgroup
 //   dQ += dS_j K_j   (A = its dS^T tile read through the transpose: MN-major; B = K_j MN-major)
@@ -5476,8 +5476,9 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t K_BYTES = BN * ROW_BYTES, STAGE_BYTES = 3 * K_BYTES;   // a stage: K_j, then the dS^T pair
     const uint32_t bars = ring + STAGES * STAGE_BYTES, once = bars + 16 * STAGES;   // (once: unused)
     const int T = a.T, NH = a.NH_local, C = a.C_local;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    const int qb = gridDim.y - 1 - blockIdx.y;           // longest rows first
+    // (the blocks of one head next to each other: they read the same K tiles, from L2 after the first)
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int qb = gridDim.x - 1 - blockIdx.x;           // longest rows first, within the head
     const int q0 = qb * BM, nqb = (T + BM - 1) / BM;
     const int n_kt = min(T - 1, q0 + BM - 1) / BN + 1;   // key tiles this block needs
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -5564,7 +5565,7 @@ static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cud
     CUtensorMap do128 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 128);
     CUtensorMap do64 = mt__att_wg_map(a.dout16, a.B, a.T, a.C_local, 64);
     dim3 grid(a.B * a.NH_local, (a.T + 127) / 128);
-    int hand_off = mt__att_dq_from_ds_mode() != 0;
+    int hand_off = mt__att_dq_from_ds_mode() != 0 && a.B * a.NH_local <= 65535;   // (the dQ kernel's grid.y)
     unsigned short *ds_t = NULL;   // THE dS HAND-OFF's tiles
     size_t bytes = mt_gpu_attention_ds_bytes(a.B, a.T, a.NH_local), pairs = bytes / (2 * 64 * 64 * 2);
     if (hand_off) mt__scratch_alloc((void **)&ds_t, bytes, stream);
@@ -5576,7 +5577,8 @@ static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cud
     if (hand_off) {
         CUtensorMap ds_load = mt__att_ds_map(ds_t, pairs, 128);
         mt__allow_smem((const void *)mt_attention_backward_dq_ds_kernel_wgmma, MT__ATT_WG_DQ_DS_SMEM);
-        mt__launch("mt_attention_backward_dq_ds_kernel_wgmma", mt_attention_backward_dq_ds_kernel_wgmma, grid, 256,
+        dim3 grid_q((a.T + 127) / 128, a.B * a.NH_local);   // (a head's blocks side by side)
+        mt__launch("mt_attention_backward_dq_ds_kernel_wgmma", mt_attention_backward_dq_ds_kernel_wgmma, grid_q, 256,
                    MT__ATT_WG_DQ_DS_SMEM, stream, qkv64, ds_load, a);
         mt__scratch_free(ds_t, stream);
         return;
