@@ -3823,7 +3823,8 @@ void mt_dropout_backward_gpu(float *dx, const mt_dropout *d, int B, cudaStream_t
 //     P = exp(S - lse);  P' = dropout(P);  dV += P'^T dO;  dP = dropout(dO V^T);
 //     dS = P * (dP - D);  dK += dS^T Q * scale
 //   dQ: a block per query tile walks the key tiles up to the diagonal: dQ += dS K * scale
-// (recomputing S and dP in both costs 7 tile products instead of FA2's 5, the price of no atomics)
+// (recomputing S and dP in both costs 7 tile products instead of FA2's 5, the price of no atomics;
+// the wgmma pair hands dS over instead: THE dS HAND-OFF, below)
 // Two versions of each kernel, the same algorithm:
 //   mt_attention_*_kernel       fp32 on CUDA cores, 32x32 tiles, 4 threads per row. The reading version.
 //   mt_attention_*_kernel_mma   bf16 tensor cores: 4 warps x 16 rows; S and dP in fp32 mma
