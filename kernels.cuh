@@ -5445,8 +5445,11 @@ __global__ void __launch_bounds__(256, 1)
 // dropout mask, no atomics (each dQ row is summed in key order by one warpgroup, as before). The
 // dK/dV kernel's warpgroup writes its tile's registers into 8 KB of shared memory in the map's
 // 128-byte swizzle (two named-barrier meetings a tile, 3 + w) and one thread stores it with the TMA,
-// asynchronously: written from registers straight to global memory, 4 bytes a lane, the stores made
-// the dK/dV kernel 3x slower (211 -> 654 us a layer at GPT-2 small's shape).
+// asynchronously. (Written from registers straight to global memory, 4 bytes a lane, the stores made
+// the dK/dV kernel 3x slower: 211 -> 654 us a layer at GPT-2 small's shape.)
+// MEASURED (docs/perf.md, sessions 35 and 40): dQ 160 -> 85 us a layer, dK/dV 211 -> 256: ~11 us of
+// that for the code being there at all (255 registers), ~17 for the staging, ~17 for the stores'
+// traffic. Moving the staging to where the warps wait for the tensor cores gained nothing.
 // The price: dS^T written once and read once, bf16, half the causal square: (B NH) x 72 pairs of
 // 64 x 64 tiles at T = 1024 = 226 MB at GPT-2 small's B = 16 (~55 us of HBM each way).
 // Layout (mt_gpu_attention_ds_bytes): per (b, h), per query block qb of 128 (nqb = ceil(T / 128)),
