@@ -4402,7 +4402,10 @@ __device__ static inline void mt__reg_fence_all(uint32_t (&r)[N][4]) {
 }
 // the attention's wgmma forms (m64n64k16, bf16, fp32 accumulators, 32 registers a thread; register
 // d[4n + e] of lane (g, q): row 16 warp + g (+8 for e >= 2), column 8n + 2q (+1 for odd e)):
-// S (+)= Q K^T, both from shared memory, K-major (k inner); accumulate 0 zeroes D first (scale-d)
+// S (+)= Q K^T, both from shared memory, K-major (k inner); accumulate 0 zeroes D first (scale-d).
+// TA, TB = 1: that operand MN-major instead (imm-trans-a / -b): A stored [k][m], B [k][n], the reduction
+// running over rows (the backward's dQ += dS K from the dS^T tiles, THE dS HAND-OFF)
+template <int TA = 0, int TB = 0>
 __device__ static inline void mt__att_wgmma_ss(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile("{\n"
                  ".reg .pred p;\n"
@@ -4410,13 +4413,13 @@ __device__ static inline void mt__att_wgmma_ss(float d[32], uint64_t desc_a, uin
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "%32, %33, p, 1, 1, %35, %36;\n"
                  "}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB)
                  : "memory");
 }
 // the same with D output only ("=f": its old values are no input, so ptxas need not order this
@@ -4451,22 +4454,6 @@ __device__ static inline void mt__att_wgmma_pv(float d[32], const uint32_t a[4],
                    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b)
-                 : "memory");
-}
-// d += A B with both operands from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1): A is
-// stored [k][m] (the dS^T tile: [key][query]), B [k][n] (K: [key][d]); the reduction runs over rows
-__device__ static inline void mt__att_wgmma_ss_tt(float d[32], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile("{\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, 1, 1, 1, 1, 1;\n"
-                 "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(desc_a), "l"(desc_b)
                  : "memory");
 }
 // the accumulator layout -> the register-A fragment layout: s holds a 64 x 64 tile (wgmma's
@@ -5521,7 +5508,8 @@ __global__ void __launch_bounds__(256, 1)
         mt__wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < 4; kk++)   // keys 16 kk .. 16 kk + 15: rows of both tiles
-            mt__att_wgmma_ss_tt(dq, mt__wgmma_desc(ds + 2048 * kk, 64 * 128, 1024), mt__wgmma_desc(k + 2048 * kk, 64 * 128, 1024));
+            mt__att_wgmma_ss<1, 1>(dq, mt__wgmma_desc(ds + 2048 * kk, 64 * 128, 1024),
+                                   mt__wgmma_desc(k + 2048 * kk, 64 * 128, 1024), 1);
         mt__wgmma_commit();
         mt__wgmma_wait<0>();
         mt__reg_fence_all(dq);
