@@ -3,10 +3,13 @@
 #   1. the GEMMs at GPT-2 small's shapes (B*T = 16k), ours (wgmma, bf16 operands, fp32 out) next to
 #      cuBLAS's (tests/gpu/test_gemm_wgmma links cuBLAS for this comparison only), with the ratio;
 #   2. causal attention at B x 12 heads x 1024 x 64, bf16: ours (tests/gpu/test_kernels --bench-only)
-#      next to PyTorch's scaled_dot_product_attention with the flash and the cuDNN backends;
+#      next to PyTorch's scaled_dot_product_attention with the flash and the cuDNN backends, timed
+#      from a CUDA graph (the GPU's time without Python's launch overhead; the call-by-call times
+#      beside them as *_eager_ms);
 #   3. the whole step, GPT-2 small (124M) in bf16 on the bundled corpus: ours on 1 GPU, and on 2 GPUs
 #      as TP=2, DP=2 and PP=2 when two are there; next to a PyTorch GPT-2 small step (bf16 autocast,
-#      fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py): tokens/s, ms/step, MFU, memory.
+#      fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py), trained on the same corpus
+#      with the same initialisation and learning-rate schedule: tokens/s, ms/step, MFU, memory.
 # MFU = tokens/s x (6N + 12 L C T) / (989.4e12 x GPUs)  (H200 dense bf16 peak, Megatron's FLOPs).
 # Where PyTorch is missing the PyTorch rows say so. The tables go to build/bench_*.txt too.
 set -u
@@ -65,7 +68,8 @@ notes=""
 if [ $torch_ok = 1 ]; then
   for mode in compiled eager; do
     flag=""; [ $mode = eager ] && flag=--eager
-    line=$($PY tests/gpu/torch_ref.py step --micro-batch $MB --train-iters $ITERS $flag 2> build/bench_torch_$mode.log |
+    line=$($PY tests/gpu/torch_ref.py step --micro-batch $MB --train-iters $ITERS --data-path build/bench_text_document \
+      $flag 2> build/bench_torch_$mode.log |
       grep '^torch_step')
     if [ -z "$line" ]; then echo "PyTorch $mode: failed (see build/bench_torch_$mode.log)" >> build/bench_table.txt; continue; fi
     ms=$(echo "$line" | sed 's/.* ms \([0-9.]*\).*/\1/'); tps=$(echo "$line" | sed 's/.*tokens_per_s \([0-9]*\).*/\1/')
