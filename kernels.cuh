@@ -1095,39 +1095,41 @@ __global__ void mt_layernorm_backward_vec_kernel(float *__restrict__ dinp, float
     }
     mt__ln_backward_block_partials(mt__ln_smem, partial_dweight, partial_dbias, nwarps, C);
 }
-// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Block (32, 32):
-// 32 channels; row ty of threads sums the ty-th 32nd of the blocks in order (its loads issued 8 at a
-// time, ahead of the additions), then ty = 0 adds the 32 in order. (One thread per channel walking
-// all 512 partials of GPT-2's batch was a 40 us chain of dependent loads on 3 SMs; 8 rows of threads
-// walking 64 each took 11 us a launch, the 25 launches 0.28 ms a step: docs/perf.md.)
+// dweight[c] += sum over blocks of partial_dweight[block, c]; the same for dbias. Grid (C / 32, 2):
+// blockIdx.y = 0 dweight, 1 dbias. Block (32, 32): 32 channels; row ty of threads sums the ty-th 32nd
+// of the blocks in order (its loads issued 16 at a time, ahead of the additions), then ty = 0 adds
+// the 32 in order. (One thread per channel walking all 512 partials of GPT-2's batch was a 40 us
+// chain of dependent loads on 3 SMs; 8 rows of threads walking 64 each took 11 us a launch, the 25
+// launches 0.28 ms a step; both sums in one block, 8 loads at a time, 24 blocks: 6.6 us under ncu:
+// docs/perf.md.)
 __global__ void __launch_bounds__(1024) mt_layernorm_backward_reduce_kernel(float *__restrict__ dweight,
                                                                             float *__restrict__ dbias,
                                                                             const float *__restrict__ partial_dweight,
                                                                             const float *__restrict__ partial_dbias,
                                                                             int nblocks, int C) {
     mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
-    __shared__ float sums[2][32][33];
+    __shared__ float sums[32][33];
+    const float *partial = blockIdx.y ? partial_dbias : partial_dweight;
+    float *dst = blockIdx.y ? dbias : dweight;
     int c = blockIdx.x * 32 + threadIdx.x, per = (nblocks + 31) / 32;
     int k0 = threadIdx.y * per, k1 = min(nblocks, k0 + per);
-    float dw = 0.0f, db = 0.0f;
+    float sum = 0.0f;
     if (c < C)
-        for (int k = k0; k < k1; k += 8) {
-            float w8[8], b8[8];
+        for (int k = k0; k < k1; k += 16) {
+            float x[16];
             #pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (k + j < k1) { w8[j] = partial_dweight[(size_t)(k + j) * C + c]; b8[j] = partial_dbias[(size_t)(k + j) * C + c]; }
+            for (int j = 0; j < 16; j++)
+                if (k + j < k1) x[j] = partial[(size_t)(k + j) * C + c];
             #pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (k + j < k1) { dw += w8[j]; db += b8[j]; }
+            for (int j = 0; j < 16; j++)
+                if (k + j < k1) sum += x[j];
         }
-    sums[0][threadIdx.y][threadIdx.x] = dw;
-    sums[1][threadIdx.y][threadIdx.x] = db;
+    sums[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y != 0 || c >= C) return;
-    dw = 0.0f; db = 0.0f;
-    for (int y = 0; y < 32; y++) { dw += sums[0][y][threadIdx.x]; db += sums[1][y][threadIdx.x]; }
-    dweight[c] += dw;
-    dbias[c] += db;
+    sum = 0.0f;
+    for (int y = 0; y < 32; y++) sum += sums[y][threadIdx.x];
+    dst[c] += sum;
 }
 void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, const float *mean, const float *rstd, int B, int T, int C,
@@ -1161,8 +1163,8 @@ void mt_layernorm_backward_gpu(float *dinp, float *dweight, float *dbias, const 
         mt__launch("mt_layernorm_backward_kernel", mt_layernorm_backward_kernel, nblocks, nwarps * 32, smem, stream,
                    dinp, partial, partial_dbias, dout, inp, weight, mean, rstd, N, C);
     }
-    mt__launch("mt_layernorm_backward_reduce_kernel", mt_layernorm_backward_reduce_kernel, (C + 31) / 32, dim3(32, 32),
-               0, stream, dweight, dbias, partial, partial_dbias, nblocks, C);
+    mt__launch("mt_layernorm_backward_reduce_kernel", mt_layernorm_backward_reduce_kernel, dim3((C + 31) / 32, 2),
+               dim3(32, 32), 0, stream, dweight, dbias, partial, partial_dbias, nblocks, C);
     mt__scratch_free(partial, stream);
 }
 
@@ -1553,7 +1555,7 @@ __global__ void mt_matmul_splitk_reduce_kernel(mt__gemm_args g, int splits) {
 
 // dst[n] += sum_m src[m*N + n], deterministically: pass 1 sums 256-row chunks (block (32,8): a
 // column per tx, every 8th row per ty, then the 8 in order) into partial[chunk][n]; pass 2 adds
-// the chunks in order.
+// the chunks the same way (every 8th chunk per ty, then the 8 in order).
 // (MT__COLSUM_ROWS = 256 rows per chunk: megatron.h's, section 3, which sizes the partials)
 __global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const float *__restrict__ src, int M,
                                              int N) {
@@ -1573,14 +1575,27 @@ __global__ void mt_column_sum_partial_kernel(float *__restrict__ partial, const 
         partial[(size_t)blockIdx.y * N + n] = t;
     }
 }
+// Pass 2, block (32, 8): 32 columns; row ty of threads adds chunks ty, ty + 8, ty + 16, ... (its
+// loads issued together), then ty = 0 adds the 8 sums in order: a fixed order, so the same bits every
+// run. (One thread a column walking all 64 chunks of GPT-2's batch in a row took 4.7 us a launch under
+// ncu on 3 blocks for 768 columns, 48 launches a step: docs/perf.md, session 41.)
 __global__ void mt_column_sum_finish_kernel(float *__restrict__ dst, const float *__restrict__ partial, int chunks,
                                             int N) {
     mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= N) return;
+    __shared__ float sums[8][33];
+    int n = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += partial[(size_t)k * N + n];
-    dst[n] += s;
+    if (n < N) {
+        #pragma unroll 8
+        for (int k = threadIdx.y; k < chunks; k += 8) s += partial[(size_t)k * N + n];
+    }
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || n >= N) return;
+    float t = 0.0f;
+    #pragma unroll
+    for (int y = 0; y < 8; y++) t += sums[y][threadIdx.x];
+    dst[n] += t;
 }
 // Pass 1 with a float4 per thread (N % 4 == 0, src 16-byte aligned): block (32,8) covers 128
 // columns, so a warp reads 512 contiguous bytes of a row instead of 128 (the one-float version
@@ -1662,7 +1677,7 @@ static void mt__column_sum16_add(float *dst, const T *src, int M, int N, cudaStr
     dim3 grid((N / 8 + 31) / 32, chunks);
     mt__launch("mt_column_sum16_partial_kernel", mt_column_sum16_partial_kernel<T>, grid, dim3(32, 8), 0, stream,
                partial, src, M, N);
-    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
+    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, (N + 31) / 32, dim3(32, 8), 0, stream, dst,
                partial, chunks, N);
     mt__scratch_free(partial, stream);
 }
@@ -1683,7 +1698,7 @@ static void mt__column_sum_add_copy(float *dst, const float *src, T *copy16, int
         mt__launch("mt_column_sum_partial_kernel", mt_column_sum_partial_kernel, grid, dim3(32, 8), 0, stream, partial,
                    src, M, N);
     }
-    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, mt__blocks(N, 256), 256, 0, stream, dst,
+    mt__launch("mt_column_sum_finish_kernel", mt_column_sum_finish_kernel, (N + 31) / 32, dim3(32, 8), 0, stream, dst,
                partial, chunks, N);
     mt__scratch_free(partial, stream);
 }
@@ -4025,6 +4040,48 @@ __global__ void mt_attention_backward_preprocess_vec_kernel(mt__attention_args a
     }
 }
 
+// The same for dO and O both in 16 bits (a training layer's datty and atty), 16 bytes a load: lane l
+// holds slots j = l + 32 v (v < NV) of the row, 8 values each of dO and O. A head is hs/8 consecutive
+// slots and hs/8 divides 32 (hs = 16 .. 128), so the lanes fall into groups of hs/8, one head each.
+// The sum in the 8-byte kernel's order, so the same bits (tests/gpu/test_kernels compares the two):
+// there a lane held 4 values, (o0 d0 + o1 d1) + (o2 d2 + o3 d3), and xor-shuffles over hs/4 lanes
+// added them, the last step joining lanes 2i and 2i + 1. Here a lane holds those two lanes' 4 each
+// (sa, sb): the same shuffles over hs/8 lanes on each, then sa + sb.
+// F16: 0 bf16, 1 fp16. (The 8-byte kernel above, on these: 80 registers, 57% of the issue slots busy,
+// 1.8 TB/s under ncu, 25 us a layer at GPT-2 small's B = 16: its loads, widenings and 4-step shuffle
+// trees, over 8 slots where 6 held data, were instruction-bound: docs/perf.md, session 41.)
+template <int NV, int F16>
+__global__ void mt_attention_backward_preprocess16_kernel(mt__attention_args a, int hs) {
+    mt__pdl_start();   // (launched with programmatic dependent launch inside a training graph)
+    size_t bt = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32, group = hs / 8, C8 = a.C_local / 8;
+    if (bt >= (size_t)a.B * a.T) return;   // (a whole warp: bt is the warp's)
+    int t = (int)(bt % a.T), b = (int)(bt / a.T);
+    const uint4 *d16 = (const uint4 *)(a.dout16 + bt * a.C_local);
+    const uint4 *o16 = (const uint4 *)((const unsigned short *)a.out + bt * a.C_local);
+    uint4 o[NV], d[NV];
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {   // every load first
+        int j = lane + 32 * v;
+        o[v] = j < C8 ? o16[j] : make_uint4(0u, 0u, 0u, 0u);
+        d[v] = j < C8 ? d16[j] : make_uint4(0u, 0u, 0u, 0u);
+    }
+    #pragma unroll
+    for (int v = 0; v < NV; v++) {
+        int j = lane + 32 * v;
+        float2 o0 = mt__unpack16x2<F16>(o[v].x), o1 = mt__unpack16x2<F16>(o[v].y), o2 = mt__unpack16x2<F16>(o[v].z),
+               o3 = mt__unpack16x2<F16>(o[v].w), d0 = mt__unpack16x2<F16>(d[v].x), d1 = mt__unpack16x2<F16>(d[v].y),
+               d2 = mt__unpack16x2<F16>(d[v].z), d3 = mt__unpack16x2<F16>(d[v].w);
+        float sa = (o0.x * d0.x + o0.y * d0.y) + (o1.x * d1.x + o1.y * d1.y);   // values 0..3, as a float4 there
+        float sb = (o2.x * d2.x + o2.y * d2.y) + (o3.x * d3.x + o3.y * d3.y);   // values 4..7
+        for (int off = group / 2; off > 0; off /= 2) {
+            sa += __shfl_xor_sync(0xffffffffu, sa, off);
+            sb += __shfl_xor_sync(0xffffffffu, sb, off);
+        }
+        if (j < C8 && j % group == 0) a.dsum[((size_t)b * a.NH_local + j / group) * a.T + t] = sa + sb;
+    }
+}
+
 // matches mt_attention_backward_cpu (megatron.h, 3. OPS): the dK, dV half. Writes them with '='.
 // grid (T/32 key tiles, B*NH_local), 128 threads: thread (c = tid/4, quarter) owns key c of the
 // tile, the query rows quarter + 4j of each query tile, and channels quarter + 4i of dK and dV.
@@ -4510,8 +4567,13 @@ __device__ static inline void mt__att_ring_release(uint32_t bars, int j, int lan
 // +1), overwritten; p: P as the register-A fragments of PV (bf16 pairs, 4 registers per 16 keys);
 // m: running row max (raw units); rsum: this tile's row sums over this thread's columns; corr:
 // exp2((m_old - m_new) scale2), what O and l shrink by. diag: the tile crosses the diagonal of some
-// row of the warpgroup: mask key > row (which masks keys >= T for rows < T too). Dropout: each P
-// times its keep multiplier, after the row sum (as the kernel above).
+// row of the warpgroup: mask key > row (which masks keys >= T for rows < T too). DROP = 1 (dropout):
+// each P times its keep multiplier, after the row sum (as the kernel above). DROP = 0 holds no
+// dropout code at all: with the test of a.p_drop inside the exponentials' loop, every kernel paid a
+// compare, a predicate and a branch on each of a thread's 32 values a tile (the PTX: 224 branches), in
+// a kernel whose issue slots are its limit (ncu: 46% busy, no pipe above 36%); tested once outside
+// the loop instead, the code kept for it made ptxas spill (292 bytes at the 128-register bound).
+template <int DROP>
 __device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, float (&s)[32], uint32_t (&p)[4][4],
                                                    float (&m)[2], float (&rsum)[2], float (&corr)[2], int key0, int r0,
                                                    int diag, float scale2, int b, int h) {
@@ -4542,7 +4604,8 @@ __device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, 
             for (int e = 0; e < 2; e++) {
                 float v = mt__ex2(fmaf(s[4 * n + 2 * half + e], scale2, -ms));
                 sum += v;
-                if (a.p_drop > 0.0f && v > 0.0f && row < a.T) v *= mt__attention_keep(a, b, h, row, key0 + 8 * n + 2 * q + e);
+                if (DROP && a.p_drop > 0.0f && v > 0.0f && row < a.T)   // (DROP: the earlier code, bit for bit)
+                    v *= mt__attention_keep(a, b, h, row, key0 + 8 * n + 2 * q + e);
                 s[4 * n + 2 * half + e] = v;
             }
         rsum[half] = sum;
@@ -4553,7 +4616,8 @@ __device__ static inline void mt__att_softmax_tile(const mt__attention_args &a, 
 // map_q: boxes of 128 rows x 64; map_kv: 64 rows x 64; both over qkv16 as a 3-D tensor (3C, T, B).
 // OUT16 = 1: out is written in bf16 (in half the floats of a.out: a training layer's attention
 // output, megatron.h's mt_atty_storage_dtype), rounded from the same values; 0: fp32.
-template <int OUT16>
+// DROP: the instance for a.p_drop > 0 (mt__att_softmax_tile)
+template <int OUT16, int DROP>
 __global__ void __launch_bounds__(256, 2)
     mt_attention_forward_kernel_wgmma(const __grid_constant__ CUtensorMap map_q,
                                       const __grid_constant__ CUtensorMap map_kv, const mt__attention_args a) {
@@ -4638,7 +4702,7 @@ __global__ void __launch_bounds__(256, 2)
         mt__wgmma_wait<0>();
         mt__reg_fence_all(sacc);
         float rsum[2], corr[2];
-        mt__att_softmax_tile(a, sacc, p, m, rsum, corr, 0, r0, BN - 1 > wg_lo, scale2, b, h);
+        mt__att_softmax_tile<DROP>(a, sacc, p, m, rsum, corr, 0, r0, BN - 1 > wg_lo, scale2, b, h);
         l[0] = rsum[0];   // (O = 0: nothing to rescale)
         l[1] = rsum[1];
     }
@@ -4657,7 +4721,7 @@ __global__ void __launch_bounds__(256, 2)
         mt__wgmma_wait<1>();   // S_j done (the older group); PV_{j-1} may still run
         mt__reg_fence_all(sacc);
         float rsum[2], corr[2];
-        mt__att_softmax_tile(a, sacc, p_new, m, rsum, corr, j * BN, r0, j * BN + BN - 1 > wg_lo, scale2, b, h);
+        mt__att_softmax_tile<DROP>(a, sacc, p_new, m, rsum, corr, j * BN, r0, j * BN + BN - 1 > wg_lo, scale2, b, h);
         mt__wgmma_wait<0>();   // PV_{j-1} done: O may be rescaled, stage j-1 given back
         mt__reg_fence_all(o);
         release(j - 1);
@@ -4742,7 +4806,9 @@ static int mt__attention_wgmma_ok(const mt__attention_args &a, int dtype, int hs
 static void mt__attention_forward_wgmma_launch(const mt__attention_args &a, int out16, cudaStream_t stream) {
     CUtensorMap map_q = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_ROWS);
     CUtensorMap map_kv = mt__att_wg_map(a.qkv16, a.B, a.T, 3 * a.C_local, MT__ATT_WG_KEYS);
-    auto kernel = out16 ? mt_attention_forward_kernel_wgmma<1> : mt_attention_forward_kernel_wgmma<0>;
+    int drop = a.p_drop > 0.0f;
+    auto kernel = out16 ? (drop ? mt_attention_forward_kernel_wgmma<1, 1> : mt_attention_forward_kernel_wgmma<1, 0>)
+                        : (drop ? mt_attention_forward_kernel_wgmma<0, 1> : mt_attention_forward_kernel_wgmma<0, 0>);
     mt__allow_smem((const void *)kernel, MT__ATT_WG_SMEM);
     dim3 grid(a.B * a.NH_local, (a.T + MT__ATT_WG_ROWS - 1) / MT__ATT_WG_ROWS);
     mt__launch("mt_attention_forward_kernel_wgmma", kernel, grid, 256, MT__ATT_WG_SMEM, stream, map_q, map_kv, a);
@@ -5230,6 +5296,8 @@ __global__ void __launch_bounds__(256, 1)
 // Blocks from the first keys (the most query tiles) to the last. map_kv: qkv16, 128-row boxes;
 // map_q: qkv16, 64-row boxes; map_do: dout16, 64-row boxes. hand_off: each dS^T tile also goes to
 // global memory through map_ds (64-row boxes) for the dQ kernel (THE dS HAND-OFF, below).
+// DROP: the instance for a.p_drop > 0.
+template <int DROP>
 __global__ void __launch_bounds__(256, 1)
     mt_attention_backward_dkdv_kernel_wgmma(const __grid_constant__ CUtensorMap map_kv,
                                             const __grid_constant__ CUtensorMap map_q,
@@ -5310,20 +5378,40 @@ __global__ void __launch_bounds__(256, 1)
     auto compute = [&](int i, uint32_t (&pi)[BN / 16][4], uint32_t (&dsi)[BN / 16][4]) {
         const int t0 = (j_first + i) * BN, diag = t0 < wg_hi;   // some key of the warpgroup > some query
         const float *lse2c = cols_wg + (i % 2) * 128, *Dc = lse2c + 64;   // column c at [c]
-        #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            int key = r0 + 8 * half;
+        // (DROP = 0, the instance without dropout, holds no multipliers at all: as the forward's
+        // softmax, mt__att_softmax_tile. The same bits: with them off, mult = 1, and x * 1 and
+        // fma(x, 1, -D) are exact)
+        if (DROP) {
             #pragma unroll
-            for (int n = 0; n < 8; n++)
+            for (int half = 0; half < 2; half++) {
+                int key = r0 + 8 * half;
                 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
-                    float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
-                    if (diag && key > t) pv = 0.0f;
-                    float mult = a.p_drop > 0.0f && pv > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
-                    sacc[x] = pv * mult;
-                    dpacc[x] = pv * (dpacc[x] * mult - Dc[c]);
-                }
+                for (int n = 0; n < 8; n++)
+                    #pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
+                        float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
+                        if (diag && key > t) pv = 0.0f;
+                        float mult = a.p_drop > 0.0f && pv > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                        sacc[x] = pv * mult;
+                        dpacc[x] = pv * (dpacc[x] * mult - Dc[c]);
+                    }
+            }
+        } else {
+            #pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int key = r0 + 8 * half;
+                #pragma unroll
+                for (int n = 0; n < 8; n++)
+                    #pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
+                        float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
+                        if (diag && key > t) pv = 0.0f;
+                        sacc[x] = pv;
+                        dpacc[x] = pv * (dpacc[x] - Dc[c]);
+                    }
+            }
         }
         mt__att_acc_to_a(pi, sacc);
         mt__att_acc_to_a(dsi, dpacc);
@@ -5563,8 +5651,9 @@ static void mt__attention_backward_wgmma_launch(const mt__attention_args &a, cud
     if (hand_off) mt__scratch_alloc((void **)&ds_t, bytes, stream);
     // (without the hand-off the store map is never used, but must be a valid map: any 16-byte address)
     CUtensorMap ds_store = mt__att_ds_map(hand_off ? ds_t : (const unsigned short *)a.qkv16, hand_off ? pairs : 1, 64);
-    mt__allow_smem((const void *)mt_attention_backward_dkdv_kernel_wgmma, MT__ATT_WG_DKDV_SMEM);
-    mt__launch("mt_attention_backward_dkdv_kernel_wgmma", mt_attention_backward_dkdv_kernel_wgmma, grid, 256,
+    auto dkdv = a.p_drop > 0.0f ? mt_attention_backward_dkdv_kernel_wgmma<1> : mt_attention_backward_dkdv_kernel_wgmma<0>;
+    mt__allow_smem((const void *)dkdv, MT__ATT_WG_DKDV_SMEM);
+    mt__launch("mt_attention_backward_dkdv_kernel_wgmma", dkdv, grid, 256,
                MT__ATT_WG_DKDV_SMEM, stream, qkv128, qkv64, do64, ds_store, a, hand_off);
     if (hand_off) {
         CUtensorMap ds_load = mt__att_ds_map(ds_t, pairs, 128);
@@ -5706,8 +5795,21 @@ static void mt__attention_backward_launch(const mt__attention_args &a, int dtype
                                 : mt_attention_backward_preprocess_kernel<2, 0>)
                        : mt_attention_backward_preprocess_kernel<0, 0>;
     int vec_kernel = vec && a.C_local <= 32 * 4 * 16;
-    mt__launch(vec_kernel ? "mt_attention_backward_preprocess_vec_kernel" : "mt_attention_backward_preprocess_kernel",
-               pre, vec_kernel ? vec_blocks : blocks, 256, 0, stream, a, HS);
+    // both in 16 bits, 16-byte rows, up to 8 slots of 8 a lane (C_local <= 2048): 16 bytes a load
+    int nv16 = (a.C_local / 8 + 31) / 32;
+    if (out16 && a.C_local % 8 == 0 && mt__aligned16(a.out) && mt__aligned16(a.dout16) && HS % 8 == 0 &&
+        32 % (HS / 8) == 0 && nv16 <= 8) {
+        int f16 = d16 == 2, nv = nv16 <= 4 ? nv16 : 8;
+        void (*k16)(mt__attention_args, int) =
+            nv == 1 ? (f16 ? mt_attention_backward_preprocess16_kernel<1, 1> : mt_attention_backward_preprocess16_kernel<1, 0>)
+            : nv == 2 ? (f16 ? mt_attention_backward_preprocess16_kernel<2, 1> : mt_attention_backward_preprocess16_kernel<2, 0>)
+            : nv == 3 ? (f16 ? mt_attention_backward_preprocess16_kernel<3, 1> : mt_attention_backward_preprocess16_kernel<3, 0>)
+            : nv == 4 ? (f16 ? mt_attention_backward_preprocess16_kernel<4, 1> : mt_attention_backward_preprocess16_kernel<4, 0>)
+                      : (f16 ? mt_attention_backward_preprocess16_kernel<8, 1> : mt_attention_backward_preprocess16_kernel<8, 0>);
+        mt__launch("mt_attention_backward_preprocess16_kernel", k16, vec_blocks, 256, 0, stream, a, HS);
+    } else
+        mt__launch(vec_kernel ? "mt_attention_backward_preprocess_vec_kernel" : "mt_attention_backward_preprocess_kernel",
+                   pre, vec_kernel ? vec_blocks : blocks, 256, 0, stream, a, HS);
     size_t smem_kv = mt__att_smem_dkdv(HS, bf16, mt__att_dkdv_bq(HS)), smem_q = mt__att_smem_dq(HS, bf16);
     if (mt__attention_wgmma_ok(a, dtype, HS) && mt__aligned16(a.dout16)) {
         mt__attention_backward_wgmma_launch(a, stream);
