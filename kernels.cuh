@@ -2237,8 +2237,9 @@ template <int RB>
 __device__ static inline int mt__stg_at(int r, int byte) {
     return r * RB + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
 }
-// rows i_base.. i_base+15, columns j_base.. j_base+63 of x (row stride ld) from the piece (OUT) or into it
-// (IN, zeros outside M x N). N % 8 == 0 and 16-byte aligned rows: a 16-byte piece is all in or all out.
+// rows i_base.. i_base+15, columns j_base.. j_base+63 of x (row stride ld) from the piece (the way in:
+// mt__stg_fetch* and mt__stg_put* below, zeros outside M x N). N % 8 == 0 and 16-byte aligned rows: a
+// 16-byte piece is all in or all out.
 __device__ static inline void mt__stg_out32(const uint8_t *st, float *x, int ld, int i_base, int j_base, int M, int N,
                                             int lane) {
     #pragma unroll
@@ -2257,23 +2258,70 @@ __device__ static inline void mt__stg_out16(const uint8_t *st, unsigned short *x
         if (i < M && j < N) *(uint4 *)(x + (size_t)i * ld + j) = v;
     }
 }
-__device__ static inline void mt__stg_in32(uint8_t *st, const float *x, int ld, int i_base, int j_base, int M, int N,
-                                           int lane) {
+// THE EPILOGUE'S READS A CHUNK AHEAD. What a chunk reads besides its sums (C when accumulating, the
+// residual, the GELU's input) was loaded into the piece when the chunk began, so each of a tile's 4
+// chunks waited a round trip to memory, with the tensor cores idle (the epilogues that read: session
+// 39's per-layer table, perf.md). Now a lane loads the next chunk's 16-byte pieces into registers
+// (mt__stg_fetch*; the first chunk's while the tile's last products run) and puts them into the piece
+// when that chunk begins (mt__stg_put*), in the piece's layout: rows of 256 bytes (fp32) or 128 (16
+// bits), the 16-byte chunk c of row r at c ^ (r % 8); fp32: lane -> row 2 it + lane / 16, 16 bytes = 4
+// columns; 16 bits: row 4 it + lane / 8, 8 columns. Registers allow 4 pieces ahead (16 a thread: with
+// 8, the consumers spilled 56-184 bytes at ptxas's 168): all of a 16-bit chunk, the first 8 rows of an
+// fp32 one, whose other 8 rows load at the chunk's start as before.
+typedef struct { uint4 v[4]; } mt__stg_ahead;
+__device__ static inline void mt__stg_fetch32(mt__stg_ahead &a, const float *x, int ld, int i_base, int j_base, int M,
+                                              int N, int lane) {
+    #pragma unroll
+    for (int it = 0; it < 4; it++) {
+        int r = 2 * it + lane / 16, ch = lane % 16, i = i_base + r, j = j_base + 4 * ch;
+        a.v[it] = i < M && j < N ? *(const uint4 *)(x + (size_t)i * ld + j) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+// the fetched rows (AHEAD = 1; 0: none were fetched), and the chunk's other rows from x (columns j_base ..)
+template <int AHEAD>
+__device__ static inline void mt__stg_put32(uint8_t *st, const mt__stg_ahead &a, const float *x, int ld, int i_base,
+                                            int j_base, int M, int N, int lane) {
     #pragma unroll
     for (int it = 0; it < 8; it++) {
         int r = 2 * it + lane / 16, ch = lane % 16, i = i_base + r, j = j_base + 4 * ch;
-        float4 v = i < M && j < N ? *(const float4 *)(x + (size_t)i * ld + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        *(float4 *)(st + mt__stg_at<256>(r, 16 * ch)) = v;
+        uint4 v = AHEAD && it < 4 ? a.v[it]
+                  : i < M && j < N ? *(const uint4 *)(x + (size_t)i * ld + j) : make_uint4(0u, 0u, 0u, 0u);
+        *(uint4 *)(st + mt__stg_at<256>(r, 16 * ch)) = v;
     }
 }
-__device__ static inline void mt__stg_in16(uint8_t *st, const unsigned short *x, int ld, int i_base, int j_base, int M,
-                                           int N, int lane) {
+__device__ static inline void mt__stg_fetch16(mt__stg_ahead &a, const unsigned short *x, int ld, int i_base, int j_base,
+                                              int M, int N, int lane) {
     #pragma unroll
     for (int it = 0; it < 4; it++) {
         int r = 4 * it + lane / 8, ch = lane % 8, i = i_base + r, j = j_base + 8 * ch;
-        uint4 v = i < M && j < N ? *(const uint4 *)(x + (size_t)i * ld + j) : make_uint4(0u, 0u, 0u, 0u);
-        *(uint4 *)(st + mt__stg_at<128>(r, 16 * ch)) = v;
+        a.v[it] = i < M && j < N ? *(const uint4 *)(x + (size_t)i * ld + j) : make_uint4(0u, 0u, 0u, 0u);
     }
+}
+__device__ static inline void mt__stg_put16(uint8_t *st, const mt__stg_ahead &a, int lane) {
+    #pragma unroll
+    for (int it = 0; it < 4; it++) {
+        int r = 4 * it + lane / 8, ch = lane % 8;
+        *(uint4 *)(st + mt__stg_at<128>(r, 16 * ch)) = a.v[it];
+    }
+}
+// the reads fetched ahead (which EPI and g.accumulate make): 16 = the 16-bit GELU input, 32 = fp32 C
+// (accumulating: the plain product only, the fused epilogues never accumulate) or the residual, 0 =
+// none. (The fp32 GELU input of GELU_GRAD, a path training in 16 bits does not take, is read at the
+// chunk's start as before: fetched ahead, it made ptxas spill.)
+template <int EPI>
+__device__ static inline int mt__wgmma_epilogue_reads(const mt__wgmma_args &g) {
+    if (EPI == MT__EPI_GELU_GRAD16 || EPI == MT__EPI_GELU_GRAD16_GELU16) return 16;
+    return EPI == MT__EPI_RESIDUAL || (EPI == MT__EPI_NONE && g.accumulate) ? 32 : 0;
+}
+// fetch chunk ch's reads (columns col0 + 64 ch ..) of the warp's 16 rows from i_base, if there are any
+template <int EPI>
+__device__ static inline void mt__wgmma_epilogue_fetch(const mt__wgmma_args &g, mt__stg_ahead &a, int ch, int i_base,
+                                                       int col0, int lane) {
+    int reads = mt__wgmma_epilogue_reads<EPI>(g), jb = col0 + 64 * ch;
+    if (reads == 16) mt__stg_fetch16(a, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
+    else if (reads == 32)
+        mt__stg_fetch32(a, EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base,
+                        jb, g.M, g.N, lane);
 }
 // the bias of one chunk's columns (64: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs, j = col0
 // + 64 ch + 8 n + 2 (lane % 4), + 1), zeros without one. The caller loads the next chunk's while it
@@ -2289,9 +2337,10 @@ __device__ static inline void mt__wgmma_bias_chunk(const mt__wgmma_args &g, floa
 // one chunk (64 columns: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs) of a warp's 16 rows
 // through the piece st, with its bias b (mt__wgmma_bias_chunk): the same values and roundings as the
 // unstaged epilogue below, in the same order (v = sum + bias, then old + v or v gelu'(x))
+// (ahead: this chunk's reads, fetched a chunk earlier; the next chunk's are fetched into it here)
 template <int F16, int EPI>
 __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, const float *d, int ch, const float2 b[8],
-                                                       uint8_t *st, int i_base, int col0, int lane) {
+                                                       uint8_t *st, int i_base, int col0, int lane, mt__stg_ahead &ahead) {
     int gq = lane / 4, tq = lane % 4, jb = col0 + 64 * ch;
     float2 v0[8], v1[8];   // row gq, row gq + 8 (of the warp's 16); columns jb + 8n + 2tq, + 1
     #pragma unroll
@@ -2302,8 +2351,10 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
     }
     const bool remake = EPI == MT__EPI_GELU_GRAD16_GELU16;   // gelu(x) at c2 as well
     uint32_t gx0[remake ? 8 : 1], gx1[remake ? 8 : 1];      // (its 16-bit pairs, rows gq and gq + 8)
+    const int next = ch < 3 && jb + 64 < g.N;   // a next chunk, whose reads go out now
     if (EPI == MT__EPI_GELU_GRAD16 || remake) {   // C = v gelu'(x), x the GELU's input in 16 bits
-        mt__stg_in16(st, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
+        mt__stg_put16(st, ahead, lane);
+        if (next) mt__wgmma_epilogue_fetch<EPI>(g, ahead, ch + 1, i_base, col0, lane);
         __syncwarp();
         #pragma unroll
         for (int n = 0; n < 8; n++) {
@@ -2319,8 +2370,11 @@ __device__ static inline void mt__wgmma_epilogue_chunk(const mt__wgmma_args &g, 
         __syncwarp();   // read before the piece is written again
     } else if (EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL || g.accumulate) {   // C = v gelu'(x), or C = old + v
         // (old: C itself, or RESIDUAL's residual)
-        mt__stg_in32(st, EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base,
-                     jb, g.M, g.N, lane);
+        // (fetched ahead: mt__wgmma_epilogue_reads)
+        mt__stg_put32<EPI == MT__EPI_NONE || EPI == MT__EPI_RESIDUAL>(
+            st, ahead, EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base, jb,
+            g.M, g.N, lane);
+        if (next) mt__wgmma_epilogue_fetch<EPI>(g, ahead, ch + 1, i_base, col0, lane);
         __syncwarp();
         #pragma unroll
         for (int n = 0; n < 8; n++) {
@@ -2564,7 +2618,11 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
             if (mt__wgmma_next(g, &peek, &next)) asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + piece % 2) : "memory");
         }
         float2 bias_next[8] = {};   // the staged epilogue's first chunk of bias, on its way while the last products finish
-        if (NWG == 2 && g.stage_ok && pc.slot < 0) mt__wgmma_bias_chunk(g, bias_next, col0, 0, lane);
+        mt__stg_ahead ahead;        // and its first chunk's reads (THE EPILOGUE'S READS A CHUNK AHEAD)
+        if (NWG == 2 && g.stage_ok && pc.slot < 0) {
+            mt__wgmma_bias_chunk(g, bias_next, col0, 0, lane);
+            mt__wgmma_epilogue_fetch<EPI>(g, ahead, 0, row0 + 64 * half + 16 * warp, col0, lane);
+        }
         mt__wgmma_wait<0>();
         if (steps > 0) release((it - 1) % MT__WG_STAGES);
         #pragma unroll
@@ -2589,7 +2647,8 @@ __global__ void __launch_bounds__(mt__wg_threads(NWG), 1)
                 #pragma unroll
                 for (int n = 0; n < 8; n++) b[n] = bias_next[n];
                 if (ch < 3) mt__wgmma_bias_chunk(g, bias_next, col0, ch + 1, lane);
-                if (col0 + 64 * ch < g.N) mt__wgmma_epilogue_chunk<F16, EPI>(g, d, ch, b, st, row0 + 64 * half + 16 * warp, col0, lane);
+                if (col0 + 64 * ch < g.N)
+                    mt__wgmma_epilogue_chunk<F16, EPI>(g, d, ch, b, st, row0 + 64 * half + 16 * warp, col0, lane, ahead);
             }
             continue;
         }
