@@ -5440,37 +5440,20 @@ __global__ void __launch_bounds__(256, 1)
         // (DROP = 0, the instance without dropout, holds no multipliers at all: as the forward's
         // softmax, mt__att_softmax_tile. The same bits: with them off, mult = 1, and x * 1 and
         // fma(x, 1, -D) are exact)
-        if (DROP) {
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int key = r0 + 8 * half;
             #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                int key = r0 + 8 * half;
+            for (int n = 0; n < 8; n++)
                 #pragma unroll
-                for (int n = 0; n < 8; n++)
-                    #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
-                        float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
-                        if (diag && key > t) pv = 0.0f;
-                        float mult = a.p_drop > 0.0f && pv > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
-                        sacc[x] = pv * mult;
-                        dpacc[x] = pv * (dpacc[x] * mult - Dc[c]);
-                    }
-            }
-        } else {
-            #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                int key = r0 + 8 * half;
-                #pragma unroll
-                for (int n = 0; n < 8; n++)
-                    #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
-                        float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
-                        if (diag && key > t) pv = 0.0f;
-                        sacc[x] = pv;
-                        dpacc[x] = pv * (dpacc[x] - Dc[c]);
-                    }
-            }
+                for (int e = 0; e < 2; e++) {
+                    int x = 4 * n + 2 * half + e, c = 8 * n + 2 * quad + e, t = t0 + c;
+                    float pv = mt__ex2(fmaf(sacc[x], scale2, -lse2c[c]));
+                    if (diag && key > t) pv = 0.0f;
+                    float mult = DROP && a.p_drop > 0.0f && pv > 0.0f ? mt__attention_keep(a, b, h, t, key) : 1.0f;
+                    sacc[x] = DROP ? pv * mult : pv;
+                    dpacc[x] = DROP ? pv * (dpacc[x] * mult - Dc[c]) : pv * (dpacc[x] - Dc[c]);
+                }
         }
         mt__att_acc_to_a(pi, sacc);
         mt__att_acc_to_a(dsi, dpacc);
