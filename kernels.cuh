@@ -2319,9 +2319,8 @@ __device__ static inline void mt__wgmma_epilogue_fetch(const mt__wgmma_args &g, 
                                                        int col0, int lane) {
     int reads = mt__wgmma_epilogue_reads<EPI>(g), jb = col0 + 64 * ch;
     if (reads == 16) mt__stg_fetch16(a, (const unsigned short *)g.aux, g.ldc, i_base, jb, g.M, g.N, lane);
-    else if (reads == 32)
-        mt__stg_fetch32(a, EPI == MT__EPI_GELU_GRAD || EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base,
-                        jb, g.M, g.N, lane);
+    else if (reads == 32)   // (the residual, or C)
+        mt__stg_fetch32(a, EPI == MT__EPI_RESIDUAL ? (const float *)g.aux : g.c, g.ldc, i_base, jb, g.M, g.N, lane);
 }
 // the bias of one chunk's columns (64: n = 8 ch .. 8 ch + 7 of the thread's 32 column pairs, j = col0
 // + 64 ch + 8 n + 2 (lane % 4), + 1), zeros without one. The caller loads the next chunk's while it

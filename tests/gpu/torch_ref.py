@@ -99,7 +99,7 @@ def timed(fn, iters, warmup):
 
 def graphed(fn, calls=20, rounds=5):
     """ms a call of fn as the GPU runs it: `calls` calls captured in one CUDA graph, the graph
-    replayed `rounds` times, each replay timed alone; the median over `calls`"""
+    replayed `rounds` times, each replay timed alone; the median replay over `calls`"""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):   # warm-up off the capture (workspaces, plans), as capture requires
@@ -251,6 +251,7 @@ def attention(args):
     q, k, v = (torch.randn(B, NH, T, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                for _ in range(3))
     dout = torch.randn(B, NH, T, d, device="cuda", dtype=torch.bfloat16, generator=g)
+
     def fwd():
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
