@@ -9088,8 +9088,8 @@ size_t mt_device_scratch_bytes(const mt_rank *r) {
 // took on yours; NCCL_BUFFSIZE and NCCL_MAX_NCHANNELS lower it.
 static const size_t MT__NCCL_COMM_BYTES = (size_t)200 << 20;
 size_t mt_device_comm_bytes(const mt_rank *r) {
-    // the communicators mt_groups_init joins with NCCL (section 2): tp, dp, embd
-    int comms = (r->ps.tp_size > 1) + (r->ps.dp_size > 1) + (r->ps.in_embedding_group != 0);
+    // the communicators mt_groups_init joins with NCCL (section 2): tp, dp, embd, p2p
+    int comms = (r->ps.tp_size > 1) + (r->ps.dp_size > 1) + (r->ps.in_embedding_group != 0) + (r->ps.pp_size > 1);
     return (size_t)comms * MT__NCCL_COMM_BYTES;
 }
 // the rank's device memory now: our cudaMalloc'd blocks (the tally above), the kernel scratch

@@ -414,7 +414,8 @@ int mt_tfrecord_read(const unsigned char *buf, size_t len, size_t *pos, const un
 // communication call (section 2), while its log is enabled.
 // ---------------------------------------------------------------------------------------------
 typedef enum { MT_SPAN_FORWARD = 0, MT_SPAN_BACKWARD = 1, MT_SPAN_OPTIMIZER = 2, MT_SPAN_COMM = 3,
-               MT_SPAN_RECV = 4 } mt_span_kind;   /* MT_SPAN_RECV: a pipeline recv, mostly waiting (idle) */
+               MT_SPAN_RECV = 4 } mt_span_kind;   /* MT_SPAN_RECV: a batch of pipeline messages that
+                                                     receives (mt_p2p_batch), mostly waiting (idle) */
 typedef struct {
     double t0, t1;            // seconds (mt_time_seconds)
     int mark0, mark1;         // GPU build: device marks (mt_device_mark, section 3) that give t0 and
@@ -518,6 +519,25 @@ void mt_comm_wait(mt_comm *c);
 void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag);
 void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag);
 
+/* a batch of sends and receives that go together, as NCCL's ncclGroupStart; ncclSend / ncclRecv
+ * ...; ncclGroupEnd (PyTorch's batch_isend_irecv, what Megatron's p2p_communication calls): the
+ * pipeline's messages. On a group with NCCL (the GPU build's p2p group) the buffers are device
+ * buffers, the batch is queued on the group's stream after the rank's kernels so far, and the
+ * kernels after it wait for it. NCCL has no tags: it pairs the k-th send from A to B with the
+ * k-th receive at B from A, and a send is done only when its receive has the data. The threads
+ * backend (host buffers) keeps both rules, so the CPU build finds what would hang or mismatch on
+ * GPUs: a batch posts its sends, takes its receives in the order given (each must be the oldest
+ * message from its peer: a different tag is an error naming both), then waits until every send
+ * to a rank of this process was taken. The tags are checked there only. */
+typedef struct {
+    int recv;          // 0: send buf to peer; 1: receive into buf from peer
+    float *buf;        // (n,)
+    size_t n;
+    int peer;          // a GROUP rank
+    int tag;           // >= 0
+} mt_p2p_op;
+void mt_p2p_batch(mt_comm *c, const mt_p2p_op *ops, int count);
+
 /* launcher: runs fn(w, rank, arg) on world_size threads named "r<rank>", joins them. Returns 0,
  * or 1 if a rank called mt_fatal (the world was aborted): then it has printed
  * "error: <message>" once, as mt_fatal would, and the caller should exit(1). */
@@ -599,9 +619,12 @@ typedef struct {
     mt_comm world, tp, pp, dp;  // Megatron's groups: all ranks, my TP / PP / DP group
     mt_comm mp;                 // model-parallel group: the TP x PP ranks of my replica (grad norm)
     mt_comm embd;               // first and last stage's copies of wte (PP > 1 only)
+    mt_comm p2p;                // my PP group again, for the pipeline's activations and gradients
+                                // (mt_p2p_batch): NCCL between the devices on the GPU build, so
+                                // that pp itself keeps host values (the generation's broadcasts)
 } mt_groups;
 /* every rank creates the groups it belongs to; compute_stream (GPU build: the rank's kernel
-   stream) makes the groups that move device buffers (tp, dp, embd) join NCCL; NULL on the CPU */
+   stream) makes the groups that move device buffers (tp, dp, embd, p2p) join NCCL; NULL on the CPU */
 void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_parallel_state *ps,
                     void *compute_stream);
 void mt_groups_free(mt_groups *g);
@@ -1289,6 +1312,8 @@ typedef struct {
     // T_sp = T/TP with --sequence-parallel (my positions of the residual stream), else T
     float *out_c;     // (B,T_sp,C)  output of a row-parallel layer, after its all-reduce / reduce-scatter
     float *dresidual; // (B,T_sp,C)  gradient flowing down the residual stream
+    float *p2p_held;  // (B,T_sp,C)  PP > 1: a gradient being sent while the next one arrives in
+                      //             dresidual (section 8's mt__p2p_go)
     float *dln;       // (B,T_sp,C)
     float *dqkv;      // (B,T,3*C_tp), in mt_dqkv_storage_dtype (16 bits in half the floats)
     float *datty;     // (B,T,C_tp)
@@ -1351,7 +1376,6 @@ typedef struct {
 
 typedef struct {
     int *tokens, *targets;      // (B,T) a micro-batch's ids as the data loader made them
-    float *p2p;                 // (B,T,C) pipeline messages pass through here (a host mailbox)
 } mt_host_staging;
 
 void mt_dims_init(mt_dims *d, const mt_config *cfg, const mt_parallel_state *ps);
@@ -1469,7 +1493,8 @@ typedef struct {
     int overflow;          // 1 if skipped and fp16's dynamic scaling answers it (the scale was above its
                            // minimum): expected while the scale settles, not a sign of divergence
     float loss_scale;      // after this step's update (Megatron logs that one); 1 without fp16 scaling
-    double idle_seconds;   // time this rank waited for pipeline messages
+    double idle_seconds;   // time in this rank's pipeline messages, waiting for the peer included (the
+                           // host's on the CPU build, NCCL's on the GPU: see mt__p2p_seconds)
     double forward_backward_seconds, grads_sync_seconds, optimizer_seconds;   // Megatron's timers of the step
 } mt_step_result;
 
@@ -1477,7 +1502,6 @@ typedef struct {
     int iteration;              // current iteration (1-based during a step)
     int training;               // 1 in a training step (dropout on, gradients), 0 in eval
     float loss_scale;           // the loss is multiplied by it before the backward (fp16, section 6)
-    double idle_seconds;        // time spent waiting for pipeline messages
     int decoding;               // 1 while the KV-cache generator runs its layers (section 11): the
                                 // tensors are (B, new tokens, C), whole on every TP rank, so the
                                 // layers run without sequence parallelism (as Megatron's inference)
@@ -4338,6 +4362,8 @@ typedef struct mt__group {
 typedef struct mt__message {   // one buffered send; its floats follow the struct in memory
     struct mt__message *next;
     int tag;
+    int acked;                 // 1: its taker counts it in the sender's mailbox (taken_by), which a
+                               // batch of pipeline messages waits for, as an NCCL send waits
     size_t n;
     float *data;               // (n,) == (float *)(message + 1)
 } mt__message;
@@ -4348,6 +4374,8 @@ typedef struct {               // the mailbox of one destination rank
     mt__message **head;        // (world size,) FIFO of messages per source rank
     mt__message **tail;
     int *src_done;             // (world size,) source's rank function has returned
+    unsigned long long *taken_by;   // (world size,) how many of this rank's acked messages each
+                               // rank has taken
     int aborted;
 } mt__inbox;
 
@@ -4395,6 +4423,7 @@ mt_world *mt_world_create(int world_size) {
         box->head = (mt__message **)mt_calloc((size_t)world_size, sizeof(mt__message *), "mailbox");
         box->tail = (mt__message **)mt_calloc((size_t)world_size, sizeof(mt__message *), "mailbox");
         box->src_done = (int *)mt_calloc((size_t)world_size, sizeof(int), "mailbox");
+        box->taken_by = (unsigned long long *)mt_calloc((size_t)world_size, sizeof(unsigned long long), "mailbox");
     }
     return w;
 }
@@ -4442,6 +4471,7 @@ void mt_world_destroy(mt_world *w) {
         free(box->head);
         free(box->tail);
         free(box->src_done);
+        free(box->taken_by);
         pthread_mutex_destroy(&box->mu);
         pthread_cond_destroy(&box->cv);
     }
@@ -4547,7 +4577,7 @@ static void mt__mark_rank_done(mt_world *w, int rank) {
 // ---------------------------------------------------------------------------------------------
 // the NCCL path: device buffers on the GPU build
 // ---------------------------------------------------------------------------------------------
-// On the GPU build a communicator whose group moves device buffers (tp, dp, embd) also holds an
+// On the GPU build a communicator whose group moves device buffers (tp, dp, embd, p2p) also holds an
 // NCCL communicator (c->nccl), and each collective below hands those buffers to NCCL; the
 // threads backend keeps host values (losses, norms, barriers, the NCCL ids themselves). Each
 // NCCL group has its own stream, ordered after the rank's kernels before the call and before
@@ -4631,6 +4661,28 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     c->started = 0;
 }
 
+// a batch of sends and receives as one NCCL group: every op of it progresses together, so two
+// ranks that send to each other in one batch do not wait for each other (mt_p2p_batch)
+static void mt__nccl_p2p(mt_comm *c, const mt_p2p_op *ops, int count) {
+    mt__nccl_comm = c;   // for mt__nccl_check's message
+    ncclComm_t comm = (ncclComm_t)c->nccl;
+    cudaStream_t stream = (cudaStream_t)c->stream;
+    mt__nccl_begin(c);
+    mt__nccl_time(c, 0);
+    if (c->spans) c->marks[0] = mt_device_mark(c->spans, c->stream);
+    MT_NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < count; i++) {
+        const mt_p2p_op *op = &ops[i];
+        if (op->recv) MT_NCCL_CHECK(ncclRecv(op->buf, op->n, ncclFloat, op->peer, comm, stream));
+        else MT_NCCL_CHECK(ncclSend(op->buf, op->n, ncclFloat, op->peer, comm, stream));
+    }
+    MT_NCCL_CHECK(ncclGroupEnd());
+    if (c->spans) c->marks[1] = mt_device_mark(c->spans, c->stream);
+    mt__nccl_time(c, 1);
+    mt__nccl_end(c);
+    c->started = 0;
+}
+
 // an NCCL communicator for a group: its rank 0 makes the unique id, the threads backend hands
 // it to the others (host memory; to the ranks of other processes as a message on the TCP
 // channel, the rendezvous's connections), and every member joins (ncclCommInitRank blocks until
@@ -4676,6 +4728,10 @@ static void mt__nccl_collective(mt_comm *c, int kind, const float *send, float *
     mt_fatal("internal: an NCCL collective on the CPU build");
 }
 static void mt__nccl_end(mt_comm *c) { (void)c; }
+static void mt__nccl_p2p(mt_comm *c, const mt_p2p_op *ops, int count) {
+    (void)c; (void)ops; (void)count;
+    mt_fatal("internal: NCCL send/recv on the CPU build");
+}
 
 static void mt__nccl_join(mt_comm *c, void *compute_stream) { (void)c; (void)compute_stream; }
 static void mt__nccl_leave(mt_comm *c) { (void)c; }
@@ -5551,6 +5607,7 @@ static void *mt__net_reader(void *arg) {
             break;
         }
         m->next = NULL;
+        m->acked = 0;   // (only a batch's sends to ranks of the same process are acked)
         m->tag = h.tag;
         m->n = (size_t)h.bytes / sizeof(float);
         m->data = (float *)(m + 1);
@@ -5884,9 +5941,11 @@ static void mt__trace(const mt_comm *c, const char *fmt, ...) {
 //   buffer) | broadcast n*4 | send, recv n*4 (each side counts its own) | barrier 0
 // A group of one rank moves nothing and counts nothing. Megatron has no such counters; its
 // timers (--timing-log-level 2) time the same calls.
-static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0) {
+// calls: how many calls the span holds (a batch of pipeline messages: one per send and receive);
+// kind: MT_SPAN_RECV for a batch that receives (mostly waiting), else MT_SPAN_COMM
+static void mt__comm_count_calls(mt_comm *c, const char *what, int calls, size_t bytes, double t0, mt_span_kind kind) {
     double t1 = mt_time_seconds();
-    c->calls++;
+    c->calls += (unsigned long long)calls;
     c->bytes += bytes;
     if (!c->nccl) c->seconds += t1 - t0;   // NCCL's calls: their GPU time, see mt__nccl_seconds
     int mark0 = c->marks[0], mark1 = c->marks[1];   // the NCCL path's marks (GPU), or -1
@@ -5898,13 +5957,16 @@ static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0
         s.t1 = t1;
         s.mark0 = mark0;
         s.mark1 = mark1;
-        s.kind = strcmp(what, "recv") == 0 && strcmp(c->name, "pp") == 0 ? MT_SPAN_RECV : MT_SPAN_COMM;
+        s.kind = kind;
         s.mb = s.chunk = s.layer_first = s.layer_last = -1;
         s.name = what;
         s.group = c->name;
         s.bytes = bytes;
         mt_span_add(c->spans, &s);
     }
+}
+static void mt__comm_count(mt_comm *c, const char *what, size_t bytes, double t0) {
+    mt__comm_count_calls(c, what, 1, bytes, t0, MT_SPAN_COMM);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -6264,10 +6326,15 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
 // connection to that process instead (mt__net_send), whose reader thread appends it to the same
 // kind of list there: the receiver's side is the same code either way.
 
-// one message from src to dst: head (head_bytes) then data (bytes), both multiples of 4
+static int mt__is_local(const mt_world *w, int rank) {
+    return rank >= w->first_rank && rank < w->first_rank + w->local_size;
+}
+
+// one message from src to dst: head (head_bytes) then data (bytes), both multiples of 4.
+// acked (dst a rank of this process only): its taker counts it in src's taken_by[dst]
 static void mt__msg_post(mt_world *w, int src, int dst, int tag, const void *head, size_t head_bytes,
-                         const void *data, size_t bytes) {
-    if (dst < w->first_rank || dst >= w->first_rank + w->local_size) {   // another process
+                         const void *data, size_t bytes, int acked) {
+    if (!mt__is_local(w, dst)) {   // another process
         if (!mt__net_send(w, src, dst, tag, MT__NET_DATA, head, head_bytes, data, bytes))
             mt_fatal("rank %d cannot send to rank %d: the connection to its process (host %s) is closed\n"
                      "hint: that process ended or crashed; its own output says why", src, dst,
@@ -6279,6 +6346,7 @@ static void mt__msg_post(mt_world *w, int src, int dst, int tag, const void *hea
     mt__message *m = (mt__message *)mt_malloc(sizeof(mt__message) + total, "send buffer");
     m->next = NULL;
     m->tag = tag;
+    m->acked = acked;
     m->n = total / sizeof(float);
     m->data = (float *)(m + 1);   // sizeof(mt__message) is a multiple of 8: floats are aligned
     if (head_bytes > 0) memcpy(m->data, head, head_bytes);
@@ -6293,14 +6361,22 @@ static void mt__msg_post(mt_world *w, int src, int dst, int tag, const void *hea
 }
 
 // the oldest message from src with this tag in dst's mailbox, unlinked (the caller frees it);
-// waits for it. what: the call, for the message when it can never arrive.
-static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const char *what) {
+// waits for it. what: the call, for the message when it can never arrive. in_order (a batch's
+// receive, NCCL's rule): the oldest pipeline message (tag >= 0) from src, which must carry tag.
+static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const char *what, int in_order) {
     mt__inbox *box = &w->inbox[dst];
     mt__message *m = NULL;
     pthread_mutex_lock(&box->mu);
     for (;;) {
         mt__message *prev = NULL;   // find the oldest message from src with this tag, unlink it
-        for (m = box->head[src]; m && m->tag != tag; m = m->next) prev = m;
+        for (m = box->head[src]; m && (in_order ? m->tag < 0 : m->tag != tag); m = m->next) prev = m;
+        if (m && m->tag != tag) {
+            int found = m->tag;
+            pthread_mutex_unlock(&box->mu);
+            mt_fatal("rank %d receives tag %d (%s) from rank %d, but rank %d's next message to it is tag %d\n"
+                     "hint: NCCL pairs sends and receives in order, without tags: both ranks must make their "
+                     "point-to-point calls in the same order", dst, tag, what, src, src, found);
+        }
         if (m) {
             if (prev) prev->next = m->next;
             else box->head[src] = m->next;
@@ -6326,6 +6402,13 @@ static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const c
         pthread_cond_wait(&box->cv, &box->mu);
     }
     pthread_mutex_unlock(&box->mu);
+    if (m->acked) {   // tell the sender, who may be waiting for it (mt_p2p_batch)
+        mt__inbox *from = &w->inbox[src];
+        pthread_mutex_lock(&from->mu);
+        from->taken_by[dst]++;
+        pthread_cond_broadcast(&from->cv);
+        pthread_mutex_unlock(&from->mu);
+    }
     return m;
 }
 
@@ -6336,7 +6419,7 @@ void mt_send(mt_comm *c, const float *buf, size_t n, int peer, int tag) {
     mt__trace(c, "send -> r%d tag %d n=%zu", dst, tag, n);
     double t0 = mt_time_seconds();
     if (n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", n);
-    mt__msg_post(c->world, c->global_rank, dst, tag, NULL, 0, buf, n * sizeof(float));
+    mt__msg_post(c->world, c->global_rank, dst, tag, NULL, 0, buf, n * sizeof(float), 0);
     mt__comm_count(c, "send", n * sizeof(float), t0);
 }
 
@@ -6348,7 +6431,7 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
     double t0 = mt_time_seconds();
     char what[64];
     snprintf(what, sizeof what, "tag %d, n=%zu", tag, n);
-    mt__message *m = mt__msg_take(c->world, dst, src, tag, what);
+    mt__message *m = mt__msg_take(c->world, dst, src, tag, what, 0);
     if (m->n != n) {
         size_t sent = m->n;
         free(m);
@@ -6359,6 +6442,99 @@ void mt_recv(mt_comm *c, float *buf, size_t n, int peer, int tag) {
     if (n > 0) memcpy(buf, m->data, n * sizeof(float));
     free(m);
     mt__comm_count(c, "recv", n * sizeof(float), t0);
+}
+
+// a batch of pipeline messages (see the declaration): NCCL's group on the GPU build's device
+// buffers (mt__nccl_p2p, in the NCCL path above), else the threads backend with NCCL's two rules:
+//   1. post every send (a copy in the receiver's mailbox, acked when it is a rank of this process)
+//   2. take every receive in the order given: the oldest pipeline message from its peer, which
+//      must carry the tag asked for (NCCL matches the k-th send with the k-th receive)
+//   3. wait until each send to this process's ranks was taken: an NCCL send of a large message
+//      is done only when the receiver has it, so two ranks that each send before they receive,
+//      outside one batch, wait for each other forever on GPUs; here they do too, and the CPU
+//      build finds the schedule that would hang.
+void mt_p2p_batch(mt_comm *c, const mt_p2p_op *ops, int count) {
+    double t0 = mt_time_seconds();
+    for (int i = 0; i < count; i++) {
+        const mt_p2p_op *op = &ops[i];
+        if (op->peer < 0 || op->peer >= c->size || op->peer == c->rank || op->tag < 0)
+            mt_fatal("internal: a %s on group %s to group rank %d (size %d, mine %d) with tag %d", op->recv ? "recv" : "send",
+                     c->name, op->peer, c->size, c->rank, op->tag);
+        mt__trace(c, "%s r%d tag %d n=%zu (a batch of %d)", op->recv ? "recv <-" : "send ->", c->members[op->peer],
+                  op->tag, op->n, count);
+    }
+    if (c->nccl) {
+        mt__nccl_p2p(c, ops, count);
+    } else {
+        mt_world *w = c->world;
+        int me = c->global_rank;
+        mt__inbox *mine = &w->inbox[me];
+        // 1. the sends, and the count of taken messages each acked one brings its receiver to
+        unsigned long long *want = (unsigned long long *)mt_calloc((size_t)count, sizeof(unsigned long long), "batch");
+        mt__own(free, want);
+        for (int i = 0; i < count; i++) {
+            const mt_p2p_op *op = &ops[i];
+            int dst = c->members[op->peer], acked = mt__is_local(w, dst);
+            if (op->recv) continue;
+            if (op->n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", op->n);
+            if (acked) {
+                pthread_mutex_lock(&mine->mu);
+                unsigned long long earlier = mine->taken_by[dst];
+                pthread_mutex_unlock(&mine->mu);
+                for (int j = 0; j < i; j++)   // this batch's earlier sends to dst
+                    if (!ops[j].recv && c->members[ops[j].peer] == dst) earlier = want[j] > earlier ? want[j] : earlier;
+                want[i] = earlier + 1;
+            }
+            mt__msg_post(w, me, dst, op->tag, NULL, 0, op->buf, op->n * sizeof(float), acked);
+        }
+        // 2. the receives, in order
+        for (int i = 0; i < count; i++) {
+            const mt_p2p_op *op = &ops[i];
+            if (!op->recv) continue;
+            int src = c->members[op->peer];
+            char what[64];
+            snprintf(what, sizeof what, "n=%zu, in a batch of %d", op->n, count);
+            mt__message *m = mt__msg_take(w, me, src, op->tag, what, 1);
+            if (m->n != op->n) {
+                size_t sent = m->n;
+                free(m);
+                mt_fatal("rank %d received %zu floats from rank %d (tag %d) but expected %zu\n"
+                         "hint: the send and the recv of a message must use the same count", me, sent, src, op->tag, op->n);
+            }
+            if (op->n > 0) memcpy(op->buf, m->data, op->n * sizeof(float));
+            free(m);
+        }
+        // 3. every send taken
+        pthread_mutex_lock(&mine->mu);
+        for (int i = 0; i < count; i++) {
+            int dst = c->members[ops[i].peer];
+            while (!ops[i].recv && want[i] > 0 && mine->taken_by[dst] < want[i]) {
+                if (mine->aborted) {
+                    pthread_mutex_unlock(&mine->mu);
+                    mt__rank_exit();
+                }
+                if (mine->src_done[dst]) {
+                    pthread_mutex_unlock(&mine->mu);
+                    mt_fatal("rank %d sent rank %d a message (tag %d, n=%zu) that it never received: its rank function "
+                             "has returned\nhint: every send needs a matching recv, in the same order",
+                             me, dst, ops[i].tag, ops[i].n);
+                }
+                pthread_cond_wait(&mine->cv, &mine->mu);
+            }
+        }
+        pthread_mutex_unlock(&mine->mu);
+        mt__disown(want);
+        free(want);
+    }
+    // the counters: a call per send and per receive; one span for the batch
+    size_t bytes = 0;
+    int recvs = 0;
+    for (int i = 0; i < count; i++) {
+        bytes += ops[i].n * sizeof(float);
+        recvs += ops[i].recv;
+    }
+    mt__comm_count_calls(c, recvs == 0 ? "send" : recvs == count ? "recv" : "send_recv", count, bytes, t0,
+                         recvs ? MT_SPAN_RECV : MT_SPAN_COMM);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -6402,8 +6578,8 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
     if (c->rank != 0) {
         char what_0[64];
         snprintf(what_0, sizeof what_0, "%s on group %s", what, c->name);
-        mt__msg_post(w, c->global_rank, c->members[0], tag, &mine, sizeof mine, send, up);
-        mt__message *m = mt__msg_take(w, c->global_rank, c->members[0], tag, what_0);
+        mt__msg_post(w, c->global_rank, c->members[0], tag, &mine, sizeof mine, send, up, 0);
+        mt__message *m = mt__msg_take(w, c->global_rank, c->members[0], tag, what_0, 0);
         if (m->n * sizeof(float) != down) mt_fatal("internal: %s on group %s: an answer of %zu bytes, not %zu", what,
                                                    c->name, m->n * sizeof(float), down);
         if (down > 0) memcpy(recv, m->data, down);
@@ -6420,7 +6596,7 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
     for (int j = 1; j < c->size; j++) {
         char what_j[64];
         snprintf(what_j, sizeof what_j, "%s on group %s", what, c->name);
-        mt__message *m = mt__msg_take(w, c->global_rank, c->members[j], tag, what_j);
+        mt__message *m = mt__msg_take(w, c->global_rank, c->members[j], tag, what_j, 0);
         mt__net_post theirs;
         memcpy(&theirs, m->data, sizeof theirs);
         const char *data = (const char *)m->data + sizeof theirs;
@@ -6456,7 +6632,7 @@ static void mt__net_collective(mt_comm *c, int kind, int arg, const void *send, 
     }
     for (int j = 1; j < c->size; j++) {
         const char *part = kind == MT__COLL_REDUCE_SCATTER ? acc + (size_t)j * n * elem : acc;
-        mt__msg_post(w, c->global_rank, c->members[j], tag, NULL, 0, part, down);
+        mt__msg_post(w, c->global_rank, c->members[j], tag, NULL, 0, part, down, 0);
     }
     if (kind == MT__COLL_ALL_GATHER || kind == MT__COLL_ALL_REDUCE || kind == MT__COLL_ALL_REDUCE_DOUBLE ||
         kind == MT__COLL_REDUCE_SCATTER || (kind == MT__COLL_BROADCAST && arg != 0))
@@ -6632,6 +6808,7 @@ void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_pa
     mt__comm_named(&g->dp, w, rank, members, DP, "dp");
     for (int p = 0; p < PP; p++) members[p] = mt_global_rank(cfg, ps->tp_rank, ps->dp_rank, p);
     mt__comm_named(&g->pp, w, rank, members, PP, "pp");
+    mt__comm_named(&g->p2p, w, rank, members, PP, "p2p");
     for (int p = 0; p < PP; p++)
         for (int t = 0; t < TP; t++) members[p * TP + t] = mt_global_rank(cfg, t, ps->dp_rank, p);
     mt__comm_named(&g->mp, w, rank, members, TP * PP, "mp");
@@ -6642,16 +6819,18 @@ void mt_groups_init(mt_groups *g, mt_world *w, const mt_config *cfg, const mt_pa
     }
     free(members);
     // the groups that move device buffers (GPU build), joined in the same order on every rank
-    // (tp, dp, embd), so no two ranks wait on each other
+    // (tp, dp, embd, p2p), so no two ranks wait on each other
     if (compute_stream && g->tp.size > 1) mt__nccl_join(&g->tp, compute_stream);
     if (compute_stream && g->dp.size > 1) mt__nccl_join(&g->dp, compute_stream);
     if (compute_stream && ps->in_embedding_group) mt__nccl_join(&g->embd, compute_stream);
+    if (compute_stream && g->p2p.size > 1) mt__nccl_join(&g->p2p, compute_stream);
 }
 
 void mt_groups_free(mt_groups *g) {
     mt__nccl_leave(&g->tp);
     mt__nccl_leave(&g->dp);
     mt__nccl_leave(&g->embd);
+    mt__nccl_leave(&g->p2p);
 }
 
 // =============================================================================================
@@ -9049,6 +9228,7 @@ static size_t mt__carve_scratch(const mt_rank *r, mt_scratch *s, float *base) {
     struct { float **ptr; size_t n; } carve[] = {
         {&s->loss_acc, 64},   // first: the double at the buffer's (aligned) start
         {&s->out_c, BT_sp * C}, {&s->dresidual, BT_sp * C}, {&s->dln, BT_sp * C},
+        {&s->p2p_held, r->ps.pp_size > 1 ? BT_sp * C : 0},
         {&s->dqkv, dqkv_n}, {&s->datty, BT * r->dims.C_tp},
         {&s->dfch, dfch_n},
         {&s->ce_max, BT}, {&s->ce_sum, BT}, {&s->ce_target, BT},
@@ -9169,7 +9349,6 @@ void mt_activations_init(mt_rank *r, int num_slots) {
     mt__carve_scratch(r, &r->scratch, r->scratch.memory);
     r->host.tokens = (int *)mt_calloc(BT, sizeof(int), "tokens");
     r->host.targets = (int *)mt_calloc(BT, sizeof(int), "targets");
-    r->host.p2p = (float *)mt_calloc(BT * (size_t)r->dims.C, sizeof(float), "pipeline messages");
     mt__activation_report(r, per_slot, recompute_n, scratch_n);
 }
 void mt_activations_free(mt_rank *r) {
@@ -9179,7 +9358,7 @@ void mt_activations_free(mt_rank *r) {
     free(r->acts.where);
     free(r->acts.slots);
     mt_buffer_free(r->scratch.memory);
-    free(r->host.tokens); free(r->host.targets); free(r->host.p2p);
+    free(r->host.tokens); free(r->host.targets);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -9992,14 +10171,16 @@ static int mt__interleaved_chunk(int k, int pp, int vp, int forward) {
 }
 
 static int mt__interleaved_mb(int k, int pp, int vp) { return (k / (pp * vp)) * pp + k % pp; }
+// the forwards a stage runs before its first backward
+static int mt__interleaved_warmup(int m, int pp_size, int pp_rank, int vp) {
+    int total = m * vp;
+    if (m == pp_size) return total;   // Megatron: all forwards first when m == pp
+    int num_warmup = (pp_size - pp_rank - 1) * 2 + (vp - 1) * pp_size;
+    return num_warmup > total ? total : num_warmup;
+}
 int mt_schedule_1f1b_interleaved(int m, int pp_size, int pp_rank, int vp, mt_sched_step *out) {
     int n = 0, total = m * vp;
-    int num_warmup;
-    if (m == pp_size) num_warmup = total;   // Megatron: all forwards first when m == pp
-    else {
-        num_warmup = (pp_size - pp_rank - 1) * 2 + (vp - 1) * pp_size;
-        if (num_warmup > total) num_warmup = total;
-    }
+    int num_warmup = mt__interleaved_warmup(m, pp_size, pp_rank, vp);
     int num_steady = total - num_warmup;
     // warmup
     for (int k = 0; k < num_warmup; k++)
@@ -10166,21 +10347,84 @@ static void mt__p2p_trace(const mt_rank *r, const char *what, int peer_stage, in
         mt__trace(&r->groups.pp, "pp %d -> %d %s_%s mb %d", from, to, what, kind ? "backward" : "forward", mb);
 }
 
-// Pipeline messages pass through a host buffer (r->host.p2p) and the threads mailbox: buffer ->
-// host, mt_send; mt_recv, host -> buffer. On the CPU build both copies are memcpy; on the GPU
-// build they cross PCIe (correct and simple; NCCL send/recv between GPUs is the faster way).
-static void mt__recv(mt_rank *r, float *buf, size_t n, int peer_stage, int tag) {
-    mt__p2p_trace(r, "recv", peer_stage, tag);
-    double t0 = mt_time_seconds();
-    mt_recv(&r->groups.pp, r->host.p2p, n, peer_stage, tag);
-    r->state.idle_seconds += mt_time_seconds() - t0;
-    mt_buffer_upload(r, buf, r->host.p2p, n * sizeof(float));
+// The messages go through the p2p group (section 2's mt_p2p_batch): NCCL from device to device
+// on the GPU build, the threads backend on the CPU build, with NCCL's rules on both. Under those
+// rules a send is done only when its receiver has the data, and receives match sends in order,
+// so when a stage sends and receives decides whether the pipeline runs or waits forever. 1F1B's
+// steady state shows it: stage 0 sends activation i+1, then waits for gradient i; stage 1 sends
+// gradient i, then waits for activation i+1. Sent one at a time, each waits for the other.
+// So the messages go in batches, Megatron's (schedules.py with p2p_communication.py):
+//   - the schedule is cut into units: one step each, except in the interleaved schedule's
+//     steady state, where a unit is a forward and the backward after it (Megatron's loop body);
+//   - after a unit computes, one batch sends what its steps produced and receives what the next
+//     unit's steps need (the first unit's receives go alone, before it):
+//       1F1B steady state   send_forward_recv_backward, then send_backward_recv_forward
+//       interleaved         {send forward, send backward, receive forward, receive backward}
+//       warm-up, cool-down  send_forward_recv_forward, send_backward_recv_backward
+//   - a gradient is sent from scratch.dresidual, which the batch's own receive of the next
+//     gradient overwrites: then it is sent from a copy, scratch.p2p_held.
+// The all-forward-all-backward schedule keeps one-step units: pairing its last forward with its
+// first backward would wait forever (that backward's gradient needs the forward's output first).
+// tests/test_pp.c runs the schedules on the CPU build under NCCL's rules, against one rank.
+
+// the receive a step needs before it computes (0: none). A forward's slot is taken here, the
+// micro-batch's tokens loaded with it on its first chunk, so the receive has somewhere to land.
+static mt_activations *mt__forward_slot(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx);
+static int mt__step_recv(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, mt_p2p_op *op) {
+    int pp = r->ps.pp_size, s = r->ps.pp_rank;
+    size_t BTC = (size_t)r->dims.B * r->dims.T_sp * r->dims.C;   // (with --sequence-parallel: my positions,
+                                                                  // as Megatron's p2p_communication sends)
+    mt_p2p_op recv = {1, NULL, BTC, 0, 0};
+    if (st.kind == MT_STEP_FORWARD) {
+        mt_activations *a = mt__forward_slot(r, st, batch, ctx);
+        if (mt__is_first_virtual(r, st.chunk)) return 0;
+        recv.buf = mt__chunk_input(r, a, st.chunk);   // from the previous virtual stage
+        recv.peer = s > 0 ? s - 1 : pp - 1;
+        recv.tag = mt__p2p_tag(0, st.mb, st.chunk);
+    } else {
+        if (mt__is_last_virtual(r, st.chunk)) return 0;
+        recv.buf = r->scratch.dresidual;              // from the next virtual stage
+        recv.peer = s < pp - 1 ? s + 1 : 0;
+        recv.tag = mt__p2p_tag(1, st.mb, st.chunk);
+    }
+    mt__p2p_trace(r, "recv", recv.peer, recv.tag);
+    *op = recv;
+    return 1;
 }
 
-static void mt__send(mt_rank *r, const float *buf, size_t n, int peer_stage, int tag) {
-    mt__p2p_trace(r, "send", peer_stage, tag);
-    mt_buffer_download(r, r->host.p2p, buf, n * sizeof(float));
-    mt_send(&r->groups.pp, r->host.p2p, n, peer_stage, tag);
+// the send a step makes after it computes (0: none)
+static int mt__step_send(mt_rank *r, mt_sched_step st, mt_activations *a, mt_p2p_op *op) {
+    int pp = r->ps.pp_size, s = r->ps.pp_rank;
+    size_t BTC = (size_t)r->dims.B * r->dims.T_sp * r->dims.C;
+    mt_p2p_op send = {0, NULL, BTC, 0, 0};
+    if (st.kind == MT_STEP_FORWARD) {
+        if (mt__is_last_virtual(r, st.chunk)) return 0;
+        send.buf = mt__chunk_output(r, a, st.chunk);   // to the next virtual stage
+        send.peer = s < pp - 1 ? s + 1 : 0;
+        send.tag = mt__p2p_tag(0, st.mb, s < pp - 1 ? st.chunk : st.chunk + 1);
+    } else {
+        if (mt__is_first_virtual(r, st.chunk)) return 0;
+        send.buf = r->scratch.dresidual;               // to the previous virtual stage
+        send.peer = s > 0 ? s - 1 : pp - 1;
+        send.tag = mt__p2p_tag(1, st.mb, s > 0 ? st.chunk : st.chunk - 1);
+    }
+    mt__p2p_trace(r, "send", send.peer, send.tag);
+    *op = send;
+    return 1;
+}
+
+// one batch: the sends, then the receives. A send from scratch.dresidual next to a receive into
+// it is sent from scratch.p2p_held (a copy) instead.
+static void mt__p2p_go(mt_rank *r, mt_p2p_op *ops, int count) {
+    if (count == 0) return;
+    int into_dresidual = 0;
+    for (int i = 0; i < count; i++) into_dresidual |= ops[i].recv && ops[i].buf == r->scratch.dresidual;
+    for (int i = 0; i < count; i++)
+        if (into_dresidual && !ops[i].recv && ops[i].buf == r->scratch.dresidual) {
+            mt_buffer_copy(r, r->scratch.p2p_held, ops[i].buf, ops[i].n);
+            ops[i].buf = r->scratch.p2p_held;
+        }
+    mt_p2p_batch(&r->groups.p2p, ops, count);
 }
 
 static mt_activations *mt__slot_for(mt_rank *r, int mb, int create) {
@@ -10292,46 +10536,78 @@ static void mt__chunk_graphs_free(mt_rank *r) {
     memset(&r->graphs, 0, sizeof r->graphs);
 }
 
-// run one step of a schedule
-static void mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx, int last_forward_releases) {
-    int pp = r->ps.pp_size, s = r->ps.pp_rank, vp = r->ps.vp_size;
-    // a message is the residual stream: with --sequence-parallel my positions only (B,T/TP,C), as
-    // Megatron's p2p_communication divides the sequence length by TP
-    size_t BTC = (size_t)r->dims.B * r->dims.T_sp * r->dims.C;
+// a forward's activation slot: on its first chunk a new one, with the micro-batch's tokens and
+// targets loaded into it (the batch function, then a queued upload)
+static mt_activations *mt__forward_slot(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx) {
+    for (int i = 0; i < r->acts.num_slots; i++)
+        if (r->acts.slots[i].mb == st.mb) return &r->acts.slots[i];
+    if (st.chunk != 0) return mt__slot_for(r, st.mb, 0);   // (reports the missing slot)
+    mt_activations *a = mt__slot_for(r, st.mb, 1);
+    a->sample_offset = (int)mt_sample_in_batch(r, st.mb, 0);
+    batch(r, ctx, r->state.iteration, st.mb, r->host.tokens, r->host.targets);
+    size_t bytes = (size_t)r->dims.B * r->dims.T * sizeof(int);
+    mt_buffer_upload_queued(r, a->tokens, r->host.tokens, bytes);   // (mt_calloc'd: pageable)
+    mt_buffer_upload_queued(r, a->targets, r->host.targets, bytes);
+    return a;
+}
+
+// the work of one step of a schedule (its messages are the caller's); returns its slot
+static mt_activations *mt__run_step(mt_rank *r, mt_sched_step st, mt_batch_fn batch, void *ctx) {
+    mt_activations *a;
     if (st.kind == MT_STEP_FORWARD) {
-        int first_on_rank = st.chunk == 0;
-        mt_activations *a = mt__slot_for(r, st.mb, first_on_rank);
-        if (first_on_rank) {
-            a->sample_offset = (int)mt_sample_in_batch(r, st.mb, 0);
-            batch(r, ctx, r->state.iteration, st.mb, r->host.tokens, r->host.targets);
-            size_t bytes = (size_t)r->dims.B * r->dims.T * sizeof(int);
-            mt_buffer_upload_queued(r, a->tokens, r->host.tokens, bytes);   // (mt_calloc'd: pageable)
-            mt_buffer_upload_queued(r, a->targets, r->host.targets, bytes);
-        }
-        if (!mt__is_first_virtual(r, st.chunk))   // receive from the previous virtual stage
-            mt__recv(r, mt__chunk_input(r, a, st.chunk), BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(0, st.mb, st.chunk));
+        a = mt__forward_slot(r, st, batch, ctx);
         mt__span_start t0 = mt__work_start(r);
         mt__run_chunk(r, a, st.chunk, 0);
         mt__work_span(r, MT_SPAN_FORWARD, st, t0);
-        if (!mt__is_last_virtual(r, st.chunk)) {    // send to the next virtual stage
-            int next_chunk = s < pp - 1 ? st.chunk : st.chunk + 1;
-            mt__send(r, mt__chunk_output(r, a, st.chunk), BTC, s < pp - 1 ? s + 1 : 0,
-                     mt__p2p_tag(0, st.mb, next_chunk));
-        }
-        if (last_forward_releases && st.chunk == vp - 1) a->mb = -1;
     } else {
-        mt_activations *a = mt__slot_for(r, st.mb, 0);
-        if (!mt__is_last_virtual(r, st.chunk))
-            mt__recv(r, r->scratch.dresidual, BTC, s < pp - 1 ? s + 1 : 0, mt__p2p_tag(1, st.mb, st.chunk));
+        a = mt__slot_for(r, st.mb, 0);
         mt__span_start t0 = mt__work_start(r);
         mt__run_chunk(r, a, st.chunk, 1);
         mt__work_span(r, MT_SPAN_BACKWARD, st, t0);
-        if (!mt__is_first_virtual(r, st.chunk)) {
-            int prev_chunk = s > 0 ? st.chunk : st.chunk - 1;
-            mt__send(r, r->scratch.dresidual, BTC, s > 0 ? s - 1 : pp - 1, mt__p2p_tag(1, st.mb, prev_chunk));
-        }
-        if (st.chunk == 0) a->mb = -1;   // this micro-batch is done on this rank
     }
+    return a;
+}
+
+// the steps of a schedule in units, each unit's messages in a batch after it (see "The messages
+// go through the p2p group" above). last_forward_releases (forward-only schedules): a micro-batch's
+// slot is free once its last chunk's forward has run. Its next user may take it before the batch
+// that sends this one's output, but only receives into the slot's input and loads its tokens
+// there; it computes after the batch.
+static int mt__unit_end(const mt_rank *r, const mt_sched_step *list, int n, int i) {
+    int vp = r->ps.vp_size;   // the interleaved steady state: a forward, then a backward, past the warm-up
+    int pair = vp > 1 && i + 1 < n && list[i].kind == MT_STEP_FORWARD && list[i + 1].kind == MT_STEP_BACKWARD &&
+               i >= mt__interleaved_warmup(r->cfg->num_microbatches, r->ps.pp_size, r->ps.pp_rank, vp);
+    return i + (pair ? 2 : 1);
+}
+static void mt__run_schedule(mt_rank *r, const mt_sched_step *list, int n, mt_batch_fn batch, void *ctx,
+                             int last_forward_releases) {
+    mt_p2p_op ops[4];   // a unit of two steps sends two messages and its successor receives two
+    int count = 0, begin = 0, end = n > 0 ? mt__unit_end(r, list, n, 0) : 0;
+    for (int i = begin; i < end; i++) count += mt__step_recv(r, list[i], batch, ctx, &ops[count]);
+    mt__p2p_go(r, ops, count);   // the first unit's receives
+    while (begin < n) {
+        mt_activations *done[2];
+        for (int i = begin; i < end; i++) done[i - begin] = mt__run_step(r, list[i], batch, ctx);
+        count = 0;
+        for (int i = begin; i < end; i++) count += mt__step_send(r, list[i], done[i - begin], &ops[count]);
+        for (int i = begin; i < end; i++) {   // the slots this unit has finished with
+            mt_sched_step st = list[i];
+            if (st.kind == MT_STEP_BACKWARD ? st.chunk == 0 : last_forward_releases && st.chunk == r->ps.vp_size - 1)
+                done[i - begin]->mb = -1;
+        }
+        int next = end < n ? mt__unit_end(r, list, n, end) : n;
+        for (int i = end; i < next; i++) count += mt__step_recv(r, list[i], batch, ctx, &ops[count]);
+        mt__p2p_go(r, ops, count);
+        begin = end;
+        end = next;
+    }
+}
+
+// the time of the step's pipeline messages: the p2p group's seconds (section 2's counters: the
+// host's wait on the CPU build, NCCL's own time on the GPU, waiting for the peer included)
+static double mt__p2p_seconds(mt_rank *r) {
+    mt__nccl_seconds(&r->groups.p2p);
+    return r->groups.p2p.seconds;
 }
 
 // the mean loss of the global batch, known on every rank: the last stage's sum over its
@@ -10353,7 +10629,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     r->state.iteration = iteration;
     r->state.training = 1;
     mt_buffer_zero(r, r->scratch.loss_acc, 2);   // the double (section 3's mt_loss_mean_add adds into it)
-    r->state.idle_seconds = 0.0;
+    double p2p_start = mt__p2p_seconds(r);
     r->state.loss_scale = r->optim.scaler.scale;   // fp16: the backward starts from scale x loss
     mt_buffer_zero(r, r->model.grads_memory, r->model.buffer_floats);
     mt_device_weights16(r, MT_WEIGHTS16_STEP);   // the weights rounded once for the step's products (§3)
@@ -10363,7 +10639,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     mt__own(free, list);
     int n = mt_schedule_for(cfg, r->ps.pp_rank, list);
     double t_start = mt_time_seconds();
-    for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 0);
+    mt__run_schedule(r, list, n, batch, ctx, 0);
     mt__disown(list);
     free(list);
     double t_fb = mt_time_seconds();
@@ -10386,7 +10662,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     res.overflow = skipped && can_lower;
     res.loss_scale = scaler->scale;
     res.lr = mt_learning_rate(cfg, iteration - r->optim.skipped);
-    res.idle_seconds = r->state.idle_seconds;
+    res.idle_seconds = mt__p2p_seconds(r) - p2p_start;
     return res;
 }
 
@@ -10400,7 +10676,7 @@ float mt_eval_step(mt_rank *r, mt_batch_fn batch, void *ctx, int iteration) {
     mt__own(free, list);
     int n = mt_schedule_forward_only(cfg->num_microbatches, r->ps.vp_size, list);
     mt_device_weights16(r, MT_WEIGHTS16_STEP);
-    for (int i = 0; i < n; i++) mt__run_step(r, list[i], batch, ctx, 1);
+    mt__run_schedule(r, list, n, batch, ctx, 1);
     mt_device_weights16(r, MT_WEIGHTS16_OFF);
     mt__disown(list);
     free(list);
@@ -10434,7 +10710,7 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
     void *device[7] = {r->model.params_memory, r->model.grads_memory, o->offload ? NULL : o->m_memory,
                        o->offload ? NULL : o->v_memory, r->acts.memory, r->scratch.memory, r->acts.recompute_memory};
     void *device_ints = r->acts.ids_memory;
-    void *host[5] = {r->acts.slots, r->host.tokens, r->host.targets, r->host.p2p, r->acts.where};
+    void *host[4] = {r->acts.slots, r->host.tokens, r->host.targets, r->acts.where};
     // --optimizer-cpu-offload: the pinned host state, and the threads of its update
     void *pinned[4] = {o->offload ? o->m_memory : NULL, o->offload ? o->v_memory : NULL, o->host_grads,
                        o->master_params};
@@ -10444,7 +10720,7 @@ static void mt__rank_own_buffers(mt_rank *r, int own) {
     }
     if (device_ints && own) mt__own(mt_buffer_free, device_ints);
     else if (device_ints) mt__disown(device_ints);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         if (host[i] && own) mt__own(free, host[i]);
         else if (host[i]) mt__disown(host[i]);
     }
@@ -10479,8 +10755,8 @@ void mt_rank_init(mt_rank *r, const mt_config *cfg, mt_world *w, int rank) {
 void mt_rank_set_timeline(mt_rank *r, mt_span_log *log) {
     r->timeline = log;
     mt_comm *groups[] = {&r->groups.world, &r->groups.tp, &r->groups.pp, &r->groups.dp, &r->groups.mp,
-                         &r->groups.embd};
-    for (int i = 0; i < 6; i++) groups[i]->spans = log;
+                         &r->groups.embd, &r->groups.p2p};
+    for (int i = 0; i < 7; i++) groups[i]->spans = log;
 }
 
 void mt_rank_free(mt_rank *r) {
@@ -13114,7 +13390,7 @@ int mt_generate_uncached(mt_rank *r, int32_t *ids, int n, int cap, int count, co
     for (int k = 0; k < count && n < cap; k++) {
         // the window: the last T tokens at most
         mt__gen_window w = {ids + (n > T ? n - T : 0), n > T ? T : n};
-        for (int i = 0; i < steps; i++) mt__run_step(r, list[i], mt__gen_batch, &w, 0);
+        mt__run_schedule(r, list, steps, mt__gen_batch, &w, 0);
         mt_activations *a = mt__slot_for(r, 0, 0);
         float next = 0.0f;
         if (r->ps.is_last_stage) {
@@ -13906,7 +14182,7 @@ static int mt__resume(mt_rank *r, mt__job *job) {
 }
 
 // the communication counters (section 2) of a rank's groups, in the order the log prints them
-#define MT__NUM_GROUPS 6
+#define MT__NUM_GROUPS 7
 static void mt__groups_list(mt_rank *r, mt_comm *out[MT__NUM_GROUPS]) {
     out[0] = &r->groups.tp;
     out[1] = &r->groups.pp;
@@ -13914,6 +14190,7 @@ static void mt__groups_list(mt_rank *r, mt_comm *out[MT__NUM_GROUPS]) {
     out[3] = &r->groups.embd;
     out[4] = &r->groups.mp;
     out[5] = &r->groups.world;
+    out[6] = &r->groups.p2p;   // the pipeline's messages (the pp group's own calls: the loss)
 }
 
 // "tp 26 calls 1.31 MB 2.1 ms | pp ...": the counters' growth since `since` (per iteration if

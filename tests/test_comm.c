@@ -473,6 +473,63 @@ MT_TEST(send_recv_tags_and_many_messages) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// batches of pipeline messages (mt_p2p_batch): NCCL's rules on the threads backend
+// ---------------------------------------------------------------------------------------------
+typedef struct { double send_returned_after_ms[2]; } batch_test;
+static void batch_rank(mt_world *w, int rank, void *arg) {
+    batch_test *t = (batch_test *)arg;
+    int members[2] = {1, 0};   // group ranks are not global ranks
+    mt_comm c;
+    mt_comm_init(&c, w, rank, members, 2);
+    int peer = 1 - c.rank;
+    // 1F1B's steady state: both ranks send and receive at once, in one batch each, 100 rounds;
+    // every message carries (round, sender) so a mix-up shows
+    float out[5], in[5];
+    for (int round = 0; round < 100; round++) {
+        for (int i = 0; i < 5; i++) out[i] = (float)(round * 10 + rank + i);
+        mt_p2p_op ops[2] = {{0, out, 5, peer, round}, {1, in, 5, peer, round}};
+        if (rank == 1) {   // the order inside a batch does not matter
+            mt_p2p_op tmp = ops[0];
+            ops[0] = ops[1];
+            ops[1] = tmp;
+        }
+        mt_p2p_batch(&c, ops, 2);
+        for (int i = 0; i < 5; i++)
+            rank_expect(in[i] == (float)(round * 10 + (1 - rank) + i), "rank %d round %d: got %g", rank, round,
+                        (double)in[i]);
+    }
+    // a send alone returns only when its receiver has the message, as NCCL's does: rank 1 takes
+    // it 50 ms late. Two sends to the same peer in one batch arrive in order.
+    float a[2] = {1, 1}, b[2] = {2, 2}, got[2];
+    if (rank == 0) {
+        double t0 = mt_time_seconds();
+        mt_p2p_op ops[2] = {{0, a, 2, peer, 7}, {0, b, 2, peer, 8}};
+        mt_p2p_batch(&c, ops, 2);
+        t->send_returned_after_ms[0] = 1e3 * (mt_time_seconds() - t0);
+    } else {
+        sleep_ms(50);
+        mt_p2p_op first = {1, got, 2, peer, 7}, second = {1, got, 2, peer, 8};
+        mt_p2p_batch(&c, &first, 1);
+        rank_expect(got[0] == 1 && got[1] == 1, "the first message: %g", (double)got[0]);
+        mt_p2p_batch(&c, &second, 1);
+        rank_expect(got[0] == 2 && got[1] == 2, "the second message: %g", (double)got[0]);
+    }
+    // the counters: a call per send and per receive, the bytes each side moved
+    // (100 rounds of 2 x 5 floats, then rank 0's two sends and rank 1's two receives of 2 floats)
+    rank_expect(c.calls == 202 && c.bytes == 100 * 2 * 5 * 4 + 2 * 2 * 4, "rank %d: %llu calls, %llu bytes", rank,
+                c.calls, c.bytes);
+}
+MT_TEST(p2p_batch_pairs_and_waits) {
+    batch_test t;
+    memset(&t, 0, sizeof t);
+    mt_world *w = mt_world_create(2);
+    mt_expect(mt_world_run(w, batch_rank, &t) == 0, "run");
+    mt_world_destroy(w);
+    mt_expect(t.send_returned_after_ms[0] >= 45.0, "a send returned %.1f ms after it began, before its receiver "
+              "took it (50 ms)", t.send_returned_after_ms[0]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // errors: one rank's mt_fatal stops all ranks; mistakes that would hang are reported instead
 // ---------------------------------------------------------------------------------------------
 typedef struct { int scenario; int after[4]; } fail_test;
@@ -527,6 +584,17 @@ static void fail_rank(mt_world *w, int rank, void *arg) {
         if (rank == 0) mt_barrier(&world);
         else mt_all_reduce(&world, x, 3, MT_MAX);
         break;
+    case 9: {   // world 2: a batch receives tag 2 first, but tag 1 was sent first (NCCL has no tags)
+        mt_p2p_op sends[2] = {{0, x, 3, 1, 1}, {0, x + 3, 3, 1, 2}}, recv = {1, x, 3, 0, 2};
+        if (rank == 0) mt_p2p_batch(&world, sends, 2);
+        else mt_p2p_batch(&world, &recv, 1);
+        break;
+    }
+    case 10: {   // world 2: a batch's send that rank 1 never receives
+        mt_p2p_op send = {0, x, 3, 1, 4};
+        if (rank == 0) mt_p2p_batch(&world, &send, 1);
+        break;
+    }
     }
     t->after[rank] = 1;   // only the ranks that were not stopped get here
 }
@@ -572,6 +640,11 @@ MT_TEST(errors_instead_of_hangs) {
     e = run_failing(8, 2, &t);
     mt_expect(strstr(e, "barrier()") && strstr(e, "all_reduce(n=3, max)"), "barrier vs all_reduce: '%s'", e);
     mt_expect(t.after[0] == 0 && t.after[1] == 0, "a rank went on after a barrier mismatch");
+    e = run_failing(9, 2, &t);
+    mt_expect(strstr(e, "receives tag 2") && strstr(e, "next message to it is tag 1") && strstr(e, "in the same order"),
+              "batch out of order: '%s'", e);
+    e = run_failing(10, 2, &t);
+    mt_expect(strstr(e, "never received") && strstr(e, "tag 4"), "batch send never received: '%s'", e);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -713,6 +786,7 @@ int main(void) {
     mt_run_test(overlapping_groups_concurrently);
     mt_run_test(send_recv_ping_pong);
     mt_run_test(send_recv_tags_and_many_messages);
+    mt_run_test(p2p_batch_pairs_and_waits);
     mt_run_test(fatal_in_one_rank_stops_all);
     mt_run_test(errors_instead_of_hangs);
     mt_run_test(determinism);

@@ -248,7 +248,7 @@ MT_TEST(tensorboard_from_a_training_run) {
 // ---------------------------------------------------------------------------------------------
 // communication counters against the shapes: TP=2 x PP=2 x DP=2, one training step
 // ---------------------------------------------------------------------------------------------
-#define CC_GROUPS 6
+#define CC_GROUPS 7
 typedef struct {
     mt_config cfg;
     unsigned long long calls[8][CC_GROUPS], bytes[8][CC_GROUPS];   // measured over one step, per rank
@@ -259,7 +259,7 @@ static void counter_rank(mt_world *w, int rank, void *arg) {
     mt_rank r;
     mt_rank_init(&r, &run->cfg, w, rank);
     mt_comm *g[CC_GROUPS] = {&r.groups.tp, &r.groups.pp, &r.groups.dp, &r.groups.embd, &r.groups.mp,
-                             &r.groups.world};
+                             &r.groups.world, &r.groups.p2p};
     unsigned long long c0[CC_GROUPS], b0[CC_GROUPS];
     for (int k = 0; k < CC_GROUPS; k++) { c0[k] = g[k]->calls; b0[k] = g[k]->bytes; }
     mt_train_step(&r, synthetic_batch, NULL, 1);
@@ -307,9 +307,12 @@ MT_TEST(comm_counters_match_shapes) {
         unsigned long long tp_btc = 4 * L_local + 1, tp_bt = pp_rank == 1 ? 3 : 0;   // +1: embedding or head
         want_calls[0] = m * (tp_btc + tp_bt);
         want_bytes[0] = m * (tp_btc * BTC + tp_bt * BT) * f;
-        // pp: m activations and m gradients of (B,T,C), one each way; then the loss (a double)
-        want_calls[1] = 2 * m + 1;
-        want_bytes[1] = 2 * m * BTC * f + 8;
+        // pp: the loss (a double); p2p (the pipeline's messages): m activations and m gradients
+        // of (B,T,C), one each way
+        want_calls[1] = 1;
+        want_bytes[1] = 8;
+        want_calls[6] = 2 * m;
+        want_bytes[6] = 2 * m * BTC * f;
         // dp: the gradient buffer in --ddp-bucket-size buckets, then the loss (a double)
         unsigned long long params = Vp_tp * C + L_local * layer + (pp_rank == 0 ? maxT * C : 2 * C);
         want_calls[2] = (params + 4999) / 5000 + 1;
@@ -320,7 +323,7 @@ MT_TEST(comm_counters_match_shapes) {
         // mp: the squared gradient norm (a double); world: nothing in a step
         want_calls[4] = 1;
         want_bytes[4] = 8;
-        static const char *names[] = {"tp", "pp", "dp", "embd", "mp", "world"};
+        static const char *names[] = {"tp", "pp", "dp", "embd", "mp", "world", "p2p"};
         for (int k = 0; k < CC_GROUPS; k++)
             mt_expect(run.calls[rank][k] == want_calls[k] && run.bytes[rank][k] == want_bytes[k],
                       "rank %d group %s: %llu calls, %llu bytes; from the shapes %llu calls, %llu bytes", rank,

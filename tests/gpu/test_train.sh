@@ -2,7 +2,8 @@
 # make test-gpu, part 2: 20 training steps on the GPU build against the CPU build.
 # The same model, data, seed and layout; the losses must agree within the arithmetic's
 # tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2 (also with
-# --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2; then
+# --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2 (its
+# messages over NCCL send/recv: 1F1B, with evaluation's forward-only schedule, and interleaved); then
 # checkpoint resume, recompute, the timeline and the CUDA graphs of the step against plain runs.
 # Prints "N passed, N failed" at the end.
 set -u
@@ -24,6 +25,8 @@ set -- "1gpu_fp32||--fp32" "1gpu_bf16||--bf16" \
   "dp2_fp32|--nproc-per-node 2|--fp32 --nproc-per-node 2" \
   "dp2_bf16|--nproc-per-node 2|--bf16 --nproc-per-node 2" \
   "pp2_fp32|--pipeline-model-parallel-size 2 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --nproc-per-node 2" \
+  "pp2_bf16_eval|--pipeline-model-parallel-size 2 --nproc-per-node 2 --eval-interval 5 --eval-iters 2|--bf16 --pipeline-model-parallel-size 2 --nproc-per-node 2 --eval-interval 5 --eval-iters 2" \
+  "pp2_interleaved_fp32|--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --nproc-per-node 2|--fp32 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --nproc-per-node 2" \
   "dp2_distopt_fp32|--nproc-per-node 2 --use-distributed-optimizer|--fp32 --nproc-per-node 2 --use-distributed-optimizer" \
   "dp2_overlap_fp32|--nproc-per-node 2 --overlap-grad-reduce --ddp-bucket-size 300000|--fp32 --nproc-per-node 2 --overlap-grad-reduce --ddp-bucket-size 300000" \
   "dp2_distopt_overlap_bf16|--nproc-per-node 2 --use-distributed-optimizer --overlap-grad-reduce|--bf16 --nproc-per-node 2 --use-distributed-optimizer --overlap-grad-reduce"
