@@ -6457,7 +6457,7 @@ void mt_p2p_batch(mt_comm *c, const mt_p2p_op *ops, int count) {
     double t0 = mt_time_seconds();
     for (int i = 0; i < count; i++) {
         const mt_p2p_op *op = &ops[i];
-        if (op->peer < 0 || op->peer >= c->size || op->peer == c->rank || op->tag < 0)
+        if (op->peer < 0 || op->peer >= c->size || op->tag < 0)
             mt_fatal("internal: a %s on group %s to group rank %d (size %d, mine %d) with tag %d", op->recv ? "recv" : "send",
                      c->name, op->peer, c->size, c->rank, op->tag);
         mt__trace(c, "%s r%d tag %d n=%zu (a batch of %d)", op->recv ? "recv <-" : "send ->", c->members[op->peer],

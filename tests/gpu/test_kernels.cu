@@ -2196,6 +2196,64 @@ MT_TEST(loss_mean_add) {
     }
 }
 
+// the NCCL path of a batch of pipeline messages (section 2's mt_p2p_batch, section 8's pipeline):
+// a group of one rank sends to itself, which NCCL allows, so one GPU runs the real ncclGroupStart /
+// ncclSend / ncclRecv / ncclGroupEnd on the group's stream between the rank's kernels. Two sends
+// and two receives in one batch: the k-th send lands in the k-th receive (NCCL has no tags), at
+// 1 float, odd sizes and 25 MB (the bench's PP=2 message); then a kernel on the rank's stream
+// reads what arrived. Exact: copies.
+typedef struct { int failures; } p2p_self_result;
+static void p2p_self_rank(mt_world *w, int rank, void *arg) {
+    p2p_self_result *res = (p2p_self_result *)arg;
+    int members[1] = {0};
+    mt_comm c;
+    mt_comm_init(&c, w, rank, members, 1);
+    c.name = "p2p";
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    mt__nccl_join(&c, (void *)stream);
+    size_t sizes[] = {1, 1000, 4097, (size_t)8 * 1024 * 768};
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *a = host_random(n, -1, 1), *b = host_random(n, -1, 1), *got = host_random(n, 0, 0);
+        float *d_a = dev_upload(a, n), *d_b = dev_upload(b, n);
+        float *d_ra = (float *)dev_alloc(n * sizeof(float)), *d_rb = (float *)dev_alloc(n * sizeof(float));
+        MT_CUDA_CHECK(cudaMemset(d_ra, 0xff, n * sizeof(float)));   // NaN until written
+        MT_CUDA_CHECK(cudaMemset(d_rb, 0xff, n * sizeof(float)));
+        MT_CUDA_CHECK(cudaDeviceSynchronize());
+        mt_p2p_op ops[4] = {{0, d_a, n, 0, 1}, {0, d_b, n, 0, 2}, {1, d_ra, n, 0, 1}, {1, d_rb, n, 0, 2}};
+        mt_p2p_batch(&c, ops, 4);
+        // a kernel after the batch, on the rank's stream: it must see the received data
+        MT_CUDA_CHECK(cudaMemcpyAsync(d_a, d_rb, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+        MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        MT_CUDA_CHECK(cudaMemcpy(got, d_ra, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int ok = memcmp(got, a, n * sizeof(float)) == 0;
+        MT_CUDA_CHECK(cudaMemcpy(got, d_a, n * sizeof(float), cudaMemcpyDeviceToHost));
+        ok &= memcmp(got, b, n * sizeof(float)) == 0;
+        if (!ok) {
+            res->failures++;
+            fprintf(stderr, "  p2p batch to itself, n=%zu: the received data differ from what was sent\n", n);
+        }
+        free(a); free(b); free(got);
+        dev_free(d_a); dev_free(d_b); dev_free(d_ra); dev_free(d_rb);
+    }
+    // the counters: a call per send and per receive, the bytes each moved
+    unsigned long long bytes = 4ull * 4 * (1 + 1000 + 4097 + 8 * 1024 * 768);
+    if (c.calls != 16 || c.bytes != bytes) {
+        res->failures++;
+        fprintf(stderr, "  p2p counters: %llu calls, %llu bytes; want 16, %llu\n", c.calls, c.bytes, bytes);
+    }
+    mt__nccl_leave(&c);
+    MT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+MT_TEST(p2p_batch_nccl) {
+    p2p_self_result res = {0};
+    mt_world *w = mt_world_create(1);
+    mt_expect(mt_world_run(w, p2p_self_rank, &res) == 0, "the rank failed");
+    mt_world_destroy(w);
+    mt_expect(res.failures == 0, "%d batches moved the wrong data", res.failures);
+}
+
 // every reduction twice on the same inputs: the same bits (no float atomics anywhere)
 MT_TEST(determinism) {
     int B = 4, T = 256, C = 768, OC = 2304, V = 50304, NH = 12;
@@ -2527,6 +2585,7 @@ int main(int argc, char **argv) {
         run("adamw", test_adamw);
         run("sum_squares", test_sum_squares);
         run("loss_mean_add", test_loss_mean_add);
+        run("p2p_batch_nccl", test_p2p_batch_nccl);
         run("determinism", test_determinism);
     }
     if (do_bench) bench();
