@@ -518,6 +518,13 @@ static void batch_rank(mt_world *w, int rank, void *arg) {
     // (100 rounds of 2 x 5 floats, then rank 0's two sends and rank 1's two receives of 2 floats)
     rank_expect(c.calls == 202 && c.bytes == 100 * 2 * 5 * 4 + 2 * 2 * 4, "rank %d: %llu calls, %llu bytes", rank,
                 c.calls, c.bytes);
+    // a batch may send to its own rank and receive it (NCCL allows it; test_kernels' p2p_batch_nccl
+    // runs the GPU's NCCL path that way on one GPU)
+    float mine[3] = {rank + 0.5f, 7, 9}, back[3] = {0, 0, 0};
+    mt_p2p_op self[2] = {{0, mine, 3, c.rank, 3}, {1, back, 3, c.rank, 3}};
+    mt_p2p_batch(&c, self, 2);
+    rank_expect(back[0] == rank + 0.5f && back[1] == 7 && back[2] == 9, "rank %d: a batch to itself got %g", rank,
+                (double)back[0]);
 }
 MT_TEST(p2p_batch_pairs_and_waits) {
     batch_test t;
