@@ -4394,6 +4394,10 @@ struct mt_world {
     int aborted;
     char error[2048];          // the first mt_fatal message of a rank (mt_fatal's buffer size)
 };
+// a rank of this process (a thread here), not of another one
+static int mt__is_local(const mt_world *w, int rank) {
+    return rank >= w->first_rank && rank < w->first_rank + w->local_size;
+}
 
 typedef struct {               // what a rank thread knows about itself
     mt_world *world;
@@ -5590,7 +5594,7 @@ static void *mt__net_reader(void *arg) {
             mt__world_abort(w, line);
             continue;
         }
-        int local = h.dst >= w->first_rank && h.dst < w->first_rank + w->local_size;
+        int local = mt__is_local(w, h.dst);
         if (h.kind != MT__NET_DATA || !local || h.src < 0 || h.src >= w->size || h.bytes % sizeof(float) ||
             h.bytes > ((uint64_t)1 << 40)) {
             snprintf(line, sizeof line, "process %d: a malformed message from process %d (%s)\nhint: every process "
@@ -5893,7 +5897,7 @@ void mt_comm_init(mt_comm *c, mt_world *w, int my_global_rank, const int *member
         uint64_t h = mt_hash64((uint64_t)same + 0x9e3779b97f4a7c15ull);
         for (int i = 0; i < size; i++) {
             h = mt_hash64(h ^ (uint64_t)members[i]);
-            g->remote |= members[i] < w->first_rank || members[i] >= w->first_rank + w->local_size;
+            g->remote |= !mt__is_local(w, members[i]);
         }
         g->tag = -1 - (int)(h % 0x3fffffffu);
         g->aborted = w->aborted;
@@ -6326,10 +6330,6 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root) {
 // connection to that process instead (mt__net_send), whose reader thread appends it to the same
 // kind of list there: the receiver's side is the same code either way.
 
-static int mt__is_local(const mt_world *w, int rank) {
-    return rank >= w->first_rank && rank < w->first_rank + w->local_size;
-}
-
 // one message from src to dst: head (head_bytes) then data (bytes), both multiples of 4.
 // acked (dst a rank of this process only): its taker counts it in src's taken_by[dst]
 static void mt__msg_post(mt_world *w, int src, int dst, int tag, const void *head, size_t head_bytes,
@@ -6389,7 +6389,7 @@ static mt__message *mt__msg_take(mt_world *w, int dst, int src, int tag, const c
         }
         if (box->src_done[src] || src == dst) {   // nobody can send it any more: report, don't hang
             pthread_mutex_unlock(&box->mu);
-            int remote = src < w->first_rank || src >= w->first_rank + w->local_size;
+            int remote = !mt__is_local(w, src);
             mt_fatal("rank %d waits for a message from rank %d (%s) that can never arrive: %s\n"
                      "hint: %s", dst, src, what,
                      src == dst ? "it would have to send it to itself"
@@ -6469,23 +6469,23 @@ void mt_p2p_batch(mt_comm *c, const mt_p2p_op *ops, int count) {
         mt_world *w = c->world;
         int me = c->global_rank;
         mt__inbox *mine = &w->inbox[me];
-        // 1. the sends, and the count of taken messages each acked one brings its receiver to
+        // 1. the sends. want[i]: the count of my messages its receiver will have taken once it has
+        // taken this one (every earlier batch's were taken before it returned), 0: not acked
         unsigned long long *want = (unsigned long long *)mt_calloc((size_t)count, sizeof(unsigned long long), "batch");
         mt__own(free, want);
+        pthread_mutex_lock(&mine->mu);
+        for (int i = 0; i < count; i++) {
+            int dst = c->members[ops[i].peer];
+            if (ops[i].recv || !mt__is_local(w, dst)) continue;
+            want[i] = mine->taken_by[dst] + 1;
+            for (int j = 0; j < i; j++) want[i] += !ops[j].recv && c->members[ops[j].peer] == dst;
+        }
+        pthread_mutex_unlock(&mine->mu);
         for (int i = 0; i < count; i++) {
             const mt_p2p_op *op = &ops[i];
-            int dst = c->members[op->peer], acked = mt__is_local(w, dst);
             if (op->recv) continue;
             if (op->n > ((size_t)-1 - sizeof(mt__message)) / sizeof(float)) mt_fatal("send of %zu floats is too large", op->n);
-            if (acked) {
-                pthread_mutex_lock(&mine->mu);
-                unsigned long long earlier = mine->taken_by[dst];
-                pthread_mutex_unlock(&mine->mu);
-                for (int j = 0; j < i; j++)   // this batch's earlier sends to dst
-                    if (!ops[j].recv && c->members[ops[j].peer] == dst) earlier = want[j] > earlier ? want[j] : earlier;
-                want[i] = earlier + 1;
-            }
-            mt__msg_post(w, me, dst, op->tag, NULL, 0, op->buf, op->n * sizeof(float), acked);
+            mt__msg_post(w, me, c->members[op->peer], op->tag, NULL, 0, op->buf, op->n * sizeof(float), want[i] > 0);
         }
         // 2. the receives, in order
         for (int i = 0; i < count; i++) {
@@ -6508,7 +6508,7 @@ void mt_p2p_batch(mt_comm *c, const mt_p2p_op *ops, int count) {
         pthread_mutex_lock(&mine->mu);
         for (int i = 0; i < count; i++) {
             int dst = c->members[ops[i].peer];
-            while (!ops[i].recv && want[i] > 0 && mine->taken_by[dst] < want[i]) {
+            while (want[i] > 0 && mine->taken_by[dst] < want[i]) {
                 if (mine->aborted) {
                     pthread_mutex_unlock(&mine->mu);
                     mt__rank_exit();
