@@ -3511,7 +3511,8 @@ void mt_matmul_forward_rounded_weight_gpu(float *out, const float *inp, const vo
 // in the forward pass this was: out[bt,o] = sum_c inp[bt,c] * weight[o,c] + bias[o]
 // so now: dinp = dout @ weight (written with '=': no zeroing pass), dweight += dout^T @ inp,
 // dbias += column sums of dout (accumulated over micro-batches). dinp may be NULL, dbias NULL
-// when there is no bias.
+// when there is no bias, dweight NULL for dinp alone (inp then not read: a tensor-parallel
+// layer's backward starts dinp's all-reduce before its weight gradient, megatron.h section 4).
 // The wgmma rung's backward: the two products share dout, so one rounded copy (T: bf16 or fp16)
 // serves both (for the LM head dout is the (BT, Vp) logits gradient, 824M elements at GPT-2
 // small's batch: a cast is ~2 ms)
@@ -3533,10 +3534,11 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
                                               const void *gelu_inp, int gelu16, int dinp16, int BT, int C, int OC,
                                               cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
-    T *inp16;
+    T *inp16 = NULL;   // (dweight NULL: dinp alone, the input not read)
     // the GELU remade by dinp's epilogue, which reads its 16-bit input anyway (GELU_GRAD16_GELU16)
-    int remake = !inp_t && !inp && gelu16 && dinp;
-    if (inp_t) {
+    int remake = dweight && !inp_t && !inp && gelu16 && dinp;
+    if (!dweight) {
+    } else if (inp_t) {
         inp16 = (T *)inp_t;   // (not borrowed: not freed below)
     } else if (inp) {
         inp16 = mt__rounded_copy<T>(inp, BT, C, C, 1, stream);
@@ -3552,9 +3554,9 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
         mt__gemm_wgmma_any(dinp, dout16, w16, mt__f16_flag(dout16), NULL, BT, C, OC, ld_dout, C, C, 1, 0, 0, 0, &epi,
                            stream);
     }
-    mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
+    if (dweight) mt__gemm_wgmma(dweight, dout16, inp16, NULL, OC, C, BT, ld_dout, C, C, 0, 0, 1, stream);
     if (w16) mt__rounded_free(w16, stream);
-    if (!inp_t) mt__rounded_free(inp16, stream);
+    if (inp16 && !inp_t) mt__rounded_free(inp16, stream);
 }
 template <typename T>
 static void mt__matmul_backward_wgmma(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -3615,7 +3617,7 @@ void mt_matmul_backward_gpu(float *dinp, float *dweight, float *dbias, const flo
     // dinp (BT,C): A(i=bt, k=o) = dout[bt*OC + o] (k inner), B(j=c, k=o) = weight[o*C + c] (k outer)
     if (dinp) mt__gemm(impl, dinp, dout, weight, NULL, BT, C, OC, OC, C, C, 1, 0, 0, dtype, stream);
     // dweight (OC,C): A(i=o, k=bt) = dout[bt*OC + o] (k outer), B(j=c, k=bt) = inp[bt*C + c] (k outer)
-    mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
+    if (dweight) mt__gemm(impl, dweight, dout, inp, NULL, OC, C, BT, OC, C, C, 0, 0, 1, dtype, stream);
     if (dbias) mt__column_sum_add(dbias, dout, BT, OC, stream);
 }
 // the same with inp already in dtype's 16 bits (MT_DTYPE_BF16 / FP16): a layer's ln1 or ln2 as the

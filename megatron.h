@@ -231,6 +231,9 @@ typedef struct {
                                                // as --use-distributed-optimizer alone does (section 7)
     int sequence_parallel;                     // --sequence-parallel: layernorm/dropout/residual regions split
                                                // along the sequence over the TP group (needs TP > 1)
+    int no_async_tensor_model_parallel_allreduce; // --no-async-tensor-model-parallel-allreduce: a TP layer's
+                                               // backward waits for its input gradient's all-reduce before
+                                               // its weight gradient, instead of beside it (section 4)
     int print_layout;                          // --print-layout: print the rank groups and exit
     int print_schedule;                        // --print-schedule: print the pipeline time line and exit
     int dry_run;                               // --dry-run: print each rank's memory plan and exit
@@ -506,9 +509,14 @@ void mt_broadcast(mt_comm *c, float *buf, size_t n, int root);                  
 void mt_barrier(mt_comm *c);
 /* mt_all_reduce, started: on a group with NCCL (device buffers) it is queued on the group's own
  * stream after the rank's kernels so far, and the rank's later kernels do not wait for it, so it
- * runs while they do (--overlap-grad-reduce); buf must not be touched until mt_comm_wait. The
- * threads backend (host buffers) runs it at once, as mt_all_reduce. The same result either way. */
+ * runs while they do (--overlap-grad-reduce; the tensor-parallel layers' input gradients, section
+ * 4); buf must not be touched until mt_comm_wait. The threads backend (host buffers) runs it at
+ * once, as mt_all_reduce. The same result either way. The all-gather and the reduce-scatter,
+ * started, likewise (--sequence-parallel's backward, section 4): send and recv untouched until
+ * mt_comm_wait. */
 void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op);
+void mt_all_gather_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank);
+void mt_reduce_scatter_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op);
 /* the rank's next kernels wait for every collective started on the group (nothing to wait for
  * on the threads backend); any blocking collective on the group waits for them too */
 void mt_comm_wait(mt_comm *c);
@@ -871,7 +879,8 @@ void mt_matmul_forward(mt_rank *r, float *out, const float *inp, mt_dtype inp_dt
    attention output in mt_atty_storage_dtype);
    dout_dtype: how dout is (MT_DTYPE_FP32, or the fc output's gradient in mt_fch_storage_dtype);
    dinp_dtype: how to write dinp (MT_DTYPE_FP32, or the attention output's gradient in
-   mt_datty_storage_dtype) */
+   mt_datty_storage_dtype);
+   dinp NULL: only dweight (and dbias); dweight NULL: only dinp (and dbias), inp not read */
 void mt_matmul_backward(mt_rank *r, float *dinp, mt_dtype dinp_dtype, float *dweight, float *dbias, const float *dout,
                         mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight, int BT, int C,
                         int OC);
@@ -990,7 +999,8 @@ void mt_cross_entropy_max_sums_finish(mt_rank *r, float *losses, float *logits, 
                                       int vocab_start, int V, float dloss);
 /* the LM head's matmul backward (no bias): dinp = dlogits @ weight, dweight += dlogits^T inp, with
    dlogits as mt_cross_entropy_finish left it in place of the logits (logits_dtype: 16 bits on the
-   GPU are the GEMMs' operand type already, read as they are) */
+   GPU are the GEMMs' operand type already, read as they are); dinp or dweight NULL as in
+   mt_matmul_backward */
 void mt_lm_head_backward(mt_rank *r, float *dinp, float *dweight, const float *dlogits, mt_dtype logits_dtype,
                          const float *inp, const float *weight, int BT, int C, int V_local);
 void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
@@ -2607,6 +2617,10 @@ static const mt__flag mt__flags[] = {
     {"--sequence-parallel", MT__BOOL, MT__OFF(parallel.sequence_parallel), 0, "parallel",
      "split layernorms, dropouts and residuals along the sequence over the TP ranks (T/TP positions each): "
      "all-gather and reduce-scatter instead of all-reduce"},
+    {"--no-async-tensor-model-parallel-allreduce", MT__BOOL,
+     MT__OFF(parallel.no_async_tensor_model_parallel_allreduce), 0, "parallel",
+     "a column-parallel layer's backward all-reduces its input gradient (reduce-scatters with "
+     "--sequence-parallel) after its weight gradient, not while it is computed"},
     {"--print-layout", MT__BOOL, MT__OFF(parallel.print_layout), 0, "parallel",
      "print the TP/PP/DP/embedding groups and exit"},
     {"--print-launch", MT__BOOL, MT__OFF(parallel.print_launch), 0, "parallel",
@@ -2788,8 +2802,6 @@ static const mt__flag mt__flags[] = {
     {"--use-mcore-models", MT__IGNORED, 0, 0, "ignored", "there is one GPT implementation"},
     {"--use-cpu-initialization", MT__IGNORED, 0, 0, "ignored",
      "weights are always initialised on the host, layout-independently"},
-    {"--no-async-tensor-model-parallel-allreduce", MT__IGNORED, 0, 0, "ignored",
-     "tensor-parallel all-reduces run in order on the rank's stream"},
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
     {"--overlap-cpu-optimizer-d2h-h2d", MT__IGNORED, 0, 0, "ignored",
      "--optimizer-cpu-offload's copies and host update run one after another"},
@@ -6171,8 +6183,9 @@ void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
 }
 
-// started, not waited for (--overlap-grad-reduce, section 7): NCCL's all-reduce on the group's
-// stream, the rank's kernels going on beside it; on the threads backend, at once
+// started, not waited for (--overlap-grad-reduce, section 7; the tensor-parallel layers' backward,
+// section 4): NCCL's collective on the group's stream, the rank's kernels going on beside it; on
+// the threads backend, at once
 void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     if (!c->nccl) {
         mt_all_reduce(c, buf, n, op);
@@ -6181,6 +6194,24 @@ void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
     double t0 = mt_time_seconds();
     mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op, 1);
     mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+}
+void mt_all_gather_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
+    if (!c->nccl) {
+        mt_all_gather(c, send, recv, n_per_rank);
+        return;
+    }
+    double t0 = mt_time_seconds();
+    mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0, 1);
+    mt__comm_count(c, "all_gather", (size_t)c->size * n_per_rank * sizeof(float), t0);
+}
+void mt_reduce_scatter_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
+    if (!c->nccl) {
+        mt_reduce_scatter(c, send, recv, n_per_rank, op);
+        return;
+    }
+    double t0 = mt_time_seconds();
+    mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op, 1);
+    mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
 }
 void mt_comm_wait(mt_comm *c) {
     if (!c->nccl || !c->started) return;
@@ -6998,7 +7029,9 @@ void mt_matmul_forward_cpu(float *out, const float *inp, const float *weight, co
 //         dbias[o] += sum_bt dout[bt,o]
 // dinp is an activation gradient, written ('='); dweight and dbias are parameter gradients,
 // accumulated over micro-batches ('+='). dinp may be NULL (nothing upstream needs it), dbias
-// NULL when there is no bias.
+// NULL when there is no bias, dweight NULL to compute only dinp (and dbias): a tensor-parallel
+// layer's backward makes dinp first, starts its all-reduce, then dweight (section 4), and inp is
+// not read then.
 // Each sum runs in increasing o (for dinp) or bt (for dweight, dbias) whatever the blocking.
 void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int BT, int C, int OC) {
@@ -7017,15 +7050,17 @@ void mt_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
             }
         }
     }
+    if (!dweight && !dbias) return;
     for (int b0 = 0; b0 < BT; b0 += MT_MATMUL_BLOCK) {
         int b1 = b0 + MT_MATMUL_BLOCK < BT ? b0 + MT_MATMUL_BLOCK : BT;
         for (int o = 0; o < OC; o++) {
-            float *dw = dweight + (size_t)o * C;
+            float *dw = dweight ? dweight + (size_t)o * C : NULL;
             float db = 0.0f;
             for (int bt = b0; bt < b1; bt++) {
-                const float *x = inp + (size_t)bt * C;
                 float d = dout[(size_t)bt * OC + o];
                 db += d;
+                if (!dw) continue;
+                const float *x = inp + (size_t)bt * C;
                 for (int i = 0; i < C; i++) dw[i] += x[i] * d;
             }
             if (dbias) dbias[o] += db;
@@ -7662,7 +7697,7 @@ void mt_matmul_backward_rounded_cpu(float *dinp, float *dweight, float *dbias, c
                                     const float *weight, int BT, int C, int OC, mt_dtype dt) {
     if (dt == MT_DTYPE_FP32) { mt_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC); return; }
     float *dout_r = mt__rounded_copy(dout, (size_t)BT * OC, dt);
-    float *inp_r = mt__rounded_copy(inp, (size_t)BT * C, dt);
+    float *inp_r = dweight ? mt__rounded_copy(inp, (size_t)BT * C, dt) : NULL;
     float *weight_r = dinp ? mt__rounded_copy(weight, (size_t)OC * C, dt) : NULL;
     mt_matmul_backward_cpu(dinp, dweight, NULL, dout_r, inp_r, weight_r, BT, C, OC);
     if (dbias)
@@ -8656,45 +8691,61 @@ void mt_copy_to_tp_region_backward(mt_rank *r, float *dx, size_t n) { mt__tp_all
 // With B = 1 the two layouts are the same and nothing is copied. The reduce-scatter adds the
 // ranks' values in rank order, as the all-reduce does, so the sums are bit for bit plain TP's.
 
-// full (B,T,K) <- every rank's shard (B,T_sp,K)
-static void mt__sequence_all_gather(mt_rank *r, float *full, const float *shard, int K) {
+// full (B,T,K) from the all-gather's (TP, B, T_sp, K) in the work buffer: rank j's B pieces to
+// positions [j*T_sp, (j+1)*T_sp) of each sample (B = 1: the all-gather wrote full itself)
+static void mt__sequence_gathered_layout(mt_rank *r, float *full, int K) {
     int B = r->dims.B, T = r->dims.T, T_sp = r->dims.T_sp, TP = r->ps.tp_size;
     size_t n = (size_t)B * T_sp * K;   // one shard
-    if (B == 1) { mt_all_gather(&r->groups.tp, shard, full, n); return; }
-    float *work = r->scratch.sp_work;  // (TP, B, T_sp, K): the shards as the all-gather leaves them
-    mt_all_gather(&r->groups.tp, shard, work, n);
-    for (int j = 0; j < TP; j++)       // rank j's B pieces to positions [j*T_sp, (j+1)*T_sp) of each sample
-        mt_buffer_copy_strided(r, full + (size_t)j * T_sp * K, (size_t)T * K, work + (size_t)j * n, (size_t)T_sp * K,
-                               (size_t)T_sp * K, (size_t)B);
+    if (B == 1) return;
+    for (int j = 0; j < TP; j++)
+        mt_buffer_copy_strided(r, full + (size_t)j * T_sp * K, (size_t)T * K, r->scratch.sp_work + (size_t)j * n,
+                               (size_t)T_sp * K, (size_t)T_sp * K, (size_t)B);
+}
+// full (B,T,K) <- every rank's shard (B,T_sp,K). started: the all-gather is left running (section 2's
+// mt_all_gather_start); after mt_comm_wait, mt__sequence_gathered_layout finishes the job
+static void mt__sequence_all_gather(mt_rank *r, float *full, const float *shard, int K, int started) {
+    size_t n = (size_t)r->dims.B * r->dims.T_sp * K;
+    float *recv = r->dims.B == 1 ? full : r->scratch.sp_work;
+    if (started) {
+        mt_all_gather_start(&r->groups.tp, shard, recv, n);
+        return;
+    }
+    mt_all_gather(&r->groups.tp, shard, recv, n);
+    mt__sequence_gathered_layout(r, full, K);
 }
 
-// shard (B,T_sp,K) <- sum over the TP ranks of full (B,T,K), at my positions
-static void mt__sequence_reduce_scatter(mt_rank *r, float *shard, const float *full, int K) {
+// shard (B,T_sp,K) <- sum over the TP ranks of full (B,T,K), at my positions. started: left running
+// (section 2's mt_reduce_scatter_start), shard ready after mt_comm_wait
+static void mt__sequence_reduce_scatter(mt_rank *r, float *shard, const float *full, int K, int started) {
     int B = r->dims.B, T = r->dims.T, T_sp = r->dims.T_sp, TP = r->ps.tp_size;
     size_t n = (size_t)B * T_sp * K;
-    if (B == 1) { mt_reduce_scatter(&r->groups.tp, full, shard, n, MT_SUM); return; }
-    float *work = r->scratch.sp_work;
-    for (int j = 0; j < TP; j++)       // positions [j*T_sp, (j+1)*T_sp) of each sample, for rank j
-        mt_buffer_copy_strided(r, work + (size_t)j * n, (size_t)T_sp * K, full + (size_t)j * T_sp * K, (size_t)T * K,
-                               (size_t)T_sp * K, (size_t)B);
-    mt_reduce_scatter(&r->groups.tp, work, shard, n, MT_SUM);
+    const float *send = full;
+    if (B > 1) {
+        float *work = r->scratch.sp_work;
+        for (int j = 0; j < TP; j++)   // positions [j*T_sp, (j+1)*T_sp) of each sample, for rank j
+            mt_buffer_copy_strided(r, work + (size_t)j * n, (size_t)T_sp * K, full + (size_t)j * T_sp * K,
+                                   (size_t)T * K, (size_t)T_sp * K, (size_t)B);
+        send = work;
+    }
+    if (started) mt_reduce_scatter_start(&r->groups.tp, send, shard, n, MT_SUM);
+    else mt_reduce_scatter(&r->groups.tp, send, shard, n, MT_SUM);
 }
 
 // g forward: the whole sequence for a column-parallel layer; its backward: dX's partial sums
 // from every rank, summed, my positions kept
 void mt_gather_from_sequence_parallel_region_forward(mt_rank *r, float *full, const float *shard, int K) {
-    mt__sequence_all_gather(r, full, shard, K);
+    mt__sequence_all_gather(r, full, shard, K, 0);
 }
 void mt_gather_from_sequence_parallel_region_backward(mt_rank *r, float *dshard, const float *dfull, int K) {
-    mt__sequence_reduce_scatter(r, dshard, dfull, K);
+    mt__sequence_reduce_scatter(r, dshard, dfull, K, 0);
 }
 // g-bar forward: a row-parallel layer's partial sums, summed, my positions kept; its backward:
 // the whole sequence's dY for the row-parallel layer's backward
 void mt_reduce_scatter_to_sequence_parallel_region_forward(mt_rank *r, float *shard, const float *full, int K) {
-    mt__sequence_reduce_scatter(r, shard, full, K);
+    mt__sequence_reduce_scatter(r, shard, full, K, 0);
 }
 void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *dfull, const float *dshard, int K) {
-    mt__sequence_all_gather(r, dfull, dshard, K);
+    mt__sequence_all_gather(r, dfull, dshard, K, 0);
 }
 
 // are the layers' activations split along the sequence now? --sequence-parallel, except while
@@ -8749,16 +8800,58 @@ void mt_column_parallel_qkv_forward(mt_rank *r, float *qkv, const float *inp, mt
 // each rank gets the sum at its own positions.
 // (lm_head: the LM head's, whose dout is the logits gradient as the cross-entropy left it and whose
 // matmul is mt_lm_head_backward's, section 3)
+//
+// The communication overlapped with the products (Megatron's LinearWithGradAccumulationAndAsync-
+// Communication, on unless --no-async-tensor-model-parallel-allreduce). dX_r = dY_r A_r needs no X,
+// and dA_r = dY_r^T X does not need dX, so each collective runs beside a product that does not
+// touch its buffers:
+//
+//    rank's stream (the products)       | TP group's stream (NCCL)
+//    -----------------------------------+--------------------------------------------
+//    dX_r = dY_r A_r                    | (SP) all-gather X's shards
+//    (SP: wait, lay the gather out)     |
+//    dA_r += dY_r^T X, db_r += sum dY_r | all-reduce dX (SP: reduce-scatter it)
+//    wait                               |
+//
+// The products and the sums are the same calls as without overlap, so the same bits; on the threads
+// backend a started collective runs at once (section 2), so there the order is the only difference.
+// the layer's products: dinp NULL or dweight NULL skips that one (mt_matmul_backward)
+static void mt__column_parallel_products(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
+                                         mt_dtype dout_dtype, const float *x, mt_dtype x_dtype, const float *weight,
+                                         int BT, int K, int OC_tp, int lm_head) {
+    if (lm_head) mt_lm_head_backward(r, dinp, dweight, dout, dout_dtype, x, weight, BT, K, OC_tp);
+    else mt_matmul_backward(r, dinp, MT_DTYPE_FP32, dweight, dbias, dout, dout_dtype, x, x_dtype, weight, BT, K, OC_tp);
+}
 static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                          mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype,
                                          const float *weight, int BT, int K, int OC_tp, int lm_head) {
     int sp = mt__sequence_parallel(r);
     float *d = sp ? r->scratch.sp_partial : dinp;
-    const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
-    if (lm_head) mt_lm_head_backward(r, d, dweight, dout, dout_dtype, x, weight, BT, K, OC_tp);
-    else mt_matmul_backward(r, d, MT_DTYPE_FP32, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp);
-    if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
-    else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
+    if (r->ps.tp_size == 1 || r->cfg->parallel.no_async_tensor_model_parallel_allreduce) {   // one after another
+        const float *x = mt__whole_sequence(r, inp, inp_dtype, K);
+        mt__column_parallel_products(r, d, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp, lm_head);
+        if (sp) mt_gather_from_sequence_parallel_region_backward(r, dinp, d, K);
+        else mt_copy_to_tp_region_backward(r, dinp, (size_t)BT * K);
+        return;
+    }
+    mt_comm *tp = &r->groups.tp;
+    const float *x = inp;
+    if (sp) {   // X's shards gathered while dX is made (into sp_full, through sp_work when B > 1)
+        if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit tensor (dtype %d) to all-gather over the sequence",
+                                                 (int)inp_dtype);
+        mt__sequence_all_gather(r, r->scratch.sp_full, inp, K, 1);
+        x = r->scratch.sp_full;
+    }
+    mt__column_parallel_products(r, d, NULL, NULL, dout, dout_dtype, NULL, inp_dtype, weight, BT, K, OC_tp, lm_head);
+    if (sp) {
+        mt_comm_wait(tp);
+        mt__sequence_gathered_layout(r, r->scratch.sp_full, K);
+        mt__sequence_reduce_scatter(r, dinp, d, K, 1);   // g's backward, started
+    } else {
+        mt_all_reduce_start(tp, dinp, (size_t)BT * K, MT_SUM);   // f's backward, started
+    }
+    mt__column_parallel_products(r, NULL, dweight, dbias, dout, dout_dtype, x, inp_dtype, weight, BT, K, OC_tp, lm_head);
+    mt_comm_wait(tp);
 }
 void mt_column_parallel_linear_backward(mt_rank *r, float *dinp, float *dweight, float *dbias, const float *dout,
                                         mt_dtype dout_dtype, const float *inp, mt_dtype inp_dtype, const float *weight,

@@ -78,6 +78,8 @@ typedef struct {
     long bucket;                                // --ddp-bucket-size, 0: 5000 (a bucket per layer)
 } layout;
 
+static int no_async_tp;   // the next runs' --no-async-tensor-model-parallel-allreduce (the last test's knob)
+
 static void run_layout_with(layout_run *run, const layout *L, float dropout) {
     int tp = L->tp, pp = L->pp, dp = L->dp;
     mt_config *cfg = &run->cfg;
@@ -97,6 +99,7 @@ static void run_layout_with(layout_run *run, const layout *L, float dropout) {
     cfg->parallel.overlap_grad_reduce = L->overlap;
     cfg->parallel.use_distributed_optimizer = L->dist;
     cfg->parallel.sequence_parallel = L->sp;
+    cfg->parallel.no_async_tensor_model_parallel_allreduce = no_async_tp;
     snprintf(cfg->train.recompute_granularity, sizeof cfg->train.recompute_granularity, "%s", L->recompute);
     if (strcmp(L->recompute, "full") == 0) snprintf(cfg->train.recompute_method, sizeof cfg->train.recompute_method,
                                                      "uniform");
@@ -296,6 +299,43 @@ MT_TEST(overlap_grad_reduce_starts_a_bucket_at_its_last_backward) {
     mt_expect(rc == 0 && p.bad == 0, "%d gradient values not as expected around mt_grad_bucket_ready", p.bad);
 }
 
+// the column-parallel layers' backward with its collectives started beside the weight gradient (the
+// default, Megatron's async tensor-parallel all-reduce; section 4) against the same layout with
+// --no-async-tensor-model-parallel-allreduce: the same products and sums in another order, so the
+// same bits, in every form of that backward: the all-reduce (TP 2 and 4, with PP and DP, the LM
+// head's), and with --sequence-parallel the all-gather of X and the reduce-scatter of dX, through
+// the work buffer (B = 2) or straight (B = 1), with the distributed optimizer and recompute
+MT_TEST(async_tensor_parallel_allreduce_changes_no_bit) {
+    static const layout layouts[] = {
+        //TP PP DP vs dist SP B  recompute  overlap bucket
+        {2, 1, 1, 0, 0, 0, 0, "", 0, 0},        {4, 1, 1, 0, 0, 0, 0, "", 0, 0},
+        {2, 2, 2, 0, 0, 0, 0, "", 0, 0},        {2, 1, 1, 0, 0, 1, 0, "", 0, 0},
+        {2, 1, 1, 0, 0, 1, 1, "", 0, 0},        {4, 2, 1, 1, 0, 1, 0, "", 0, 0},
+        {2, 1, 2, 0, 1, 1, 0, "selective", 1, 0}, {2, 2, 1, 0, 0, 1, 0, "full", 0, 0}};
+    layout_run async, plain;
+    for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+        const layout *L = &layouts[k];
+        no_async_tp = 0;
+        run_layout_with(&async, L, 0.1f);
+        no_async_tp = 1;
+        run_layout_with(&plain, L, 0.1f);
+        no_async_tp = 0;
+        char label[160];
+        snprintf(label, sizeof label, "TP=%d PP=%d DP=%d%s%s%s%s%s%s", L->tp, L->pp, L->dp,
+                 L->layers_per_virtual ? " interleaved" : "", L->dist ? " dist-opt" : "", L->sp ? " SP" : "",
+                 L->micro == 1 ? " B=1" : "", L->recompute[0] ? " recompute " : "", L->recompute);
+        int same = memcmp(async.losses, plain.losses, sizeof async.losses) == 0 &&
+                   memcmp(async.global_params, plain.global_params,
+                          async.global_offsets[MT_NUM_PARAM_TENSORS] * sizeof(float)) == 0;
+        mt_expect(same, "%s: the async tensor-parallel all-reduce changed the training (loss %.9g vs %.9g at the end)",
+                  label, (double)async.losses[STEPS - 1], (double)plain.losses[STEPS - 1]);
+        printf("  %-62s %s  (loss %.6f -> %.6f)\n", label, same ? "bit-identical" : "DIFFERS", (double)async.losses[0],
+               (double)async.losses[STEPS - 1]);
+        free(async.global_params);
+        free(plain.global_params);
+    }
+}
+
 int main(void) {
     alarm(600);   // a deadlocked schedule fails loudly instead of hanging CI
     mt_run_test(layouts_match_one_rank);
@@ -303,5 +343,6 @@ int main(void) {
     mt_run_test(dropout_changes_the_loss);
     mt_run_test(overlap_grad_reduce_changes_no_bit);
     mt_run_test(overlap_grad_reduce_starts_a_bucket_at_its_last_backward);
+    mt_run_test(async_tensor_parallel_allreduce_changes_no_bit);
     return mt_test_summary();
 }

@@ -482,6 +482,26 @@ static void matmul_case(int BT, int C, int OC, int with_bias, int with_dinp, int
             // fp32 column sums in any rung, in another order than the CPU's
             check_added_scale(label, got, db_ref, db0, OC, 1e-5, column_sum_term_scale(dout, BT, OC)); free(got);
         }
+        // the backward split as a tensor-parallel layer runs it (megatron.h section 4): dinp alone (the
+        // input not read: NULL here), its all-reduce started, then dweight and dbias alone: the joint
+        // call's bits, and the first call leaves dweight and dbias alone
+        if (with_dinp) {
+            float *dinp_joint = dev_download(d_dinp, nin), *dw_joint = dev_download(d_dw, nw);
+            float *db_joint = with_bias ? dev_download(d_db, OC) : NULL;
+            dev_poison(d_dinp, nin); dev_set(d_dw, dw0, nw); dev_set(d_db, db0, OC);
+            mt_matmul_backward_gpu(d_dinp, NULL, NULL, d_dout, NULL, d_w, BT, C, OC, impl, dt, 0);
+            snprintf(label, sizeof label, "matmul %s backward split: dinp alone leaves dweight, dbias BT=%d C=%d OC=%d",
+                     name, BT, C, OC);
+            got = dev_download(d_dw, nw); check_close(label, got, dw0, nw, 0.0); free(got);
+            got = dev_download(d_db, OC); check_close(label, got, db0, OC, 0.0); free(got);
+            mt_matmul_backward_gpu(NULL, d_dw, with_bias ? d_db : NULL, d_dout, d_inp, d_w, BT, C, OC, impl, dt, 0);
+            snprintf(label, sizeof label, "matmul %s backward split: the joint call's bits BT=%d C=%d OC=%d", name, BT, C,
+                     OC);
+            got = dev_download(d_dinp, nin); check_close(label, got, dinp_joint, nin, 0.0); free(got);
+            got = dev_download(d_dw, nw); check_close(label, got, dw_joint, nw, 0.0); free(got);
+            if (with_bias) { got = dev_download(d_db, OC); check_close(label, got, db_joint, OC, 0.0); free(got); }
+            free(dinp_joint); free(dw_joint); free(db_joint);
+        }
         // the backward from an input already in 16 bits (a layer's ln1 / ln2, mt_ln_gemm_dtype: the
         // wgmma rung only): the same bits as from the fp32 input, which the rung rounds to the same
         if (impl == MT_GEMM_WGMMA && C % 8 == 0 && OC % 8 == 0 && !misalign) {
@@ -740,6 +760,20 @@ static void matmul_gelu_case(int BT, int C, int OC) {
                     snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dweight BT=%d", type, what, BT);
                     got = dev_download(d_fdw, nw); check_close(label, got, fdw32, nw, 0.0); free(got);
                     snprintf(label, sizeof label, "fc %s backward from a 16-bit gradient and %s: dbias BT=%d", type, what, BT);
+                    got = dev_download(d_fdb, OC); check_close(label, got, fdb32, OC, 0.0); free(got);
+                    // split as a tensor-parallel layer runs it (megatron.h section 4): dinp alone (no input
+                    // read), then dweight and dbias alone: the same bits
+                    dev_poison(d_fdi, nin); dev_set(d_fdw, dw0, nw); dev_set(d_fdb, fdb0, OC);
+                    mt_matmul_backward_dout16_gpu(d_fdi, NULL, NULL, d_dx, NULL, NULL, d_w, BT, C, OC, dt, 0);
+                    snprintf(label, sizeof label, "fc %s backward split, %s: dinp alone leaves dweight, dbias BT=%d", type,
+                             what, BT);
+                    got = dev_download(d_fdw, nw); check_close(label, got, dw0, nw, 0.0); free(got);
+                    got = dev_download(d_fdb, OC); check_close(label, got, fdb0, OC, 0.0); free(got);
+                    mt_matmul_backward_dout16_gpu(NULL, d_fdw, d_fdb, d_dx, from16 ? NULL : d_inp, from16 ? in16 : NULL,
+                                                  d_w, BT, C, OC, dt, 0);
+                    snprintf(label, sizeof label, "fc %s backward split, %s: dinp, dweight, dbias BT=%d", type, what, BT);
+                    got = dev_download(d_fdi, nin); check_close(label, got, fdi32, nin, 0.0); free(got);
+                    got = dev_download(d_fdw, nw); check_close(label, got, fdw32, nw, 0.0); free(got);
                     got = dev_download(d_fdb, OC); check_close(label, got, fdb32, OC, 0.0); free(got);
                 }
                 free(dx16); free(dx32r); free(fdb0); free(fdi32); free(fdw32); free(fdb32);
