@@ -305,9 +305,13 @@ int main(int argc, char **argv) {
         snprintf(names[3 * l + 1], 48, "dinp  %s", lname5[l]);
         snprintf(names[3 * l + 2], 48, "dW    %s", lname5[l]);
         shapes.push_back({names[3 * l], BT, out, in, 1, 1, 0});       // out = inp @ W^T
-        shapes.push_back({names[3 * l + 1], BT, in, out, 1, 0, 1});   // dinp += dout @ W
+        shapes.push_back({names[3 * l + 1], BT, in, out, 1, 0, 0});   // dinp = dout @ W (written, as training does)
         shapes.push_back({names[3 * l + 2], out, in, BT, 0, 0, 1});   // dW += dout^T @ inp
     }
+    // the input gradient accumulated into an fp32 C (C read and written: 402 MB at fc proj's shape), the
+    // form this table timed for dinp until session 43, though training writes dinp ('=', megatron.h's
+    // mt_matmul_backward): kept as one row so the two forms can be compared
+    shapes.push_back({"dinp+= fc proj", BT, 4 * C, C, 1, 0, 1});
     for (auto &s : shapes) {
         Prob p = make_prob(s.M, s.N, s.K, s.a_k_inner, s.b_k_inner, s.accumulate, s.accumulate ? 0 : 1, 0, 0);
         check_prob(p, 0, s.K > 10000 ? 600 : 2000, s.name);
