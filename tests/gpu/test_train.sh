@@ -4,7 +4,8 @@
 # tolerance: fp32 1e-4, bf16 1e-2 (see compare_logs.c). Layouts: 1 GPU, TP=2, DP=2 (also with
 # --overlap-grad-reduce: NCCL's buckets on the DP group's stream during the backward), PP=2 (its
 # messages over NCCL send/recv: 1F1B, with evaluation's forward-only schedule, and interleaved); then
-# checkpoint resume, recompute, the timeline and the CUDA graphs of the step against plain runs.
+# checkpoint resume, recompute, the timeline and the CUDA graphs of the step against plain runs; and on
+# 2 GPUs the tensor-parallel backward's overlapped collectives against the same run without overlap.
 # Prints "N passed, N failed" at the end.
 set -u
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -82,6 +83,19 @@ for gc in "bf16_eval|--bf16 --eval-interval 5 --eval-iters 3" "fp16|--fp16"; do
   [ "$(grep 'validation loss' build/gpu_graph_$label.log)" = "$(grep 'validation loss' build/gpu_nograph_$label.log)" ] &&
   passed=$((passed + 1)) || {
     echo "GPU graph $label differs or failed"; tail -3 build/gpu_graph_$label.log; failed=$((failed + 1)); }
+done
+# the tensor-parallel backward's collectives started beside its weight gradients (the default, Megatron's
+# async TP all-reduce: megatron.h section 4) against --no-async-tensor-model-parallel-allreduce: the same
+# kernels and the same sums in another order on two streams, so the same losses (tolerance 0); with
+# --sequence-parallel too (the all-gather of X beside dX, the reduce-scatter of dX beside dW)
+for ac in "tp2_bf16|--bf16 --tensor-model-parallel-size 2 --nproc-per-node 2" \
+          "tp2_sp_bf16|--bf16 --tensor-model-parallel-size 2 --nproc-per-node 2 --sequence-parallel"; do
+  label=${ac%%|*}; flags=${ac#*|}
+  if [ "$ngpu" -lt 2 ]; then echo "SKIPPED async_$label: needs 2 GPUs, this machine has $ngpu"; skipped=$((skipped + 1)); continue; fi
+  ./train_gpt_cuda $M $flags > build/gpu_async_$label.log 2>&1 &&
+  ./train_gpt_cuda $M $flags --no-async-tensor-model-parallel-allreduce > build/gpu_sync_$label.log 2>&1 &&
+  ./tests/gpu/compare_logs build/gpu_sync_$label.log build/gpu_async_$label.log 0 async_$label && passed=$((passed + 1)) || {
+    echo "GPU async TP $label differs or failed"; tail -3 build/gpu_async_$label.log; failed=$((failed + 1)); }
 done
 [ "$skipped" -eq 0 ] || echo "$skipped checks SKIPPED for want of a second GPU (run make test-gpu on 2 GPUs for them)"
 echo "$passed passed, $failed failed"
