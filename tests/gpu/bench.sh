@@ -7,7 +7,7 @@
 #      from a CUDA graph (the GPU's time without Python's launch overhead; the call-by-call times
 #      beside them as *_eager_ms);
 #   3. the whole step, GPT-2 small (124M) in bf16 on the bundled corpus: ours on 1 GPU, and on 2 GPUs
-#      as TP=2, DP=2 and PP=2 when two are there; next to a PyTorch GPT-2 small step (bf16 autocast,
+#      as TP=2, DP=2 (also with --overlap-grad-reduce) and PP=2 when two are there; next to a PyTorch GPT-2 small step (bf16 autocast,
 #      fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py), trained on the same corpus
 #      with the same initialisation and learning-rate schedule: tokens/s, ms/step, MFU, memory.
 # MFU = tokens/s x (6N + 12 L C T) / (989.4e12 x GPUs)  (H200 dense bf16 peak, Megatron's FLOPs).
@@ -61,6 +61,9 @@ printf "%-22s %5s %10s %12s %8s %12s %10s\n" "run (GPT-2 small bf16)" "GPUs" "ms
 run 1gpu "1 GPU, B=$MB" 1 --global-batch-size $MB
 run tp2 "TP=2, B=$MB" 2 --tensor-model-parallel-size 2 --nproc-per-node 2 --global-batch-size $MB
 run dp2 "DP=2, B=$MB/GPU" 2 --nproc-per-node 2 --global-batch-size $((2 * MB))
+# the same with the gradients' buckets all-reduced during the backward (the step then runs op by op:
+# megatron.h section 8 records no CUDA graph of a chunk whose buckets start inside it)
+run dp2o "DP=2, overlap-grad" 2 --nproc-per-node 2 --global-batch-size $((2 * MB)) --overlap-grad-reduce
 # PP=2: 1F1B over 8 micro-batches of MB/2 (the bubble (p-1)/(m+p-1) = 1/9 of the step)
 run pp2 "PP=2, 8 x B=$((MB / 2))" 2 --pipeline-model-parallel-size 2 --nproc-per-node 2 \
   --micro-batch-size $((MB / 2)) --global-batch-size $((4 * MB))
