@@ -9,8 +9,8 @@
 #   3. the whole step, GPT-2 small (124M) in bf16 on the bundled corpus: ours on 1 GPU, and on 2 GPUs
 #      as TP=2, DP=2 (also with --overlap-grad-reduce) and PP=2 when two are there; next to a PyTorch
 #      GPT-2 small step (bf16 autocast, fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py),
-#      trained on the same corpus
-#      with the same initialisation and learning-rate schedule: tokens/s, ms/step, MFU, memory.
+#      trained on the same corpus with the same initialisation and learning-rate schedule: tokens/s,
+#      ms/step, MFU, memory.
 # MFU = tokens/s x (6N + 12 L C T) / (989.4e12 x GPUs)  (H200 dense bf16 peak, Megatron's FLOPs).
 # Where PyTorch is missing the PyTorch rows say so. The tables go to build/bench_*.txt too.
 set -u
