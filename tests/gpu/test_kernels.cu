@@ -2288,6 +2288,84 @@ MT_TEST(p2p_batch_nccl) {
     mt_expect(res.failures == 0, "%d batches moved the wrong data", res.failures);
 }
 
+// the started collectives of section 2 (mt_all_reduce_start, mt_all_gather_start,
+// mt_reduce_scatter_start, then mt_comm_wait), which the tensor-parallel backward runs beside its
+// weight gradient (megatron.h section 4), on a one-rank NCCL group: NCCL's real calls on the
+// group's stream. The rank's stream first writes the input, after a kernel that holds it for
+// 0.5 ms (so that a collective not waiting for the rank's work would read the poison), then the
+// collective is started, the rank's stream does other work, waits, and copies the output: the
+// input's bits (a group of one all-reduces to itself, gathers and scatters a copy). Exact: copies.
+// (With the collective's wait for the rank's stream removed on purpose, the gather and the
+// scatter read the poison and the test fails.)
+__global__ void spin_kernel(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+typedef struct { int failures; } started_result;
+static void started_rank(mt_world *w, int rank, void *arg) {
+    started_result *res = (started_result *)arg;
+    int members[1] = {0};
+    mt_comm c;
+    mt_comm_init(&c, w, rank, members, 1);
+    c.name = "tp";
+    cudaStream_t stream;
+    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    mt__nccl_join(&c, (void *)stream);
+    size_t sizes[] = {1, 4097, (size_t)8 * 1024 * 768};
+    unsigned long long bytes = 0;
+    for (int k = 0; k < 3; k++)
+        for (int kind = 0; kind < 3; kind++) {   // all-reduce (in place), all-gather, reduce-scatter
+            size_t n = sizes[k];
+            float *src = host_random(n, -1, 1), *got = host_random(n, 0, 0);
+            float *d_src = dev_upload(src, n), *d_x = (float *)dev_alloc(n * sizeof(float));
+            float *d_y = (float *)dev_alloc(n * sizeof(float)), *d_out = (float *)dev_alloc(n * sizeof(float));
+            float *d_busy = (float *)dev_alloc(n * sizeof(float));
+            MT_CUDA_CHECK(cudaMemset(d_x, 0xff, n * sizeof(float)));   // NaN until written
+            MT_CUDA_CHECK(cudaMemset(d_y, 0xff, n * sizeof(float)));
+            MT_CUDA_CHECK(cudaDeviceSynchronize());
+            spin_kernel<<<1, 1, 0, stream>>>(1000000LL);   // ~0.5 ms at the H200's clocks
+            MT_CUDA_CHECK(cudaGetLastError());
+            MT_CUDA_CHECK(cudaMemcpyAsync(d_x, d_src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+            float *result = d_y;
+            if (kind == 0) { mt_all_reduce_start(&c, d_x, n, MT_SUM); result = d_x; }
+            else if (kind == 1) mt_all_gather_start(&c, d_x, d_y, n);
+            else mt_reduce_scatter_start(&c, d_x, d_y, n, MT_SUM);
+            // the rank's other work meanwhile (the weight gradient's place), then the wait
+            MT_CUDA_CHECK(cudaMemcpyAsync(d_busy, d_src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+            mt_comm_wait(&c);
+            MT_CUDA_CHECK(cudaMemcpyAsync(d_out, result, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+            MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            MT_CUDA_CHECK(cudaMemcpy(got, d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
+            if (memcmp(got, src, n * sizeof(float)) != 0) {
+                res->failures++;
+                fprintf(stderr, "  started %s, n=%zu: the output differs from the input\n",
+                        kind == 0 ? "all-reduce" : kind == 1 ? "all-gather" : "reduce-scatter", n);
+            }
+            if (c.started != 0) {
+                res->failures++;
+                fprintf(stderr, "  mt_comm_wait left %d calls marked started\n", c.started);
+            }
+            bytes += n * sizeof(float);
+            free(src); free(got);
+            dev_free(d_src); dev_free(d_x); dev_free(d_y); dev_free(d_out); dev_free(d_busy);
+        }
+    // a group of one moves nothing that the threads backend counts, but NCCL's calls are counted
+    if (c.calls != 9 || c.bytes != bytes) {
+        res->failures++;
+        fprintf(stderr, "  started collectives' counters: %llu calls, %llu bytes; want 9, %llu\n", c.calls, c.bytes,
+                bytes);
+    }
+    mt__nccl_leave(&c);
+    MT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+MT_TEST(started_collectives_nccl) {
+    started_result res = {0};
+    mt_world *w = mt_world_create(1);
+    mt_expect(mt_world_run(w, started_rank, &res) == 0, "the rank failed");
+    mt_world_destroy(w);
+    mt_expect(res.failures == 0, "%d started collectives gave the wrong data or bookkeeping", res.failures);
+}
+
 // every reduction twice on the same inputs: the same bits (no float atomics anywhere)
 MT_TEST(determinism) {
     int B = 4, T = 256, C = 768, OC = 2304, V = 50304, NH = 12;
@@ -2620,6 +2698,7 @@ int main(int argc, char **argv) {
         run("sum_squares", test_sum_squares);
         run("loss_mean_add", test_loss_mean_add);
         run("p2p_batch_nccl", test_p2p_batch_nccl);
+        run("started_collectives_nccl", test_started_collectives_nccl);
         run("determinism", test_determinism);
     }
     if (do_bench) bench();
