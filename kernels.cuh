@@ -3534,10 +3534,11 @@ static void mt__matmul_backward_wgmma_rounded(float *dinp, float *dweight, const
                                               const void *gelu_inp, int gelu16, int dinp16, int BT, int C, int OC,
                                               cudaStream_t stream) {
     T *w16 = dinp ? mt__rounded_copy<T>(weight, OC, C, C, 1, stream) : NULL;
-    T *inp16 = NULL;   // (dweight NULL: dinp alone, the input not read)
+    T *inp16 = NULL;
     // the GELU remade by dinp's epilogue, which reads its 16-bit input anyway (GELU_GRAD16_GELU16)
     int remake = dweight && !inp_t && !inp && gelu16 && dinp;
     if (!dweight) {
+        // dinp alone: the input is not read
     } else if (inp_t) {
         inp16 = (T *)inp_t;   // (not borrowed: not freed below)
     } else if (inp) {
