@@ -2841,7 +2841,8 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
      "overlapping the first bucket's parameter all-gather with the optimizer step, for --overlap-param-gather",
      "the parameters are all-gathered after the optimizer step"},
     {"--tp-comm-overlap", "overlapping tensor-parallel communication with the GEMMs, Transformer Engine's userbuffers",
-     "each tensor-parallel all-reduce, all-gather or reduce-scatter runs between the GEMMs it connects"},
+     "the forward's tensor-parallel collectives run between the GEMMs they connect; the backward's input-gradient "
+     "all-reduce (reduce-scatter with --sequence-parallel) runs beside the weight gradient"},
     {"--overlap-p2p-communication", "overlapping pipeline sends and receives with the forward and backward",
      "a stage waits for each message before the forward or backward that needs it"},
     {"--defer-embedding-wgrad-compute", "deferring the LM head's weight-gradient GEMMs to the pipeline flush",
