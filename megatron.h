@@ -6185,34 +6185,29 @@ void mt_all_reduce(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
 }
 
 // started, not waited for (--overlap-grad-reduce, section 7; the tensor-parallel layers' backward,
-// section 4): NCCL's collective on the group's stream, the rank's kernels going on beside it; on
-// the threads backend, at once
-void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
-    if (!c->nccl) {
-        mt_all_reduce(c, buf, n, op);
-        return;
-    }
+// section 4): NCCL's collective on the group's stream, the rank's kernels going on beside it,
+// counted as the blocking call is; on the threads backend, the blocking call at once
+static void mt__nccl_start(mt_comm *c, int kind, const float *send, float *recv, size_t n, int op, const char *what,
+                           size_t bytes) {
     double t0 = mt_time_seconds();
-    mt__nccl_collective(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op, 1);
-    mt__comm_count(c, "all_reduce", n * sizeof(float), t0);
+    mt__nccl_collective(c, kind, send, recv, n, op, 1);
+    mt__comm_count(c, what, bytes, t0);
+}
+void mt_all_reduce_start(mt_comm *c, float *buf, size_t n, mt_reduce_op op) {
+    if (c->nccl) mt__nccl_start(c, MT__COLL_ALL_REDUCE, buf, buf, n, (int)op, "all_reduce", n * sizeof(float));
+    else mt_all_reduce(c, buf, n, op);
 }
 void mt_all_gather_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank) {
-    if (!c->nccl) {
-        mt_all_gather(c, send, recv, n_per_rank);
-        return;
-    }
-    double t0 = mt_time_seconds();
-    mt__nccl_collective(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0, 1);
-    mt__comm_count(c, "all_gather", (size_t)c->size * n_per_rank * sizeof(float), t0);
+    if (c->nccl)
+        mt__nccl_start(c, MT__COLL_ALL_GATHER, send, recv, n_per_rank, 0, "all_gather",
+                       (size_t)c->size * n_per_rank * sizeof(float));
+    else mt_all_gather(c, send, recv, n_per_rank);
 }
 void mt_reduce_scatter_start(mt_comm *c, const float *send, float *recv, size_t n_per_rank, mt_reduce_op op) {
-    if (!c->nccl) {
-        mt_reduce_scatter(c, send, recv, n_per_rank, op);
-        return;
-    }
-    double t0 = mt_time_seconds();
-    mt__nccl_collective(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op, 1);
-    mt__comm_count(c, "reduce_scatter", (size_t)c->size * n_per_rank * sizeof(float), t0);
+    if (c->nccl)
+        mt__nccl_start(c, MT__COLL_REDUCE_SCATTER, send, recv, n_per_rank, (int)op, "reduce_scatter",
+                       (size_t)c->size * n_per_rank * sizeof(float));
+    else mt_reduce_scatter(c, send, recv, n_per_rank, op);
 }
 void mt_comm_wait(mt_comm *c) {
     if (!c->nccl || !c->started) return;
