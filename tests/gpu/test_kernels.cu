@@ -2236,16 +2236,33 @@ MT_TEST(loss_mean_add) {
 // and two receives in one batch: the k-th send lands in the k-th receive (NCCL has no tags), at
 // 1 float, odd sizes and 25 MB (the bench's PP=2 message); then a kernel on the rank's stream
 // reads what arrived. Exact: copies.
-typedef struct { int failures; } p2p_self_result;
-static void p2p_self_rank(mt_world *w, int rank, void *arg) {
-    p2p_self_result *res = (p2p_self_result *)arg;
+// a group of one rank on NCCL, its kernels on their own stream (NCCL lets a rank send to itself and
+// reduce over a group of one: section 2's real NCCL path on one GPU), and its end
+static cudaStream_t nccl_group_of_one(mt_world *w, int rank, mt_comm *c, const char *name) {
     int members[1] = {0};
-    mt_comm c;
-    mt_comm_init(&c, w, rank, members, 1);
-    c.name = "p2p";
+    mt_comm_init(c, w, rank, members, 1);
+    c->name = name;
     cudaStream_t stream;
     MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    mt__nccl_join(&c, (void *)stream);
+    mt__nccl_join(c, (void *)stream);
+    return stream;
+}
+static void nccl_group_of_one_end(mt_comm *c, cudaStream_t stream) {
+    mt__nccl_leave(c);
+    MT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+// rank_main run as the one rank of a world; the failures it counted into its int argument
+static int failures_of_one_rank(void (*rank_main)(mt_world *, int, void *)) {
+    int failures = 0;
+    mt_world *w = mt_world_create(1);
+    mt_expect(mt_world_run(w, rank_main, &failures) == 0, "the rank failed");
+    mt_world_destroy(w);
+    return failures;
+}
+static void p2p_self_rank(mt_world *w, int rank, void *arg) {
+    int *failures = (int *)arg;
+    mt_comm c;
+    cudaStream_t stream = nccl_group_of_one(w, rank, &c, "p2p");
     size_t sizes[] = {1, 1000, 4097, (size_t)8 * 1024 * 768};
     for (int k = 0; k < 4; k++) {
         size_t n = sizes[k];
@@ -2265,7 +2282,7 @@ static void p2p_self_rank(mt_world *w, int rank, void *arg) {
         MT_CUDA_CHECK(cudaMemcpy(got, d_a, n * sizeof(float), cudaMemcpyDeviceToHost));
         ok &= memcmp(got, b, n * sizeof(float)) == 0;
         if (!ok) {
-            res->failures++;
+            (*failures)++;
             fprintf(stderr, "  p2p batch to itself, n=%zu: the received data differ from what was sent\n", n);
         }
         free(a); free(b); free(got);
@@ -2274,18 +2291,14 @@ static void p2p_self_rank(mt_world *w, int rank, void *arg) {
     // the counters: a call per send and per receive, the bytes each moved
     unsigned long long bytes = 4ull * 4 * (1 + 1000 + 4097 + 8 * 1024 * 768);
     if (c.calls != 16 || c.bytes != bytes) {
-        res->failures++;
+        (*failures)++;
         fprintf(stderr, "  p2p counters: %llu calls, %llu bytes; want 16, %llu\n", c.calls, c.bytes, bytes);
     }
-    mt__nccl_leave(&c);
-    MT_CUDA_CHECK(cudaStreamDestroy(stream));
+    nccl_group_of_one_end(&c, stream);
 }
 MT_TEST(p2p_batch_nccl) {
-    p2p_self_result res = {0};
-    mt_world *w = mt_world_create(1);
-    mt_expect(mt_world_run(w, p2p_self_rank, &res) == 0, "the rank failed");
-    mt_world_destroy(w);
-    mt_expect(res.failures == 0, "%d batches moved the wrong data", res.failures);
+    int failures = failures_of_one_rank(p2p_self_rank);
+    mt_expect(failures == 0, "%d batches moved the wrong data", failures);
 }
 
 // the started collectives of section 2 (mt_all_reduce_start, mt_all_gather_start,
@@ -2301,16 +2314,10 @@ __global__ void spin_kernel(long long cycles) {
     long long t0 = clock64();
     while (clock64() - t0 < cycles) {}
 }
-typedef struct { int failures; } started_result;
 static void started_rank(mt_world *w, int rank, void *arg) {
-    started_result *res = (started_result *)arg;
-    int members[1] = {0};
+    int *failures = (int *)arg;
     mt_comm c;
-    mt_comm_init(&c, w, rank, members, 1);
-    c.name = "tp";
-    cudaStream_t stream;
-    MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    mt__nccl_join(&c, (void *)stream);
+    cudaStream_t stream = nccl_group_of_one(w, rank, &c, "tp");
     size_t sizes[] = {1, 4097, (size_t)8 * 1024 * 768};
     unsigned long long bytes = 0;
     for (int k = 0; k < 3; k++)
@@ -2337,12 +2344,12 @@ static void started_rank(mt_world *w, int rank, void *arg) {
             MT_CUDA_CHECK(cudaStreamSynchronize(stream));
             MT_CUDA_CHECK(cudaMemcpy(got, d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
             if (memcmp(got, src, n * sizeof(float)) != 0) {
-                res->failures++;
+                (*failures)++;
                 fprintf(stderr, "  started %s, n=%zu: the output differs from the input\n",
                         kind == 0 ? "all-reduce" : kind == 1 ? "all-gather" : "reduce-scatter", n);
             }
             if (c.started != 0) {
-                res->failures++;
+                (*failures)++;
                 fprintf(stderr, "  mt_comm_wait left %d calls marked started\n", c.started);
             }
             bytes += n * sizeof(float);
@@ -2351,19 +2358,15 @@ static void started_rank(mt_world *w, int rank, void *arg) {
         }
     // a group of one moves nothing that the threads backend counts, but NCCL's calls are counted
     if (c.calls != 9 || c.bytes != bytes) {
-        res->failures++;
+        (*failures)++;
         fprintf(stderr, "  started collectives' counters: %llu calls, %llu bytes; want 9, %llu\n", c.calls, c.bytes,
                 bytes);
     }
-    mt__nccl_leave(&c);
-    MT_CUDA_CHECK(cudaStreamDestroy(stream));
+    nccl_group_of_one_end(&c, stream);
 }
 MT_TEST(started_collectives_nccl) {
-    started_result res = {0};
-    mt_world *w = mt_world_create(1);
-    mt_expect(mt_world_run(w, started_rank, &res) == 0, "the rank failed");
-    mt_world_destroy(w);
-    mt_expect(res.failures == 0, "%d started collectives gave the wrong data or bookkeeping", res.failures);
+    int failures = failures_of_one_rank(started_rank);
+    mt_expect(failures == 0, "%d started collectives gave the wrong data or bookkeeping", failures);
 }
 
 // every reduction twice on the same inputs: the same bits (no float atomics anywhere)
