@@ -8749,13 +8749,19 @@ void mt_reduce_scatter_to_sequence_parallel_region_backward(mt_rank *r, float *d
 static int mt__sequence_parallel(const mt_rank *r) {
     return r->cfg->parallel.sequence_parallel && !r->state.decoding;
 }
-// the whole sequence (B, T, K) that a TP layer's GEMM reads: with --sequence-parallel my shard
-// (B, T_sp, K) all-gathered (g) into the scratch's sp_full, else x itself
-static const float *mt__whole_sequence(mt_rank *r, const float *x, mt_dtype dtype, int K) {
-    if (!mt__sequence_parallel(r)) return x;
+// my shard x (B, T_sp, K) all-gathered (g) into the scratch's sp_full, which is returned; started:
+// the all-gather left running (mt__sequence_all_gather), sp_full whole after mt_comm_wait and
+// mt__sequence_gathered_layout
+static const float *mt__sequence_gather(mt_rank *r, const float *x, mt_dtype dtype, int K, int started) {
     if (dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit tensor (dtype %d) to all-gather over the sequence", (int)dtype);
-    mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, x, K);
+    if (started) mt__sequence_all_gather(r, r->scratch.sp_full, x, K, 1);
+    else mt_gather_from_sequence_parallel_region_forward(r, r->scratch.sp_full, x, K);   // g
     return r->scratch.sp_full;
+}
+// the whole sequence (B, T, K) that a TP layer's GEMM reads: with --sequence-parallel my shard
+// gathered into sp_full, else x itself
+static const float *mt__whole_sequence(mt_rank *r, const float *x, mt_dtype dtype, int K) {
+    return mt__sequence_parallel(r) ? mt__sequence_gather(r, x, dtype, K, 0) : x;
 }
 // the same for a gradient arriving sharded (B, T_sp, OC) at a row-parallel layer's output (or the
 // embedding's): g-bar's backward all-gathers it into sp_full
@@ -8831,13 +8837,8 @@ static void mt__column_parallel_backward(mt_rank *r, float *dinp, float *dweight
         return;
     }
     mt_comm *tp = &r->groups.tp;
-    const float *x = inp;
-    if (sp) {   // X's shards gathered while dX is made (into sp_full, through sp_work when B > 1)
-        if (inp_dtype != MT_DTYPE_FP32) mt_fatal("internal: a 16-bit tensor (dtype %d) to all-gather over the sequence",
-                                                 (int)inp_dtype);
-        mt__sequence_all_gather(r, r->scratch.sp_full, inp, K, 1);
-        x = r->scratch.sp_full;
-    }
+    // with SP, X's shards gathered while dX is made (into sp_full, through sp_work when B > 1)
+    const float *x = sp ? mt__sequence_gather(r, inp, inp_dtype, K, 1) : inp;
     mt__column_parallel_products(r, d, NULL, NULL, dout, dout_dtype, NULL, inp_dtype, weight, BT, K, OC_tp, lm_head);
     if (sp) {
         mt_comm_wait(tp);
