@@ -3,6 +3,7 @@
 #   1. the GEMMs at GPT-2 small's shapes (B*T = 16k), ours (wgmma, bf16 operands, fp32 out) next to
 #      cuBLAS's (tests/gpu/test_gemm_wgmma links cuBLAS for this comparison only), with the ratio;
 #   2. causal attention at B x 12 heads x 1024 x 64, bf16: ours (tests/gpu/test_kernels --bench-only)
+#      (and 2b, from the same run: the bytes-bound kernels' GB/s against a copy of the same bytes)
 #      next to PyTorch's scaled_dot_product_attention with the flash and the cuDNN backends, timed
 #      from a CUDA graph (the GPU's time without Python's launch overhead; the call-by-call times
 #      beside them as *_eager_ms);
@@ -54,6 +55,14 @@ if [ -x tests/gpu/test_kernels ]; then
   ./tests/gpu/test_kernels --bench-only > build/bench_kernels.log 2>&1
   grep -E "attention bf16 (forward|backward|fwd\+bwd)" build/bench_kernels.log | sed 's/^ */ours: /' | tee build/bench_attention.txt
 else echo "tests/gpu/test_kernels not built"; fi
+if [ -f build/bench_kernels.log ]; then
+  # the issue's bytes-bound list (>= 80% of the 4.2 TB/s copy): the short ones as a training step's CUDA
+  # graph runs them, each beside a device-to-device copy of its bytes timed the same way; AdamW and the
+  # cross-entropy (GBs a launch) as timed alone
+  echo "== 2b. the bytes-bound kernels"
+  grep -E "^  graph:|^  adamw|cross-entropy fused|cross-entropy finish \(\+dlogits\), bf16" build/bench_kernels.log | \
+    tee build/bench_bytes.txt
+fi
 if [ $torch_ok = 1 ]; then $PY tests/gpu/torch_ref.py attention --micro-batch $MB 2>&1 | tee -a build/bench_attention.txt
 else echo "PyTorch's SDPA: not measured (no torch with CUDA for $PY)" | tee -a build/bench_attention.txt; fi
 
