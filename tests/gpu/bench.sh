@@ -3,10 +3,10 @@
 #   1. the GEMMs at GPT-2 small's shapes (B*T = 16k), ours (wgmma, bf16 operands, fp32 out) next to
 #      cuBLAS's (tests/gpu/test_gemm_wgmma links cuBLAS for this comparison only), with the ratio;
 #   2. causal attention at B x 12 heads x 1024 x 64, bf16: ours (tests/gpu/test_kernels --bench-only)
-#      (and 2b, from the same run: the bytes-bound kernels' GB/s against a copy of the same bytes)
 #      next to PyTorch's scaled_dot_product_attention with the flash and the cuDNN backends, timed
 #      from a CUDA graph (the GPU's time without Python's launch overhead; the call-by-call times
-#      beside them as *_eager_ms);
+#      beside them as *_eager_ms); 2b, from the same run of test_kernels: the bytes-bound kernels'
+#      GB/s, each against a device-to-device copy of the same bytes;
 #   3. the whole step, GPT-2 small (124M) in bf16 on the bundled corpus: ours on 1 GPU, and on 2 GPUs
 #      as TP=2, DP=2 (also with --overlap-grad-reduce) and PP=2 when two are there; next to a PyTorch
 #      GPT-2 small step (bf16 autocast, fused AdamW, SDPA) compiled and eager (tests/gpu/torch_ref.py),
