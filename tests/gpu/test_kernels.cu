@@ -2617,7 +2617,7 @@ static void bench(void) {
         ms = time_ms([&] { mt_gelu_forward_gpu(out, inp, nf, 0); }, 20);
         report("gelu forward", shape, ms, 0, 2.0 * nf * 4);
         ms = time_ms([&] { mt_gelu_backward_gpu(dinp, inp, dout, nf, 0); }, 20);
-        report("gelu backward", shape, ms, 0, 4.0 * nf * 4);
+        report("gelu backward", shape, ms, 0, 3.0 * nf * 4);   // (dinp written, not added to: 3 streams)
         int *tok = (int *)dev_alloc(BT * sizeof(int));
         bench_tokens_kernel<<<mt__blocks(BT, 256), 256>>>(tok, BT, 12345, V);
         float *wte = bench_random((size_t)V * C, -1, 1), *wpe = bench_random((size_t)T * C, -1, 1);
@@ -2676,6 +2676,8 @@ static void bench(void) {
                   [&](cudaStream_t s) { mt_residual_forward_gpu(z, x, y, n, s); });
         snprintf(shape, sizeof shape, "N=%zu", nf);
         graph_row("graph: gelu forward", shape, 2.0 * nf * 4, [&](cudaStream_t s) { mt_gelu_forward_gpu(dinp, inp, nf, s); });
+        graph_row("graph: gelu backward", shape, 3.0 * nf * 4,
+                  [&](cudaStream_t s) { mt_gelu_backward_gpu(dinp, inp, dout, nf, s); });
         dev_free(x); dev_free(y); dev_free(z); dev_free(w); dev_free(bb); dev_free(mean); dev_free(rstd); dev_free(dw); dev_free(db);
         dev_free(tok); dev_free(wte); dev_free(wpe); dev_free(mx); dev_free(se); dev_free(tl); dev_free(loss);
     }
