@@ -2426,19 +2426,17 @@ MT_TEST(determinism) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// timings at GPT-2 small's shapes: median of device-event times after a warm-up
+// the median of reps runs of f() on stream s, each between two device events
 template <typename F>
-static float time_ms(F f, int reps) {
-    f();
-    MT_CUDA_CHECK(cudaDeviceSynchronize());
+static float median_event_ms(cudaStream_t s, F f, int reps) {
     cudaEvent_t start, stop;
     MT_CUDA_CHECK(cudaEventCreate(&start));
     MT_CUDA_CHECK(cudaEventCreate(&stop));
     std::vector<float> times;
     for (int r = 0; r < reps; r++) {
-        MT_CUDA_CHECK(cudaEventRecord(start, 0));
+        MT_CUDA_CHECK(cudaEventRecord(start, s));
         f();
-        MT_CUDA_CHECK(cudaEventRecord(stop, 0));
+        MT_CUDA_CHECK(cudaEventRecord(stop, s));
         MT_CUDA_CHECK(cudaEventSynchronize(stop));
         float ms;
         MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -2448,6 +2446,13 @@ static float time_ms(F f, int reps) {
     MT_CUDA_CHECK(cudaEventDestroy(stop));
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
+}
+// timings at GPT-2 small's shapes: median of device-event times after a warm-up
+template <typename F>
+static float time_ms(F f, int reps) {
+    f();
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    return median_event_ms(0, f, reps);
 }
 // a kernel as a training step's CUDA graph runs it: `launches` calls of f(stream) captured with
 // programmatic dependent launch (each kernel's blocks start as the one ahead ends, no host launch
@@ -2470,26 +2475,11 @@ static float time_graph_ms(F f, int launches) {
     MT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     MT_CUDA_CHECK(cudaGraphLaunch(exec, s));
     MT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaEvent_t start, stop;
-    MT_CUDA_CHECK(cudaEventCreate(&start));
-    MT_CUDA_CHECK(cudaEventCreate(&stop));
-    std::vector<float> times;
-    for (int r = 0; r < 5; r++) {
-        MT_CUDA_CHECK(cudaEventRecord(start, s));
-        MT_CUDA_CHECK(cudaGraphLaunch(exec, s));
-        MT_CUDA_CHECK(cudaEventRecord(stop, s));
-        MT_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms;
-        MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms / launches);
-    }
-    MT_CUDA_CHECK(cudaEventDestroy(start));
-    MT_CUDA_CHECK(cudaEventDestroy(stop));
+    float ms = median_event_ms(s, [&] { MT_CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 5) / launches;
     MT_CUDA_CHECK(cudaGraphExecDestroy(exec));
     MT_CUDA_CHECK(cudaGraphDestroy(graph));
     MT_CUDA_CHECK(cudaStreamDestroy(s));
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return ms;
 }
 static void report(const char *name, const char *shape, float ms, double flop, double bytes) {
     printf("  %-36s %-30s %9.3f ms", name, shape, ms);
