@@ -3409,6 +3409,11 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     int w_ok = o0 + g < OC, x_ok = g < BT;
     const uint16_t *w_row = weight + (size_t)(w_ok ? o0 + g : 0) * C;
     const float *x_row = inp + (size_t)(x_ok ? g : 0) * C;
+    // thread r * 8 + j finishes input row r's output o0 + j. Its bias is read here, before the wait,
+    // as the weights are (no kernel of the chain writes either): read after the block's reduction
+    // it was one more round trip to memory on the step's critical path (docs/perf.md, session 45)
+    int r = threadIdx.x / 8, o = o0 + threadIdx.x % 8;
+    float bias_o = bias && threadIdx.x < 8 * MT_GEMV_MAX_ROWS && o < OC ? bias[o] : 0.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s0 = warp; s0 < steps; s0 += 8 * AHEAD) {
         uint4 w[AHEAD];
@@ -3435,12 +3440,11 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     partial[warp][g][2 * t] = acc[0];
     partial[warp][g][2 * t + 1] = acc[1];
     __syncthreads();
-    int r = threadIdx.x / 8, o = o0 + threadIdx.x % 8;
     if (threadIdx.x < 8 * MT_GEMV_MAX_ROWS && r < BT && o < OC) {
         float s = 0.0f;
         #pragma unroll
         for (int w = 0; w < 8; w++) s += partial[w][r][threadIdx.x % 8];
-        float v = s + (bias ? bias[o] : 0.0f);
+        float v = s + bias_o;   // (0 without a bias: s + 0, as before)
         out[(size_t)r * OC + o] = v;
         if (gelu_out) gelu_out[(size_t)r * OC + o] = mt__gelu(v);
     }
@@ -6607,10 +6611,11 @@ void mt_attention_cached_forward_gpu(float *out, float *kcache, float *vcache, c
 //   1. the GEMV for the head's 3 x 64 outputs [q | k | v] (rows h*64.. of each third of W, a block
 //      24 of them: three groups of 8, each group exactly the GEMV kernel's arithmetic: warp w the
 //      k steps w, w+8, ..., two mma.sync.m16n8k16 a step, the 8 warps' partials added in warp order,
-//      then the bias), the block's 24 values in its shared memory;
+//      then the bias, read before the wait), the block's 24 values in its shared memory;
 //   2. a cluster barrier; then the split attention's work, block s the positions of slice s:
-//      q (and, in the block whose slice holds p, the new K and V rows, stored into the cache) read
-//      from the blocks that computed them (distributed shared memory), and the same three passes,
+//      q (and, in the block whose slice holds p, the new K and V rows, stored into the cache and
+//      into its staged rows) read from the blocks that computed them (distributed shared memory),
+//      and the same three passes over the staged rows only,
 //      the same combine by block 0, on the first 128 threads (the other 128 wait at the barriers).
 // The same values in the same order as the two kernels (S = 8 slices; the split kernel has 8 from
 // 225 cached positions): the same bits, which tests/gpu/test_kernels checks. Before the wait for
@@ -6662,6 +6667,13 @@ __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *
         mt__cp_async16((v ? vst : kst) + r * KS + 4 * e, (v ? v_b : k_b) + (size_t)(lo + r) * C_local + 4 * e, 16);
     }
     mt__cp_async_commit();
+    // thread i < MINE finishes the block's output i (o0[i / 8] + i % 8): its bias read now, before the
+    // wait, as mt_matmul_kernel6_gemv_mma does (after the reduction it was a round trip on the path)
+    float bias_i = 0.0f;
+    if (bias && threadIdx.x < MINE) {
+        int i = MINE * s + threadIdx.x;
+        bias_i = bias[(i / HS) * C_local + h * HS + i % HS];
+    }
     // 1. the GEMV (mt_matmul_kernel6_gemv_mma's loop, three groups of 8 outputs at once)
     float acc[TILES][4];
 #pragma unroll
@@ -6704,14 +6716,19 @@ __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *
         float sum = 0.0f;
 #pragma unroll
         for (int w2 = 0; w2 < 8; w2++) sum += partial[j][w2][o];
-        mine_qkv[threadIdx.x] = sum + (bias ? bias[o0[j] + o] : 0.0f);
+        mine_qkv[threadIdx.x] = sum + bias_i;
     }
     cluster.sync();   // every block's 24 values written and visible to the cluster
     // 2. the attention of slice s (mt_attention_decode_split_kernel's passes on threads 0..127)
-    if (p >= lo && p <= hi && threadIdx.x < HS) {   // the new token's K and V, where this block reads them
+    if (p >= lo && p <= hi && threadIdx.x < HS) {   // the new token's K and V, where this block reads them:
+        // into the cache for the steps after, and into the staged rows for this block's passes
+        // below (from global memory they were one more round trip on the step's critical path)
         int ik = HS + threadIdx.x, iv = 2 * HS + threadIdx.x;
-        k_b[(size_t)p * C_local + threadIdx.x] = cluster.map(mine_qkv, ik / MINE)[ik % MINE];
-        v_b[(size_t)p * C_local + threadIdx.x] = cluster.map(mine_qkv, iv / MINE)[iv % MINE];
+        float k_new = cluster.map(mine_qkv, ik / MINE)[ik % MINE], v_new = cluster.map(mine_qkv, iv / MINE)[iv % MINE];
+        k_b[(size_t)p * C_local + threadIdx.x] = k_new;
+        v_b[(size_t)p * C_local + threadIdx.x] = v_new;
+        kst[(p - lo) * KS + threadIdx.x] = k_new;
+        vst[(p - lo) * KS + threadIdx.x] = v_new;
     }
     if (threadIdx.x < D4) q4[threadIdx.x] = *(const float4 *)(cluster.map(mine_qkv, 4 * threadIdx.x / MINE) +
                                                               4 * threadIdx.x % MINE);
@@ -6719,7 +6736,7 @@ __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *
     __syncthreads();          // everyone's, q, and the block's global writes are seen by the block
     float scale = 1.0f / sqrtf((float)HS), m = -INFINITY;
     for (int p2 = lo + threadIdx.x; threadIdx.x < ATT && p2 <= hi; p2 += ATT) {
-        const float4 *k = p2 < p ? (const float4 *)(kst + (p2 - lo) * KS) : (const float4 *)(k_b + (size_t)p2 * C_local);
+        const float4 *k = (const float4 *)(kst + (p2 - lo) * KS);   // (p2 <= hi <= p: every row is staged)
         float4 kv[D4];
 #pragma unroll
         for (int e = 0; e < D4; e++) kv[e] = k[e];
@@ -6741,12 +6758,11 @@ __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *
     }
     sum = mt__block_reduce(sum, red, 0);   // (its __syncthreads also publishes every score)
     float4 acc4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (threadIdx.x < ATT) {   // positions lo + ag, lo + ag + G, ... in order: the staged rows (but p)
+    if (threadIdx.x < ATT) {   // positions lo + ag, lo + ag + G, ... in order: the staged rows
 #pragma unroll 4
         for (int p2 = lo + ag; p2 <= hi; p2 += G) {
             float wgt = score[p2 - lo];
-            float4 v = p2 < p ? *(const float4 *)(vst + (p2 - lo) * KS + 4 * d)
-                              : *(const float4 *)(v_b + (size_t)p2 * C_local + 4 * d);
+            float4 v = *(const float4 *)(vst + (p2 - lo) * KS + 4 * d);
             acc4.x += wgt * v.x; acc4.y += wgt * v.y; acc4.z += wgt * v.z; acc4.w += wgt * v.w;
         }
         part4[threadIdx.x] = acc4;
