@@ -204,6 +204,9 @@ tests/gpu/test_kernels: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(
 # timed beside cuBLAS (linked here only, as the yardstick; the product never links it)
 tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -std=c++17 -o $@ tests/gpu/test_gemm_wgmma.cu -lcublas -lnccl
+# what a decode kernel boundary costs (a measurement, not a test: docs/perf.md, session 45)
+tests/gpu/boundary_bench: tests/gpu/boundary_bench.cu
+	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/boundary_bench.cu
 # generation on the GPU: tests/test_generate.c built as the GPU build (its --hf-logits mode decodes on
 # the device), then tests/gpu/test_generate.sh: GPU logits against the CPU build, transformers' greedy
 # continuation of an imported model, and the benchmark against transformers (about 4 minutes)
