@@ -203,18 +203,24 @@ __global__ void fill_kernel(float *const *v, int K, unsigned *flags) {
     if (blockIdx.x == 0)
         for (int i = threadIdx.x; i < K; i += blockDim.x) flags[i] = 0;
 }
-template <int MODE>
-static void launch(int i, const float *in, float *out, const uint16_t *w, unsigned *flags, cudaStream_t s) {
+// a launch of `blocks` blocks of 256 threads on s, with programmatic launch or without (attr: the
+// caller's, alive until the launch)
+static cudaLaunchConfig_t chain_config(unsigned blocks, cudaStream_t s, cudaLaunchAttribute *attr, int programmatic) {
     cudaLaunchConfig_t config = {};
-    int even = i % 2 == 0;
-    config.gridDim = dim3(even ? 384 : 96);
+    config.gridDim = dim3(blocks);
     config.blockDim = dim3(256);
     config.stream = s;
-    cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attr;
-    config.numAttrs = MODE >= 1 && i > 0 ? 1 : 0;   // (the first waits for the fill kernel to end)
+    config.numAttrs = programmatic ? 1 : 0;
+    return config;
+}
+template <int MODE>
+static void launch(int i, const float *in, float *out, const uint16_t *w, unsigned *flags, cudaStream_t s) {
+    int even = i % 2 == 0;
+    cudaLaunchAttribute attr[1];   // (the first waits for the fill kernel to end)
+    cudaLaunchConfig_t config = chain_config(even ? 384 : 96, s, attr, MODE >= 1 && i > 0);
     unsigned ahead = even ? 96u : 384u;
     if (even) CHECK(cudaLaunchKernelEx(&config, chain_kernel<MODE, 768>, in, out, w, flags, i, ahead));
     else CHECK(cudaLaunchKernelEx(&config, chain_kernel<MODE, 3072>, in, out, w, flags, i, ahead));
@@ -286,16 +292,10 @@ int main(int argc, char **argv) {
             config.numAttrs = 1;
             CHECK(cudaLaunchKernelEx(&config, persistent_kernel, (float *const *)d_v, (const uint16_t *)w, nw, flags, K));
         }
-        for (int i = 0; i < K && (mode == 4 || mode == 5 || mode >= 7); i++) {
-            cudaLaunchConfig_t config = {};
-            config.gridDim = dim3(mode == 5 ? 1 : mode == 7 ? 132 : mode == 8 ? 264 : i % 2 == 0 ? 384 : 96);
-            config.blockDim = dim3(256);
-            config.stream = s;
+        for (int i = 0; i < K && (mode == 4 || mode == 5 || (mode >= 7 && mode <= 9)); i++) {   // the floor
             cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr[0].val.programmaticStreamSerializationAllowed = 1;
-            config.attrs = attr;
-            config.numAttrs = i > 0 && mode != 9 ? 1 : 0;
+            unsigned blocks = mode == 5 ? 1 : mode == 7 ? 132 : mode == 8 ? 264 : i % 2 == 0 ? 384 : 96;
+            cudaLaunchConfig_t config = chain_config(blocks, s, attr, i > 0 && mode != 9);
             CHECK(cudaLaunchKernelEx(&config, empty_kernel<0>, (const float *)v[i], v[i + 1]));
         }
         for (int i = 0; i < K && mode >= 0 && (mode < 3 || mode == 6 || mode >= 10); i++) {
