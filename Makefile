@@ -207,6 +207,12 @@ tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 # what a decode kernel boundary costs (a measurement, not a test: docs/perf.md, session 45)
 tests/gpu/boundary_bench: tests/gpu/boundary_bench.cu
 	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/boundary_bench.cu
+# a decode step kernel by kernel as the GPU ran it (CUPTI, injected: tests/gpu/decode_timeline.sh);
+# CUPTI's header and library from the toolkit that holds nvcc
+CUDA_DIR ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC))))
+tests/gpu/libkernel_timeline.so: tests/gpu/kernel_timeline.c
+	$(CC) -O2 -std=c11 -Wall -Wextra -shared -fPIC -I$(CUDA_DIR)/include -o $@ tests/gpu/kernel_timeline.c \
+	  -L$(CUDA_DIR)/lib64 -L$(CUDA_DIR)/extras/CUPTI/lib64 -lcupti
 # generation on the GPU: tests/test_generate.c built as the GPU build (its --hf-logits mode decodes on
 # the device), then tests/gpu/test_generate.sh: GPU logits against the CPU build, transformers' greedy
 # continuation of an imported model, and the benchmark against transformers (about 4 minutes)
