@@ -4245,6 +4245,37 @@ __device__ static inline void mt__frag_b_kn(uint32_t b[4], const __nv_bfloat16 *
                                             int lane) {
     mt__ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * ld + n0 + (lane / 16) * 8);
 }
+// Two products of one warp's 16 rows (rows m0..m0+15) against N columns, over k = 0..HS-1, from
+// shared-memory tiles of row stride ld, both B operands stored [n][k]:
+//   x = A1 B1^T,  y = A2 B2^T      (x, y: N/8 n8 tiles each, zeroed first; mt__mma16's layout)
+// The attention backward needs two such products of the same tiles: the dQ kernel S = Q K^T and
+// dP = dO V^T, the dK/dV kernel their transposes S^T = K Q^T and dP'^T = V dO^T.
+template <int F16, int HS, int N>
+__device__ static inline void mt__attention_two_products(float (&x)[N / 8][4], float (&y)[N / 8][4],
+                                                         const __nv_bfloat16 *a1, const __nv_bfloat16 *a2,
+                                                         const __nv_bfloat16 *b1, const __nv_bfloat16 *b2, int ld,
+                                                         int m0, int lane) {
+    #pragma unroll
+    for (int i = 0; i < N / 8; i++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) { x[i][e] = 0.0f; y[i][e] = 0.0f; }
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t fa1[4], fa2[4];
+        mt__frag_a(fa1, a1, ld, m0, kk * 16, lane);
+        mt__frag_a(fa2, a2, ld, m0, kk * 16, lane);
+        #pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            uint32_t fb1[4], fb2[4];
+            mt__frag_b_nk(fb1, b1, ld, np * 16, kk * 16, lane);
+            mt__frag_b_nk(fb2, b2, ld, np * 16, kk * 16, lane);
+            mt__mma16<F16>(x[2 * np], fa1, fb1[0], fb1[1]);
+            mt__mma16<F16>(x[2 * np + 1], fa1, fb1[2], fb1[3]);
+            mt__mma16<F16>(y[2 * np], fa2, fb2[0], fb2[1]);
+            mt__mma16<F16>(y[2 * np + 1], fa2, fb2[2], fb2[3]);
+        }
+    }
+}
 // an fp32 accumulator tile 16 x 16 (two n8 tiles c0, c1) as the bf16 A fragment of the next mma
 template <int F16>
 __device__ static inline void mt__acc_to_frag_a(uint32_t a[4], const float c0[4], const float c1[4]) {
@@ -4862,26 +4893,7 @@ __global__ void __launch_bounds__(128, mt__att_dkdv_min_blocks(HS))
         else mt__cp_async_wait<0>();
         __syncthreads();
         float st[BQ / 8][4], dpt[BQ / 8][4];   // S^T and dP'^T: rows = my 16 keys, columns = queries
-        #pragma unroll
-        for (int i = 0; i < BQ / 8; i++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) { st[i][e] = 0.0f; dpt[i][e] = 0.0f; }
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t ka[4], va[4];
-            mt__frag_a(ka, Ks, LD, warp * 16, kk * 16, lane);
-            mt__frag_a(va, Vs, LD, warp * 16, kk * 16, lane);
-            #pragma unroll
-            for (int np = 0; np < BQ / 16; np++) {
-                uint32_t qb[4], ob[4];
-                mt__frag_b_nk(qb, Qs, LD, np * 16, kk * 16, lane);
-                mt__frag_b_nk(ob, dOs, LD, np * 16, kk * 16, lane);
-                mt__mma16<F16>(st[2 * np], ka, qb[0], qb[1]);
-                mt__mma16<F16>(st[2 * np + 1], ka, qb[2], qb[3]);
-                mt__mma16<F16>(dpt[2 * np], va, ob[0], ob[1]);
-                mt__mma16<F16>(dpt[2 * np + 1], va, ob[2], ob[3]);
-            }
-        }
+        mt__attention_two_products<F16, HS, BQ>(st, dpt, Ks, Vs, Qs, dOs, LD, warp * 16, lane);
         #pragma unroll
         for (int nt = 0; nt < BQ / 8; nt++)
             #pragma unroll
@@ -4988,27 +5000,8 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
         }
         __syncthreads();   // ... for every thread's pieces (and Q, dO on the first pass)
         const __nv_bfloat16 *Ks = KVs + (kt % 2) * 2 * BK * LD, *Vs = Ks + BK * LD;
-        float s[BK / 8][4], dp[BK / 8][4];
-        #pragma unroll
-        for (int i = 0; i < BK / 8; i++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) { s[i][e] = 0.0f; dp[i][e] = 0.0f; }
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t qa[4], oa[4];
-            mt__frag_a(qa, Qs, LD, warp * 16, kk * 16, lane);
-            mt__frag_a(oa, dOs, LD, warp * 16, kk * 16, lane);
-            #pragma unroll
-            for (int np = 0; np < BK / 16; np++) {
-                uint32_t kb[4], vb[4];
-                mt__frag_b_nk(kb, Ks, LD, np * 16, kk * 16, lane);
-                mt__frag_b_nk(vb, Vs, LD, np * 16, kk * 16, lane);
-                mt__mma16<F16>(s[2 * np], qa, kb[0], kb[1]);
-                mt__mma16<F16>(s[2 * np + 1], qa, kb[2], kb[3]);
-                mt__mma16<F16>(dp[2 * np], oa, vb[0], vb[1]);
-                mt__mma16<F16>(dp[2 * np + 1], oa, vb[2], vb[3]);
-            }
-        }
+        float s[BK / 8][4], dp[BK / 8][4];   // S and dP: rows = my 16 queries, columns = keys
+        mt__attention_two_products<F16, HS, BK>(s, dp, Qs, dOs, Ks, Vs, LD, warp * 16, lane);
         #pragma unroll
         for (int nt = 0; nt < BK / 8; nt++)
             #pragma unroll
