@@ -4284,6 +4284,26 @@ __device__ static inline void mt__acc_to_frag_a(uint32_t a[4], const float c0[4]
     a[2] = mt__pack16x2<F16>(c1[0], c1[1]);   // row g,   k 2t+8..
     a[3] = mt__pack16x2<F16>(c1[2], c1[3]);   // row g+8, k 2t+8..
 }
+// d += S B for one warp's 16 rows: S an fp32 accumulator tile of K columns (mt__mma16's layout, K/8
+// n8 tiles) taken as the A operand (rounded to 16 bits, mt__acc_to_frag_a), B a [k][n] shared-memory
+// tile (row stride ld) of N columns, k over S's K columns: the attention's O += P V (forward) and
+// dQ += dS K (backward)
+template <int F16, int K, int N>
+__device__ static inline void mt__attention_acc_product(float (&d)[N / 8][4], const float (&s)[K / 8][4],
+                                                        const __nv_bfloat16 *b, int ld, int lane) {
+    #pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t sa[4];
+        mt__acc_to_frag_a<F16>(sa, s[2 * kk], s[2 * kk + 1]);
+        #pragma unroll
+        for (int dn = 0; dn < N / 16; dn++) {
+            uint32_t fb[4];
+            mt__frag_b_kn(fb, b, ld, dn * 16, kk * 16, lane);
+            mt__mma16<F16>(d[2 * dn], sa, fb[0], fb[1]);
+            mt__mma16<F16>(d[2 * dn + 1], sa, fb[2], fb[3]);
+        }
+    }
+}
 
 // matches mt_attention_forward_cpu (megatron.h, 3. OPS); writes out and lse with '='.
 // grid (T/64 query tiles, B*NH_local), 128 threads = 4 warps, each 16 query rows of the 64.
@@ -4382,18 +4402,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_forward_ke
             #pragma unroll
             for (int i = 0; i < HS / 8; i++) { o[i][2 * half] *= corr; o[i][2 * half + 1] *= corr; }
         }
-        #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {   // O += P' V, 16 keys at a time
-            uint32_t pa[4];
-            mt__acc_to_frag_a<F16>(pa, s[2 * kk], s[2 * kk + 1]);
-            #pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t vb[4];
-                mt__frag_b_kn(vb, Vs, LD, dp * 16, kk * 16, lane);
-                mt__mma16<F16>(o[2 * dp], pa, vb[0], vb[1]);
-                mt__mma16<F16>(o[2 * dp + 1], pa, vb[2], vb[3]);
-            }
-        }
+        mt__attention_acc_product<F16, 64, HS>(o, s, Vs, LD, lane);   // O += P' V, 16 keys at a time
         __syncthreads();   // this stage is read: the next iteration may start refilling it
     }
     #pragma unroll
@@ -5015,18 +5024,7 @@ __global__ void __launch_bounds__(128, HS <= 64 ? 3 : 2) mt_attention_backward_d
                 }
                 s[nt][e] = ds;
             }
-        #pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {   // dQ += dS K: the reduction runs over the tile's keys
-            uint32_t sa[4];
-            mt__acc_to_frag_a<F16>(sa, s[2 * kk], s[2 * kk + 1]);
-            #pragma unroll
-            for (int dn = 0; dn < HS / 16; dn++) {
-                uint32_t kb[4];
-                mt__frag_b_kn(kb, Ks, LD, dn * 16, kk * 16, lane);
-                mt__mma16<F16>(dq[2 * dn], sa, kb[0], kb[1]);
-                mt__mma16<F16>(dq[2 * dn + 1], sa, kb[2], kb[3]);
-            }
-        }
+        mt__attention_acc_product<F16, BK, HS>(dq, s, Ks, LD, lane);   // dQ += dS K: over the tile's keys
         __syncthreads();   // this stage is read: the next iteration may start refilling it
     }
     #pragma unroll
