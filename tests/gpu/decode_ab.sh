@@ -11,18 +11,7 @@
 set -u
 R=$1; shift
 export NCCL_NVLS_ENABLE=0
-D=build/prof_decode
-mkdir -p $D
-if [ ! -f $D/gpt2_ck/latest_checkpointed_iteration.txt ]; then
-  python3 tests/gpu/generate_ref.py make-gpt2 $D/gpt2 > /dev/null 2>&1 && ./train_gpt --import-hf $D/gpt2 --save $D/gpt2_ck > /dev/null \
-    || { echo "decode_ab.sh: could not make the model (transformers, ./train_gpt)"; exit 1; }
-fi
-python3 -c "
-import numpy as np
-ids = np.random.default_rng(5).integers(0, 50000, (1, 16))
-open('$D/prompts1.txt', 'w').write(''.join(' '.join(map(str, r)) + '\n' for r in ids))
-ids = np.random.default_rng(6).integers(0, 50000, (8, 16))
-open('$D/prompts8.txt', 'w').write(''.join(' '.join(map(str, r[:5 + i])) + '\n' for i, r in enumerate(ids)))"
+. tests/gpu/decode_model.sh   # $D: the model and the prompts
 echo "| round | build | batch | ms/token median | p90 | tokens/s | TTFT ms | start-up s | output sum |"
 echo "|---|---|---|---|---|---|---|---|---|"
 r=1

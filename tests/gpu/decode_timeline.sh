@@ -10,18 +10,7 @@
 set -u
 BIN=${1:-./train_gpt_cuda}
 export NCCL_NVLS_ENABLE=0
-D=build/prof_decode
-mkdir -p $D
-if [ ! -f $D/gpt2_ck/latest_checkpointed_iteration.txt ]; then
-  python3 tests/gpu/generate_ref.py make-gpt2 $D/gpt2 > /dev/null 2>&1 && ./train_gpt --import-hf $D/gpt2 --save $D/gpt2_ck > /dev/null \
-    || { echo "decode_timeline.sh: could not make the model (transformers, ./train_gpt)"; exit 1; }
-fi
-python3 -c "
-import numpy as np
-ids = np.random.default_rng(5).integers(0, 50000, (1, 16))
-open('$D/prompts1.txt', 'w').write(''.join(' '.join(map(str, r)) + '\n' for r in ids))
-ids = np.random.default_rng(6).integers(0, 50000, (8, 16))
-open('$D/prompts8.txt', 'w').write(''.join(' '.join(map(str, r[:5 + i])) + '\n' for i, r in enumerate(ids)))"
+. tests/gpu/decode_model.sh   # $D: the model and the prompts
 # CUPTI's library: beside the toolkit's, or PyTorch's wheel's
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 \
            $(python3 -c "import nvidia.cuda_cupti, os; print(os.path.join(nvidia.cuda_cupti.__path__[0], 'lib'))" 2>/dev/null); do
