@@ -7122,12 +7122,14 @@ void mt_sample_rows_gpu(int *out, const float *x, int rows, int n, int ld, const
 //   tokens[b] = next[b]; start[b] = positions[b] = min(start[b] + 1, cap - 1)
 //   draws[b] = plan[min(s + 1, plan_steps - 1) * rows + b]; ring[(s % ring_slots) * rows + b] = next[b]
 // ring is host memory (pinned, at the same address here): the host reads it once the step is done.
-// Every thread reads *step before thread 0 moves it on.
+// Every thread reads *step before thread 0 moves it on. *step is read before the wait for the kernel
+// ahead: only this kernel writes it, in the step before (another graph launch, ended), so after the
+// wait only next[], start[] and the plan are read, in one round trip, not *step and then the plan.
 __global__ void mt_decode_advance_kernel(int *tokens, int *positions, int *start, mt_draw *draws, int *step, int *ring,
                                          const int *next, const mt_draw *plan, int plan_steps, int ring_slots, int rows,
                                          int cap) {
-    mt__pdl_start();
     int s = *step, k = min(s + 1, plan_steps - 1);
+    mt__pdl_start();
     for (int b = threadIdx.x; b < rows; b += blockDim.x) {
         int p = min(start[b] + 1, cap - 1);
         tokens[b] = next[b];
