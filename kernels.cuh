@@ -1995,9 +1995,9 @@ __device__ static inline uint64_t mt__wgmma_desc(uint32_t addr, uint32_t lbo, ui
 }
 // A wgmma's accumulators are one asm operand each: 32, 96 or 128 "+f" registers, in the same order
 // in the instruction's register list ("%0, %1, ...") and in the asm's operand list. Written out
-// once here for every wrapper below (and the attention's, section 9): MT__WGMMA_REGSn is the
-// instruction's list, MT__WGMMA_ACCn(C) the operands C(d[0]), C(d[1]), ... with C the constraint
-// ("+f": D is read and written; "=f": written only).
+// once here for every wrapper below (and the attention's m64n64 ones, further down):
+// MT__WGMMA_REGSn is the instruction's list, MT__WGMMA_ACCn(C) the operands C(d[0]), C(d[1]), ...
+// with C the constraint ("+f": D is read and written; "=f": written only).
 #define MT__WGMMA_ACC8(C, B) C(d[B + 0]), C(d[B + 1]), C(d[B + 2]), C(d[B + 3]), C(d[B + 4]), C(d[B + 5]), \
                              C(d[B + 6]), C(d[B + 7])
 #define MT__WGMMA_ACC32(C, B) MT__WGMMA_ACC8(C, B), MT__WGMMA_ACC8(C, B + 8), MT__WGMMA_ACC8(C, B + 16), \
