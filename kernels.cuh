@@ -9155,6 +9155,9 @@ void mt_device_graph_launch(mt_rank *r, void *graph) {
 void mt_device_graph_free(void *graph) {
     if (graph) MT_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
+// kernels load on their first launch (CUDA's lazy loading) and a decode step's graph is recorded on
+// its first run: a first run costs more than the next
+int mt_device_first_run_costs(const mt_rank *r) { (void)r; return 1; }
 // points in the stream: CUDA events without timing (the cheapest kind), made at first use. Waiting
 // for one spins on the host (the default), which wakes within a microsecond or two of the point.
 void mt_device_point(mt_rank *r, int i) {

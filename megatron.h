@@ -1091,6 +1091,10 @@ void mt_device_capture_begin(mt_rank *r, int decode);
 void *mt_device_capture_end(mt_rank *r);
 void mt_device_graph_launch(mt_rank *r, void *graph);
 void mt_device_graph_free(void *graph);
+/* 1 where a first run pays for what later runs reuse (the GPU build: kernels loaded on their first
+   launch, a decode step's CUDA graph recorded on its first run), so that generation warms up before
+   its clock (section 11); 0 on the CPU build, whose first run costs what the others do */
+int mt_device_first_run_costs(const mt_rank *r);
 /* points in the rank's stream that the host can wait for without waiting for the work queued after
    them (generation's decode steps queued ahead, section 11): mt_device_point(r, i) marks the end of
    the work queued so far as point i (0 <= i < MT_DEVICE_POINTS; marking it again moves it),
@@ -8595,6 +8599,7 @@ void mt_device_capture_begin(mt_rank *r, int decode) { (void)r; (void)decode; }
 void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
+int mt_device_first_run_costs(const mt_rank *r) { (void)r; return 0; }
 void mt_device_point(mt_rank *r, int i) { (void)r; (void)i; }
 void mt_device_point_wait(mt_rank *r, int i) { (void)r; (void)i; }
 void mt_device_weights16(mt_rank *r, int use) {
@@ -14991,10 +14996,11 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
     mt_generator_init(r, &g, B, B * longest, longest + new_tokens);
     // the warm-up, part of the start-up (as vLLM captures its CUDA graphs before it serves): the first
     // batch's prefill and one decode step, thrown away, so that the measured run finds every kernel
-    // loaded and the decode step's CUDA graph made (GPU build). The same calls on every rank. Nothing
-    // the real run sees changes: draws are keyed by (seed, position, sequence), not by a stream, and
-    // the real prefill writes the cache again from position 0 before any step reads it.
-    if (new_tokens > 1) {
+    // loaded and the decode step's CUDA graph made (the GPU build; the CPU build has nothing to warm).
+    // The same calls on every rank. Nothing the real run sees changes: draws are keyed by (seed,
+    // position, sequence), not by a stream, and the real prefill writes the cache again from
+    // position 0 before any step reads it.
+    if (new_tokens > 1 && mt_device_first_run_costs(r)) {
         mt_generate_request w;
         memset(&w, 0, sizeof w);
         w.n = B;
