@@ -9170,7 +9170,9 @@ void mt_device_point(mt_rank *r, int i) {
 }
 void mt_device_point_wait(mt_rank *r, int i) {
     if (r->dev.points[i]) MT_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)r->dev.points[i]));
+    r->dev.point_done[i] = mt_time_seconds();
 }
+double mt_device_point_done(const mt_rank *r, int i) { return r->dev.point_done[i]; }
 // the GPU build computes in what --fp32 / --bf16 / --fp16 say (the GEMM rung follows, see
 // mt_gemm_impl_for_precision): nothing to refuse, nothing to note
 void mt_device_check_precision(const mt_config *cfg) { (void)cfg; }

@@ -298,6 +298,7 @@ typedef struct {
     int ignore_eos;            // --ignore-eos: keep generating past <|endoftext|>
     char sample_input_file[MT_PATH_MAX];    // --sample-input-file: one prompt per line
     char sample_output_file[MT_PATH_MAX];   // --sample-output-file: JSON lines (prompt, text, tokens)
+    char genfile[MT_PATH_MAX];   // --genfile: the unconditional samples as JSON lines (text, length, finished)
     char import_hf[MT_PATH_MAX];   // --import-hf DIR: a Hugging Face GPT-2 (model.safetensors) into --save, then exit
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
     char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
@@ -855,6 +856,7 @@ typedef struct {
     void *decode_work;          // GPU decoding: the one-kernel step's barrier counters and argmax partials
     size_t decode_work_bytes;   //   (mt_device_decode_step), freed when a generator turns the copy off
     void *points[MT_DEVICE_POINTS];   // GPU: mt_device_point's CUDA events, made at first use
+    double point_done[MT_DEVICE_POINTS];   // mt_device_point_done's times (mt_time_seconds)
 } mt_device;
 void mt_embedding_forward(mt_rank *r, float *out, const int *tokens, const float *wte, int B, int T, int C,
                           int vocab_start, int V_local);
@@ -1102,6 +1104,12 @@ int mt_device_first_run_costs(const mt_rank *r);
    they return, nothing to mark or wait for */
 void mt_device_point(mt_rank *r, int i);
 void mt_device_point_wait(mt_rank *r, int i);
+/* when the work before point i was done, as far as the host can tell (mt_time_seconds): the CPU
+   build, when the point was marked (its ops are done when they return); the GPU build, when
+   mt_device_point_wait(r, i) last returned (it spins, so within a microsecond or two of the point
+   where the host waited before the point was reached). Generation times its queued decode steps
+   by it (section 11) */
+double mt_device_point_done(const mt_rank *r, int i);
 /* the parameters rounded once to the operand type of the products that round them (--bf16 /
    --fp16 on the GPU): the same values each product would round each weight to, made in one cast
    instead of one per product (a training step multiplies every weight twice: the forward and the
@@ -2742,6 +2750,12 @@ static const mt__flag mt__flags[] = {
      "generation mode: one prompt per line"},
     {"--sample-output-file", MT__STR, MT__OFF(train.sample_output_file), MT_PATH_MAX, "generation",
      "generation mode: JSON lines {\"prompt\", \"text\", \"prompt_tokens\", \"tokens\"} instead of printing"},
+    {"--genfile", MT__STR, MT__OFF(train.genfile), MT_PATH_MAX, "generation",
+     "generation mode, unconditional samples (--num-samples N, no prompt): JSON lines {\"text\", \"length\", "
+     "\"finished\", \"tokens\"} as Megatron's tools/generate_samples_gpt.py writes them"},
+    {"--recompute", MT__IGNORED, 0, 0, "ignored",
+     "generation reads the earlier positions' keys and values from its KV cache; recomputing them gives the same "
+     "tokens (tests/test_generate.c checks the cache against the uncached forward)"},
     {"--num-samples", MT__INT, MT__OFF(train.num_samples), 0, "generation",
      "generation mode: samples of each prompt; without a prompt, unconditional samples from <|endoftext|>"},
     {"--temperature", MT__FLOAT, MT__OFF(train.temperature), 0, "generation", "sampling temperature (0 = greedy)"},
@@ -8600,8 +8614,10 @@ void *mt_device_capture_end(mt_rank *r) { (void)r; return NULL; }
 void mt_device_graph_launch(mt_rank *r, void *graph) { (void)r; (void)graph; }
 void mt_device_graph_free(void *graph) { (void)graph; }
 int mt_device_first_run_costs(const mt_rank *r) { (void)r; return 0; }
-void mt_device_point(mt_rank *r, int i) { (void)r; (void)i; }
+// points: the work before one is done when it is marked
+void mt_device_point(mt_rank *r, int i) { r->dev.point_done[i] = mt_time_seconds(); }
 void mt_device_point_wait(mt_rank *r, int i) { (void)r; (void)i; }
+double mt_device_point_done(const mt_rank *r, int i) { return r->dev.point_done[i]; }
 void mt_device_weights16(mt_rank *r, int use) {
     r->dev.weights16_on = use != MT_WEIGHTS16_OFF &&
                           mt_weights16_wanted((mt_gemm_impl)r->dev.gemm_impl, r->dev.dtype, use);
@@ -13842,13 +13858,19 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
     // then ends is waited for and ignored.
     int queued = on_device && mt__gen_graphable(r, 1);
     int last_queued = -1;   // the last decode step queued ahead
-    double t0 = mt_time_seconds();
+    // a step's latency: host-driven, from its inputs' upload to its tokens on the host; queued,
+    // from the moment the step before it was done (step 0: queued) to the moment it is done
+    // (mt_device_point_done). A step's work may run before the host reads the tokens of the step
+    // ahead of it (the CPU build runs a step as it is queued), so the host's own clock would give
+    // one step two steps' time and the last none
+    double t0 = mt_time_seconds(), done_at = 0;
     mt_generator_forward(r, g, tok, start, last, B, Tp);   // prefill: every prompt token in one pass
     for (int step = 0;; step++) {
         // queued: step > 0 takes decode step step - 1's tokens from the ring
         if (queued && step > 0) {
             if (last_queued < step - 1) mt_fatal("internal: decode step %d was not queued", step - 1);
             mt_device_point_wait(r, (step - 1) % MT_DEVICE_POINTS);
+            done_at = mt_device_point_done(r, (step - 1) % MT_DEVICE_POINTS);
             for (int b = 0; b < B; b++) g->host_next[b] = g->ring[(size_t)((step - 1) % MT_GEN_RING) * B + b];
         }
         // sample each sequence's next token (the last stage, every TP rank alike), tell the stages
@@ -13874,10 +13896,10 @@ void mt_generate_batch(mt_rank *r, mt_generator *g, mt_generate_request *q) {
         }
         double now = mt_time_seconds();
         if (step == 0) q->prefill_seconds = now - t0;
-        else if (q->step_seconds) q->step_seconds[step - 1] = now - t0;
+        else if (q->step_seconds) q->step_seconds[step - 1] = (queued ? done_at : now) - t0;
         if (active == 0) break;
         if (queued) {
-            t0 = mt_time_seconds();
+            t0 = step == 0 ? mt_time_seconds() : done_at;
             if (step == 0) {   // decode step 0's inputs, every step's draws, the step counter
                 int n_plan = q->max_new_tokens < g->cap ? q->max_new_tokens : g->cap, zero = 0;
                 for (int k = 0; k < n_plan; k++)
@@ -15058,7 +15080,7 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
         peak = mt__gen_peak_memory_gib(r, peak, &peak_what);
         free(mine);
         free(mine_counts);
-        if (logger && !t->sample_output_file[0])
+        if (logger && !t->sample_output_file[0] && !t->genfile[0])
             for (int b = 0; b < n; b++) {
                 int i = i0 + b;
                 char *prompt = mt__gen_text(job->tokenizer, job->prompt[i], job->prompt_len[i]);
@@ -15075,8 +15097,8 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
         // device, the communicators, the checkpoint read, the buffers) kept apart
         qsort(steps, nsteps, sizeof(double), mt__compare_doubles);
         qsort(ttft, (size_t)batches, sizeof(double), mt__compare_doubles);
-        double median = nsteps ? steps[nsteps / 2] : 0.0, p90 = nsteps ? steps[(size_t)(0.9 * (double)(nsteps - 1))]
-                                                                        : 0.0;
+        // nearest rank: the p-th percentile of n sorted values is the ceil(p n)-th
+        double median = nsteps ? steps[(nsteps - 1) / 2] : 0.0, p90 = nsteps ? steps[(9 * nsteps + 9) / 10 - 1] : 0.0;
         double per_seq = elapsed > 0 ? (double)generated / (double)job->n / (elapsed / batches) : 0.0;
         if (stopped)
             printf("note: %d sequence%s stopped at the model's last position (--max-position-embeddings %d); "
@@ -15151,6 +15173,32 @@ static void mt__gen_write_output(const mt__gen_job *job, const char *path) {
     printf("wrote %d sample%s to %s\n", job->n, job->n == 1 ? "" : "s", path);
 }
 
+// --genfile: Megatron's unconditional samples file (tools/generate_samples_gpt.py,
+// generate_and_write_samples_unconditional): per sample {"text", "length", "finished"}, here with
+// "tokens" too. text: the generated tokens without a closing <|endoftext|>; length: how many were
+// generated, that one counted; finished: it closed with <|endoftext|> (Megatron's own test,
+// length < --seq-length - 1, also calls a sample cut by --out-seq-length finished)
+static void mt__gen_write_genfile(const mt__gen_job *job, const char *path) {
+    char tmp[MT_PATH_MAX + 64];
+    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
+    int per = job->cfg->train.out_seq_length > 0 ? job->cfg->train.out_seq_length : 1;
+    for (int i = 0; i < job->n; i++) {
+        const int32_t *ids = job->out + (size_t)i * (size_t)per;
+        int n = job->count[i], finished = n > 0 && job->eod >= 0 && ids[n - 1] == job->eod;
+        char *text = mt__gen_text(job->tokenizer, ids, n - finished);
+        fputs("{\"text\": ", f);
+        mt__json_write_string(f, text, strlen(text));
+        free(text);
+        fprintf(f, ", \"length\": %d, \"finished\": %s, \"tokens\": [", n, finished ? "true" : "false");
+        for (int k = 0; k < n; k++) fprintf(f, "%s%d", k ? ", " : "", ids[k]);
+        fputs("]}\n", f);
+    }
+    if (ferror(f)) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
+                                                       strerror(errno)); }
+    mt_atomic_commit(f, tmp, path);
+    printf("wrote %d unconditional sample%s to %s\n", job->n, job->n == 1 ? "" : "s", path);
+}
+
 static int mt__generation_mode(const mt_config *cfg) {
     const mt_train_config *t = &cfg->train;
     return t->load[0] && t->train_iters == 0 && !t->convert_checkpoint && !t->export_hf[0] && !t->import_hf[0] &&
@@ -15160,6 +15208,18 @@ static int mt__generation_mode(const mt_config *cfg) {
 static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double launch) {
     // written after the last sequence: a path that cannot be written fails before the model loads
     if (cfg->train.sample_output_file[0]) mt__claim_output_file(cfg->train.sample_output_file, "--sample-output-file");
+    // --genfile holds unconditional samples, as in Megatron, which writes it only for --num-samples N
+    // without prompts (with prompts, or none and no N, it samples them and leaves --genfile alone)
+    if (cfg->train.genfile[0]) {
+        if (cfg->train.num_samples > 0 && !cfg->train.prompt[0] && !cfg->train.sample_input_file[0]) {
+            mt__claim_output_file(cfg->train.genfile, "--genfile");
+        } else {
+            mt__note("--genfile %s is for unconditional samples (--num-samples N without --prompt or "
+                     "--sample-input-file), as in Megatron: not written; the samples go to %s", cfg->train.genfile,
+                     cfg->train.sample_output_file[0] ? "--sample-output-file" : "standard output");
+            cfg->train.genfile[0] = '\0';
+        }
+    }
     if (cfg->train.tokens_to_generate > 0) {   // the trainer's own flag says how many, too
         cfg->train.out_seq_length = cfg->train.tokens_to_generate;
         mt__note("--tokens-to-generate %d in generation mode: --out-seq-length %d", cfg->train.tokens_to_generate,
@@ -15201,6 +15261,7 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
     int rc = mt_world_run(w, mt__gen_rank_main, &job);
     mt_world_destroy(w);
     if (rc == 0 && cfg->train.sample_output_file[0]) mt__gen_write_output(&job, cfg->train.sample_output_file);
+    if (rc == 0 && cfg->train.genfile[0]) mt__gen_write_genfile(&job, cfg->train.genfile);
     if (job.full) mt__ckpt_free_full(&full);
     for (int i = 0; i < job.n; i++) { free(job.text[i]); free(job.prompt[i]); }
     free(job.text); free(job.prompt); free(job.prompt_len); free(job.out); free(job.count);

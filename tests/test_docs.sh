@@ -112,7 +112,7 @@ done
 
 # 4. outputs go where git ignores them (runs/, data/my_dataset*, build/): every file the runnable
 # blocks wrote, and every output path of a shown command (--save, --tensorboard-dir, --timeline,
-# --timeline-svg, --export-hf, --sample-output-file, --output-prefix, the shell's >), so a copied
+# --timeline-svg, --export-hf, --sample-output-file, --genfile, --output-prefix, the shell's >), so a copied
 # command leaves `git status` clean
 stray=$( (cd "$dir/work" && find . -type f) | sed 's|^\./||' \
   | git check-ignore --no-index --verbose --non-matching --stdin | awk -F '\t' '$1 == "::" { print $2 }')
@@ -132,7 +132,7 @@ awk '
     ours = line ~ /\.\/(train_gpt|train_gpt_cuda|preprocess)([ \t]|$)/
     for (i = 1; i <= n; i++) {
       t = w[i]; v = ""
-      if (ours && t ~ /^--(save|tensorboard-dir|timeline|timeline-svg|export-hf|sample-output-file|output-prefix)(=|$)/)
+      if (ours && t ~ /^--(save|tensorboard-dir|timeline|timeline-svg|export-hf|sample-output-file|genfile|output-prefix)(=|$)/)
         v = t ~ /=/ ? substr(t, index(t, "=") + 1) : w[i + 1]
       else if (t ~ /^[0-9]*>>?/) {
         v = t; sub(/^[0-9]*>>?/, "", v); if (v == "") v = w[i + 1]

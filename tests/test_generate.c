@@ -76,6 +76,8 @@ typedef struct {
     int stop_count, stopped;      // the position limit: tokens of a prompt that fills the cache
     int argmax_same;              // the tokens again without logits asked for: the same
     int eod_same;                 // and with an end token that ends sequences at different steps: cut there
+    int steps_timed;              // that call's decode steps (NEW - 1), each timed
+    double step_min, step_median; //   their latencies (the report's), the least and the median
 } cache_job;
 
 static void prompt_ids(int i, int32_t *ids, int V) {
@@ -111,11 +113,28 @@ static void cache_rank(mt_world *w, int rank, void *arg) {
     // (mt_sample_rows: on the GPU build, kernels; on the CPU, mt_sample_row_cpu): the same tokens
     int32_t tokens2[NSEQ * NEW];
     int counts2[NSEQ];
+    // Each decode step's latency is timed (the report's median and p90): at TP = PP = 1 the steps are
+    // queued ahead, and on the CPU build a queued step runs at once, before the host reads the step
+    // ahead of it; every step still gets its own time, none two and none nothing
+    double step_seconds[NEW];
     q.logits = NULL;
     q.tokens = tokens2;
     q.counts = counts2;
+    q.step_seconds = step_seconds;
     mt_generate_batch(&r, &g, &q);
-    if (rank == j->cfg->world_size - 1) j->argmax_same = memcmp(tokens, tokens2, sizeof tokens) == 0;
+    q.step_seconds = NULL;
+    if (rank == j->cfg->world_size - 1) {
+        j->argmax_same = memcmp(tokens, tokens2, sizeof tokens) == 0;
+        j->steps_timed = q.steps;
+        double sorted[NEW];
+        memcpy(sorted, step_seconds, sizeof(double) * (size_t)q.steps);
+        for (int a = 1; a < q.steps; a++)   // insertion sort: a handful of values
+            for (int b = a; b > 0 && sorted[b - 1] > sorted[b]; b--) {
+                double x = sorted[b]; sorted[b] = sorted[b - 1]; sorted[b - 1] = x;
+            }
+        j->step_min = q.steps ? sorted[0] : 0;
+        j->step_median = q.steps ? sorted[(q.steps - 1) / 2] : 0;
+    }
     // the same with an end token: sequence 1's third token, so that sequence 1 ends after 3 tokens and
     // the others where it first appears in theirs (or not at all). At TP = PP = 1 the device's steps
     // are queued ahead (megatron.h, mt_generate_batch): the steps past a sequence's end are ignored
@@ -212,6 +231,11 @@ MT_TEST(cached_decoding_matches_the_uncached_forward_in_every_layout) {
             for (int i = 0; i < NSEQ; i++) mt_expect(j.counts[i] == NEW, "sequence %d got %d tokens", i, j.counts[i]);
             mt_expect(j.argmax_same, "TP=%d PP=%d mode %d: the tokens differ when no logits are asked for", layouts[k][0],
                       layouts[k][1], m);
+            // the same work every step: a step timed at a quarter of the median is a step timed
+            // without its work (a slow step, the machine busy, only raises the figures)
+            mt_expect(j.steps_timed == NEW - 1 && j.step_min > 0.25 * j.step_median,
+                      "TP=%d PP=%d mode %d: %d decode steps timed, the fastest %.3g ms against a median of %.3g ms",
+                      layouts[k][0], layouts[k][1], m, j.steps_timed, 1e3 * j.step_min, 1e3 * j.step_median);
             mt_expect(j.eod_same, "TP=%d PP=%d mode %d: with an end token the sequences are not the same tokens cut "
                       "after it", layouts[k][0], layouts[k][1], m);
             mt_expect(j.stop_count == 3 && j.stopped == 1, "the prompt that fills the cache got %d tokens (stopped %d)",
@@ -482,6 +506,112 @@ MT_TEST(input_and_output_files_round_trip) {
     free(err);
 }
 
+// Megatron's examples/generate_text.sh (its shape flags set to this checkpoint's): unconditional
+// samples into --genfile as JSON lines {"text", "length", "finished"} (+ "tokens"), --recompute
+// accepted. The samples are the ones --sample-output-file gets from the same run; with a prompt
+// --genfile is not written (as in Megatron, where it is for unconditional samples only)
+MT_TEST(megatron_generate_text_example_writes_the_genfile) {
+    write_checkpoint();
+    if (system("rm -f build/test_generate_gen.json build/test_generate_gen_prompt.json")) {}
+    const char *base = "./train_gpt --tensor-model-parallel-size 1 --num-layers 2 --hidden-size 32 --load " CK
+                       " --num-attention-heads 4 --max-position-embeddings 48 --tokenizer-type GPT2BPETokenizer "
+                       "--micro-batch-size 2 --seq-length 48 --out-seq-length 12 --temperature 1.0 "
+                       "--vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --num-samples 3 "
+                       "--top_p 0.9";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --genfile build/test_generate_gen.json --recompute > build/test_generate.log 2>&1",
+             base);
+    mt_expect(system(cmd) == 0, "generation failed: %s (see build/test_generate.log)", cmd);
+    size_t len;
+    char *log = slurp("build/test_generate.log", &len);
+    mt_expect(log && strstr(log, "wrote 3 unconditional samples to build/test_generate_gen.json") &&
+              strstr(log, "note: --recompute has no effect here") && !strstr(log, "----- sample"),
+              "the run's output: %s", log ? log : "");
+    free(log);
+    snprintf(cmd, sizeof cmd, "%s --sample-output-file build/test_generate_gen_out.jsonl > build/test_generate.log 2>&1",
+             base);
+    mt_expect(system(cmd) == 0, "generation failed: %s", cmd);
+    mt_tokenizer tok;
+    mt_tokenizer_load(&tok, "data/gpt2-vocab.json", "data/gpt2-merges.txt");
+    size_t len2;
+    char *gen = slurp("build/test_generate_gen.json", &len), *out = slurp("build/test_generate_gen_out.jsonl", &len2);
+    mt_expect(gen && out, "no output files");
+    int lines = 0;
+    char *line = gen, *line2 = out;
+    for (; gen && out && line < gen + len && *line; lines++) {
+        char *end = strchr(line, '\n'), *end2 = strchr(line2, '\n');
+        if (!end || !end2) break;
+        *end = 0;
+        *end2 = 0;
+        mt_json j;
+        long long ids[64], ids2[64];
+        double length = -1;
+        char text[4096];
+        size_t tlen = 0;
+        mt_json_init(&j, line, strlen(line), 0);
+        int n = mt_json_find(&j, "tokens") ? mt_json_ints(&j, ids, 64) : -1;
+        mt_json_init(&j, line2, strlen(line2), 0);
+        int n2 = mt_json_find(&j, "tokens") ? mt_json_ints(&j, ids2, 64) : -2;
+        mt_expect(n >= 1 && n == n2 && memcmp(ids, ids2, sizeof(long long) * (size_t)n) == 0,
+                  "sample %d: --genfile and --sample-output-file hold other tokens", lines);
+        mt_json_init(&j, line, strlen(line), 0);
+        mt_expect(mt_json_find(&j, "length") && mt_json_number(&j, &length) && length == n,
+                  "sample %d: length %g, %d tokens", lines, length, n);
+        int finished = n > 0 && ids[n - 1] == tok.eod_id;
+        mt_expect(strstr(line, finished ? "\"finished\": true" : "\"finished\": false") != NULL,
+                  "sample %d: finished is not whether it closed with <|endoftext|>: %s", lines, line);
+        // text: the tokens without a closing <|endoftext|>, where they decode to valid UTF-8
+        int32_t id32[64];
+        for (int k = 0; k < n; k++) id32[k] = (int32_t)ids[k];
+        char dec[4096];
+        size_t dlen = mt_tokenizer_decode(&tok, id32, (size_t)(n - finished), dec, sizeof dec), p = 0;
+        uint32_t cp;
+        for (int l; p < dlen && (l = mt_utf8_decode(dec + p, dlen - p, &cp)) > 0;) p += (size_t)l;
+        mt_json_init(&j, line, strlen(line), 0);
+        mt_expect(mt_json_find(&j, "text") && mt_json_string_at(&j, text, &tlen) &&
+                  (p < dlen || (tlen == dlen && memcmp(text, dec, dlen) == 0)), "sample %d: text is not the tokens'",
+                  lines);
+        line = end + 1;
+        line2 = end2 + 1;
+    }
+    mt_expect(lines == 3, "%d samples in --genfile, want 3", lines);
+    free(gen);
+    free(out);
+    mt_tokenizer_free(&tok);
+    // the writer itself on made-up samples: one closed by <|endoftext|> (finished, its text without
+    // it), one cut by --out-seq-length
+    static mt_config cfg;
+    mt_config_defaults(&cfg);
+    cfg.train.out_seq_length = 3;
+    mt_tokenizer_load(&tok, "data/gpt2-vocab.json", "data/gpt2-merges.txt");
+    int32_t made[6] = {15496, 0, tok.eod_id, 15496, 995, 0};   // "Hello!<|endoftext|>", "Hello world!"
+    int made_count[2] = {3, 3};
+    mt__gen_job job;
+    memset(&job, 0, sizeof job);
+    job.cfg = &cfg;
+    job.tokenizer = &tok;
+    job.n = 2;
+    job.out = made;
+    job.count = made_count;
+    job.eod = tok.eod_id;
+    mt__gen_write_genfile(&job, "build/test_generate_gen.json");
+    gen = slurp("build/test_generate_gen.json", &len);
+    const char *want = "{\"text\": \"Hello!\", \"length\": 3, \"finished\": true, \"tokens\": [15496, 0, 50256]}\n"
+                       "{\"text\": \"Hello world!\", \"length\": 3, \"finished\": false, \"tokens\": [15496, 995, 0]}\n";
+    mt_expect(gen && len == strlen(want) && memcmp(gen, want, len) == 0, "--genfile of two made-up samples:\n%s",
+              gen ? gen : "");
+    free(gen);
+    mt_tokenizer_free(&tok);
+    // with a prompt: the samples are the prompt's, printed; --genfile is left alone, and the run says so
+    snprintf(cmd, sizeof cmd, "%s --prompt Hello --genfile build/test_generate_gen_prompt.json > "
+             "build/test_generate.log 2>&1", base);
+    mt_expect(system(cmd) == 0, "generation failed: %s", cmd);
+    log = slurp("build/test_generate.log", &len);
+    mt_expect(log && strstr(log, "is for unconditional samples") && strstr(log, "----- sample 3 of 3") &&
+              access("build/test_generate_gen_prompt.json", F_OK) != 0, "a prompt with --genfile: %s", log ? log : "");
+    free(log);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Hugging Face export then import: the same bits (and another layout on the way back)
 MT_TEST(hugging_face_export_import_round_trip_is_bit_exact) {
@@ -656,6 +786,7 @@ int main(int argc, char **argv) {
     mt_run_test(candidates_are_ordered_as_a_comparison_sort_orders_them);
     mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
     mt_run_test(input_and_output_files_round_trip);
+    mt_run_test(megatron_generate_text_example_writes_the_genfile);
     mt_run_test(hugging_face_export_import_round_trip_is_bit_exact);
     return mt_test_summary();
 }
