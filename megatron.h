@@ -2745,11 +2745,13 @@ static const mt__flag mt__flags[] = {
      "never slides"},
     {"--prompt", MT__STR, MT__OFF(train.prompt), 1024, "generation",
      "the text to continue (default: a new document; in generation mode without it, one prompt per line of "
-     "standard input; without --vocab-file, token ids separated by spaces)"},
+     "standard input, and on a terminal one at a time as Megatron asks for them, until \"stop\"; without "
+     "--vocab-file, token ids separated by spaces)"},
     {"--sample-input-file", MT__STR, MT__OFF(train.sample_input_file), MT_PATH_MAX, "generation",
      "generation mode: one prompt per line"},
     {"--sample-output-file", MT__STR, MT__OFF(train.sample_output_file), MT_PATH_MAX, "generation",
-     "generation mode: JSON lines {\"prompt\", \"text\", \"prompt_tokens\", \"tokens\"} instead of printing"},
+     "generation mode: JSON lines {\"prompt\", \"text\", \"prompt_tokens\", \"tokens\"} instead of printing "
+     "(default with --sample-input-file: its path + .out, as Megatron, and printed too)"},
     {"--genfile", MT__STR, MT__OFF(train.genfile), MT_PATH_MAX, "generation",
      "generation mode, unconditional samples (--num-samples N, no prompt): JSON lines {\"text\", \"length\", "
      "\"finished\", \"tokens\"} as Megatron's tools/generate_samples_gpt.py writes them"},
@@ -12900,6 +12902,39 @@ static void mt__ckpt_read_file(const mt_rank *r, const char *path, float *host[3
     mt__ckpt_read_groups(r, path, host, saved, 3, scaler);
 }
 
+// --ckpt-step N names an iteration of --load: one that is not there is an error that lists those
+// that are (iter_NNNNNNN directories)
+static int mt__compare_ints(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+static void mt__ckpt_check_step(const mt_config *cfg) {
+    const char *dir = cfg->train.load;
+    int step = cfg->train.ckpt_step;
+    if (step <= 0) return;
+    char path[MT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/iter_%07d", dir, step);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return;
+    int its[512], count = 0;   // (the first 512 found, sorted)
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int it = 0, n = 0;
+        if (sscanf(e->d_name, "iter_%7d%n", &it, &n) != 1 || n != 12 || e->d_name[n]) continue;
+        if (count < 512) its[count] = it;
+        count++;
+    }
+    if (d) closedir(d);
+    qsort(its, (size_t)(count < 512 ? count : 512), sizeof(int), mt__compare_ints);
+    char have[160] = "it has none";
+    size_t used = 0;
+    for (int i = 0; i < count && i < 8; i++)
+        used += (size_t)snprintf(have + used, sizeof have - used, "%s%d", i ? ", " : "its iterations: ", its[i]);
+    if (count > 8) snprintf(have + used, sizeof have - used, ", ... (%d in all)", count);
+    mt_fatal("--ckpt-step %d: %s has no iteration %d (%s)\nhint: give one of its iterations, or leave --ckpt-step "
+             "out for the latest", step, dir, step, have);
+}
+
 // --load checkpoints/iter_0001000, the tutorial's way: an iteration's directory, not the root.
 // Megatron wants the root and --ckpt-step 1000; say so and do that.
 void mt_checkpoint_resolve_load(mt_config *cfg) {
@@ -12909,10 +12944,16 @@ void mt_checkpoint_resolve_load(mt_config *cfg) {
     const char *base = strrchr(load, '/');
     base = base ? base + 1 : load;
     int iteration = 0, used = 0;
-    if (sscanf(base, "iter_%7d%n", &iteration, &used) != 1 || used != 12 || base[used] || iteration <= 0) return;
+    if (sscanf(base, "iter_%7d%n", &iteration, &used) != 1 || used != 12 || base[used] || iteration <= 0) {
+        mt__ckpt_check_step(cfg);
+        return;
+    }
     char probe[MT_PATH_MAX + 64];
     snprintf(probe, sizeof probe, "%s/latest_checkpointed_iteration.txt", load);
-    if (access(probe, F_OK) == 0) return;   // a checkpoint root that happens to be called iter_N
+    if (access(probe, F_OK) == 0) {   // a checkpoint root that happens to be called iter_N
+        mt__ckpt_check_step(cfg);
+        return;
+    }
     char root[MT_PATH_MAX];
     if (base == load) snprintf(root, sizeof root, ".");
     else snprintf(root, sizeof root, "%.*s", (int)(base - 1 - load) > 0 ? (int)(base - 1 - load) : 1, load);
@@ -14787,6 +14828,14 @@ typedef struct {
     int *count;                      // (n)
     int eod;                         // the end-of-document id that ends a sequence, -1: none
     double launch;                   // mt_pretrain's start (the start-up is measured from it)
+    // interactive (standard input a terminal, no prompts given): one prompt at a time from the
+    // terminal into slot 0, read by the logger rank while the others wait (mt__gen_next_prompt)
+    int interactive;
+    int echo;                        // the samples are printed (no file given for them, or the default one)
+    int served;                      // prompts read so far
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int arrived, round;              // ranks waiting for the next prompt; prompts handed out
 } mt__gen_job;
 
 // one prompt's text -> ids: the tokenizer's, or (without one) ids written as numbers
@@ -14859,6 +14908,16 @@ static void mt__gen_prompts(mt__gen_job *job) {
         lines = (char **)mt_malloc(sizeof(char *), "prompts");
         lines[0] = mt_strdup("");
         nlines = 1;
+    } else if (!t->sample_output_file[0] && isatty(STDIN_FILENO)) {
+        // a terminal: one prompt at a time, read as the ranks are ready for it (Megatron's
+        // generate_samples_interactive). Slot 0 holds <|endoftext|> until the first is read (the
+        // warm-up's prompt)
+        job->interactive = 1;
+        lines = (char **)mt_malloc(sizeof(char *), "prompts");
+        lines[0] = mt_strdup("");
+        nlines = 1;
+        pthread_mutex_init(&job->lock, NULL);
+        pthread_cond_init(&job->wake, NULL);
     } else {
         lines = mt__read_lines(NULL, &nlines);
     }
@@ -14974,6 +15033,63 @@ static char *mt__gen_text(const mt_tokenizer *tok, const int32_t *ids, int n) {
     return text;
 }
 
+// Interactive generation: every rank calls this before each prompt. The logger rank (it prints the
+// samples) asks for the next line once every rank has arrived (none still reads the last prompt),
+// puts it in slot 0 and wakes the others: threads of this one process, so a mutex and a condition
+// variable, not a collective (which would spin on the GPU while a person types). An empty line
+// asks again; "stop" or the end of input (Ctrl-D) ends the run. Returns 0 at the end.
+static int mt__gen_next_prompt(mt__gen_job *job, int reader, int world_size) {
+    pthread_mutex_lock(&job->lock);
+    int round = job->round;
+    job->arrived++;
+    pthread_cond_broadcast(&job->wake);   // (the reader may be waiting for this arrival)
+    if (!reader) {
+        while (job->round == round) pthread_cond_wait(&job->wake, &job->lock);
+        int more = job->n > 0;
+        pthread_mutex_unlock(&job->lock);
+        return more;
+    }
+    while (job->arrived < world_size) pthread_cond_wait(&job->wake, &job->lock);
+    pthread_mutex_unlock(&job->lock);
+    int maxT = job->cfg->model.max_position_embeddings, got = 0;
+    char line[4096];
+    mt_int_list ids = {NULL, 0, 0};
+    while (!got) {
+        printf("\nContext prompt (stop to exit) >>> ");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) { printf("\n"); break; }   // end of input
+        size_t len = strlen(line);
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (strcmp(line, "stop") == 0) break;
+        if (len == 0) { printf("Prompt should not be empty!\n"); continue; }
+        ids.len = 0;
+        mt__gen_encode(job->cfg, job->tokenizer, line, &ids, job->eod >= 0 ? job->eod : job->cfg->model.vocab_size - 1);
+        if ((int)ids.len >= maxT) {
+            printf("The prompt is %zu tokens; the model has %d positions (--max-position-embeddings). Please give a "
+                   "shorter one!\n", ids.len, maxT);
+            continue;
+        }
+        got = 1;
+    }
+    pthread_mutex_lock(&job->lock);
+    if (got) {
+        free(job->text[0]);
+        free(job->prompt[0]);
+        job->text[0] = mt_strdup(line);
+        job->prompt[0] = (int32_t *)mt_malloc(sizeof(int32_t) * ids.len, "prompt");
+        memcpy(job->prompt[0], ids.data, sizeof(int32_t) * ids.len);
+        job->prompt_len[0] = (int)ids.len;
+        job->served++;
+    }
+    job->n = got;
+    job->arrived = 0;
+    job->round++;
+    pthread_cond_broadcast(&job->wake);
+    pthread_mutex_unlock(&job->lock);
+    mt_int_list_free(&ids);
+    return got;
+}
+
 static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
     mt__gen_job *job = (mt__gen_job *)arg;
     const mt_config *cfg = job->cfg;
@@ -15013,6 +15129,7 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
     // the decoding buffers: a batch of --micro-batch-size sequences, the longest prompt, its continuation
     int B = t->micro_batch_size < job->n ? t->micro_batch_size : job->n, longest = 1;
     for (int i = 0; i < job->n; i++) if (job->prompt_len[i] > longest) longest = job->prompt_len[i];
+    if (job->interactive) longest = cfg->model.max_position_embeddings - 1;   // any prompt that leaves a position
     int new_tokens = t->out_seq_length;
     mt_generator g;
     mt_generator_init(r, &g, B, B * longest, longest + new_tokens);
@@ -15040,14 +15157,26 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
     mt_barrier(&r->groups.world);
     double startup = mt_time_seconds() - job->launch, ttft_first = 0, elapsed = 0, peak = 0;
     const char *peak_what = "";
-    int batches = 0;
+    int batches = 0, sequences = 0;
     long long generated = 0;
     int stopped = 0;
-    double *steps = (double *)mt_calloc((size_t)(job->n / B + 1) * (size_t)(new_tokens + 1), sizeof(double),
-                                        "latencies");
-    double *ttft = (double *)mt_calloc((size_t)(job->n / B + 1), sizeof(double), "latencies");
+    size_t batches_cap = (size_t)(job->n / B + 1);   // (interactive: grown as prompts come)
+    double *steps = (double *)mt_calloc(batches_cap * (size_t)(new_tokens + 1), sizeof(double), "latencies");
+    double *ttft = (double *)mt_calloc(batches_cap, sizeof(double), "latencies");
     size_t nsteps = 0;
-    for (int i0 = 0; i0 < job->n; i0 += B) {
+    for (int i0 = 0;; i0 += B) {
+        if (job->interactive) {   // the next prompt from the terminal, into slot 0
+            if (!mt__gen_next_prompt(job, logger, r->ps.world_size)) break;
+            i0 = 0;
+            if ((size_t)batches + 1 > batches_cap) {
+                batches_cap *= 2;
+                steps = (double *)mt_realloc(steps, batches_cap * (size_t)(new_tokens + 1) * sizeof(double),
+                                             "latencies");
+                ttft = (double *)mt_realloc(ttft, batches_cap * sizeof(double), "latencies");
+            }
+        } else if (i0 >= job->n) {
+            break;
+        }
         int n = job->n - i0 < B ? job->n - i0 : B;
         mt_generate_request q;
         memset(&q, 0, sizeof q);
@@ -15056,7 +15185,7 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
         q.prompt_lens = job->prompt_len + i0;
         q.max_new_tokens = new_tokens;
         q.sampling = mt__sampling(t);
-        q.first_sequence = i0;
+        q.first_sequence = job->interactive ? job->served - 1 : i0;
         q.eod = job->eod;
         q.step_seconds = steps + nsteps;
         q.tokens = job->out + (size_t)i0 * (size_t)(new_tokens > 0 ? new_tokens : 1);
@@ -15075,38 +15204,44 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
         if (batches == 0) ttft_first = q.prefill_seconds;
         ttft[batches++] = q.prefill_seconds;
         nsteps += (size_t)q.steps;
+        sequences += n;
         for (int b = 0; b < n; b++) generated += q.counts[b];
         stopped += q.stopped_at_max_positions;
         peak = mt__gen_peak_memory_gib(r, peak, &peak_what);
         free(mine);
         free(mine_counts);
-        if (logger && !t->sample_output_file[0] && !t->genfile[0])
+        if (logger && job->echo)
             for (int b = 0; b < n; b++) {
                 int i = i0 + b;
                 char *prompt = mt__gen_text(job->tokenizer, job->prompt[i], job->prompt_len[i]);
                 char *text = mt__gen_text(job->tokenizer, q.tokens + (size_t)b * (size_t)new_tokens, q.counts[b]);
-                printf("----- sample %d of %d (%d prompt tokens, %d generated)\n%s%s%s\n", i + 1, job->n,
-                       job->prompt_len[i], q.counts[b], prompt, job->tokenizer ? "" : " | ", text);
+                if (job->interactive)
+                    printf("----- sample %d (%d prompt tokens, %d generated)\n%s%s%s\n", job->served,
+                           job->prompt_len[i], q.counts[b], prompt, job->tokenizer ? "" : " | ", text);
+                else
+                    printf("----- sample %d of %d (%d prompt tokens, %d generated)\n%s%s%s\n", i + 1, job->n,
+                           job->prompt_len[i], q.counts[b], prompt, job->tokenizer ? "" : " | ", text);
                 free(prompt);
                 free(text);
             }
         if (logger) fflush(stdout);
     }
-    if (logger) {
+    if (logger && batches == 0) printf("no prompt was given: nothing generated\n");
+    if (logger && batches > 0) {
         // the report: prefill and decode timed on this rank, start-up (process set-up, the
         // device, the communicators, the checkpoint read, the buffers) kept apart
         qsort(steps, nsteps, sizeof(double), mt__compare_doubles);
         qsort(ttft, (size_t)batches, sizeof(double), mt__compare_doubles);
         // nearest rank: the p-th percentile of n sorted values is the ceil(p n)-th
         double median = nsteps ? steps[(nsteps - 1) / 2] : 0.0, p90 = nsteps ? steps[(9 * nsteps + 9) / 10 - 1] : 0.0;
-        double per_seq = elapsed > 0 ? (double)generated / (double)job->n / (elapsed / batches) : 0.0;
+        double per_seq = elapsed > 0 ? (double)generated / (double)sequences / (elapsed / batches) : 0.0;
         if (stopped)
             printf("note: %d sequence%s stopped at the model's last position (--max-position-embeddings %d); "
                    "the window does not slide\n", stopped, stopped == 1 ? "" : "s",
                    cfg->model.max_position_embeddings);
         printf("generation report (%s, TP=%d PP=%d, batch %d, %d sequence%s in %d batch%s, temperature %g, "
-               "top-k %d, top-p %g):\n", r->dev.name[0] ? r->dev.name : "CPU", r->ps.tp_size, r->ps.pp_size, B, job->n,
-               job->n == 1 ? "" : "s", batches, batches == 1 ? "" : "es", (double)mt__sampling(t).temperature,
+               "top-k %d, top-p %g):\n", r->dev.name[0] ? r->dev.name : "CPU", r->ps.tp_size, r->ps.pp_size, B, sequences,
+               sequences == 1 ? "" : "s", batches, batches == 1 ? "" : "es", (double)mt__sampling(t).temperature,
                t->top_k, (double)t->top_p);
         printf("  start-up: %.3f s (configuration, devices, communicators, checkpoint, KV cache, warm-up); launch to first "
                "token %.3f s\n", startup, startup + ttft_first);
@@ -15206,6 +15341,19 @@ static int mt__generation_mode(const mt_config *cfg) {
 }
 
 static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double launch) {
+    mt_train_config *t = &cfg->train;
+    // the samples are printed unless they go to a file the user named
+    int echo = !t->sample_output_file[0] && !(t->genfile[0] && t->num_samples > 0 && !t->prompt[0] &&
+                                               !t->sample_input_file[0]);
+    // Megatron's default for --sample-input-file: its samples also go to that path + ".out"
+    if (t->sample_input_file[0] && !t->prompt[0] && !t->sample_output_file[0]) {
+        if (snprintf(t->sample_output_file, sizeof t->sample_output_file, "%s.out", t->sample_input_file) >=
+            (int)sizeof t->sample_output_file)
+            mt_fatal("--sample-input-file %s: the path is too long to add .out to\nhint: give --sample-output-file",
+                     t->sample_input_file);
+        mt__note("--sample-output-file not given: the samples go to %s as well (Megatron's default)",
+                 t->sample_output_file);
+    }
     // written after the last sequence: a path that cannot be written fails before the model loads
     if (cfg->train.sample_output_file[0]) mt__claim_output_file(cfg->train.sample_output_file, "--sample-output-file");
     // --genfile holds unconditional samples, as in Megatron, which writes it only for --num-samples N
@@ -15235,6 +15383,7 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
     job.cfg = cfg;
     job.tokenizer = tok;
     job.launch = launch;
+    job.echo = echo;
     int eod = tok ? tok->eod_id : cfg->model.vocab_size - 1;   // GPT-2's <|endoftext|> is its last id
     job.eod = cfg->train.ignore_eos ? -1 : eod;
     mt__gen_prompts(&job);
@@ -15252,10 +15401,16 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
         job.full = &full;
     }
     mt_device_check_precision(cfg);
-    printf("generation: model L=%d C=%d NH=%d maxT=%d V=%d from %s; %d sequence%s, up to %d new tokens each\n",
-           cfg->model.num_layers, cfg->model.hidden_size, cfg->model.num_attention_heads,
-           cfg->model.max_position_embeddings, cfg->model.vocab_size, cfg->train.load, job.n, job.n == 1 ? "" : "s",
-           cfg->train.out_seq_length);
+    if (job.interactive)
+        printf("generation: model L=%d C=%d NH=%d maxT=%d V=%d from %s; prompts from this terminal, one per line "
+               "(\"stop\" or Ctrl-D ends), up to %d new tokens each\n", cfg->model.num_layers, cfg->model.hidden_size,
+               cfg->model.num_attention_heads, cfg->model.max_position_embeddings, cfg->model.vocab_size,
+               cfg->train.load, cfg->train.out_seq_length);
+    else
+        printf("generation: model L=%d C=%d NH=%d maxT=%d V=%d from %s; %d sequence%s, up to %d new tokens each\n",
+               cfg->model.num_layers, cfg->model.hidden_size, cfg->model.num_attention_heads,
+               cfg->model.max_position_embeddings, cfg->model.vocab_size, cfg->train.load, job.n,
+               job.n == 1 ? "" : "s", cfg->train.out_seq_length);
     fflush(stdout);
     mt_world *w = mt_world_create(cfg->world_size);
     int rc = mt_world_run(w, mt__gen_rank_main, &job);
@@ -15263,6 +15418,11 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
     if (rc == 0 && cfg->train.sample_output_file[0]) mt__gen_write_output(&job, cfg->train.sample_output_file);
     if (rc == 0 && cfg->train.genfile[0]) mt__gen_write_genfile(&job, cfg->train.genfile);
     if (job.full) mt__ckpt_free_full(&full);
+    if (job.interactive) {   // slot 0 only (job.n is 0 after "stop")
+        job.n = 1;
+        pthread_mutex_destroy(&job.lock);
+        pthread_cond_destroy(&job.wake);
+    }
     for (int i = 0; i < job.n; i++) { free(job.text[i]); free(job.prompt[i]); }
     free(job.text); free(job.prompt); free(job.prompt_len); free(job.out); free(job.count);
     return rc;

@@ -612,6 +612,66 @@ MT_TEST(megatron_generate_text_example_writes_the_genfile) {
     free(log);
 }
 
+// the lines after each "----- sample" header of a run's output, \r (a terminal's) dropped
+static int sample_texts(char *out, char texts[][256], int cap) {
+    int n = 0;
+    for (char *p = out; p && (p = strstr(p, "----- sample")) && n < cap; n++) {
+        char *nl = strchr(p, '\n');
+        if (!nl) break;
+        size_t k = 0;
+        for (p = nl + 1; *p && *p != '\n' && k < 255; p++)
+            if (*p != '\r') texts[n][k++] = *p;
+        texts[n][k] = 0;
+    }
+    return n;
+}
+
+// Standard input a terminal and no prompts given: Megatron's interactive loop, one prompt at a
+// time ("Context prompt (stop to exit) >>> "; an empty line asks again; "stop" ends). Run under
+// script(1), which gives the program a terminal. Prompt k draws as sequence k, so the samples are
+// the ones --sample-input-file gives for the same lines (here at TP=2, the other rank waiting)
+MT_TEST(a_terminal_gets_one_prompt_at_a_time) {
+    if (system("command -v script > /dev/null 2>&1") != 0) {
+        printf("  SKIPPED: script(1) (util-linux) is not installed, so no terminal to test with\n");
+        return;
+    }
+    write_checkpoint();
+    if (system("rm -f build/test_generate_tty.txt.out")) {}
+    FILE *f = fopen("build/test_generate_tty.txt", "wb");
+    fprintf(f, "It is a truth universally acknowledged\nMr. Darcy\n");
+    fclose(f);
+    const char *base = "./train_gpt --load " CK " --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt "
+                       "--out-seq-length 6 --temperature 0.9 --top_p 0.95 --seed 5";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --sample-input-file build/test_generate_tty.txt > build/test_generate.log 2>&1", base);
+    mt_expect(system(cmd) == 0, "generation failed: %s", cmd);
+    size_t len;
+    char *want = slurp("build/test_generate.log", &len);
+    // without --sample-output-file the samples are printed and, as Megatron does, also written to
+    // the input's name + ".out"
+    char *dot_out = slurp("build/test_generate_tty.txt.out", &len);
+    int out_lines = 0;
+    for (size_t k = 0; dot_out && k < len; k++) out_lines += dot_out[k] == '\n';
+    mt_expect(want && strstr(want, "the samples go to build/test_generate_tty.txt.out as well") && out_lines == 2 &&
+              strstr(dot_out, "{\"prompt\": \"Mr. Darcy\", \"text\": "), "the default output file: %s",
+              dot_out ? dot_out : "(none)");
+    free(dot_out);
+    snprintf(cmd, sizeof cmd, "printf 'It is a truth universally acknowledged\\n\\nMr. Darcy\\nstop\\n' | "
+             "script -qec '%s --tensor-model-parallel-size 2' /dev/null > build/test_generate_tty.log 2>&1", base);
+    mt_expect(system(cmd) == 0, "interactive generation failed: %s", cmd);
+    char *got = slurp("build/test_generate_tty.log", &len);
+    mt_expect(got && strstr(got, "prompts from this terminal") && strstr(got, "Context prompt (stop to exit) >>> ") &&
+              strstr(got, "Prompt should not be empty!") && strstr(got, "----- sample 2 (4 prompt tokens") &&
+              !strstr(got, "----- sample 3") && strstr(got, "2 sequences in 2 batches"),
+              "the terminal session: %s", got ? got : "");
+    static char a[4][256], b[4][256];
+    int na = want ? sample_texts(want, a, 4) : 0, nb = got ? sample_texts(got, b, 4) : 0;
+    mt_expect(na == 2 && nb == 2 && strcmp(a[0], b[0]) == 0 && strcmp(a[1], b[1]) == 0,
+              "the terminal's samples are not --sample-input-file's: %d and %d samples", na, nb);
+    free(want);
+    free(got);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Hugging Face export then import: the same bits (and another layout on the way back)
 MT_TEST(hugging_face_export_import_round_trip_is_bit_exact) {
@@ -787,6 +847,7 @@ int main(int argc, char **argv) {
     mt_run_test(top_k_and_top_p_sample_only_the_allowed_tokens);
     mt_run_test(input_and_output_files_round_trip);
     mt_run_test(megatron_generate_text_example_writes_the_genfile);
+    mt_run_test(a_terminal_gets_one_prompt_at_a_time);
     mt_run_test(hugging_face_export_import_round_trip_is_bit_exact);
     return mt_test_summary();
 }

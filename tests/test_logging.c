@@ -575,6 +575,14 @@ MT_TEST(load_an_iteration_directory) {
     snprintf(d.train.load, MT_PATH_MAX, "build/test_iterdir/ckpts");
     mt_checkpoint_resolve_load(&d);
     mt_expect(strcmp(d.train.load, "build/test_iterdir/ckpts") == 0 && d.train.ckpt_step == 0, "a root is left alone");
+    // --ckpt-step naming an iteration the root does not have: one line that lists those it has
+    d.train.ckpt_step = 999;
+    rc = run_child(child_resolve, &d, out, sizeof out);
+    mt_expect(rc == 1 && strstr(out, "error: --ckpt-step 999: build/test_iterdir/ckpts has no iteration 999 (its "
+                                     "iterations: 1000)"), "a missing --ckpt-step: exit %d, output:\n%s", rc, out);
+    d.train.ckpt_step = 1000;
+    rc = run_child(child_resolve, &d, out, sizeof out);
+    mt_expect(rc == 77, "--ckpt-step 1000, which is there: exit %d, output:\n%s", rc, out);
 }
 
 int main(void) {
