@@ -15284,54 +15284,44 @@ static void mt__json_write_string(FILE *f, const char *s, size_t n) {
     fputc('"', f);
 }
 
-static void mt__gen_write_output(const mt__gen_job *job, const char *path) {
+// The samples as JSON lines, written to a temporary name and renamed (a run stopped midway leaves
+// no half file). --sample-output-file: {"prompt", "text", "prompt_tokens", "tokens"} per sample.
+// --genfile (Megatron's unconditional samples, tools/generate_samples_gpt.py's
+// generate_and_write_samples_unconditional): {"text", "length", "finished"}, here with "tokens"
+// too; text is the tokens without a closing <|endoftext|>, length counts that one, finished says it
+// closed with it (Megatron's own test, length < --seq-length - 1, also calls a sample cut by
+// --out-seq-length finished)
+static void mt__gen_write_samples(const mt__gen_job *job, const char *path, int genfile) {
     char tmp[MT_PATH_MAX + 64];
     FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
     int per = job->cfg->train.out_seq_length > 0 ? job->cfg->train.out_seq_length : 1;
     for (int i = 0; i < job->n; i++) {
         const int32_t *ids = job->out + (size_t)i * (size_t)per;
-        fputs("{\"prompt\": ", f);
-        mt__json_write_string(f, job->text[i], strlen(job->text[i]));
-        fputs(", \"text\": ", f);
-        char *text = mt__gen_text(job->tokenizer, ids, job->count[i]);
-        mt__json_write_string(f, text, strlen(text));
-        free(text);
-        fputs(", \"prompt_tokens\": [", f);
-        for (int k = 0; k < job->prompt_len[i]; k++) fprintf(f, "%s%d", k ? ", " : "", job->prompt[i][k]);
-        fputs("], \"tokens\": [", f);
-        for (int k = 0; k < job->count[i]; k++) fprintf(f, "%s%d", k ? ", " : "", ids[k]);
-        fputs("]}\n", f);
-    }
-    if (ferror(f)) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
-                                                       strerror(errno)); }
-    mt_atomic_commit(f, tmp, path);
-    printf("wrote %d sample%s to %s\n", job->n, job->n == 1 ? "" : "s", path);
-}
-
-// --genfile: Megatron's unconditional samples file (tools/generate_samples_gpt.py,
-// generate_and_write_samples_unconditional): per sample {"text", "length", "finished"}, here with
-// "tokens" too. text: the generated tokens without a closing <|endoftext|>; length: how many were
-// generated, that one counted; finished: it closed with <|endoftext|> (Megatron's own test,
-// length < --seq-length - 1, also calls a sample cut by --out-seq-length finished)
-static void mt__gen_write_genfile(const mt__gen_job *job, const char *path) {
-    char tmp[MT_PATH_MAX + 64];
-    FILE *f = mt_atomic_open(path, tmp, sizeof tmp);
-    int per = job->cfg->train.out_seq_length > 0 ? job->cfg->train.out_seq_length : 1;
-    for (int i = 0; i < job->n; i++) {
-        const int32_t *ids = job->out + (size_t)i * (size_t)per;
-        int n = job->count[i], finished = n > 0 && job->eod >= 0 && ids[n - 1] == job->eod;
+        int n = job->count[i], finished = genfile && n > 0 && job->eod >= 0 && ids[n - 1] == job->eod;
+        if (!genfile) {
+            fputs("{\"prompt\": ", f);
+            mt__json_write_string(f, job->text[i], strlen(job->text[i]));
+            fputs(", ", f);
+        }
         char *text = mt__gen_text(job->tokenizer, ids, n - finished);
-        fputs("{\"text\": ", f);
+        fputs(genfile ? "{\"text\": " : "\"text\": ", f);
         mt__json_write_string(f, text, strlen(text));
         free(text);
-        fprintf(f, ", \"length\": %d, \"finished\": %s, \"tokens\": [", n, finished ? "true" : "false");
+        if (genfile) {
+            fprintf(f, ", \"length\": %d, \"finished\": %s", n, finished ? "true" : "false");
+        } else {
+            fputs(", \"prompt_tokens\": [", f);
+            for (int k = 0; k < job->prompt_len[i]; k++) fprintf(f, "%s%d", k ? ", " : "", job->prompt[i][k]);
+            fputs("]", f);
+        }
+        fputs(", \"tokens\": [", f);
         for (int k = 0; k < n; k++) fprintf(f, "%s%d", k ? ", " : "", ids[k]);
         fputs("]}\n", f);
     }
     if (ferror(f)) { mt_atomic_abort(f, tmp); mt_fatal("writing %s failed: %s\nhint: check free disk space", path,
                                                        strerror(errno)); }
     mt_atomic_commit(f, tmp, path);
-    printf("wrote %d unconditional sample%s to %s\n", job->n, job->n == 1 ? "" : "s", path);
+    printf("wrote %d %ssample%s to %s\n", job->n, genfile ? "unconditional " : "", job->n == 1 ? "" : "s", path);
 }
 
 static int mt__generation_mode(const mt_config *cfg) {
@@ -15415,8 +15405,8 @@ static int mt__generate_main(mt_config *cfg, const mt_tokenizer *tok, double lau
     mt_world *w = mt_world_create(cfg->world_size);
     int rc = mt_world_run(w, mt__gen_rank_main, &job);
     mt_world_destroy(w);
-    if (rc == 0 && cfg->train.sample_output_file[0]) mt__gen_write_output(&job, cfg->train.sample_output_file);
-    if (rc == 0 && cfg->train.genfile[0]) mt__gen_write_genfile(&job, cfg->train.genfile);
+    if (rc == 0 && cfg->train.sample_output_file[0]) mt__gen_write_samples(&job, cfg->train.sample_output_file, 0);
+    if (rc == 0 && cfg->train.genfile[0]) mt__gen_write_samples(&job, cfg->train.genfile, 1);
     if (job.full) mt__ckpt_free_full(&full);
     if (job.interactive) {   // slot 0 only (job.n is 0 after "stop")
         job.n = 1;

@@ -594,7 +594,7 @@ MT_TEST(megatron_generate_text_example_writes_the_genfile) {
     job.out = made;
     job.count = made_count;
     job.eod = tok.eod_id;
-    mt__gen_write_genfile(&job, "build/test_generate_gen.json");
+    mt__gen_write_samples(&job, "build/test_generate_gen.json", 1);
     gen = slurp("build/test_generate_gen.json", &len);
     const char *want = "{\"text\": \"Hello!\", \"length\": 3, \"finished\": true, \"tokens\": [15496, 0, 50256]}\n"
                        "{\"text\": \"Hello world!\", \"length\": 3, \"finished\": false, \"tokens\": [15496, 995, 0]}\n";
