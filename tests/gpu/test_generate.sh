@@ -8,6 +8,8 @@
 #   2. a random GPT2LMHeadModel saved with save_pretrained, imported with --import-hf: our greedy
 #      continuation (CPU build, and GPU build in fp32) is transformers', token for token; the tokens
 #      drawn on the device (temperature, top-k, top-p) are the ones the host draws from the same logits
+#   2b. Megatron's own forms: examples/generate_text.sh's (--genfile, --fp16, --recompute) and the
+#      interactive prompt on a terminal (under script(1))
 #   3. the benchmark: GPT-2 small (random weights) in bf16, greedy, 256 new tokens after a 16-token
 #      prompt, batch 1 and 8: ours against transformers eager and compiled with a static cache;
 #      the table goes to build/gen_gpu/table.md
@@ -57,6 +59,29 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then   # at TP=2 every rank picks from 
   count "$(./tests/gpu/test_generate_cuda --draw-check $D/small fp32 2 2>&1 | grep -E '^(OK|NOT OK|  first)')"
 else
   echo "SKIPPED the device's draws at TP=2: one GPU"
+fi
+
+# Megatron's own forms on the GPU build: examples/generate_text.sh's (unconditional samples into
+# --genfile, --fp16, --recompute accepted), and the interactive prompt on a terminal (script(1)
+# gives the program one; prompts as token ids: no --vocab-file)
+./train_gpt_cuda --load $D/small_ck --fp16 --micro-batch-size 2 --out-seq-length 24 --temperature 1.0 --top_p 0.9 \
+  --genfile $D/unconditional_samples.json --num-samples 2 --recompute > $D/genfile.log 2>&1 \
+  || fail "examples/generate_text.sh's form (see $D/genfile.log)"
+n=$($PYTHON -c "
+import json, sys
+print(sum(1 for l in open(sys.argv[1]) if {'text', 'length', 'finished'} <= set(json.loads(l))))" \
+  $D/unconditional_samples.json 2>/dev/null || echo 0)
+if [ "$n" = 2 ]; then echo "OK examples/generate_text.sh's form: 2 unconditional samples in --genfile"
+  passed=$((passed + 1)); else fail "--genfile holds $n of 2 samples (see $D/genfile.log)"; fi
+if command -v script > /dev/null 2>&1; then
+  printf '5 6 7\n\n8 9\nstop\n' | script -qec "./train_gpt_cuda --bf16 --load $D/small_ck --out-seq-length 8 --greedy" \
+    /dev/null > $D/tty.log 2>&1
+  if grep -q -- "----- sample 2 (2 prompt tokens, 8 generated)" $D/tty.log && grep -q "Prompt should not be empty" $D/tty.log \
+     && grep -q "2 sequences in 2 batches" $D/tty.log; then
+    echo "OK the interactive prompt on a terminal: 2 prompts, an empty line asked again, stop"; passed=$((passed + 1))
+  else fail "the interactive prompt (see $D/tty.log)"; fi
+else
+  echo "SKIPPED the interactive prompt: no script(1) to give the program a terminal"
 fi
 
 # 3. the benchmark
