@@ -15059,6 +15059,11 @@ static int mt__gen_next_prompt(mt__gen_job *job, int reader, int world_size) {
         fflush(stdout);
         if (!fgets(line, sizeof line, stdin)) { printf("\n"); break; }   // end of input
         size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {   // longer than the buffer: the rest goes too
+            for (int c = getchar(); c != EOF && c != '\n'; c = getchar()) {}
+            printf("The prompt is longer than %zu bytes. Please give a shorter one!\n", sizeof line - 1);
+            continue;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (strcmp(line, "stop") == 0) break;
         if (len == 0) { printf("Prompt should not be empty!\n"); continue; }
