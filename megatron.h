@@ -282,6 +282,10 @@ typedef struct {
     int exit_interval;         // --exit-interval: stop (after saving, with --save) at an iteration divisible by it
     char save[MT_PATH_MAX];    // --save DIR
     char load[MT_PATH_MAX];    // --load DIR
+    int use_checkpoint_args;   // --use-checkpoint-args: the model's shape from --load's checkpoint
+    int no_load_optim;         // --no-load-optim: --load the parameters and the iteration, not AdamW's state
+    int finetune;              // --finetune: --load the parameters only; training starts at iteration 1
+    int exit_on_missing_checkpoint;   // --exit-on-missing-checkpoint: --load without a checkpoint is an error
     int convert_checkpoint;    // --convert-checkpoint: rewrite --load for the --target-* layout into --save, then exit
     int overwrite;             // --overwrite: --save may write into a directory holding another run's checkpoints
     int target_tp, target_pp;  // --target-tensor-parallel-size, --target-pipeline-parallel-size (default 1)
@@ -1751,7 +1755,9 @@ size_t mt_gpt2_next_piece(const char *text, size_t len, size_t pos);
    Every rank calls it (collective over the world); DP rank 0 of each (TP, PP) position writes. */
 void mt_checkpoint_save(mt_rank *r, const char *dir, int iteration, int64_t valid_consumed);
 /* loads the latest checkpoint of dir into this rank; returns its iteration, or 0 (with a note)
-   when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then */
+   when dir has no latest_checkpointed_iteration.txt, as Megatron starts from scratch then. With
+   --finetune or --no-load-optim (cfg->train) only the parameters: AdamW's moments stay zero, its
+   step and the loss scale start again (and --finetune counts no validation samples consumed) */
 int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed);
 /* whether this run will load a checkpoint: --load names a directory with one (or --ckpt-step
    names one). The parameters then come from it whole, so their random initialisation is skipped */
@@ -2721,6 +2727,20 @@ static const mt__flag mt__flags[] = {
      "stop after an iteration divisible by this (saving first, with --save)"},
     {"--save", MT__STR, MT__OFF(train.save), MT_PATH_MAX, "checkpointing", "checkpoint directory to write"},
     {"--load", MT__STR, MT__OFF(train.load), MT_PATH_MAX, "checkpointing", "checkpoint directory to resume from"},
+    {"--use-checkpoint-args", MT__BOOL, MT__OFF(train.use_checkpoint_args), 0, "checkpointing",
+     "the model's shape (layers, hidden size, heads, FFN size, positions, vocabulary) from the --load checkpoint; "
+     "a given shape flag that disagrees gives way, with a note (without it, an error). Generation mode always "
+     "takes the shape from the checkpoint"},
+    {"--no-load-optim", MT__BOOL, MT__OFF(train.no_load_optim), 0, "checkpointing",
+     "--load the parameters and the iteration, not AdamW's moments and step nor the loss scale (they start "
+     "again; the learning rate goes on from the iteration)"},
+    {"--finetune", MT__BOOL, MT__OFF(train.finetune), 0, "checkpointing",
+     "--load the parameters only: training starts at iteration 1 (data, learning rate) with a new optimizer"},
+    {"--exit-on-missing-checkpoint", MT__BOOL, MT__OFF(train.exit_on_missing_checkpoint), 0, "checkpointing",
+     "--load DIR without a checkpoint in it is an error, not a start from random weights"},
+    {"--no-load-rng", MT__IGNORED, 0, 0, "ignored",
+     "no random state is saved: every random stream (initialisation, dropout, the data's order) is a function of "
+     "--seed and the iteration"},
     {"--convert-checkpoint", MT__BOOL, MT__OFF(train.convert_checkpoint), 0, "checkpointing",
      "rewrite the --load checkpoint for the --target-* layout into --save, then exit"},
     {"--overwrite", MT__BOOL, MT__OFF(train.overwrite), 0, "checkpointing",
@@ -12841,9 +12861,9 @@ static void mt__ckpt_read_groups(const mt_rank *r, const char *path, float *host
         saved[i] = mt__ckpt_meta_value(json, header_len, path, mine[i].key, 1, 0);
         if (i >= 4 && saved[i] != mine[i].value)
             mt_fatal("%s was saved with %s = %lld, this run has %lld\n"
-                     "hint: resume with the checkpoint's layout and model sizes, or convert it: ./train_gpt "
-                     "--convert-checkpoint --load SRC --save DST --target-tensor-parallel-size N "
-                     "--target-pipeline-parallel-size N",
+                     "hint: resume with the checkpoint's layout and model sizes (--use-checkpoint-args takes its "
+                     "sizes), or convert it: ./train_gpt --convert-checkpoint --load SRC --save DST "
+                     "--target-tensor-parallel-size N --target-pipeline-parallel-size N",
                      path, mine[i].key, saved[i], mine[i].value);
     }
     if (scaler) mt__ckpt_read_scaler(json, header_len, path, saved[0], scaler);
@@ -12996,14 +13016,17 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
     mt__ckpt_check_counters(path, iteration, saved);
     // the parameters whole; AdamW's moments: this rank's shard of them (all of them without the
     // distributed optimizer), the padding past num_params staying 0, into the device or (offload)
-    // into the host memory that holds them, with the master copy of the shard's parameters
+    // into the host memory that holds them, with the master copy of the shard's parameters.
+    // --finetune and --no-load-optim (Megatron's: the optimizer's state not loaded): the moments
+    // stay as a new optimizer has them (zeros), its step and the loss scale start again
+    int params_only = cfg->train.finetune || cfg->train.no_load_optim;
     const mt_optimizer *o = &r->optim;
     mt_buffer_upload(r, r->model.params_memory, host[0], r->model.num_params * sizeof(float));
     size_t n = o->shard_start >= r->model.num_params ? 0
              : o->shard_start + o->shard_size <= r->model.num_params ? o->shard_size
                                                                      : r->model.num_params - o->shard_start;
     float *dest[3] = {o->master_params, o->m_memory, o->v_memory};
-    for (int k = 0; k < 3 && n; k++) {
+    for (int k = 0; k < (params_only ? 1 : 3) && n; k++) {
         if (o->offload) memcpy(dest[k], host[k] + o->shard_start, n * sizeof(float));
         else if (k > 0) mt_buffer_upload(r, dest[k], host[k] + o->shard_start, n * sizeof(float));
     }
@@ -13011,10 +13034,14 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
         mt__disown(host[k]);
         free(host[k]);
     }
-    r->optim.step = (int)saved[1];
-    r->optim.skipped = (int)sc.skipped;
+    r->optim.step = params_only ? 0 : (int)saved[1];
+    r->optim.skipped = params_only ? 0 : (int)sc.skipped;
     mt_grad_scaler *scaler = &r->optim.scaler;
-    if (scaler->kind == MT_SCALER_DYNAMIC && sc.has_scaler) {   // Megatron: grad_scaler.load_state_dict
+    if (params_only) {
+        if (is_logger) printf("  %s: the parameters only; AdamW's moments and step%s start again\n",
+                              cfg->train.finetune ? "--finetune" : "--no-load-optim",
+                              scaler->kind == MT_SCALER_DYNAMIC ? " and the loss scale" : "");
+    } else if (scaler->kind == MT_SCALER_DYNAMIC && sc.has_scaler) {   // Megatron: grad_scaler.load_state_dict
         scaler->scale = sc.scale;
         scaler->growth_tracker = sc.growth_tracker;
         scaler->hysteresis_tracker = sc.hysteresis_tracker;
@@ -13022,7 +13049,7 @@ int mt_checkpoint_load(mt_rank *r, const char *dir, int64_t *valid_consumed) {
         printf("WARNING: %s holds no loss-scaler state (saved without --fp16, or by an older version); the loss "
                "scale starts again from --initial-loss-scale %.9g\n", path, (double)scaler->scale);
     }
-    if (valid_consumed) *valid_consumed = saved[3];
+    if (valid_consumed) *valid_consumed = cfg->train.finetune ? 0 : saved[3];
     if (is_logger) { printf("  successfully loaded checkpoint from %s at iteration %d\n", dir,
                             iteration); fflush(stdout); }
     return iteration;
@@ -14334,6 +14361,12 @@ static int mt__resume(mt_rank *r, mt__job *job) {
     if (loaded == 0) return t->start_iteration + 1;
     mt_barrier(&r->groups.world);
     if (r->ps.rank == 0) job->data->valid_consumed = valid_consumed;
+    if (t->finetune) {   // Megatron: iteration 0, no samples consumed; the data and the schedule from the start
+        if (r->ps.rank == r->ps.world_size - 1)
+            printf("--finetune: training starts at iteration %d from the parameters of iteration %d\n",
+                   t->start_iteration + 1, loaded);
+        return t->start_iteration + 1;
+    }
     if (loaded >= t->train_iters && r->ps.rank == r->ps.world_size - 1)
         printf("the checkpoint is at iteration %d, --train-iters is %d: nothing to train\n", loaded, t->train_iters);
     return loaded + 1;
@@ -14952,17 +14985,20 @@ static void mt__gen_prompts(mt__gen_job *job) {
     job->count = (int *)mt_calloc((size_t)job->n, sizeof(int), "generated tokens");
 }
 
-// the model and layout: the checkpoint's shape (given shape flags must agree), this run's TP x PP
-static void mt__gen_config(mt_config *cfg, mt_config *src) {
+// The model's shape from a checkpoint (Megatron's --use-checkpoint-args; generation mode always):
+// the --load directory's checkpoint (--ckpt-step's iteration, or the latest) is read for the
+// model and layout it was saved with (src), and cfg takes its shape. A shape flag given with
+// another value is an error (strict) or gives way, with a note. Returns the iteration read, 0 where
+// --load holds no checkpoint (then nothing changes).
+static int mt__ckpt_adopt_shape(mt_config *cfg, mt_config *src, int strict) {
     const char *dir = cfg->train.load;
     int iteration = cfg->train.ckpt_step > 0 ? cfg->train.ckpt_step : mt__ckpt_latest(dir);
-    if (iteration == 0) mt_fatal("--load %s holds no checkpoint (no latest_checkpointed_iteration.txt)\n"
-                                 "hint: point --load at a directory written by --save or --import-hf", dir);
+    if (iteration == 0) return 0;
     char path[MT_PATH_MAX + 128];
     mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 1);
     if (access(path, F_OK) != 0) mt_checkpoint_path(path, sizeof path, dir, iteration, 0, 0, 2);
     long long step, valid;
-    mt__ckpt_scaler scaler;   // (generation reads no optimizer state)
+    mt__ckpt_scaler scaler;   // (only the shape is wanted here)
     mt__ckpt_source_config(path, iteration, src, &step, &valid, &scaler);
     mt_config d;
     mt_config_defaults(&d);
@@ -14977,19 +15013,33 @@ static void mt__gen_config(mt_config *cfg, mt_config *src) {
          c->max_position_embeddings},
         {"--vocab-size (or the --vocab-file's)", m->vocab_size, d.model.vocab_size, c->vocab_size},
     };
-    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
-        if (shape[i].given != shape[i].unset && shape[i].given != shape[i].saved)
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
+        if (shape[i].given == shape[i].unset || shape[i].given == shape[i].saved) continue;
+        if (strict)
             mt_fatal("%s %d disagrees with the checkpoint's %d (%s)\nhint: drop the model-shape flags: generation "
                      "takes the model from the checkpoint, as Megatron's --use-checkpoint-args", shape[i].flag,
                      shape[i].given, shape[i].saved, path);
+        mt__note("--use-checkpoint-args: %s %d gives way to the checkpoint's %d", shape[i].flag, shape[i].given,
+                 shape[i].saved);
+    }
     m->num_layers = c->num_layers;
     m->hidden_size = c->hidden_size;
     m->num_attention_heads = c->num_attention_heads;
     m->ffn_hidden_size = c->ffn_hidden_size;
     m->max_position_embeddings = c->max_position_embeddings;
-    m->seq_length = c->max_position_embeddings;
     m->vocab_size = c->vocab_size;
     m->make_vocab_size_divisible_by = c->make_vocab_size_divisible_by;
+    return iteration;
+}
+
+// the model and layout: the checkpoint's shape (given shape flags must agree, unless
+// --use-checkpoint-args lets them give way), this run's TP x PP
+static void mt__gen_config(mt_config *cfg, mt_config *src) {
+    int iteration = mt__ckpt_adopt_shape(cfg, src, !cfg->train.use_checkpoint_args);
+    if (iteration == 0) mt_fatal("--load %s holds no checkpoint (no latest_checkpointed_iteration.txt)\n"
+                                 "hint: point --load at a directory written by --save or --import-hf", cfg->train.load);
+    mt_model_config *m = &cfg->model;
+    m->seq_length = m->max_position_embeddings;
     m->hidden_dropout = m->attention_dropout = 0.0f;
     cfg->train.ckpt_step = iteration;
     cfg->train.global_batch_size = cfg->parallel.num_layers_per_virtual_pipeline_stage > 0
@@ -15451,6 +15501,15 @@ int mt_pretrain(mt_config *cfg) {
     // variables describing several processes (section 2, LAUNCH); the world counts them all
     mt_launch launch;
     mt_launch_detect(&launch, cfg);
+    // --use-checkpoint-args: the model's shape from the --load checkpoint (Megatron's
+    // load_args_from_checkpoint), before anything is sized from it
+    if (cfg->train.use_checkpoint_args && cfg->train.load[0]) {
+        mt_checkpoint_resolve_load(cfg);
+        mt_config src;
+        if (!mt__ckpt_adopt_shape(cfg, &src, 0))
+            mt__note("--use-checkpoint-args: %s holds no checkpoint to take the model's shape from; the given flags "
+                     "stand", cfg->train.load);
+    }
     mt_config_derive(cfg);
     if (cfg->parallel.print_launch) {
         mt_launch_print(&launch, cfg, stdout);
@@ -15458,6 +15517,10 @@ int mt_pretrain(mt_config *cfg) {
         return 0;
     }
     if (cfg->train.load[0]) mt_checkpoint_resolve_load(cfg);
+    if (cfg->train.exit_on_missing_checkpoint && cfg->train.load[0] && !mt_checkpoint_found(cfg))
+        mt_fatal("--exit-on-missing-checkpoint: --load %s holds no checkpoint (no latest_checkpointed_iteration.txt)\n"
+                 "hint: point --load at a directory written by --save, or drop the flag to start from random weights",
+                 cfg->train.load);
     // checkpoint tools (modes of the trainer, as DESIGN allows): no training
     if (cfg->train.convert_checkpoint || cfg->train.export_hf[0]) {
         if (!cfg->train.load[0]) mt_fatal("--convert-checkpoint and --export-hf need --load SRC (the checkpoint to "

@@ -25,6 +25,9 @@ typedef struct {
     float *params;            // rank 0's parameters at the end (host copy)
     size_t num_params;
     int loaded_iteration;
+    int start_at;             // 0: after the loaded iteration (or 1); else train from this iteration
+    int moments_zero;         // after the load: rank 0's AdamW moments all 0
+    int adam_step;            //   and its step count
 } run_spec;
 
 static void rank_main(mt_world *w, int rank, void *arg) {
@@ -35,9 +38,16 @@ static void rank_main(mt_world *w, int rank, void *arg) {
     if (run->load) {
         int64_t valid = 0;
         int it = mt_checkpoint_load(&r, run->dir, &valid);
-        if (rank == 0) run->loaded_iteration = it;
+        if (rank == 0) {
+            run->loaded_iteration = it;
+            run->adam_step = r.optim.step;
+            run->moments_zero = 1;   // (the CPU build: host memory)
+            for (size_t i = 0; i < r.optim.shard_size; i++)
+                if (r.optim.m_memory[i] != 0.0f || r.optim.v_memory[i] != 0.0f) run->moments_zero = 0;
+        }
         first = it + 1;
     }
+    if (run->start_at) first = run->start_at;
     for (int it = first; it <= run->cfg.train.train_iters; it++) {
         mt_step_result res = mt_train_step(&r, synthetic_batch, NULL, it);
         if (rank == 0) { run->losses[it] = res.loss; run->scales[it] = res.loss_scale; }
@@ -141,6 +151,46 @@ MT_TEST(distributed_optimizer_checkpoints) {
                   "iteration %d: loss %.9g after a sharded resume, %.9g straight", it,
                   (double)second_half.losses[it], (double)straight.losses[it]);
     free(straight.params); free(first_half.params); free(plain_half.params); free(second_half.params);
+}
+
+// --finetune and --no-load-optim (Megatron's): the parameters come from the checkpoint, AdamW's
+// moments and step start again. So the loss of the first step after the load (computed before any
+// update) is the one a full resume computes from the same parameters on the same batch, bit for
+// bit, and another than a fresh run's; the next one differs from the full resume's (other moments).
+MT_TEST(finetune_and_no_load_optim_load_the_parameters_only) {
+    (void)system("rm -rf " CKPT_DIR "_ft");
+    run_spec fresh, first_half, full, full_from_1, finetune, no_optim;
+    setup(&fresh, 2, 1, 1, 0, 0, CKPT_DIR "_ft");
+    setup(&first_half, 2, 1, 1, 3, 0, CKPT_DIR "_ft");
+    mt_expect(run_world(&fresh) == 0 && run_world(&first_half) == 0, "training failed");
+    setup(&full, 2, 1, 1, 0, 1, CKPT_DIR "_ft");
+    setup(&full_from_1, 2, 1, 1, 0, 1, CKPT_DIR "_ft");
+    full_from_1.start_at = 1;
+    setup(&finetune, 2, 1, 1, 0, 1, CKPT_DIR "_ft");
+    finetune.cfg.train.finetune = 1;
+    finetune.start_at = 1;   // (mt__resume's start: iteration 1)
+    setup(&no_optim, 2, 1, 1, 0, 1, CKPT_DIR "_ft");
+    no_optim.cfg.train.no_load_optim = 1;
+    mt_expect(run_world(&full) == 0 && run_world(&full_from_1) == 0 && run_world(&finetune) == 0 &&
+              run_world(&no_optim) == 0, "resume failed");
+    mt_expect(full.loaded_iteration == 3 && !full.moments_zero && full.adam_step == 3,
+              "a full resume: iteration %d, moments zero %d, step %d", full.loaded_iteration, full.moments_zero,
+              full.adam_step);
+    mt_expect(finetune.loaded_iteration == 3 && finetune.moments_zero && finetune.adam_step == 0,
+              "--finetune: iteration %d, moments zero %d, step %d", finetune.loaded_iteration, finetune.moments_zero,
+              finetune.adam_step);
+    mt_expect(no_optim.loaded_iteration == 3 && no_optim.moments_zero && no_optim.adam_step == 0,
+              "--no-load-optim: iteration %d, moments zero %d, step %d", no_optim.loaded_iteration,
+              no_optim.moments_zero, no_optim.adam_step);
+    mt_expect(memcmp(&finetune.losses[1], &full_from_1.losses[1], sizeof(float)) == 0 &&
+              finetune.losses[1] != fresh.losses[1],
+              "--finetune's first loss %.9g: the loaded parameters' %.9g, a fresh run's %.9g", (double)finetune.losses[1],
+              (double)full_from_1.losses[1], (double)fresh.losses[1]);
+    mt_expect(memcmp(&no_optim.losses[4], &full.losses[4], sizeof(float)) == 0 && no_optim.losses[5] != full.losses[5],
+              "--no-load-optim: losses %.9g, %.9g at 4 and 5; the full resume's %.9g, %.9g", (double)no_optim.losses[4],
+              (double)no_optim.losses[5], (double)full.losses[4], (double)full.losses[5]);
+    free(fresh.params); free(first_half.params); free(full.params); free(full_from_1.params); free(finetune.params);
+    free(no_optim.params);
 }
 
 // --fp16 with dynamic loss scaling: the scaler's state (scale, growth and hysteresis trackers)
@@ -433,6 +483,7 @@ int main(void) {
     mt_run_test(resume_with_another_dp);
     mt_run_test(distributed_optimizer_checkpoints);
     mt_run_test(fp16_resume_is_bit_exact);
+    mt_run_test(finetune_and_no_load_optim_load_the_parameters_only);
     mt_run_test(older_checkpoints_still_load);
     mt_run_test(no_checkpoint_starts_from_scratch);
     mt_run_test(damaged_checkpoints_are_clear_errors);

@@ -6,7 +6,8 @@
 # --print-schedule keeps labels apart from micro-batch 10 on; --data-path accepts PREFIX.bin and
 # PREFIX.idx; loading another layout's checkpoint points at --convert-checkpoint; an output path
 # that cannot be written fails at start-up, not after the run; a Megatron
-# flag not implemented here fails by name; --optimizer-cpu-offload that cannot fit the host fails
+# flag not implemented here fails by name; Megatron's loading flags (--use-checkpoint-args,
+# --finetune, --no-load-optim, --exit-on-missing-checkpoint) do what they say; --optimizer-cpu-offload that cannot fit the host fails
 # at start-up; make debug never writes ./train_gpt. Run from the
 # repository root after `make`; prints "N passed, N failed".
 passed=0; failed=0
@@ -70,6 +71,26 @@ check "interleaved schedule: labels apart" \
 ./train_gpt $M --train-iters 4 --data-path "$P" --load "$tmp/ckpt_pp2" > "$tmp/load" 2>&1
 check "another layout's checkpoint: exit non-zero, hint --convert-checkpoint" \
   "grep '^hint: .*--convert-checkpoint' '$tmp/load' > /dev/null"
+
+# Megatron's loading flags: --use-checkpoint-args (the checkpoint's sizes over given ones, each
+# named), --finetune (its parameters, training from iteration 1), --no-load-optim (its parameters
+# and iteration), --exit-on-missing-checkpoint (no checkpoint: an error, not random weights)
+./train_gpt $M --train-iters 2 --data-path "$P" --save "$tmp/ckpt_1" --save-interval 2 > /dev/null 2>&1
+./train_gpt $M --num-layers 4 --hidden-size 64 --train-iters 3 --data-path "$P" --load "$tmp/ckpt_1" \
+  --use-checkpoint-args --log-interval 1 > "$tmp/ckargs" 2>&1
+check "--use-checkpoint-args: the checkpoint's sizes, each named; resumes" \
+  "grep -q 'note: --use-checkpoint-args: --num-layers 4 gives way to the checkpoint.s 2' '$tmp/ckargs' && grep -q 'note: --use-checkpoint-args: --hidden-size 64 gives way to the checkpoint.s 32' '$tmp/ckargs' && grep -Eq 'iteration +3/ +3' '$tmp/ckargs'"
+./train_gpt $M --train-iters 2 --data-path "$P" --load "$tmp/ckpt_1" --finetune --log-interval 1 > "$tmp/finetune" 2>&1
+check "--finetune: the checkpoint's parameters, training from iteration 1" \
+  "grep -q 'training starts at iteration 1 from the parameters of iteration 2' '$tmp/finetune' && grep -Eq 'iteration +1/ +2' '$tmp/finetune' && grep -Eq 'iteration +2/ +2' '$tmp/finetune'"
+./train_gpt $M --train-iters 3 --data-path "$P" --load "$tmp/ckpt_1" --no-load-optim --no-load-rng --log-interval 1 \
+  > "$tmp/noopt" 2>&1
+check "--no-load-optim: the parameters and the iteration; --no-load-rng accepted" \
+  "grep -q 'no-load-optim: the parameters only' '$tmp/noopt' && grep -Eq 'iteration +3/ +3' '$tmp/noopt' && ! grep -Eq 'iteration +1/' '$tmp/noopt'"
+./train_gpt $M --train-iters 2 --data-path "$P" --load "$tmp/no_ckpt_here" --exit-on-missing-checkpoint > "$tmp/missing" 2>&1
+rc=$?
+check "--exit-on-missing-checkpoint: exit 1, one line naming the directory" \
+  "[ $rc -eq 1 ] && grep -q '^error: --exit-on-missing-checkpoint: --load $tmp/no_ckpt_here holds no checkpoint' '$tmp/missing'"
 
 # --optimizer-cpu-offload whose pinned state cannot fit the host (a 175B GPT on one rank: 2.8 TB)
 # fails at start-up, naming both sizes, before anything is allocated (else the kernel's OOM

@@ -496,6 +496,13 @@ MT_TEST(input_and_output_files_round_trip) {
     mt_expect(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && err && strstr(err, "error: --num-layers 3 disagrees"),
               "a wrong --num-layers: %s", err ? err : "");
     free(err);
+    // with Megatron's --use-checkpoint-args it gives way to the checkpoint's, with a note
+    rc = system("./train_gpt --load " CK " --num-layers 3 --use-checkpoint-args --prompt 1 --out-seq-length 2 "
+                "> build/test_generate.log 2>&1");
+    err = slurp("build/test_generate.log", &len);
+    mt_expect(rc == 0 && err && strstr(err, "note: --use-checkpoint-args: --num-layers 3 gives way to the checkpoint's 2"),
+              "--use-checkpoint-args with a wrong --num-layers: %s", err ? err : "");
+    free(err);
     // token ids on standard input (no tokenizer), unconditional samples: both run and report
     rc = system("printf '5 6 7\\n' | ./train_gpt --load " CK " --out-seq-length 4 > build/test_generate.log 2>&1 && "
                 "./train_gpt --load " CK " --num-samples 3 --out-seq-length 4 --greedy >> build/test_generate.log 2>&1");
