@@ -331,6 +331,7 @@ typedef struct {
     char tensorboard_dir[MT_PATH_MAX];  // --tensorboard-dir DIR: event files, written by the last rank
     int tensorboard_log_interval;       // --tensorboard-log-interval, default 1
     int tensorboard_queue_size;         // --tensorboard-queue-size, default 1000: events held before a flush
+    int log_params_norm;                // --log-params-norm: the parameters' L2 norm in the iteration line
     int log_timers_to_tensorboard;      // --log-timers-to-tensorboard: iteration-time, forward-backward-time, ...
     int log_validation_ppl_to_tensorboard;   // --log-validation-ppl-to-tensorboard
     int log_memory_to_tensorboard;      // --log-memory-to-tensorboard: mem-allocated-bytes
@@ -1468,6 +1469,9 @@ void mt_optimizer_free(mt_rank *r);
 double mt_optimizer_step(mt_rank *r, int iteration, int *skipped);
 /* learning rate at `iteration` (0-based steps taken), as Megatron's OptimizerParamScheduler */
 float mt_learning_rate(const mt_config *cfg, int iteration);
+/* the parameters' L2 norm, each counted once (--log-params-norm, Megatron's calc_params_l2_norm):
+   a collective over the model-parallel group, every rank of it calls it */
+double mt_params_norm(mt_rank *r);
 
 /* ============================================================================================= */
 /* 7. DATA PARALLEL
@@ -2803,6 +2807,9 @@ static const mt__flag mt__flags[] = {
      "iterations between TensorBoard scalars"},
     {"--tensorboard-queue-size", MT__INT, MT__OFF(train.tensorboard_queue_size), 0, "logging",
      "TensorBoard events held in memory before a flush (and at every --log-interval)"},
+    {"--log-params-norm", MT__BOOL, MT__OFF(train.log_params_norm), 0, "logging",
+     "also show the parameters' L2 norm (every parameter counted once) in the iteration line and TensorBoard's "
+     "params-norm"},
     {"--log-timers-to-tensorboard", MT__BOOL, MT__OFF(train.log_timers_to_tensorboard), 0, "logging",
      "also write iteration-time and the step's timers"},
     {"--log-validation-ppl-to-tensorboard", MT__BOOL, MT__OFF(train.log_validation_ppl_to_tensorboard), 0, "logging",
@@ -2845,6 +2852,43 @@ static const mt__flag mt__flags[] = {
     {"--timing-log-level", MT__IGNORED, 0, 1, "ignored", "no per-op timers yet"},
     {"--overlap-cpu-optimizer-d2h-h2d", MT__IGNORED, 0, 0, "ignored",
      "--optimizer-cpu-offload's copies and host update run one after another"},
+    // flags of today's Megatron examples (examples/gpt3/train_gpt3_175b_distributed.sh and its
+    // like) that ask for what happens here anyway, or that only choose among implementations
+    {"--attention-backend", MT__IGNORED, 0, 1, "ignored",
+     "attention is this build's own fused kernel (FlashAttention's way: the T x T matrix never stored)"},
+    {"--use-legacy-models", MT__IGNORED, 0, 0, "ignored", "there is one GPT implementation"},
+    {"--ckpt-format", MT__IGNORED, 0, 1, "ignored",
+     "checkpoints are safetensors files in Megatron's directories (iter_N/mp_rank_TT_PPP/), one a (TP, PP) rank"},
+    {"--auto-detect-ckpt-format", MT__IGNORED, 0, 0, "ignored", "there is one checkpoint format"},
+    {"--ckpt-fully-parallel-save", MT__IGNORED, 0, 0, "ignored",
+     "every (TP, PP) rank writes its own file (DP rank 0 of each)"},
+    {"--ckpt-fully-parallel-load", MT__IGNORED, 0, 0, "ignored", "every rank reads its own file"},
+    {"--ckpt-assume-constant-structure", MT__IGNORED, 0, 0, "ignored", "a checkpoint's structure is always the same"},
+    {"--dist-ckpt-strictness", MT__IGNORED, 0, 1, "ignored",
+     "every tensor of a checkpoint is checked: its shape, its layout and its checksum"},
+    {"--async-save", MT__IGNORED, 0, 0, "ignored",
+     "saves are synchronous: written to a temporary name, fsync'd, renamed"},
+    {"--override-opt_param-scheduler", MT__IGNORED, 0, 0, "ignored",
+     "the learning-rate schedule always comes from this run's flags and the iteration"},
+    {"--use-checkpoint-opt_param-scheduler", MT__IGNORED, 0, 0, "ignored",
+     "a checkpoint holds no schedule: it comes from this run's flags and the iteration (give the ones the run "
+     "started with)"},
+    {"--dataloader-type", MT__IGNORED, 0, 1, "ignored",
+     "samples are read in the order of the dataset's shuffled index, epoch after epoch (Megatron's single)"},
+    {"--no-create-attention-mask-in-dataloader", MT__IGNORED, 0, 0, "ignored",
+     "the causal mask is never made: the attention kernels skip the future positions"},
+    {"--apply-query-key-layer-scaling", MT__IGNORED, 0, 0, "ignored",
+     "the attention's scores and softmax are in fp32, where this fp16 overflow guard changes nothing"},
+    {"--no-persist-layer-norm", MT__IGNORED, 0, 0, "ignored", "there is one layernorm kernel family"},
+    {"--bias-gelu-fusion", MT__IGNORED, 0, 0, "ignored", "fusion is a kernel detail here"},
+    {"--no-bias-swiglu-fusion", MT__IGNORED, 0, 0, "ignored", "there is no SwiGLU (GPT-2 uses GELU)"},
+    {"--no-rope-fusion", MT__IGNORED, 0, 0, "ignored", "there is no RoPE (GPT-2's learned positions)"},
+    {"--manual-gc", MT__IGNORED, 0, 0, "ignored", "no garbage collector: memory is allocated once"},
+    {"--manual-gc-interval", MT__IGNORED, 0, 1, "ignored", "no garbage collector: memory is allocated once"},
+    {"--empty-unused-memory-level", MT__IGNORED, 0, 1, "ignored",
+     "no caching allocator to empty: buffers are allocated once, at start-up"},
+    {"--deterministic-mode", MT__IGNORED, 0, 0, "ignored",
+     "every run is bit-reproducible already (no atomics in the sums, fixed reduction orders)"},
     // Megatron's gradient and pipeline flags that ask for what happens here anyway
     {"--accumulate-allreduce-grads-in-fp32", MT__IGNORED, 0, 0, "ignored",
      "gradients always accumulate in an fp32 buffer and are all-reduced in fp32"},
@@ -2894,6 +2938,19 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
     {"--swiglu", "SwiGLU MLPs (GPT-2 uses GELU)", NULL},
     {"--normalization", "RMSNorm (GPT-2 uses LayerNorm)", NULL},
     {"--disable-bias-linear", "linear layers without biases", NULL},
+    {"--use-rotary-position-embeddings", "rotary position embeddings (GPT-2 uses learned ones)", NULL},
+    {"--fp8-format", "FP8 training (Transformer Engine's)", "use --bf16"},
+    {"--mock-data", "a mock (random) dataset", "make one: ./preprocess the bundled data/corpus.jsonl (make run does)"},
+    {"--train-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
+    {"--valid-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
+    {"--test-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
+    {"--wandb-project", "Weights & Biases logging", "use --tensorboard-dir"},
+    {"--wandb-exp-name", "Weights & Biases logging", "use --tensorboard-dir"},
+    {"--log-num-zeros-in-grad", "counting the zeros in the gradients", "the iteration line has the grad norm"},
+    {"--save-retain-interval", "deleting older checkpoints", "every saved iteration is kept"},
+    {"--profile", "the PyTorch / Nsight profiler hooks", "--timeline FILE draws every rank for the window "
+                                                         "--profile-step-start .. --profile-step-end"},
+    {"--log-straggler", "the straggler detector", NULL},
 };
 // Flags of older Megatron versions and of the tutorial itself: each is honoured through today's
 // equivalent, with a one-line note that names it (mt__old_flag), never refused: the tutorial's
@@ -9794,6 +9851,25 @@ static double mt__grad_norm(mt_rank *r) {
     return sqrt(sumsq);
 }
 
+// The parameters' L2 norm (--log-params-norm, Megatron's calc_params_l2_norm), each parameter
+// counted once as the gradient norm counts them. Every rank holds its parameters whole (the
+// distributed optimizer shards only AdamW's state), so the sum is over the model-parallel group
+// alone; DP replicas compute the same norm. A collective over that group: every rank calls it.
+double mt_params_norm(mt_rank *r) {
+    size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
+    int parts = 0;
+    for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
+        const mt_param_spec *s = &r->model.specs[i];
+        if (!s->present || (s->tp_replicated && r->ps.tp_rank != 0) || s->tied_copy) continue;
+        size_t a = s->offset, n = mt__spec_numel(s);
+        if (parts > 0 && start[parts - 1] + count[parts - 1] == a) count[parts - 1] += n;
+        else { start[parts] = a; count[parts] = n; parts++; }
+    }
+    double sumsq = mt_sum_squares_parts(r, r->model.params_memory, start, count, parts);
+    if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
+    return sqrt(sumsq);
+}
+
 // ---------------------------------------------------------------------------------------------
 // LOSS SCALING (--fp16), as Megatron's grad_scaler.py and MixedPrecisionOptimizer.step
 // ---------------------------------------------------------------------------------------------
@@ -14453,6 +14529,12 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
     // Megatron's --log-throughput: model FLOPs per token = 6N + 12 L C T (forward and
     // backward, attention included), per GPU (per rank)
     double tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
+    // --log-params-norm: a collective over the model-parallel group, so every rank computes it
+    // where the line or TensorBoard will show it (the decision from the config, the same everywhere)
+    double params_norm = 0.0;
+    if (t->log_params_norm &&
+        (it % t->log_interval == 0 || (t->tensorboard_dir[0] && it % t->tensorboard_log_interval == 0)))
+        params_norm = mt_params_norm(r);
     if (is_last && tb->f && it % t->tensorboard_log_interval == 0) {   // training.py's writer.add_scalar calls
         mt_tb_scalar(tb, "samples vs steps", (float)samples, it);
         if (!t->no_log_learning_rate_to_tensorboard) {
@@ -14472,6 +14554,10 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         if (t->log_world_size_to_tensorboard) mt_tb_scalar(tb, "world-size", (float)cfg->world_size, it);
         mt_tb_scalar(tb, "grad-norm", res->grad_norm, it);
         mt_tb_scalar(tb, "grad-norm vs samples", res->grad_norm, samples);
+        if (t->log_params_norm) {
+            mt_tb_scalar(tb, "params-norm", (float)params_norm, it);
+            mt_tb_scalar(tb, "params-norm vs samples", (float)params_norm, samples);
+        }
         // ours, beside Megatron's: throughput, tokens/s, skipped and NaN iterations so far this interval
         mt_tb_scalar(tb, "throughput", (float)tflops, it);
         mt_tb_scalar(tb, "tokens-per-second", (float)tokens_per_s, it);
@@ -14495,16 +14581,17 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         double ms = 1000.0 * per_iter;
         tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / per_iter;
         tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
-        char left[32], comm[512];
+        char left[32], comm[512], pnorm[48] = "";
         mt__format_duration(per_iter * (t->train_iters - it), left, sizeof left);
+        if (t->log_params_norm) snprintf(pnorm, sizeof pnorm, "params norm: %.3f | ", params_norm);
         printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
-               "number of skipped iterations: %3d | number of nan iterations: %3d | "
+               "%snumber of skipped iterations: %3d | number of nan iterations: %3d | "
                "throughput per GPU (TFLOP/s/GPU): %.*f | tokens per second: %.0f | estimated time left: %s |\n",
                it, t->train_iters, (long long)samples, ms, (double)res->lr, t->global_batch_size,
                acc->count ? acc->loss / acc->count : acc->skipped_count ? acc->skipped_loss / acc->skipped_count
                                                                       : (double)NAN,
-               (double)res->loss_scale, (double)res->grad_norm, acc->skipped,
+               (double)res->loss_scale, (double)res->grad_norm, pnorm, acc->skipped,
                acc->nan_iters, tflops < 1.0 ? 3 : 1, tflops, tokens_per_s, left);   // a CPU's 0.004, not 0.0
         if (r->ps.pp_size > 1)
             printf("   (last stage waited %.1f%% of the step for pipeline messages)\n", 100.0 * res->idle_seconds / dt);

@@ -270,6 +270,59 @@ static void counter_rank(mt_world *w, int rank, void *arg) {
     mt_rank_free(&r);
 }
 
+// --log-params-norm: mt_params_norm counts every parameter once, so every layout of the same model
+// (initialised the same in every layout) gives the one-rank norm, which is the norm of the one rank's
+// whole buffer (TP = PP = 1: no replicated tensors, no tied copy); 1e-12: sums of squares in double,
+// in other groupings
+typedef struct { mt_config cfg; double norm, whole; } norm_run;
+static void norm_rank(mt_world *w, int rank, void *arg) {
+    norm_run *run = (norm_run *)arg;
+    mt_rank r;
+    mt_rank_init(&r, &run->cfg, w, rank);
+    double norm = mt_params_norm(&r);
+    if (rank == 0) {
+        run->norm = norm;
+        double sumsq = 0;
+        for (size_t i = 0; i < r.model.num_params; i++) sumsq += (double)r.model.params_memory[i] * r.model.params_memory[i];
+        run->whole = sqrt(sumsq);
+    }
+    mt_rank_free(&r);
+}
+MT_TEST(params_norm_counts_each_parameter_once) {
+    const int layouts[5][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {2, 1, 2}};   // TP, PP, DP
+    double one = 0;
+    for (int k = 0; k < 5; k++) {
+        norm_run run;
+        memset(&run, 0, sizeof run);
+        mt_config *cfg = &run.cfg;
+        mt_config_defaults(cfg);
+        cfg->model.num_layers = 4;
+        cfg->model.hidden_size = 32;
+        cfg->model.num_attention_heads = 4;
+        cfg->model.seq_length = 16;
+        cfg->model.vocab_size = 101;
+        cfg->parallel.tensor_model_parallel_size = layouts[k][0];
+        cfg->parallel.pipeline_model_parallel_size = layouts[k][1];
+        cfg->parallel.nproc_per_node = layouts[k][0] * layouts[k][1] * layouts[k][2];
+        cfg->parallel.use_distributed_optimizer = layouts[k][2] > 1;
+        cfg->train.micro_batch_size = 2;
+        cfg->train.global_batch_size = 4 * layouts[k][2];
+        cfg->train.train_iters = 1;
+        mt_config_derive(cfg);
+        mt_world *w = mt_world_create(cfg->world_size);
+        mt_expect(mt_world_run(w, norm_rank, &run) == 0, "the world failed");
+        mt_world_destroy(w);
+        if (k == 0) {
+            one = run.norm;
+            mt_expect(run.norm > 0 && fabs(run.norm - run.whole) <= 1e-12 * run.whole,
+                      "one rank: params norm %.17g, the whole buffer's %.17g", run.norm, run.whole);
+        } else {
+            mt_expect(fabs(run.norm - one) <= 1e-12 * one, "TP=%d PP=%d DP=%d: params norm %.17g, one rank's %.17g",
+                      layouts[k][0], layouts[k][1], layouts[k][2], run.norm, one);
+        }
+    }
+}
+
 MT_TEST(comm_counters_match_shapes) {
     counter_run run;
     memset(&run, 0, sizeof run);
@@ -550,6 +603,26 @@ MT_TEST(older_flags_are_mapped) {
 
 static void child_resolve(void *arg) { mt_checkpoint_resolve_load((mt_config *)arg); }
 
+// the flag tables: every flag once, and none both implemented and listed as not implemented (a
+// second entry would never be reached: the first one found wins)
+MT_TEST(every_flag_is_in_the_tables_once) {
+    size_t n = sizeof mt__flags / sizeof mt__flags[0], u = sizeof mt__unimplemented_flags / sizeof mt__unimplemented_flags[0];
+    int dup = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++)
+            if (strcmp(mt__flags[i].name, mt__flags[j].name) == 0) {
+                mt_expect(0, "%s is in the flag table twice", mt__flags[i].name);
+                dup++;
+            }
+        for (size_t j = 0; j < u; j++)
+            if (strcmp(mt__flags[i].name, mt__unimplemented_flags[j].name) == 0) {
+                mt_expect(0, "%s is both a flag and a flag not implemented", mt__flags[i].name);
+                dup++;
+            }
+    }
+    printf("  %zu flags, %zu not implemented: %d repeated\n", n, u, dup);
+}
+
 MT_TEST(load_an_iteration_directory) {
     (void)system("rm -rf build/test_iterdir && mkdir -p build/test_iterdir/ckpts/iter_0001000");
     mt_config c;
@@ -591,8 +664,10 @@ int main(void) {
     mt_run_test(tensorboard_file_cut_at_every_byte);
     mt_run_test(tensorboard_from_a_training_run);
     mt_run_test(comm_counters_match_shapes);
+    mt_run_test(params_norm_counts_each_parameter_once);
     mt_run_test(timeline_1f1b);
     mt_run_test(older_flags_are_mapped);
     mt_run_test(load_an_iteration_directory);
+    mt_run_test(every_flag_is_in_the_tables_once);
     return mt_test_summary();
 }
