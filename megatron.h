@@ -15382,8 +15382,8 @@ static void mt__gen_rank_main(mt_world *w, int rank, void *arg) {
                    "the window does not slide\n", stopped, stopped == 1 ? "" : "s",
                    cfg->model.max_position_embeddings);
         printf("generation report (%s, TP=%d PP=%d, batch %d, %d sequence%s in %d batch%s, temperature %g, "
-               "top-k %d, top-p %g):\n", r->dev.name[0] ? r->dev.name : "CPU", r->ps.tp_size, r->ps.pp_size, B, sequences,
-               sequences == 1 ? "" : "s", batches, batches == 1 ? "" : "es", (double)mt__sampling(t).temperature,
+               "top-k %d, top-p %g):\n", r->dev.name[0] ? r->dev.name : "CPU", r->ps.tp_size, r->ps.pp_size, B,
+               sequences, sequences == 1 ? "" : "s", batches, batches == 1 ? "" : "es", (double)mt__sampling(t).temperature,
                t->top_k, (double)t->top_p);
         printf("  start-up: %.3f s (configuration, devices, communicators, checkpoint, KV cache, warm-up); launch to first "
                "token %.3f s\n", startup, startup + ttft_first);
