@@ -8117,6 +8117,11 @@ static const int MT__SUMSQ_MAX_BLOCKS = 1024;
 // Grid-stride over float4s (the floats before the first 16-byte boundary and after the last whole
 // float4 one per thread): a thread adds a float4's four squares in pairs, then into its running
 // sum. (One float per load ran at ~2 TB/s, 0.25 ms a step for GPT-2 small's 124M gradients.)
+// ZEROS = 1 (mt_count_zeros_cpu's count, --log-num-zeros-in-grad): a value's term is 1 where it is 0
+// and 0 elsewhere, in place of its square; the same sums of those.
+template <int ZEROS>
+__device__ static inline double mt__sumsq_term(float v) { return ZEROS ? (double)(v == 0.0f) : (double)v * (double)v; }
+template <int ZEROS>
 __global__ void mt_sum_squares_partial_kernel(double *partial, const float *x, size_t n) {
     __shared__ double warp_sums[32];
     size_t head = ((16 - (uintptr_t)x % 16) % 16) / 4;
@@ -8127,10 +8132,11 @@ __global__ void mt_sum_squares_partial_kernel(double *partial, const float *x, s
     double s = 0.0;
     for (size_t i = gid; i < n4; i += stride) {
         float4 v = x4[i];
-        s += ((double)v.x * (double)v.x + (double)v.y * (double)v.y) + ((double)v.z * (double)v.z + (double)v.w * (double)v.w);
+        s += (mt__sumsq_term<ZEROS>(v.x) + mt__sumsq_term<ZEROS>(v.y)) +
+             (mt__sumsq_term<ZEROS>(v.z) + mt__sumsq_term<ZEROS>(v.w));
     }
-    if (gid < head) s += (double)x[gid] * (double)x[gid];
-    if (gid < n - tail) s += (double)x[tail + gid] * (double)x[tail + gid];
+    if (gid < head) s += mt__sumsq_term<ZEROS>(x[gid]);
+    if (gid < n - tail) s += mt__sumsq_term<ZEROS>(x[tail + gid]);
     s = mt__warp_sum_double(s);
     if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
     __syncthreads();
@@ -8151,17 +8157,26 @@ __global__ void mt_sum_squares_finish_kernel(double *sumsq, const double *partia
         if (threadIdx.x == 0) *sumsq += t;
     }
 }
-void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t stream) {
+// zeros: count the zeros instead (ZEROS above)
+static void mt__sum_squares_launch(double *sumsq, const float *x, size_t n, int zeros, cudaStream_t stream) {
     if (n == 0) return;
     size_t want = (n + 1023) / 1024;   // a float4 a thread at least
     int nblocks = want < MT__SUMSQ_MAX_BLOCKS ? (int)want : MT__SUMSQ_MAX_BLOCKS;
     double *partial;
     mt__scratch_alloc((void **)&partial, (size_t)nblocks * sizeof(double), stream);
-    mt_sum_squares_partial_kernel<<<nblocks, 256, 0, stream>>>(partial, x, n);
+    if (zeros) mt_sum_squares_partial_kernel<1><<<nblocks, 256, 0, stream>>>(partial, x, n);
+    else mt_sum_squares_partial_kernel<0><<<nblocks, 256, 0, stream>>>(partial, x, n);
     mt__launch_check("mt_sum_squares_partial_kernel", stream);
     mt_sum_squares_finish_kernel<<<1, MT__SUMSQ_MAX_BLOCKS, 0, stream>>>(sumsq, partial, nblocks);
     mt__launch_check("mt_sum_squares_finish_kernel", stream);
     mt__scratch_free(partial, stream);
+}
+void mt_sum_squares_gpu(double *sumsq, const float *x, size_t n, cudaStream_t stream) {
+    mt__sum_squares_launch(sumsq, x, n, 0, stream);
+}
+// matches mt_count_zeros_cpu (megatron.h, 3. OPS): *zeros += how many x are 0
+void mt_count_zeros_gpu(double *zeros, const float *x, size_t n, cudaStream_t stream) {
+    mt__sum_squares_launch(zeros, x, n, 1, stream);
 }
 // matches mt_unscale_check_cpu (megatron.h, 3. OPS): loss scaling's one pass over the gradients,
 // x *= inv_scale, and *found = 1 if any x was inf or NaN. Grid-stride; each warp votes once and
@@ -8601,18 +8616,25 @@ void mt_adamw(mt_rank *r, float *param, float *m, float *v, const float *grad, f
 }
 // the sum lands in device memory; one synchronisation brings it to the host
 // the pieces' sums added into one device double in order (mt_sum_squares_gpu adds), then one copy
-double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+static double mt__sum_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts,
+                            int zeros) {
     double t0 = mt__profile_begin(r);
     double *sumsq, result = 0.0;
     cudaStream_t stream = mt__stream(r);
     mt__scratch_alloc((void **)&sumsq, sizeof(double), stream);
     MT_CUDA_CHECK(cudaMemsetAsync(sumsq, 0, sizeof(double), stream));
-    for (int i = 0; i < parts; i++) mt_sum_squares_gpu(sumsq, x + start[i], count[i], stream);
+    for (int i = 0; i < parts; i++) mt__sum_squares_launch(sumsq, x + start[i], count[i], zeros, stream);
     MT_CUDA_CHECK(cudaMemcpyAsync(&result, sumsq, sizeof(double), cudaMemcpyDeviceToHost, stream));
     mt__scratch_free(sumsq, stream);
     MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    mt__profile_end(r, "sum of squares", t0);
+    mt__profile_end(r, zeros ? "count of zeros" : "sum of squares", t0);
     return result;
+}
+double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+    return mt__sum_parts(r, x, start, count, parts, 0);
+}
+double mt_count_zeros_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+    return mt__sum_parts(r, x, start, count, parts, 1);
 }
 // the whole of x: one piece
 double mt_sum_squares(mt_rank *r, const float *x, size_t n) {

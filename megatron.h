@@ -332,6 +332,7 @@ typedef struct {
     int tensorboard_log_interval;       // --tensorboard-log-interval, default 1
     int tensorboard_queue_size;         // --tensorboard-queue-size, default 1000: events held before a flush
     int log_params_norm;                // --log-params-norm: the parameters' L2 norm in the iteration line
+    int log_num_zeros_in_grad;          // --log-num-zeros-in-grad: the zero gradients in the iteration line
     int log_timers_to_tensorboard;      // --log-timers-to-tensorboard: iteration-time, forward-backward-time, ...
     int log_validation_ppl_to_tensorboard;   // --log-validation-ppl-to-tensorboard
     int log_memory_to_tensorboard;      // --log-memory-to-tensorboard: mem-allocated-bytes
@@ -727,6 +728,7 @@ void mt_cross_entropy_finish_cpu(float *losses, float *dlogits, const float *max
 void mt_adamw_cpu(float *param, float *m, float *v, const float *grad, float grad_scale, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step);
 double mt_sum_squares_cpu(const float *x, size_t n);
+double mt_count_zeros_cpu(const float *x, size_t n);   /* how many x are 0 (--log-num-zeros-in-grad) */
 /* *acc += (the BT losses summed in double) / BT: a micro-batch's mean loss (section 5's head) */
 void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT);
 /* loss scaling's check (section 6 uses it): x *= inv_scale; returns 1 if any x was inf or NaN */
@@ -1017,6 +1019,8 @@ double mt_sum_squares(mt_rank *r, const float *x, size_t n);   /* in double; the
    (sum of the pieces' sums, as many mt_sum_squares calls would give): one device reduction and one
    synchronisation for them all (the gradient norm's tensors) */
 double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts);
+/* the same pieces, counting the values that are 0 (mt_count_zeros_cpu's count) */
+double mt_count_zeros_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts);
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n);   /* one pass; the flag on the host */
 /* a micro-batch's mean loss added where the losses are (no wait): *acc (a double in the rank's
    buffers, 8-byte aligned) += (the BT losses summed in double) / BT; read once per step */
@@ -1451,6 +1455,7 @@ typedef struct {
                                 // memory, or pinned host memory with --optimizer-cpu-offload
     int step;                   // optimizer steps taken (AdamW's bias correction)
     int skipped;                // iterations whose step was skipped: the learning rate does not advance
+    double num_zeros;           // --log-num-zeros-in-grad: the last step's zero gradients (NaN: skipped)
     mt_grad_scaler scaler;      // loss scaling (--fp16)
     int distributed;            // --use-distributed-optimizer: this DP rank owns one shard (ZeRO-1)
     size_t shard_start;         // the shard: parameters [shard_start, shard_start + shard_size) of the
@@ -1518,6 +1523,7 @@ typedef void (*mt_batch_fn)(mt_rank *r, void *ctx, int iteration, int mb, int *t
 typedef struct {
     float loss;            // mean lm loss of the global batch
     float grad_norm;       // before clipping
+    double num_zeros;      // --log-num-zeros-in-grad: zero gradients (NaN: not counted, or skipped)
     float lr;
     int skipped;           // 1 if the step was skipped (inf/nan gradients)
     int overflow;          // 1 if skipped and fp16's dynamic scaling answers it (the scale was above its
@@ -2807,6 +2813,9 @@ static const mt__flag mt__flags[] = {
      "iterations between TensorBoard scalars"},
     {"--tensorboard-queue-size", MT__INT, MT__OFF(train.tensorboard_queue_size), 0, "logging",
      "TensorBoard events held in memory before a flush (and at every --log-interval)"},
+    {"--log-num-zeros-in-grad", MT__BOOL, MT__OFF(train.log_num_zeros_in_grad), 0, "logging",
+     "also show how many gradients are exactly 0 (every parameter counted once) in the iteration line and "
+     "TensorBoard's num-zeros"},
     {"--log-params-norm", MT__BOOL, MT__OFF(train.log_params_norm), 0, "logging",
      "also show the parameters' L2 norm (every parameter counted once) in the iteration line and TensorBoard's "
      "params-norm"},
@@ -2946,7 +2955,6 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
     {"--test-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
     {"--wandb-project", "Weights & Biases logging", "use --tensorboard-dir"},
     {"--wandb-exp-name", "Weights & Biases logging", "use --tensorboard-dir"},
-    {"--log-num-zeros-in-grad", "counting the zeros in the gradients", "the iteration line has the grad norm"},
     {"--save-retain-interval", "deleting older checkpoints", "every saved iteration is kept"},
     {"--profile", "the PyTorch / Nsight profiler hooks", "--timeline FILE draws every rank for the window "
                                                          "--profile-step-start .. --profile-step-end"},
@@ -7635,6 +7643,13 @@ double mt_sum_squares_cpu(const float *x, size_t n) {
     return s;
 }
 
+// Megatron's count_zeros_fp32 (--log-num-zeros-in-grad): the gradients that are exactly 0
+double mt_count_zeros_cpu(const float *x, size_t n) {
+    double zeros = 0.0;
+    for (size_t k = 0; k < n; k++) zeros += x[k] == 0.0f;
+    return zeros;
+}
+
 // the step's loss: each micro-batch's mean over its B*T positions, added into a double that the
 // step reads once at its end (on the GPU it stays on the device until then: no wait per micro-batch)
 void mt_loss_mean_add_cpu(double *acc, const float *losses, int BT) {
@@ -8605,6 +8620,12 @@ double mt_sum_squares_parts(mt_rank *r, const float *x, const size_t *start, con
     double sum = 0.0;
     for (int i = 0; i < parts; i++) sum += mt_sum_squares_cpu(x + start[i], count[i]);
     return sum;
+}
+double mt_count_zeros_parts(mt_rank *r, const float *x, const size_t *start, const size_t *count, int parts) {
+    (void)r;
+    double zeros = 0.0;
+    for (int i = 0; i < parts; i++) zeros += mt_count_zeros_cpu(x + start[i], count[i]);
+    return zeros;
 }
 
 int mt_unscale_check(mt_rank *r, float *x, float inv_scale, size_t n) {
@@ -9827,10 +9848,10 @@ static void mt__shard_part(const mt_param_spec *s, size_t lo, size_t hi, size_t 
 //   - the LM head's copy of wte on the last stage (PP > 1) not at all (the first stage's counts),
 // then summed over the model-parallel group (all TP and PP ranks of my replica). DP replicas
 // hold the same gradients after the all-reduce, so they all compute the same norm.
-static double mt__grad_norm(mt_rank *r) {
+// The pieces of the gradient buffer that count (returns how many; start, count: each piece's).
+static int mt__grad_pieces(const mt_rank *r, size_t *start, size_t *count) {
     // the shard this rank holds final gradients for: all of it, or its DP shard (distributed)
     size_t lo = r->optim.shard_start, hi = r->optim.shard_start + r->optim.shard_size;
-    size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
     int parts = 0;
     for (int i = 0; i < MT_NUM_PARAM_TENSORS; i++) {
         const mt_param_spec *s = &r->model.specs[i];
@@ -9843,12 +9864,28 @@ static double mt__grad_norm(mt_rank *r) {
         if (parts > 0 && start[parts - 1] + count[parts - 1] == a) count[parts - 1] += b - a;   // contiguous: one piece
         else { start[parts] = a; count[parts] = b - a; parts++; }
     }
+    return parts;
+}
+static double mt__grad_norm(mt_rank *r) {
+    size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
+    int parts = mt__grad_pieces(r, start, count);
     // the pieces' sums of squares added in order: one reduction on the device, one wait (at TP = PP
     // = 1 the tensors lie end to end in the buffer: one piece, one pass, two kernels)
     double sumsq = mt_sum_squares_parts(r, r->model.grads_memory, start, count, parts);
     if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &sumsq, 1, MT_SUM);
     if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &sumsq, 1, MT_SUM);
     return sqrt(sumsq);
+}
+
+// --log-num-zeros-in-grad (Megatron's count_zeros_fp32): the gradients that are exactly 0, each
+// parameter counted once, over the same pieces and groups as the norm
+static double mt__grad_num_zeros(mt_rank *r) {
+    size_t start[MT_NUM_PARAM_TENSORS], count[MT_NUM_PARAM_TENSORS];
+    int parts = mt__grad_pieces(r, start, count);
+    double zeros = mt_count_zeros_parts(r, r->model.grads_memory, start, count, parts);
+    if (r->optim.distributed && r->groups.dp.size > 1) mt_all_reduce_double(&r->groups.dp, &zeros, 1, MT_SUM);
+    if (r->groups.mp.size > 1) mt_all_reduce_double(&r->groups.mp, &zeros, 1, MT_SUM);
+    return zeros;
 }
 
 // The parameters' L2 norm (--log-params-norm, Megatron's calc_params_l2_norm), each parameter
@@ -10098,15 +10135,18 @@ double mt_optimizer_step(mt_rank *r, int iteration, int *skipped) {
         if (found > 0) {
             *skipped = 1;
             o->skipped++;
+            o->num_zeros = NAN;
             return NAN;   // no norm: Megatron computes none for a skipped step
         }
     }
+    o->num_zeros = NAN;
     double norm = mt__grad_norm(r);
     *skipped = !isfinite(norm);
     if (*skipped) {
         o->skipped++;
         return norm;
     }
+    if (cfg->train.log_num_zeros_in_grad) o->num_zeros = mt__grad_num_zeros(r);   // (clipping keeps a 0 a 0)
     float grad_scale = 1.0f;   // the clip, applied by AdamW as it reads each gradient (mt_adamw_cpu)
     if (cfg->train.clip_grad > 0) {
         double coeff = cfg->train.clip_grad / (norm + 1e-6);
@@ -10864,6 +10904,7 @@ mt_step_result mt_train_step(mt_rank *r, mt_batch_fn batch, void *ctx, int itera
     const mt_grad_scaler *scaler = &r->optim.scaler;
     int can_lower = scaler->kind == MT_SCALER_DYNAMIC && scaler->scale > scaler->min_scale;
     res.grad_norm = (float)mt_optimizer_step(r, iteration, &skipped);
+    res.num_zeros = r->optim.num_zeros;
     mt_sched_step none = {MT_STEP_FORWARD, -1, 0};
     mt__work_span(r, MT_SPAN_OPTIMIZER, none, t0);
     res.optimizer_seconds = mt_time_seconds() - t0.seconds;
@@ -14554,6 +14595,10 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         if (t->log_world_size_to_tensorboard) mt_tb_scalar(tb, "world-size", (float)cfg->world_size, it);
         mt_tb_scalar(tb, "grad-norm", res->grad_norm, it);
         mt_tb_scalar(tb, "grad-norm vs samples", res->grad_norm, samples);
+        if (t->log_num_zeros_in_grad && !isnan(res->num_zeros)) {
+            mt_tb_scalar(tb, "num-zeros", (float)res->num_zeros, it);
+            mt_tb_scalar(tb, "num-zeros vs samples", (float)res->num_zeros, samples);
+        }
         if (t->log_params_norm) {
             mt_tb_scalar(tb, "params-norm", (float)params_norm, it);
             mt_tb_scalar(tb, "params-norm vs samples", (float)params_norm, samples);
@@ -14581,9 +14626,12 @@ static void mt__training_log(mt_rank *r, mt_tb_writer *tb, int it, const mt_step
         double ms = 1000.0 * per_iter;
         tokens_per_s = (double)t->global_batch_size * cfg->model.seq_length / per_iter;
         tflops = tokens_per_s * mt_flops_per_token(cfg) / cfg->world_size / 1e12;
-        char left[32], comm[512], pnorm[48] = "";
+        char left[32], comm[512], pnorm[96] = "";   // Megatron's: num zeros (not for a skipped step), params norm
         mt__format_duration(per_iter * (t->train_iters - it), left, sizeof left);
-        if (t->log_params_norm) snprintf(pnorm, sizeof pnorm, "params norm: %.3f | ", params_norm);
+        size_t used = 0;
+        if (t->log_num_zeros_in_grad && !isnan(res->num_zeros))
+            used += (size_t)snprintf(pnorm, sizeof pnorm, "num zeros: %.1f | ", res->num_zeros);
+        if (t->log_params_norm) snprintf(pnorm + used, sizeof pnorm - used, "params norm: %.3f | ", params_norm);
         printf(" iteration %8d/%8d | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                "learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
                "%snumber of skipped iterations: %3d | number of nan iterations: %3d | "

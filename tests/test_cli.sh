@@ -92,6 +92,11 @@ rc=$?
 check "--exit-on-missing-checkpoint: exit 1, one line naming the directory" \
   "[ $rc -eq 1 ] && grep -q '^error: --exit-on-missing-checkpoint: --load $tmp/no_ckpt_here holds no checkpoint' '$tmp/missing'"
 
+# Megatron's --log-num-zeros-in-grad and --log-params-norm: in the iteration line, after the grad norm
+./train_gpt $M --train-iters 2 --data-path "$P" --log-num-zeros-in-grad --log-params-norm > "$tmp/norms" 2>&1
+check "--log-num-zeros-in-grad, --log-params-norm: in the iteration line, Megatron's order" \
+  "grep -Eq 'grad norm: [0-9.]+ \| num zeros: [0-9]+\.0 \| params norm: [0-9.]+ \| number of skipped' '$tmp/norms'"
+
 # --optimizer-cpu-offload whose pinned state cannot fit the host (a 175B GPT on one rank: 2.8 TB)
 # fails at start-up, naming both sizes, before anything is allocated (else the kernel's OOM
 # killer ends it without a word)

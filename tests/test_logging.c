@@ -313,6 +313,54 @@ MT_TEST(params_norm_counts_each_parameter_once) {
     }
 }
 
+// --log-num-zeros-in-grad: after one step, the zero gradients, every parameter counted once: one
+// rank's count is its whole gradient buffer's; in other layouts the same, but for the vocabulary's
+// padding (Megatron pads to a multiple of 128 x TP: its rows' gradients are 0, C each). The zeros:
+// those padding rows of wte, and wpe's rows past --seq-length (32 positions, 16 used), a tensor every
+// TP rank holds (counted twice at TP = 2, the test would see 512 too many)
+typedef struct { mt_config cfg; double zeros, whole; } zeros_run;
+static void zeros_rank(mt_world *w, int rank, void *arg) {
+    zeros_run *run = (zeros_run *)arg;
+    mt_rank r;
+    mt_rank_init(&r, &run->cfg, w, rank);
+    mt_step_result res = mt_train_step(&r, synthetic_batch, NULL, 1);
+    if (rank == 0) {
+        run->zeros = res.num_zeros;
+        run->whole = mt_count_zeros_cpu(r.model.grads_memory, r.model.num_params);
+    }
+    mt_rank_free(&r);
+}
+MT_TEST(num_zeros_in_grad_counts_each_parameter_once) {
+    const int layouts[5][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {2, 1, 2}};   // TP, PP, DP
+    double one = 0;
+    int one_vp = 0;
+    for (int k = 0; k < 5; k++) {
+        zeros_run run;
+        memset(&run, 0, sizeof run);
+        mt_config *cfg = &run.cfg;
+        synthetic_config(cfg, layouts[k][0], layouts[k][1], layouts[k][2]);
+        cfg->parallel.use_distributed_optimizer = layouts[k][2] > 1;
+        cfg->train.log_num_zeros_in_grad = 1;
+        cfg->train.train_iters = 1;
+        cfg->model.max_position_embeddings = 32;
+        mt_config_derive(cfg);
+        mt_world *w = mt_world_create(cfg->world_size);
+        mt_expect(mt_world_run(w, zeros_rank, &run) == 0, "the world failed");
+        mt_world_destroy(w);
+        if (k == 0) {
+            one = run.zeros;
+            one_vp = cfg->padded_vocab_size;
+            mt_expect(run.zeros > 0 && run.zeros == run.whole, "one rank: %.17g zeros counted, the buffer has %.17g",
+                      run.zeros, run.whole);
+        } else {
+            double want = one + (double)(cfg->padded_vocab_size - one_vp) * cfg->model.hidden_size;
+            mt_expect(run.zeros == want, "TP=%d PP=%d DP=%d: %.17g zeros, want %.17g (padded vocabulary %d)",
+                      layouts[k][0], layouts[k][1], layouts[k][2], run.zeros, want, cfg->padded_vocab_size);
+        }
+    }
+    printf("  one rank: %.0f zero gradients\n", one);
+}
+
 MT_TEST(comm_counters_match_shapes) {
     counter_run run;
     memset(&run, 0, sizeof run);
@@ -655,6 +703,7 @@ int main(void) {
     mt_run_test(tensorboard_from_a_training_run);
     mt_run_test(comm_counters_match_shapes);
     mt_run_test(params_norm_counts_each_parameter_once);
+    mt_run_test(num_zeros_in_grad_counts_each_parameter_once);
     mt_run_test(timeline_1f1b);
     mt_run_test(older_flags_are_mapped);
     mt_run_test(load_an_iteration_directory);

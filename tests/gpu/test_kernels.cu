@@ -2207,6 +2207,16 @@ MT_TEST(sum_squares) {
         // double accumulation in another order. The CPU adds n terms one after another, so its own
         // rounding grows with n (seen: 4e-12 relative at n = 3e7; the bound is n eps = 3e-9): 1e-9
         mt_expect(fabs((got - start) - want) <= 1e-9 * (want + start), "sum of squares n=%zu: got %.17g want %.17g", n, got - start, want);
+        // the zeros' count (--log-num-zeros-in-grad) over the same floats, every 3rd one made 0 (and
+        // -0): an integer in double, exact, the CPU twin's
+        for (size_t i = off; i < n + off; i += 3) x[i] = (i / 3) % 2 ? 0.0f : -0.0f;
+        dev_set(d_x, x, n + off);
+        double zeros_want = mt_count_zeros_cpu(x + off, n), zeros_got = -1;
+        MT_CUDA_CHECK(cudaMemset(d_s, 0, sizeof(double)));
+        mt_count_zeros_gpu(d_s, d_x + off, n, 0);
+        MT_CUDA_CHECK(cudaMemcpy(&zeros_got, d_s, sizeof zeros_got, cudaMemcpyDeviceToHost));
+        mt_expect(zeros_got == zeros_want && zeros_want >= (double)(n / 3), "zeros n=%zu: got %.17g want %.17g", n,
+                  zeros_got, zeros_want);
         free(x); dev_free(d_x); dev_free(d_s);
     }
 }
