@@ -305,6 +305,7 @@ typedef struct {
     char genfile[MT_PATH_MAX];   // --genfile: the unconditional samples as JSON lines (text, length, finished)
     char import_hf[MT_PATH_MAX];   // --import-hf DIR: a Hugging Face GPT-2 (model.safetensors) into --save, then exit
     int num_data_paths;                                  // --data-path [W1] PREFIX1 [W2 PREFIX2 ...]
+    int mock_data;             // --mock-data: Megatron's mock dataset instead of --data-path (mt_data_init)
     char data_path[MT_MAX_DATA_PATHS][MT_PATH_MAX];
     double data_weight[MT_MAX_DATA_PATHS];               // blend weights (normalised), 0 if not given
     char split[64];            // --split, default "969,30,1" as Megatron
@@ -2800,6 +2801,9 @@ static const mt__flag mt__flags[] = {
     {"--ignore-eos", MT__BOOL, MT__OFF(train.ignore_eos), 0, "generation",
      "generation mode: do not stop at <|endoftext|> (benchmarks: exactly --out-seq-length tokens)"},
     {"--data-path", MT__DATA_PATH, 0, 0, "data", "PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (blended by weight)"},
+    {"--mock-data", MT__BOOL, MT__OFF(train.mock_data), 0, "data",
+     "instead of --data-path, Megatron's mock dataset: documents 1, 2, ..., n-1, <|endoftext|> of random lengths "
+     "(a smoke test: nothing to learn but counting)"},
     {"--split", MT__STR, MT__OFF(train.split), 64, "data",
      "train,valid,test proportions of the documents, e.g. 949,50,1"},
     {"--vocab-file", MT__STR, MT__OFF(train.vocab_file), MT_PATH_MAX, "data", "GPT-2 vocab.json"},
@@ -2949,7 +2953,6 @@ static const struct { const char *name, *what, *without; } mt__unimplemented_fla
     {"--disable-bias-linear", "linear layers without biases", NULL},
     {"--use-rotary-position-embeddings", "rotary position embeddings (GPT-2 uses learned ones)", NULL},
     {"--fp8-format", "FP8 training (Transformer Engine's)", "use --bf16"},
-    {"--mock-data", "a mock (random) dataset", "make one: ./preprocess the bundled data/corpus.jsonl (make run does)"},
     {"--train-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
     {"--valid-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
     {"--test-data-path", "separate train / valid / test datasets", "use --data-path and --split"},
@@ -11502,13 +11505,43 @@ void mt_blended_sample(const mt_blended_dataset *b, int64_t i, int32_t *out) {
     mt_gpt_dataset_sample(&b->parts[b->dataset_index[i]], b->dataset_sample_index[i], out);
 }
 
+// --mock-data: Megatron's MockGPTLowLevelDataset (megatron/core/datasets/gpt_dataset.py), whose
+// document i is the ids 1, 2, ..., n_i - 1 then <|endoftext|> (the vocabulary's last id, GPT-2's),
+// n_i drawn in [1, 4096). Here 1,000 such documents (Megatron's 100,000 would be 200 M tokens;
+// the samples repeat them epoch after epoch), n_i from --seed, an id past the vocabulary wrapped
+// back into [1, V - 2]. Written with the indexed-dataset builder to a temporary PREFIX (in $TMPDIR
+// or /tmp, this process's), opened, and removed from the directory at once: the mapping keeps it.
+static void mt__mock_dataset_open(mt_indexed_dataset *ds, const mt_config *cfg) {
+    enum { DOCS = 1000, MAX_LEN = 4096 };
+    int V = cfg->model.vocab_size, eod = V - 1;
+    if (V < 3) mt_fatal("--mock-data needs a vocabulary of at least 3 ids (it has %d)", V);
+    const char *dir = getenv("TMPDIR");
+    char prefix[MT_PATH_MAX], bin[MT_PATH_MAX + 8], idx[MT_PATH_MAX + 8];
+    snprintf(prefix, sizeof prefix, "%s/megatron_mock_data_%ld", dir && dir[0] ? dir : "/tmp", (long)getpid());
+    mt_indexed_builder *b = mt_indexed_builder_open(prefix, mt_dtype_for_vocab(V));
+    int32_t *doc = (int32_t *)mt_malloc(sizeof(int32_t) * MAX_LEN, "mock document");
+    for (int i = 0; i < DOCS; i++) {
+        int n = 1 + (int)(mt_hash64(cfg->train.seed * 1000003ull + (uint64_t)i) % (MAX_LEN - 1));   // [1, 4096)
+        for (int k = 0; k < n - 1; k++) doc[k] = 1 + k % (V - 2);
+        doc[n - 1] = eod;
+        mt_indexed_builder_add_document(b, doc, (size_t)n);
+    }
+    free(doc);
+    mt_indexed_builder_finish(b);
+    mt_indexed_dataset_open(ds, prefix);
+    snprintf(bin, sizeof bin, "%s.bin", prefix);
+    snprintf(idx, sizeof idx, "%s.idx", prefix);
+    remove(bin);
+    remove(idx);
+}
+
 void mt_data_init(mt_data *d, const mt_config *cfg) {
     memset(d, 0, sizeof *d);
     const mt_train_config *t = &cfg->train;
-    if (t->num_data_paths == 0) mt_fatal("no --data-path given\n"
-                                         "hint: make one with ./preprocess, e.g. --data-path "
-                                         "data/my_dataset_text_document");
-    d->num_paths = t->num_data_paths;
+    if (t->num_data_paths == 0 && !t->mock_data) mt_fatal("no --data-path given\n"
+                                                           "hint: make one with ./preprocess, e.g. --data-path "
+                                                           "data/my_dataset_text_document (or --mock-data)");
+    d->num_paths = t->mock_data ? 1 : t->num_data_paths;
     int64_t gbs = t->global_batch_size;
     int64_t need[3];
     need[0] = (int64_t)t->train_iters * gbs;
@@ -11518,7 +11551,8 @@ void mt_data_init(mt_data *d, const mt_config *cfg) {
     int64_t bounds[MT_MAX_DATA_PATHS][4];
     double total_tokens = 0;
     for (int p = 0; p < d->num_paths; p++) {
-        mt_indexed_dataset_open(&d->files[p], t->data_path[p]);
+        if (t->mock_data) mt__mock_dataset_open(&d->files[p], cfg);
+        else mt_indexed_dataset_open(&d->files[p], t->data_path[p]);
         mt_split_documents(t->split, (int64_t)d->files[p].num_documents, bounds[p]);
         // no weights given: weigh by size, as Megatron does for a plain list of prefixes
         double tokens = (double)d->files[p].bin_size / (double)d->files[p].elem_size;
@@ -15707,8 +15741,12 @@ int mt_pretrain(mt_config *cfg) {
     mt_print_config(cfg, stdout);
     printf("number of parameters: %zu (%.2f M)\n", mt_model_num_parameters(cfg), mt_model_num_parameters(cfg) / 1e6);
     double t0 = mt_time_seconds();
-    printf("building the data: opening %d dataset%s, splitting, shuffling the sample indices ...\n",
-           cfg->train.num_data_paths, cfg->train.num_data_paths == 1 ? "" : "s");
+    if (cfg->train.mock_data)
+        printf("building the data: Megatron's mock dataset (--mock-data), splitting, shuffling the sample "
+               "indices ...\n");
+    else
+        printf("building the data: opening %d dataset%s, splitting, shuffling the sample indices ...\n",
+               cfg->train.num_data_paths, cfg->train.num_data_paths == 1 ? "" : "s");
     fflush(stdout);
     mt_data data;
     mt_data_init(&data, cfg);

@@ -488,6 +488,47 @@ static void blend_config(mt_config *cfg, const char *a, const char *b) {
     mt_config_derive(cfg);
 }
 
+// --mock-data: Megatron's mock documents (1, 2, ..., n-1, <|endoftext|>, n in [1, 4096)), 1,000 of
+// them, the same for the same seed; nothing left in the temporary directory; the data a training
+// run builds from it (every split) has the documents' tokens
+MT_TEST(mock_dataset) {
+    mt_config cfg;
+    mt_config_defaults(&cfg);
+    cfg.model.vocab_size = 50257;
+    cfg.model.seq_length = 32;
+    cfg.train.mock_data = 1;
+    cfg.train.train_iters = 3;
+    cfg.train.global_batch_size = 4;
+    cfg.train.micro_batch_size = 4;
+    cfg.train.eval_iters = 1;
+    cfg.train.eval_interval = 2;
+    (void)system("rm -rf build/test_mock && mkdir -p build/test_mock");
+    setenv("TMPDIR", "build/test_mock", 1);
+    mt_data d;
+    mt_data_init(&d, &cfg);
+    unsetenv("TMPDIR");
+    const mt_indexed_dataset *ds = &d.files[0];
+    mt_expect(ds->num_documents == 1000, "%llu documents", (unsigned long long)ds->num_documents);
+    int bad = 0;
+    for (int64_t doc = 0; doc < (int64_t)ds->num_documents; doc++) {
+        int64_t n = mt_indexed_dataset_doc_length(ds, doc);
+        if (n < 1 || n >= 4096) bad++;
+        for (int64_t k = 0; k < n - 1 && !bad; k++)
+            if (mt_indexed_dataset_token(ds, doc, k) != k + 1) bad++;
+        if (mt_indexed_dataset_token(ds, doc, n - 1) != 50256) bad++;
+    }
+    mt_expect(bad == 0, "%d documents are not 1, 2, ..., n-1, <|endoftext|>", bad);
+    mt_expect(system("[ -z \"$(ls -A build/test_mock)\" ]") == 0, "the mock dataset's files were left in TMPDIR");
+    for (int s = 0; s < 3; s++) mt_expect(d.has_split[s], "split %d not built", s);
+    int32_t sample[33];
+    mt_blended_sample(&d.split[0], 0, sample);
+    int ok = 1;   // consecutive tokens count up by one, or restart after <|endoftext|>
+    for (int k = 1; k < 33; k++)
+        ok &= sample[k] == sample[k - 1] + 1 || sample[k - 1] == 50256 || (sample[k] == 50256);
+    mt_expect(ok, "a training sample is not made of the mock documents");
+    mt_data_free(&d);
+}
+
 MT_TEST(blended_datasets) {
     char a[512], b[512];
     path_in_tmp(a, sizeof a, "blend_a");
@@ -847,6 +888,7 @@ int main(void) {
     mt_run_test(gpt_dataset_one_epoch);
     mt_run_test(gpt_dataset_several_epochs);
     mt_run_test(blended_datasets);
+    mt_run_test(mock_dataset);
     mt_run_test(lr_schedule);
     mt_run_test(lr_warmup_fraction_fractional_steps);
     mt_run_test(config_flags);
