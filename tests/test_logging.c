@@ -270,13 +270,14 @@ static void counter_rank(mt_world *w, int rank, void *arg) {
     mt_rank_free(&r);
 }
 
-// --log-params-norm: mt_params_norm counts every parameter once, so every layout of the same model
-// (initialised the same in every layout) gives the one-rank norm, which is the norm of the one rank's
-// whole buffer (TP = PP = 1: no replicated tensors, no tied copy); 1e-12: sums of squares in double,
-// in other groupings
-typedef struct { mt_config cfg; double norm, whole; } norm_run;
-static void norm_rank(mt_world *w, int rank, void *arg) {
-    norm_run *run = (norm_run *)arg;
+// The iteration line's --log-params-norm and --log-num-zeros-in-grad, in five layouts of the same
+// model (initialised the same in every layout): TP, PP, DP (DP = 2 with the distributed optimizer).
+// One run a layout: the parameters' norm at start, then one training step and its zero gradients;
+// rank 0 also measures its whole buffers (at TP = PP = 1 every parameter is there once).
+static const int stats_layouts[5][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {2, 1, 2}};
+typedef struct { mt_config cfg; double norm, norm_whole, zeros, zeros_whole; } stats_run;
+static void stats_rank(mt_world *w, int rank, void *arg) {
+    stats_run *run = (stats_run *)arg;
     mt_rank r;
     mt_rank_init(&r, &run->cfg, w, rank);
     double norm = mt_params_norm(&r);
@@ -284,31 +285,45 @@ static void norm_rank(mt_world *w, int rank, void *arg) {
         run->norm = norm;
         double sumsq = 0;
         for (size_t i = 0; i < r.model.num_params; i++) sumsq += (double)r.model.params_memory[i] * r.model.params_memory[i];
-        run->whole = sqrt(sumsq);
+        run->norm_whole = sqrt(sumsq);
+    }
+    mt_step_result res = mt_train_step(&r, synthetic_batch, NULL, 1);
+    if (rank == 0) {
+        run->zeros = res.num_zeros;
+        run->zeros_whole = mt_count_zeros_cpu(r.model.grads_memory, r.model.num_params);
     }
     mt_rank_free(&r);
 }
+// wpe has 32 positions of which 16 are used: the other rows' gradients are 0 (below)
+static void run_stats(stats_run *run, int k) {
+    memset(run, 0, sizeof *run);
+    mt_config *cfg = &run->cfg;
+    synthetic_config(cfg, stats_layouts[k][0], stats_layouts[k][1], stats_layouts[k][2]);
+    cfg->parallel.use_distributed_optimizer = stats_layouts[k][2] > 1;
+    cfg->train.log_num_zeros_in_grad = 1;
+    cfg->train.train_iters = 1;
+    cfg->model.max_position_embeddings = 32;
+    mt_config_derive(cfg);
+    mt_world *w = mt_world_create(cfg->world_size);
+    mt_expect(mt_world_run(w, stats_rank, run) == 0, "the world failed");
+    mt_world_destroy(w);
+}
+
+// --log-params-norm: mt_params_norm counts every parameter once, so every layout gives the
+// one-rank norm, which is the norm of the one rank's whole buffer; 1e-12: sums of squares in
+// double, in other groupings
 MT_TEST(params_norm_counts_each_parameter_once) {
-    const int layouts[5][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {2, 1, 2}};   // TP, PP, DP
     double one = 0;
     for (int k = 0; k < 5; k++) {
-        norm_run run;
-        memset(&run, 0, sizeof run);
-        mt_config *cfg = &run.cfg;
-        synthetic_config(cfg, layouts[k][0], layouts[k][1], layouts[k][2]);
-        cfg->parallel.use_distributed_optimizer = layouts[k][2] > 1;
-        cfg->train.train_iters = 1;
-        mt_config_derive(cfg);
-        mt_world *w = mt_world_create(cfg->world_size);
-        mt_expect(mt_world_run(w, norm_rank, &run) == 0, "the world failed");
-        mt_world_destroy(w);
+        stats_run run;
+        run_stats(&run, k);
         if (k == 0) {
             one = run.norm;
-            mt_expect(run.norm > 0 && fabs(run.norm - run.whole) <= 1e-12 * run.whole,
-                      "one rank: params norm %.17g, the whole buffer's %.17g", run.norm, run.whole);
+            mt_expect(run.norm > 0 && fabs(run.norm - run.norm_whole) <= 1e-12 * run.norm_whole,
+                      "one rank: params norm %.17g, the whole buffer's %.17g", run.norm, run.norm_whole);
         } else {
             mt_expect(fabs(run.norm - one) <= 1e-12 * one, "TP=%d PP=%d DP=%d: params norm %.17g, one rank's %.17g",
-                      layouts[k][0], layouts[k][1], layouts[k][2], run.norm, one);
+                      stats_layouts[k][0], stats_layouts[k][1], stats_layouts[k][2], run.norm, one);
         }
     }
 }
@@ -318,44 +333,23 @@ MT_TEST(params_norm_counts_each_parameter_once) {
 // padding (Megatron pads to a multiple of 128 x TP: its rows' gradients are 0, C each). The zeros:
 // those padding rows of wte, and wpe's rows past --seq-length (32 positions, 16 used), a tensor every
 // TP rank holds (counted twice at TP = 2, the test would see 512 too many)
-typedef struct { mt_config cfg; double zeros, whole; } zeros_run;
-static void zeros_rank(mt_world *w, int rank, void *arg) {
-    zeros_run *run = (zeros_run *)arg;
-    mt_rank r;
-    mt_rank_init(&r, &run->cfg, w, rank);
-    mt_step_result res = mt_train_step(&r, synthetic_batch, NULL, 1);
-    if (rank == 0) {
-        run->zeros = res.num_zeros;
-        run->whole = mt_count_zeros_cpu(r.model.grads_memory, r.model.num_params);
-    }
-    mt_rank_free(&r);
-}
 MT_TEST(num_zeros_in_grad_counts_each_parameter_once) {
-    const int layouts[5][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {2, 1, 2}};   // TP, PP, DP
     double one = 0;
     int one_vp = 0;
     for (int k = 0; k < 5; k++) {
-        zeros_run run;
-        memset(&run, 0, sizeof run);
-        mt_config *cfg = &run.cfg;
-        synthetic_config(cfg, layouts[k][0], layouts[k][1], layouts[k][2]);
-        cfg->parallel.use_distributed_optimizer = layouts[k][2] > 1;
-        cfg->train.log_num_zeros_in_grad = 1;
-        cfg->train.train_iters = 1;
-        cfg->model.max_position_embeddings = 32;
-        mt_config_derive(cfg);
-        mt_world *w = mt_world_create(cfg->world_size);
-        mt_expect(mt_world_run(w, zeros_rank, &run) == 0, "the world failed");
-        mt_world_destroy(w);
+        stats_run run;
+        run_stats(&run, k);
+        const mt_config *cfg = &run.cfg;
         if (k == 0) {
             one = run.zeros;
             one_vp = cfg->padded_vocab_size;
-            mt_expect(run.zeros > 0 && run.zeros == run.whole, "one rank: %.17g zeros counted, the buffer has %.17g",
-                      run.zeros, run.whole);
+            mt_expect(run.zeros > 0 && run.zeros == run.zeros_whole, "one rank: %.17g zeros counted, the buffer has %.17g",
+                      run.zeros, run.zeros_whole);
         } else {
             double want = one + (double)(cfg->padded_vocab_size - one_vp) * cfg->model.hidden_size;
             mt_expect(run.zeros == want, "TP=%d PP=%d DP=%d: %.17g zeros, want %.17g (padded vocabulary %d)",
-                      layouts[k][0], layouts[k][1], layouts[k][2], run.zeros, want, cfg->padded_vocab_size);
+                      stats_layouts[k][0], stats_layouts[k][1], stats_layouts[k][2], run.zeros, want,
+                      cfg->padded_vocab_size);
         }
     }
     printf("  one rank: %.0f zero gradients\n", one);
