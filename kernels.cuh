@@ -3336,18 +3336,34 @@ static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const
 // AHEAD: the k steps of 32 a warp keeps in flight, all of a warp's steps where possible: 4 up to
 // C = 1024 (GPT-2's 768: 3 a warp), 12 beyond (its 3072: 12). Fewer registers, more blocks an SM:
 // the next kernel's blocks find room sooner and start their loads.
-template <int F16, int AHEAD>
+template <int F16, int AHEAD, int MC>
 __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restrict__ out, float *__restrict__ gelu_out,
                                                                   const float *__restrict__ inp,
                                                                   const uint16_t *__restrict__ weight,
                                                                   const float *__restrict__ bias, int BT, int C,
                                                                   int OC) {
     __shared__ float partial[8][MT_GEMV_MAX_ROWS][8];   // [warp][input row][output]
+    // MC = 1 (a cluster of 8 blocks): the input rows [BT, C] reach shared memory once per cluster.
+    // Every block of the chain's GEMV reads the same few KB, so each of those L2 lines is asked for
+    // by every block at once, the moment the wait returns; here block r of the cluster copies the
+    // r-th eighth (one bulk copy, multicast to all 8 blocks) and each block waits on its mbarrier
+    // for all BT C floats. (docs/perf.md, session 47)
+    extern __shared__ __align__(16) float x_shared[];
+    __shared__ __align__(8) uint64_t x_bar;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int o0 = blockIdx.x * 8, steps = (C + 31) / 32;
     int w_ok = o0 + g < OC, x_ok = g < BT;
     const uint16_t *w_row = weight + (size_t)(w_ok ? o0 + g : 0) * C;
-    const float *x_row = inp + (size_t)(x_ok ? g : 0) * C;
+    const float *x_row = (MC ? x_shared : inp) + (size_t)(x_ok ? g : 0) * C;
+    uint32_t bar = MC ? mt__smem_u32(&x_bar) : 0u;
+    if (MC) {
+        if (threadIdx.x == 0) {
+            mt__mbar_init(bar, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            mt__mbar_arrive_expect_tx(bar, (uint32_t)(BT * C * 4));
+        }
+        mt__cluster_sync();   // every block's barrier set before any block's copy lands in it
+    }
     // thread r * 8 + j finishes input row r's output o0 + j. Its bias is read here, before the wait,
     // as the weights are (no kernel of the chain writes either): read after the block's reduction
     // it was one more round trip to memory on the step's critical path (docs/perf.md, session 45)
@@ -3361,7 +3377,19 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
             int k = 32 * (s0 + 8 * i) + 8 * t;
             w[i] = w_ok && k < C ? *(const uint4 *)(w_row + k) : make_uint4(0, 0, 0, 0);
         }
-        if (s0 == warp) mt__pdl_start();   // first pass: now wait for the kernel ahead (it wrote inp)
+        if (s0 == warp) {   // first pass: now wait for the kernel ahead (it wrote inp)
+            mt__pdl_start();
+            if (MC) {
+                if (threadIdx.x == 0) {   // this block's eighth of inp, into all 8 blocks
+                    uint32_t bytes = (uint32_t)(BT * C * 4 / 8), r = mt__cluster_rank();
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                                 " [%0], [%1], %2, [%3], %4;\n"
+                                 ::"r"(mt__smem_u32(x_shared) + r * bytes), "l"((const char *)inp + r * bytes),
+                                 "r"(bytes), "r"(bar), "h"((uint16_t)0xff) : "memory");
+                }
+                mt__mbar_wait(bar, 0);
+            }
+        }
         #pragma unroll
         for (int i = 0; i < AHEAD; i++) {
             int k = 32 * (s0 + 8 * i) + 8 * t;
@@ -3379,6 +3407,9 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     partial[warp][g][2 * t] = acc[0];
     partial[warp][g][2 * t + 1] = acc[1];
     __syncthreads();
+    // MC: this block's copy has landed (warp 0 waited for it); no block of the cluster leaves before
+    // every block's has, so no copy is still on its way into a block that has gone
+    if (MC) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
     if (threadIdx.x < 8 * MT_GEMV_MAX_ROWS && r < BT && o < OC) {
         float s = 0.0f;
         #pragma unroll
@@ -3387,16 +3418,40 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
         out[(size_t)r * OC + o] = v;
         if (gelu_out) gelu_out[(size_t)r * OC + o] = mt__gelu(v);
     }
+    if (MC) asm volatile("barrier.cluster.wait;\n" ::: "memory");
 }
 template <int F16>
 static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, const uint16_t *weight16,
                                 const float *bias, int BT, int C, int OC, cudaStream_t stream) {
     unsigned blocks = (unsigned)((OC + 7) / 8);
+    // the input multicast to clusters of 8 (MC above): MT_GEMV_MULTICAST=0 never, 1 always, 2 (the
+    // default) where OC < 8 C (a layer's GEMVs, not the head's); the bulk copy needs BT C / 8 floats
+    // in whole 16-byte pieces (inp is 16-byte aligned: the caller's vec)
+    static int multicast = -1;
+    if (multicast < 0) {
+        const char *e = getenv("MT_GEMV_MULTICAST");
+        multicast = e ? atoi(e) : 2;
+    }
+    size_t x_bytes = (size_t)BT * C * 4;
+    int mc = (multicast == 1 || (multicast == 2 && OC < 8 * C)) && (BT * C) % 32 == 0 && x_bytes <= 200 * 1024;
+    if (mc) {
+        blocks = (blocks + 7) / 8 * 8;
+        if (C > 8 * 32 * 4) {
+            mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 12, 1>, x_bytes);
+            mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 1>, blocks, 256,
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC);
+        } else {
+            mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 4, 1>, x_bytes);
+            mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 1>, blocks, 256,
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC);
+        }
+        return;
+    }
     if (C > 8 * 32 * 4)   // more than 4 k steps a warp
-        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12>, blocks, 256, 0, stream, out,
+        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 0>, blocks, 256, 0, stream, out,
                    gelu_out, inp, weight16, bias, BT, C, OC);
     else
-        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4>, blocks, 256, 0, stream, out,
+        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 0>, blocks, 256, 0, stream, out,
                    gelu_out, inp, weight16, bias, BT, C, OC);
 }
 // from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
