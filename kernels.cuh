@@ -131,6 +131,18 @@ static int mt__aligned16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 // the cross-entropy and the residual add: most of the ~460 kernel boundaries of GPT-2 small's
 // step. (Thread-local: each rank thread captures its own stream.)
 static MT_THREAD_LOCAL int mt__pdl_on;
+// mt__capturing: a capture is on; mt__capturing_plain: it is a training chunk's, not a decode step's
+// (mt_device_capture_begin, section 12)
+static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
+// THE NEXT KERNEL LAUNCHED AT THE START. In a decode step's graph the GEMVs, the qkv + attention and
+// the row layernorms read nothing before their wait but what no kernel of the step writes (weights,
+// biases, layernorm parameters, the cache rows of earlier steps, start[] from the step before). So
+// they let the next kernel launch as soon as all their blocks have started, not after their wait:
+// the next kernel's weights stream in while this one still waits for the kernel ahead, and by the
+// time its own wait returns they are in registers. Safe from deadlock as before: a kernel is
+// launched only once every block of the one ahead is resident. Not in a training chunk, where a
+// kernel two ahead may write what a later kernel reads before its wait. (docs/perf.md, session 45)
+static inline int mt__pdl_early(void) { return mt__pdl_on && !mt__capturing_plain; }
 __device__ static inline void mt__pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -802,7 +814,8 @@ __global__ void mt_layernorm_forward_vec_kernel(OUT *__restrict__ out, float *__
                                                 float *__restrict__ rstd, float *__restrict__ res,
                                                 const float *__restrict__ a, const float *__restrict__ inp,
                                                 const float *__restrict__ weight, const float *__restrict__ bias,
-                                                int N, int C) {
+                                                int N, int C, int early) {
+    if (early) mt__pdl_launch_next();   // a decode step's: the next kernel may launch now (mt__pdl_early)
     int lane = threadIdx.x % 32;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     float4 w_early[EARLY ? NV : 1], b_early[EARLY ? NV : 1];
@@ -911,16 +924,16 @@ static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, flo
     if constexpr (sizeof(OUT) == sizeof(float)) {   // decoding's few rows (an fp32 output): EARLY
         if (vec && C <= 32 * 4 * 8 && N <= MT_GEMV_MAX_ROWS) {
             mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 1>, mt__blocks(N, 8),
-                       256, 0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+                       256, 0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C, mt__pdl_early());
             return;
         }
     }
     if (vec && C <= 32 * 4 * 8) {
         mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 0>, mt__blocks(N, 8), 256, 0,
-                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+                   stream, out, mean, rstd, res, a, inp, weight, bias, N, C, 0);
     } else if (vec && C <= 32 * 4 * 16) {
         mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<16, OUT, 0>, mt__blocks(N, 8), 256,
-                   0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C);
+                   0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C, 0);
     } else {
         if (a) {
             mt_residual_forward_gpu(res, a, inp, (size_t)N * C, stream);
@@ -3341,8 +3354,9 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
                                                                   const float *__restrict__ inp,
                                                                   const uint16_t *__restrict__ weight,
                                                                   const float *__restrict__ bias, int BT, int C,
-                                                                  int OC) {
+                                                                  int OC, int early) {
     __shared__ float partial[8][MT_GEMV_MAX_ROWS][8];   // [warp][input row][output]
+    if (early) mt__pdl_launch_next();   // a decode step's: the next kernel may launch now (mt__pdl_early)
     // MC = 1 (a cluster of 8 blocks): the input rows [BT, C] reach shared memory once per cluster.
     // Every block of the chain's GEMV reads the same few KB, so each of those L2 lines is asked for
     // by every block at once, the moment the wait returns; here block r of the cluster copies the
@@ -3439,20 +3453,20 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
         if (C > 8 * 32 * 4) {
             mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 12, 1>, x_bytes);
             mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC);
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
         } else {
             mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 4, 1>, x_bytes);
             mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC);
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
         }
         return;
     }
     if (C > 8 * 32 * 4)   // more than 4 k steps a warp
         mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC);
+                   gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
     else
         mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC);
+                   gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
 }
 // from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
 // CUDA-core loop: from one (measured faster at 1 and 8 rows: docs/perf.md). A variable so that the
@@ -6604,9 +6618,10 @@ template <int F16>
 __global__ void __launch_bounds__(256, 2) mt_qkv_attention_decode_kernel(float *out, float *kcache, float *vcache,
                                                                       const float *inp, const uint16_t *weight,
                                                                       const float *bias, const int *start, int C,
-                                                                      int C_local, int cap, int per) {
+                                                                      int C_local, int cap, int per, int early) {
     extern __shared__ float smem[];
     constexpr int HS = 64, D4 = HS / 4, ATT = 128, G = ATT / D4, S = MT__QKV_ATT_SLICES, KS = HS + 4;
+    if (early) mt__pdl_launch_next();   // a decode step's: the next kernel may launch now (mt__pdl_early)
     constexpr int MINE = 3 * HS / S, TILES = MINE / 8, AHEAD = 3;   // 24 outputs a block, 3 groups
     __shared__ float partial[TILES][8][8];             // [group][warp][output]: input row 0's partial sums
     __shared__ __align__(16) float mine_qkv[MINE];     // this block's 24 of the head's [q | k | v]
@@ -6779,12 +6794,12 @@ int mt_qkv_attention_decode_gpu(float *out, float *kcache, float *vcache, const 
         mt__allow_smem((const void *)mt_qkv_attention_decode_kernel<1>, smem);
         mt__launch_cluster("mt_qkv_attention_decode_kernel", mt_qkv_attention_decode_kernel<1>, blocks, 256, smem,
                            stream, (unsigned)MT__QKV_ATT_SLICES, out, kcache, vcache, inp, (const uint16_t *)weight16,
-                           bias, start, C, C_local, cap, per);
+                           bias, start, C, C_local, cap, per, mt__pdl_early());
     } else {
         mt__allow_smem((const void *)mt_qkv_attention_decode_kernel<0>, smem);
         mt__launch_cluster("mt_qkv_attention_decode_kernel", mt_qkv_attention_decode_kernel<0>, blocks, 256, smem,
                            stream, (unsigned)MT__QKV_ATT_SLICES, out, kcache, vcache, inp, (const uint16_t *)weight16,
-                           bias, start, C, C_local, cap, per);
+                           bias, start, C, C_local, cap, per, mt__pdl_early());
     }
     return 1;
 }
@@ -9162,7 +9177,6 @@ int mt_device_memory_measure(mt_rank *r, mt_device_memory *m) {
 // what no allocation holds (with the arena, little or nothing), and the two pools do not both
 // keep a fallback's pieces; mt_device_memory_measure counts both. (A decode step's capture keeps
 // it: the next prompt's prefill borrows from that pool again.)
-static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
 void mt_device_capture_begin(mt_rank *r, int decode) {
     mt__capturing_plain = !decode;
     const char *env = getenv("MT_CUDA_GRAPH");
