@@ -924,7 +924,7 @@ static void mt__layernorm_forward_launch(OUT *out, float *mean, float *rstd, flo
     if constexpr (sizeof(OUT) == sizeof(float)) {   // decoding's few rows (an fp32 output): EARLY
         if (vec && C <= 32 * 4 * 8 && N <= MT_GEMV_MAX_ROWS) {
             mt__launch("mt_layernorm_forward_vec_kernel", mt_layernorm_forward_vec_kernel<8, OUT, 1>, mt__blocks(N, 8),
-                       256, 0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C, mt__pdl_early());
+                       256, 0, stream, out, mean, rstd, res, a, inp, weight, bias, N, C, N == 1 && mt__pdl_early());
             return;
         }
     }
@@ -3438,35 +3438,37 @@ template <int F16>
 static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, const uint16_t *weight16,
                                 const float *bias, int BT, int C, int OC, cudaStream_t stream) {
     unsigned blocks = (unsigned)((OC + 7) / 8);
-    // the input multicast to clusters of 8 (MC above): MT_GEMV_MULTICAST=0 never, 1 always, 2 (the
-    // default) where OC < 8 C (a layer's GEMVs, not the head's); the bulk copy needs BT C / 8 floats
-    // in whole 16-byte pieces (inp is 16-byte aligned: the caller's vec)
+    // the input multicast to clusters of 8 (MC above), where it was measured faster: a layer's GEMVs
+    // (OC < 8 C; the head's 6,283 blocks in clusters lost) from at most 3,072 input floats (batch 1;
+    // at batch 8 it lost). MT_GEMV_MULTICAST=0 never, 2 (the default) there, 3 there and C > 1,024
+    // only (fc proj's, not fc's). The bulk copy needs BT C / 8 floats in whole 16-byte pieces (inp
+    // is 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
     static int multicast = -1;
     if (multicast < 0) {
         const char *e = getenv("MT_GEMV_MULTICAST");
         multicast = e ? atoi(e) : 2;
     }
     size_t x_bytes = (size_t)BT * C * 4;
-    int mc = (multicast == 1 || (multicast == 2 && OC < 8 * C)) && (BT * C) % 32 == 0 && x_bytes <= 200 * 1024;
+    int mc = multicast >= 2 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) && (BT * C) % 32 == 0;
     if (mc) {
         blocks = (blocks + 7) / 8 * 8;
         if (C > 8 * 32 * 4) {
             mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 12, 1>, x_bytes);
             mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
         } else {
             mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 4, 1>, x_bytes);
             mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
+                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
         }
         return;
     }
     if (C > 8 * 32 * 4)   // more than 4 k steps a warp
         mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
+                   gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
     else
         mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC, mt__pdl_early());
+                   gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
 }
 // from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
 // CUDA-core loop: from one (measured faster at 1 and 8 rows: docs/perf.md). A variable so that the
