@@ -207,6 +207,9 @@ tests/gpu/test_gemm_wgmma: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 # what a decode kernel boundary costs (a measurement, not a test: docs/perf.md, session 45)
 tests/gpu/boundary_bench: tests/gpu/boundary_bench.cu
 	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/boundary_bench.cu
+# how long a decode GEMV's read of its input row takes, four ways (a measurement: perf.md, session 47)
+tests/gpu/input_read_bench: tests/gpu/input_read_bench.cu
+	$(NVCC) $(NVCCFLAGS) -o $@ tests/gpu/input_read_bench.cu
 # a decode step kernel by kernel as the GPU ran it (CUPTI, injected: tests/gpu/decode_timeline.sh);
 # CUPTI's header and library from the toolkit that holds nvcc
 CUDA_DIR ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC))))
