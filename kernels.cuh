@@ -141,7 +141,9 @@ static MT_THREAD_LOCAL int mt__capturing, mt__capturing_plain;
 // the next kernel's weights stream in while this one still waits for the kernel ahead, and by the
 // time its own wait returns they are in registers. Safe from deadlock as before: a kernel is
 // launched only once every block of the one ahead is resident. Not in a training chunk, where a
-// kernel two ahead may write what a later kernel reads before its wait. (docs/perf.md, session 45)
+// kernel two ahead may write what a later kernel reads before its wait. The launchers ask for it at
+// one row only (batch 1: 4 us a token with the GEMV's multicast; at batch 8 it lost 4 us).
+// (docs/perf.md, sessions 45 and 47)
 static inline int mt__pdl_early(void) { return mt__pdl_on && !mt__capturing_plain; }
 __device__ static inline void mt__pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -3358,10 +3360,11 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     __shared__ float partial[8][MT_GEMV_MAX_ROWS][8];   // [warp][input row][output]
     if (early) mt__pdl_launch_next();   // a decode step's: the next kernel may launch now (mt__pdl_early)
     // MC = 1 (a cluster of 8 blocks): the input rows [BT, C] reach shared memory once per cluster.
-    // Every block of the chain's GEMV reads the same few KB, so each of those L2 lines is asked for
-    // by every block at once, the moment the wait returns; here block r of the cluster copies the
-    // r-th eighth (one bulk copy, multicast to all 8 blocks) and each block waits on its mbarrier
-    // for all BT C floats. (docs/perf.md, session 47)
+    // Without it, lanes 0-3 of each warp read their 8 floats of the row from L2 a k step at a time,
+    // after the wait (12 steps for a 3,072-float row); here block r of the cluster copies the r-th
+    // eighth with one bulk copy, multicast to all 8 blocks, and each block waits on its mbarrier for
+    // all BT C floats: 1.26 -> 0.83 us for 3,072 floats (tests/gpu/input_read_bench.cu; docs/perf.md,
+    // session 47). The products read the same values in the same order: the same bits.
     extern __shared__ __align__(16) float x_shared[];
     __shared__ __align__(8) uint64_t x_bar;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -3440,16 +3443,16 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
     unsigned blocks = (unsigned)((OC + 7) / 8);
     // the input multicast to clusters of 8 (MC above), where it was measured faster: a layer's GEMVs
     // (OC < 8 C; the head's 6,283 blocks in clusters lost) from at most 3,072 input floats (batch 1;
-    // at batch 8 it lost). MT_GEMV_MULTICAST=0 never, 2 (the default) there, 3 there and C > 1,024
-    // only (fc proj's, not fc's). The bulk copy needs BT C / 8 floats in whole 16-byte pieces (inp
-    // is 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
+    // at batch 8 it lost). MT_GEMV_MULTICAST=0: never; 3: there, and only from more than 1,024 input
+    // floats (fc proj's, not fc's: measured slower). The bulk copy needs BT C / 8 floats in whole
+    // 16-byte pieces (inp is 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
     static int multicast = -1;
     if (multicast < 0) {
         const char *e = getenv("MT_GEMV_MULTICAST");
-        multicast = e ? atoi(e) : 2;
+        multicast = e ? atoi(e) : 1;
     }
     size_t x_bytes = (size_t)BT * C * 4;
-    int mc = multicast >= 2 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) && (BT * C) % 32 == 0;
+    int mc = multicast != 0 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) && (BT * C) % 32 == 0;
     if (mc) {
         blocks = (blocks + 7) / 8 * 8;
         if (C > 8 * 32 * 4) {
