@@ -69,7 +69,9 @@ preprocess: preprocess.c $(HEADERS)
 # (train_gpt_cuda itself, linked: the GPU binary; CI builds it here and nowhere else)
 # (tests/gpu/test_gemm_wgmma.cu is left to make test-gpu: it instantiates every tile of the wgmma
 #  GEMM again, ~3 minutes of nvcc that CI's 15 minutes cannot spare; cuda-check-all adds it)
-CUDA_CHECK = train_gpt_cuda build/cuda_check/preprocess.o build/cuda_check/test_kernels.o
+# (and train_gpt.c for an older GPU, sm_80 (A100: no clusters, bulk copies or wgmma; README's
+#  make NVCCFLAGS="-O3 -arch=sm_80"): the kernels' Hopper-only PTX must stay behind its guards)
+CUDA_CHECK = train_gpt_cuda build/cuda_check/preprocess.o build/cuda_check/test_kernels.o build/cuda_check/train_gpt_sm80.o
 cuda-check-all: $(CUDA_CHECK) build/cuda_check/test_gemm_wgmma.o
 cuda-check: $(CUDA_CHECK)
 build/cuda_check/preprocess.o: preprocess.c $(HEADERS)
@@ -78,6 +80,9 @@ build/cuda_check/preprocess.o: preprocess.c $(HEADERS)
 build/cuda_check/test_kernels.o: tests/gpu/test_kernels.cu kernels.cuh tests/harness.h $(HEADERS)
 	@mkdir -p build/cuda_check
 	$(NVCC) $(NVCCFLAGS) -x cu -Xcompiler -Wall -c tests/gpu/test_kernels.cu -o $@
+build/cuda_check/train_gpt_sm80.o: train_gpt.c kernels.cuh $(HEADERS)
+	@mkdir -p build/cuda_check
+	$(NVCC) -O3 -arch=sm_80 -x cu -Xcompiler -Wall -c train_gpt.c -o $@
 build/cuda_check/test_gemm_wgmma.o: tests/gpu/test_gemm_wgmma.cu kernels.cuh $(HEADERS)
 	@mkdir -p build/cuda_check
 	$(NVCC) $(NVCCFLAGS) -std=c++17 -x cu -c tests/gpu/test_gemm_wgmma.cu -o $@

@@ -3329,6 +3329,7 @@ static void mt__gemv_launch(float *out, float *gelu_out, const float *inp, const
         mt__launch("mt_matmul_kernel5_gemv", mt_matmul_kernel5_gemv<1, ROUND, WT>, mt__gemv_blocks(OC), 256, 0, stream,
                    out, gelu_out, inp, weight, bias, BT, C, OC, vec);
 }
+static int mt__clusters_supported(void);   // does the GPU have thread-block clusters? (defined below)
 // The same product on tensor cores, from the 16-bit copy of the weight (decoding's: mt_device_weights16).
 // Why: the loop above spends about three instructions per weight and input row (the load of the
 // input, its rounding, the FMA), so at 8 rows a GEMV waits on instructions, not on the weight's
@@ -3365,15 +3366,22 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     // eighth with one bulk copy, multicast to all 8 blocks, and each block waits on its mbarrier for
     // all BT C floats: 1.26 -> 0.83 us for 3,072 floats (tests/gpu/input_read_bench.cu; docs/perf.md,
     // session 47). The products read the same values in the same order: the same bits.
+    // (Bulk copies and clusters exist from Hopper on: built for an older GPU the kernel reads the row
+    // from global memory whatever MC says, and the launcher asks for MC only where clusters exist.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int MCX = MC;
+#else
+    constexpr int MCX = 0;
+#endif
     extern __shared__ __align__(16) float x_shared[];
     __shared__ __align__(8) uint64_t x_bar;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int o0 = blockIdx.x * 8, steps = (C + 31) / 32;
     int w_ok = o0 + g < OC, x_ok = g < BT;
     const uint16_t *w_row = weight + (size_t)(w_ok ? o0 + g : 0) * C;
-    const float *x_row = (MC ? x_shared : inp) + (size_t)(x_ok ? g : 0) * C;
-    uint32_t bar = MC ? mt__smem_u32(&x_bar) : 0u;
-    if (MC) {
+    const float *x_row = (MCX ? x_shared : inp) + (size_t)(x_ok ? g : 0) * C;
+    uint32_t bar = MCX ? mt__smem_u32(&x_bar) : 0u;
+    if constexpr (MCX != 0) {
         if (threadIdx.x == 0) {
             mt__mbar_init(bar, 1);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -3396,7 +3404,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
         }
         if (s0 == warp) {   // first pass: now wait for the kernel ahead (it wrote inp)
             mt__pdl_start();
-            if (MC) {
+            if constexpr (MCX != 0) {
                 if (threadIdx.x == 0) {   // this block's eighth of inp, into all 8 blocks
                     uint32_t bytes = (uint32_t)(BT * C * 4 / 8), r = mt__cluster_rank();
                     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
@@ -3426,7 +3434,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
     __syncthreads();
     // MC: this block's copy has landed (warp 0 waited for it); no block of the cluster leaves before
     // every block's has, so no copy is still on its way into a block that has gone
-    if (MC) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+    if constexpr (MCX != 0) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
     if (threadIdx.x < 8 * MT_GEMV_MAX_ROWS && r < BT && o < OC) {
         float s = 0.0f;
         #pragma unroll
@@ -3435,7 +3443,7 @@ __global__ void __launch_bounds__(256) mt_matmul_kernel6_gemv_mma(float *__restr
         out[(size_t)r * OC + o] = v;
         if (gelu_out) gelu_out[(size_t)r * OC + o] = mt__gelu(v);
     }
-    if (MC) asm volatile("barrier.cluster.wait;\n" ::: "memory");
+    if constexpr (MCX != 0) asm volatile("barrier.cluster.wait;\n" ::: "memory");
 }
 template <int F16>
 static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, const uint16_t *weight16,
@@ -3452,7 +3460,9 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
         multicast = e ? atoi(e) : 1;
     }
     size_t x_bytes = (size_t)BT * C * 4;
-    int mc = multicast != 0 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) && (BT * C) % 32 == 0;
+    static const int clusters = mt__clusters_supported();   // (Hopper and newer)
+    int mc = clusters && multicast != 0 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) &&
+             (BT * C) % 32 == 0;
     if (mc) {
         blocks = (blocks + 7) / 8 * 8;
         if (C > 8 * 32 * 4) {
