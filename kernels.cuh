@@ -3450,8 +3450,8 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
                                 const float *bias, int BT, int C, int OC, cudaStream_t stream) {
     unsigned blocks = (unsigned)((OC + 7) / 8);
     // the input multicast to clusters of 8 (MC above), where it was measured faster: a layer's GEMVs
-    // (OC < 8 C; the head's 6,283 blocks in clusters lost) from at most 3,072 input floats (batch 1;
-    // at batch 8 it lost). MT_GEMV_MULTICAST=0: never; 3: there, and only from more than 1,024 input
+    // (OC < 8 C; the head's 6,283 blocks in clusters lost) at one input row of at most 3,072 floats
+    // (batch 1, GPT-2 small's 768 and 3,072; at batch 8 it lost; batches 2-4 not measured). MT_GEMV_MULTICAST=0: never; 3: there, and only from more than 1,024 input
     // floats (fc proj's, not fc's: measured slower). The bulk copy needs BT C / 8 floats in whole
     // 16-byte pieces (inp is 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
     static int multicast = -1;
@@ -3461,8 +3461,8 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
     }
     size_t x_bytes = (size_t)BT * C * 4;
     static const int clusters = mt__clusters_supported();   // (Hopper and newer)
-    int mc = clusters && multicast != 0 && OC < 8 * C && BT * C <= 3072 && (multicast != 3 || C > 1024) &&
-             (BT * C) % 32 == 0;
+    int mc = clusters && multicast != 0 && OC < 8 * C && BT == 1 && C <= 3072 && (multicast != 3 || C > 1024) &&
+             C % 32 == 0;
     if (mc) {
         blocks = (blocks + 7) / 8 * 8;
         if (C > 8 * 32 * 4) {
