@@ -3451,9 +3451,10 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
     unsigned blocks = (unsigned)((OC + 7) / 8);
     // the input multicast to clusters of 8 (MC above), where it was measured faster: a layer's GEMVs
     // (OC < 8 C; the head's 6,283 blocks in clusters lost) at one input row of at most 3,072 floats
-    // (batch 1, GPT-2 small's 768 and 3,072; at batch 8 it lost; batches 2-4 not measured). MT_GEMV_MULTICAST=0: never; 3: there, and only from more than 1,024 input
-    // floats (fc proj's, not fc's: measured slower). The bulk copy needs BT C / 8 floats in whole
-    // 16-byte pieces (inp is 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
+    // (batch 1, GPT-2 small's 768 and 3,072; at batch 8 it lost; batches 2-4 not measured).
+    // MT_GEMV_MULTICAST=0: never; 3: there, and only from more than 1,024 input floats (fc proj's,
+    // not fc's: measured slower). The bulk copy needs C / 8 floats in whole 16-byte pieces (inp is
+    // 16-byte aligned: the caller's vec). (docs/perf.md, session 47)
     static int multicast = -1;
     if (multicast < 0) {
         const char *e = getenv("MT_GEMV_MULTICAST");
