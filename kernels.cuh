@@ -3460,29 +3460,17 @@ static void mt__gemv_mma_launch(float *out, float *gelu_out, const float *inp, c
         const char *e = getenv("MT_GEMV_MULTICAST");
         multicast = e ? atoi(e) : 1;
     }
-    size_t x_bytes = (size_t)BT * C * 4;
     static const int clusters = mt__clusters_supported();   // (Hopper and newer)
     int mc = clusters && multicast != 0 && OC < 8 * C && BT == 1 && C <= 3072 && (multicast != 3 || C > 1024) &&
              C % 32 == 0;
-    if (mc) {
-        blocks = (blocks + 7) / 8 * 8;
-        if (C > 8 * 32 * 4) {
-            mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 12, 1>, x_bytes);
-            mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
-        } else {
-            mt__allow_smem((const void *)mt_matmul_kernel6_gemv_mma<F16, 4, 1>, x_bytes);
-            mt__launch_cluster("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 1>, blocks, 256,
-                               x_bytes, stream, 8u, out, gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
-        }
-        return;
-    }
-    if (C > 8 * 32 * 4)   // more than 4 k steps a warp
-        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 12, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
-    else
-        mt__launch("mt_matmul_kernel6_gemv_mma", mt_matmul_kernel6_gemv_mma<F16, 4, 0>, blocks, 256, 0, stream, out,
-                   gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
+    // AHEAD 12 for more than 4 k steps a warp; MC: whole clusters of 8 blocks, the row's C floats of
+    // shared memory (at most 12 KB: no opt-in needed)
+    void (*kernel)(float *, float *, const float *, const uint16_t *, const float *, int, int, int, int) =
+        C > 8 * 32 * 4 ? (mc ? mt_matmul_kernel6_gemv_mma<F16, 12, 1> : mt_matmul_kernel6_gemv_mma<F16, 12, 0>)
+                       : (mc ? mt_matmul_kernel6_gemv_mma<F16, 4, 1> : mt_matmul_kernel6_gemv_mma<F16, 4, 0>);
+    if (mc) blocks = (blocks + 7) / 8 * 8;
+    mt__launch_cluster("mt_matmul_kernel6_gemv_mma", kernel, blocks, 256, mc ? (size_t)C * 4 : 0, stream, mc ? 8u : 1u,
+                       out, gelu_out, inp, weight16, bias, BT, C, OC, BT == 1 && mt__pdl_early());
 }
 // from how many input rows a GEMV from 16-bit weights runs on tensor cores (above) instead of the
 // CUDA-core loop: from one (measured faster at 1 and 8 rows: docs/perf.md). A variable so that the
